@@ -1,0 +1,79 @@
+"""Typed errors raised by replaystore.
+
+Every error a user can cause derives from :class:`ReplayStoreError`. Errors about
+one field of a batch derive from :class:`FieldError` and carry ``field``,
+``expected`` and ``actual`` so callers (and messages) can name what was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ReplayStoreError(Exception):
+    """Base class of every error replaystore raises on purpose."""
+
+
+class SchemaError(ReplayStoreError, ValueError):
+    """A schema or field definition is invalid, or two schemas disagree."""
+
+
+class ValidationError(ReplayStoreError, ValueError):
+    """A batch does not conform to its schema; nothing was written."""
+
+
+class FieldError(ValidationError):
+    """A named field of a batch is wrong: ``field`` got ``actual``, wanted ``expected``."""
+
+    def __init__(self, field: str, expected: Any, actual: Any, detail: str = "") -> None:
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        message = f"field {field!r}: expected {expected}, got {actual}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+class MissingFieldError(FieldError):
+    """The schema requires a field the batch does not have."""
+
+
+class UnknownFieldError(FieldError):
+    """The batch has a field the schema does not know."""
+
+
+class DTypeError(FieldError, TypeError):
+    """A field has the wrong dtype (replaystore never casts silently)."""
+
+
+class ShapeError(FieldError):
+    """A field has the wrong number of dimensions or trailing shape."""
+
+
+class RecordCountError(FieldError):
+    """Fields of one batch disagree on the number of records."""
+
+
+class OffsetsError(FieldError):
+    """A CSR offsets array is malformed (start, monotonicity, end or length)."""
+
+
+class RaggedAlignmentError(FieldError):
+    """Ragged fields sharing one offsets array have different value counts."""
+
+
+class IdRangeError(FieldError):
+    """An id lies outside ``[0, bound)`` for a field whose bound the schema knows."""
+
+
+class NonFiniteError(FieldError):
+    """A field that forbids NaN/inf contains one."""
+
+
+class DeviceError(FieldError):
+    """A tensor lives on a device replaystore cannot read (e.g. CUDA)."""
+
+
+class MetadataError(FieldError):
+    """Batch metadata is not a JSON-serialisable mapping."""

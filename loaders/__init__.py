@@ -1,0 +1,1 @@
+"""Samplers and the torch Dataset/DataLoader glue."""

@@ -1,0 +1,46 @@
+"""Field and schema model, the built-in batch schemas, validation, Arrow and Zarr layout."""
+
+from replaystore.schemas.builtin import (
+    BUILTINS,
+    alphazero,
+    deep_cfr_advantage,
+    deep_cfr_strategy,
+    dqn,
+    episode,
+    ppo,
+    rollout,
+    transitions,
+    treestrap,
+)
+from replaystore.schemas.columns import Columns
+from replaystore.schemas.containers import episode_columns, rollout_columns
+from replaystore.schemas.csr import dense_mask, gather_csr
+from replaystore.schemas.fields import BatchMeta, Dense, Field, Ragged
+from replaystore.schemas.layout import ArraySpec
+from replaystore.schemas.schema import Schema
+from replaystore.schemas.tables import validate_tables
+
+__all__ = [
+    "BUILTINS",
+    "ArraySpec",
+    "BatchMeta",
+    "Columns",
+    "Dense",
+    "Field",
+    "Ragged",
+    "Schema",
+    "alphazero",
+    "deep_cfr_advantage",
+    "deep_cfr_strategy",
+    "dense_mask",
+    "dqn",
+    "episode",
+    "episode_columns",
+    "gather_csr",
+    "ppo",
+    "rollout",
+    "rollout_columns",
+    "transitions",
+    "treestrap",
+    "validate_tables",
+]

@@ -1,0 +1,202 @@
+"""Built-in schemas for the batch formats replaystore serves.
+
+Field names and shapes follow the producers' batch formats exactly. Dtypes (see
+docs/SCHEMAS.md): observations float32; bootstrap masks float32; every other
+float (targets, rewards, discounts, advantages, probabilities, weights) float64;
+ids, players, actions and iterations int64; flags bool; CSR offsets int64.
+When the action count is known, action ids are range-checked at append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replaystore.schemas.fields import BatchMeta, Dense, Ragged
+from replaystore.schemas.schema import Schema
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+I64 = np.dtype(np.int64)
+BOOL = np.dtype(np.bool_)
+
+
+def _meta(extra: Mapping[str, Any] | None, **known: Any) -> dict[str, Any]:
+    return {**{k: v for k, v in known.items() if v is not None}, **(extra or {})}
+
+
+def _obs(name: str, observation_size: int, what: str) -> Dense:
+    return Dense(name, F32, (observation_size,), description=what)
+
+
+def _legal(prefix: str, actions: int | None, what: str) -> Ragged:
+    return Ragged(f"{prefix}legal_ids", I64, f"{prefix}legal_offsets", id_bound=actions, description=what)
+
+
+def treestrap(observation_size: int, heads: int, actions: int, *,
+              metadata: Mapping[str, Any] | None = None) -> Schema:
+    """TreeStrapBatch: searched action targets per ensemble head."""
+    return Schema("treestrap", [
+        _obs("obs", observation_size, "acting/player-perspective observation"),
+        Dense("players", I64, description="perspective/player id"),
+        Dense("targets", F64, (heads, actions), description="searched action targets per ensemble head"),
+        Dense("masks", F32, (heads,), description="record/head bootstrap membership"),
+        BatchMeta("telemetry", "collection measurements"),
+    ], metadata=_meta(metadata, observation_size=observation_size, heads=heads, actions=actions))
+
+
+def dqn(observation_size: int, heads: int, *, actions: int | None = None,
+        metadata: Mapping[str, Any] | None = None) -> Schema:
+    """DqnBatch: n-step transitions with CSR current/next legal actions."""
+    return Schema("dqn", [
+        _obs("obs", observation_size, "transition start observation"),
+        _obs("next_obs", observation_size, "transition end observation"),
+        Dense("players", I64, description="record perspective"),
+        Dense("actions", I64, id_bound=actions, description="chosen action ids"),
+        Dense("rewards", F64, description="reward sum over the record's window"),
+        Dense("dones", BOOL, description="episode-ended flag (not the bootstrap rule)"),
+        Dense("can_bootstrap", BOOL, description="whether the TD target includes a next-state value"),
+        Dense("discounts", F64, description="gamma^k over the k decisions spanned; 0 where not bootstrapping"),
+        Dense("masks", F32, (heads,), description="record/head bootstrap membership"),
+        _legal("", actions, "current legal actions"),
+        _legal("next_", actions, "next legal actions"),
+    ], metadata=_meta(metadata, observation_size=observation_size, heads=heads, actions=actions))
+
+
+def ppo(observation_size: int, *, actions: int | None = None,
+        metadata: Mapping[str, Any] | None = None) -> Schema:
+    """PpoBatch: on-policy records with GAE advantages and CSR legal actions."""
+    return Schema("ppo", [
+        _obs("obs", observation_size, "acting-player observation"),
+        Dense("players", I64, description="acting player id"),
+        Dense("actions", I64, id_bound=actions, description="sampled action ids, encoder head frame"),
+        Dense("behavior_log_probs", F64, description="log-probability of the sampled action at collection"),
+        Dense("advantages", F64, description="GAE(lambda) advantages"),
+        Dense("returns", F64, description="advantages + values: the value regression target"),
+        Dense("values", F64, description="collection-time critic values"),
+        _legal("", actions, "legal actions at each decision, head frame"),
+        BatchMeta("telemetry", "collection measurements"),
+    ], metadata=_meta(metadata, observation_size=observation_size, actions=actions))
+
+
+def alphazero(observation_size: int, actions: int, *, metadata: Mapping[str, Any] | None = None) -> Schema:
+    """AlphaZeroBatch: root visit distributions, realized returns and CSR legality."""
+    return Schema("alphazero", [
+        _obs("obs", observation_size, "player-perspective observation"),
+        Dense("players", I64, description="perspective/player id"),
+        Dense("policy_targets", F64, (actions,), description="root visit distribution"),
+        Dense("value_targets", F64, description="realized return-to-go"),
+        Dense("policy_weights", F64, description="whether the row contributes policy loss"),
+        _legal("", actions, "legal action ids in the encoder's head frame"),
+    ], metadata=_meta(metadata, observation_size=observation_size, actions=actions))
+
+
+def deep_cfr_advantage(observation_size: int, *, actions: int | None = None,
+                       metadata: Mapping[str, Any] | None = None) -> Schema:
+    """The advantage stream of a DeepCfrBatch (targets aligned with legal ids)."""
+    return Schema("deep_cfr_advantage", [
+        _obs("advantage_obs", observation_size, "information-state observations"),
+        Dense("advantage_iterations", I64, description="CFR iteration, for loss weighting"),
+        _legal("advantage_", actions, "legal action ids"),
+        Ragged("advantage_targets", F64, "advantage_legal_offsets", description="advantages aligned with legal ids"),
+        BatchMeta("telemetry", "traversal and inference measurements"),
+    ], metadata=_meta(metadata, observation_size=observation_size, actions=actions))
+
+
+def deep_cfr_strategy(observation_size: int, *, actions: int | None = None,
+                      metadata: Mapping[str, Any] | None = None) -> Schema:
+    """The strategy stream of a DeepCfrBatch (probabilities aligned with legal ids)."""
+    return Schema("deep_cfr_strategy", [
+        _obs("strategy_obs", observation_size, "average-policy observations"),
+        Dense("strategy_iterations", I64, description="CFR iteration, for sampling/weighting"),
+        Dense("strategy_players", I64, description="acting player"),
+        _legal("strategy_", actions, "legal action ids"),
+        Ragged("strategy_probs", F64, "strategy_legal_offsets", description="action probabilities aligned with legal ids"),
+        BatchMeta("telemetry", "traversal and inference measurements"),
+    ], metadata=_meta(metadata, observation_size=observation_size, actions=actions))
+
+
+def _step_fields(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype: npt.DTypeLike,
+                 obs_dtype: npt.DTypeLike, reward_dtype: npt.DTypeLike, actions: int | None,
+                 truncated: bool) -> list[Dense]:
+    action_dt = np.dtype(action_dtype)
+    fields = [
+        Dense("obs", np.dtype(obs_dtype), tuple(obs_shape), description="observation s_t"),
+        Dense("action", action_dt, tuple(action_shape),
+              id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
+        Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}"),
+        Dense("next_obs", np.dtype(obs_dtype), tuple(obs_shape), description="successor s_{t+1}"),
+        Dense("terminated", BOOL, description="whether s_{t+1} is terminal"),
+    ]
+    if truncated:
+        fields.append(Dense("truncated", BOOL, description="whether the episode was truncated at this step"))
+    return fields
+
+
+def transitions(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = (),
+                action_dtype: npt.DTypeLike = np.int64, *, obs_dtype: npt.DTypeLike = np.float32,
+                reward_dtype: npt.DTypeLike = np.float32, actions: int | None = None,
+                metadata: Mapping[str, Any] | None = None) -> Schema:
+    """Transitions: a flat batch of (s, a, r, s', terminated)."""
+    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    return Schema("transitions",
+                  _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, False),
+                  metadata=_meta(metadata, actions=actions))
+
+
+def episode(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = (),
+            action_dtype: npt.DTypeLike = np.int64, *, obs_dtype: npt.DTypeLike = np.float32,
+            reward_dtype: npt.DTypeLike = np.float32, actions: int | None = None,
+            metadata: Mapping[str, Any] | None = None) -> Schema:
+    """Episode steps: one record per step; the final observation is the last step's ``next_obs``.
+
+    An Episode (T steps, ``final_obs``, ``terminated``) converts with
+    :func:`replaystore.schemas.containers.episode_columns`.
+    """
+    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    return Schema("episode",
+                  _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, True),
+                  metadata=_meta(metadata, actions=actions))
+
+
+def rollout(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = (),
+            action_dtype: npt.DTypeLike = np.int64, *, obs_dtype: npt.DTypeLike = np.float32,
+            reward_dtype: npt.DTypeLike = np.float32, actions: int | None = None,
+            metadata: Mapping[str, Any] | None = None) -> Schema:
+    """Rollout steps: a ``[T, B]`` rollout is stored as B streams of T step records.
+
+    Convert with :func:`replaystore.schemas.containers.rollout_columns`.
+    """
+    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    return Schema("rollout",
+                  _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, True),
+                  metadata=_meta(metadata, actions=actions))
+
+
+BUILTINS: dict[str, Callable[..., Schema]] = {
+    "treestrap": treestrap,
+    "dqn": dqn,
+    "ppo": ppo,
+    "alphazero": alphazero,
+    "deep_cfr_advantage": deep_cfr_advantage,
+    "deep_cfr_strategy": deep_cfr_strategy,
+    "transitions": transitions,
+    "episode": episode,
+    "rollout": rollout,
+}
+
+EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
+    "treestrap": {"observation_size": 16, "heads": 2, "actions": 9},
+    "dqn": {"observation_size": 16, "heads": 2, "actions": 9},
+    "ppo": {"observation_size": 16, "actions": 9},
+    "alphazero": {"observation_size": 16, "actions": 9},
+    "deep_cfr_advantage": {"observation_size": 16, "actions": 9},
+    "deep_cfr_strategy": {"observation_size": 16, "actions": 9},
+    "transitions": {"obs_shape": (16,)},
+    "episode": {"obs_shape": (16,)},
+    "rollout": {"obs_shape": (16,)},
+}
+"""Example sizes used by ``replaystore schemas`` to print each built-in."""

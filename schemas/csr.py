@@ -1,0 +1,30 @@
+"""Vectorised CSR helpers: gather rows' slices, densify a minibatch's legality mask."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def gather_csr(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For CSR ``offsets`` and the records ``rows``, return ``(new_offsets, value_index)``.
+
+    ``new_offsets`` starts at 0 and delimits each chosen row's slice in the gathered
+    values; ``value_index`` indexes the original values array (``values[value_index]``).
+    """
+    starts = offsets[rows]
+    counts = offsets[rows + 1] - starts
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    # position within each slice, plus the slice's original start
+    value_index = np.arange(total, dtype=np.int64) - np.repeat(new_offsets[:-1] - starts, counts)
+    return new_offsets, value_index
+
+
+def dense_mask(ids: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
+    """A boolean ``(records, width)`` mask with ``mask[i, ids[offsets[i]:offsets[i+1]]] = True``."""
+    records = len(offsets) - 1
+    mask = np.zeros((records, width), dtype=bool)
+    rows = np.repeat(np.arange(records), np.diff(offsets))
+    mask[rows, ids] = True
+    return mask

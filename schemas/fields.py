@@ -1,0 +1,119 @@
+"""The three kinds of field a schema is made of: dense, ragged (CSR) and batch metadata."""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import SchemaError
+
+_KINDS = "biuf"  # bool, signed int, unsigned int, float: fixed-width numeric only
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise SchemaError(f"field name {name!r}: expected a Python identifier")
+    if name.startswith("_"):
+        raise SchemaError(f"field name {name!r}: names starting with '_' are reserved")
+
+
+def _check_dtype(name: str, dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SchemaError(f"field {name!r}: dtype {dtype!r} is not a numpy dtype") from exc
+    if dt.kind not in _KINDS or dt.shape or dt.names:
+        raise SchemaError(f"field {name!r}: expected a fixed-width numeric or bool dtype, got {dt}")
+    return dt.newbyteorder("=") if dt.byteorder == ">" else dt
+
+
+def _check_bound(name: str, dt: np.dtype, id_bound: int | None) -> None:
+    if id_bound is None:
+        return
+    if dt.kind not in "iu":
+        raise SchemaError(f"field {name!r}: id_bound needs an integer dtype, got {dt}")
+    if not isinstance(id_bound, int) or id_bound <= 0:
+        raise SchemaError(f"field {name!r}: id_bound must be a positive int, got {id_bound!r}")
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A fixed-shape value per record: an array shaped ``(records, *shape)``.
+
+    ``finite`` (default: true for float dtypes) rejects NaN/inf at append.
+    ``id_bound`` (integer dtypes) rejects values outside ``[0, id_bound)``.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+    finite: bool | None = None
+    id_bound: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        dt = _check_dtype(self.name, self.dtype)
+        object.__setattr__(self, "dtype", dt)
+        shape = tuple(self.shape)
+        if not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
+            raise SchemaError(f"field {self.name!r}: shape must be positive ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.finite is None:
+            object.__setattr__(self, "finite", dt.kind == "f")
+        _check_bound(self.name, dt, self.id_bound)
+
+    kind = "dense"
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A variable-length list per record, stored as CSR.
+
+    The values array has dtype ``dtype``; the int64 ``offsets`` array (named by
+    ``offsets``, length records + 1) delimits each record's slice. Ragged fields
+    naming the same ``offsets`` are aligned: they share one offsets array and
+    must hold the same number of values.
+    """
+
+    name: str
+    dtype: np.dtype
+    offsets: str
+    finite: bool | None = None
+    id_bound: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _check_name(self.offsets)
+        if self.offsets == self.name:
+            raise SchemaError(f"field {self.name!r}: offsets must have a name of its own")
+        dt = _check_dtype(self.name, self.dtype)
+        object.__setattr__(self, "dtype", dt)
+        if self.finite is None:
+            object.__setattr__(self, "finite", dt.kind == "f")
+        _check_bound(self.name, dt, self.id_bound)
+
+    kind = "ragged"
+    shape: tuple[int, ...] = field(default=(), init=False)
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """A JSON document per append (e.g. ``telemetry``), kept with the commit, never per record."""
+
+    name: str
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+
+    kind = "meta"
+
+
+Field = Dense | Ragged | BatchMeta
+
+OFFSETS_DTYPE = np.dtype(np.int64)

@@ -1,0 +1,41 @@
+"""The Zarr arrays that store a table of a schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from replaystore.schemas.fields import OFFSETS_DTYPE, Dense
+
+if TYPE_CHECKING:
+    from replaystore.schemas.schema import Schema
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One Zarr array of a table.
+
+    ``role`` is ``"dense"`` (one row of ``trailing_shape`` per record), ``"values"``
+    (the flat values of the ragged fields ``fields``) or ``"offsets"`` (the int64
+    CSR offsets shared by the ragged fields ``fields``; ``records + 1`` long).
+    """
+
+    name: str
+    dtype: np.dtype
+    trailing_shape: tuple[int, ...]
+    role: Literal["dense", "values", "offsets"]
+    fields: tuple[str, ...]
+
+
+def zarr_layout(schema: Schema) -> tuple[ArraySpec, ...]:
+    specs: list[ArraySpec] = []
+    for f in schema.fields:
+        if isinstance(f, Dense):
+            specs.append(ArraySpec(f.name, f.dtype, f.shape, "dense", (f.name,)))
+    for off_name, names in schema.offsets_groups.items():
+        specs.append(ArraySpec(off_name, OFFSETS_DTYPE, (), "offsets", names))
+        for name in names:
+            specs.append(ArraySpec(name, schema.field(name).dtype, (), "values", (name,)))  # type: ignore[union-attr]
+    return tuple(specs)

@@ -1,0 +1,228 @@
+"""The :class:`Schema`: an ordered set of fields with a name, a version and metadata."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replaystore.errors import SchemaError
+from replaystore.schemas.fields import OFFSETS_DTYPE, BatchMeta, Dense, Field, Ragged
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from replaystore.schemas.columns import Columns
+    from replaystore.schemas.layout import ArraySpec
+
+JSON_FORMAT = "replaystore.schema/1"
+
+
+def _json_safe(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise SchemaError(f"schema metadata: expected a mapping, got {type(metadata).__name__}")
+    try:
+        return json.loads(json.dumps(dict(metadata), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"schema metadata: expected JSON-serialisable values ({exc})") from exc
+
+
+class Schema:
+    """An ordered set of fields describing the records of one table.
+
+    Build one from :class:`Dense`, :class:`Ragged` and :class:`BatchMeta` fields::
+
+        Schema("pong", [Dense("obs", np.float32, (84, 84)), Dense("action", np.int64)])
+
+    ``metadata`` is a free-form JSON mapping (action count and frame, environment
+    id, observation description, producer version, ...) that survives JSON, Arrow
+    and Parquet round trips.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fields: Iterable[Field],
+        *,
+        version: int = 1,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"schema name: expected a non-empty string, got {name!r}")
+        if not isinstance(version, int) or version < 1:
+            raise SchemaError(f"schema version: expected a positive int, got {version!r}")
+        self.name = name
+        self.version = version
+        self.fields: tuple[Field, ...] = tuple(fields)
+        self.metadata = _json_safe(metadata)
+        self._by_name: dict[str, Field] = {}
+        for f in self.fields:
+            if not isinstance(f, (Dense, Ragged, BatchMeta)):
+                raise SchemaError(f"schema {name!r}: {f!r} is not a Dense, Ragged or BatchMeta field")
+            if f.name in self._by_name:
+                raise SchemaError(f"schema {name!r}: field {f.name!r} defined twice")
+            self._by_name[f.name] = f
+        self.offsets_groups: dict[str, tuple[str, ...]] = {}
+        for f in self.ragged_fields:
+            if f.offsets in self._by_name:
+                raise SchemaError(f"schema {name!r}: offsets {f.offsets!r} clashes with a field name")
+            self.offsets_groups[f.offsets] = self.offsets_groups.get(f.offsets, ()) + (f.name,)
+        if not self.dense_fields and not self.ragged_fields:
+            raise SchemaError(f"schema {name!r}: needs at least one dense or ragged field")
+
+    # -- structure -----------------------------------------------------------------
+    @property
+    def dense_fields(self) -> tuple[Dense, ...]:
+        return tuple(f for f in self.fields if isinstance(f, Dense))
+
+    @property
+    def ragged_fields(self) -> tuple[Ragged, ...]:
+        return tuple(f for f in self.fields if isinstance(f, Ragged))
+
+    @property
+    def meta_fields(self) -> tuple[BatchMeta, ...]:
+        return tuple(f for f in self.fields if isinstance(f, BatchMeta))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Field names, in order."""
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Every name a batch for this schema carries: fields, then CSR offsets arrays."""
+        return self.names + tuple(self.offsets_groups)
+
+    @property
+    def record_names(self) -> tuple[str, ...]:
+        """Names of the per-record arrays (dense and ragged values), without offsets and metadata."""
+        return tuple(f.name for f in self.fields if not isinstance(f, BatchMeta))
+
+    def field(self, name: str) -> Field:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise SchemaError(f"schema {self.name!r} has no field {name!r}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Schema):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Schema({self.name!r}, version={self.version}, fields={list(self.names)})"
+
+    def describe(self) -> str:
+        """A human-readable multi-line listing of the fields."""
+        lines = [f"{self.name} (version {self.version})"]
+        for f in self.fields:
+            if isinstance(f, Dense):
+                shape = ", ".join(["records", *map(str, f.shape)])
+                lines.append(f"  {f.name:<24} dense   {f.dtype.name:<8} ({shape})")
+            elif isinstance(f, Ragged):
+                lines.append(f"  {f.name:<24} ragged  {f.dtype.name:<8} CSR, offsets {f.offsets!r}")
+            else:
+                lines.append(f"  {f.name:<24} meta    json     one document per append")
+        if self.metadata:
+            lines.append(f"  metadata: {json.dumps(self.metadata, sort_keys=True)}")
+        return "\n".join(lines)
+
+    # -- serialisation -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (the on-disk form; never pickled)."""
+        fields: list[dict[str, Any]] = []
+        for f in self.fields:
+            d: dict[str, Any] = {"name": f.name, "kind": f.kind}
+            if isinstance(f, (Dense, Ragged)):
+                d["dtype"] = f.dtype.str
+                d["finite"] = f.finite
+                d["id_bound"] = f.id_bound
+            if isinstance(f, Dense):
+                d["shape"] = list(f.shape)
+            if isinstance(f, Ragged):
+                d["offsets"] = f.offsets
+            d["description"] = f.description
+            fields.append(d)
+        return {
+            "format": JSON_FORMAT,
+            "name": self.name,
+            "version": self.version,
+            "fields": fields,
+            "metadata": self.metadata,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=indent is not None)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Schema:
+        if not isinstance(d, Mapping) or d.get("format") != JSON_FORMAT:
+            raise SchemaError(f"not a replaystore schema document (expected format {JSON_FORMAT!r})")
+        try:
+            fields: list[Field] = []
+            for fd in d["fields"]:
+                kind = fd["kind"]
+                if kind == "dense":
+                    fields.append(Dense(fd["name"], np.dtype(fd["dtype"]), tuple(fd["shape"]),
+                                        fd["finite"], fd["id_bound"], fd.get("description", "")))
+                elif kind == "ragged":
+                    fields.append(Ragged(fd["name"], np.dtype(fd["dtype"]), fd["offsets"],
+                                         fd["finite"], fd["id_bound"], fd.get("description", "")))
+                elif kind == "meta":
+                    fields.append(BatchMeta(fd["name"], fd.get("description", "")))
+                else:
+                    raise SchemaError(f"field {fd.get('name')!r}: unknown kind {kind!r}")
+            return cls(d["name"], fields, version=d["version"], metadata=d.get("metadata"))
+        except (KeyError, TypeError) as exc:
+            raise SchemaError(f"malformed schema document: {exc!r}") from exc
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Schema:
+        try:
+            d = json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"schema JSON does not parse: {exc}") from exc
+        return cls.from_dict(d)
+
+    # -- Arrow, Zarr layout, validation (implemented in sibling modules) ---------------
+    def to_arrow(self) -> pa.Schema:
+        """The Arrow schema of this table (see :mod:`replaystore.schemas.arrow`)."""
+        from replaystore.schemas.arrow import schema_to_arrow
+
+        return schema_to_arrow(self)
+
+    @classmethod
+    def from_arrow(cls, arrow_schema: pa.Schema, name: str | None = None) -> Schema:
+        from replaystore.schemas.arrow import schema_from_arrow
+
+        return schema_from_arrow(arrow_schema, name)
+
+    def zarr_layout(self) -> tuple[ArraySpec, ...]:
+        """The Zarr arrays a table of this schema is stored as."""
+        from replaystore.schemas.layout import zarr_layout
+
+        return zarr_layout(self)
+
+    def validate(self, batch: Any) -> Columns:
+        """Check ``batch`` against this schema and return the columns ready to write.
+
+        ``batch`` is a mapping or any object with named attributes (dataclass,
+        namedtuple, an engine's batch object) holding numpy arrays or CPU torch
+        tensors. Raises a :class:`replaystore.errors.ValidationError` subclass
+        naming the field; never casts.
+        """
+        from replaystore.schemas.validate import validate
+
+        return validate(self, batch)
+
+
+__all__ = ["Schema", "OFFSETS_DTYPE"]

@@ -1,0 +1,1 @@
+"""The ``replaystore`` command line and the tools behind it."""
