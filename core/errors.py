@@ -77,3 +77,54 @@ class DeviceError(FieldError):
 
 class MetadataError(FieldError):
     """Batch metadata is not a JSON-serialisable mapping."""
+
+
+class StreamKeyError(FieldError):
+    """A stream key is not an int or a str, or per-record keys have the wrong length."""
+
+
+class StepOrderError(FieldError):
+    """Steps of a stream are not strictly increasing (within the batch or after stored steps)."""
+
+
+class StoreError(ReplayStoreError):
+    """A store-level mistake: bad arguments, wrong mode, mismatched schema."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No store exists at the URL (and the mode does not create one)."""
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """Mode "w" found an existing store."""
+
+
+class ReadOnlyError(StoreError):
+    """A mutating call on a store opened with mode "r"."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written in an unknown or newer format version."""
+
+
+class SchemaMismatchError(StoreError, SchemaError):
+    """The schema given at open differs from the stored one (schemas are fixed at creation)."""
+
+
+class RowError(StoreError, KeyError):
+    """A requested row id is not a visible record (never written, or evicted)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class StaleReadError(StoreError):
+    """Rows this reader still saw were evicted and reclaimed; call ``refresh()``."""
+
+
+class CorruptObjectError(StoreError):
+    """A stored object fails its integrity check; ``path`` names it."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {problem}")

@@ -41,10 +41,25 @@ class Columns:
         return self.arrays[name], self.arrays[f.offsets]  # type: ignore[union-attr]
 
     def take(self, rows: np.ndarray) -> Columns:
-        """The records at ``rows`` (in that order), ragged slices gathered and rebased."""
+        """The records at ``rows`` (in that order), ragged slices gathered and rebased.
+
+        ``rows`` are integer record indices; negative ones count from the end, as in numpy.
+        """
         from replaystore.schemas.csr import gather_csr
 
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.asarray(rows)
+        if rows.size == 0:
+            rows = np.zeros(0, dtype=np.int64)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise TypeError(f"rows: expected a 1-D array of integer record indices, got {rows.dtype} "
+                            f"of shape {rows.shape}")
+        rows = rows.astype(np.int64, copy=False)
+        n = self.num_records
+        if rows.size and (rows.min() < -n or rows.max() >= n):
+            raise IndexError(f"rows: record indices must lie in [-{n}, {n})")
+        # gather_csr reads offsets[rows] and offsets[rows + 1]: a negative row would pair
+        # the dense record rows[i] with the ragged slice of a different record
+        rows = np.where(rows < 0, rows + n, rows)
         arrays: dict[str, np.ndarray] = {}
         for f in self.schema.dense_fields:
             arrays[f.name] = self.arrays[f.name][rows]
@@ -68,3 +83,20 @@ class Columns:
         from replaystore.schemas.arrow import columns_from_arrow
 
         return columns_from_arrow(schema, batch)
+
+
+def concat_columns(parts: list[Columns]) -> Columns:
+    """Records of several Columns of one schema, in order (CSR offsets shifted; metadata dropped)."""
+    schema = parts[0].schema
+    if len(parts) == 1:
+        return Columns(schema, parts[0].num_records, parts[0].arrays)
+    arrays: dict[str, np.ndarray] = {}
+    for f in schema.dense_fields:
+        arrays[f.name] = np.concatenate([p.arrays[f.name] for p in parts])
+    for off_name, names in schema.offsets_groups.items():
+        shifts = np.cumsum([0] + [int(p.arrays[off_name][-1]) for p in parts[:-1]])
+        arrays[off_name] = np.concatenate(
+            [parts[0].arrays[off_name][:1]] + [p.arrays[off_name][1:] + s for p, s in zip(parts, shifts, strict=True)])
+        for n in names:
+            arrays[n] = np.concatenate([p.arrays[n] for p in parts])
+    return Columns(schema, sum(p.num_records for p in parts), arrays)

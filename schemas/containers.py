@@ -41,9 +41,10 @@ def episode_columns(schema: Schema, episode: Any) -> Columns:
     final = to_numpy("final_obs", items["final_obs"])
     if obs.ndim < 1 or len(obs) == 0:
         raise ShapeError("obs", "at least one step", f"shape {obs.shape}")
-    if final.shape != obs.shape[1:] or final.dtype != obs.dtype:
-        raise ShapeError("final_obs", f"{obs.dtype} of shape {obs.shape[1:]} (one observation)",
-                         f"{final.dtype} of shape {final.shape}")
+    if final.shape != obs.shape[1:]:
+        raise ShapeError("final_obs", f"shape {obs.shape[1:]} (one observation)", f"shape {final.shape}")
+    if final.dtype != obs.dtype:
+        raise DTypeError("final_obs", f"dtype {obs.dtype} (as 'obs')", f"dtype {final.dtype}")
     steps = len(obs)
     terminated = _flag("terminated", items["terminated"])
     term = np.zeros(steps, dtype=bool)

@@ -1,0 +1,116 @@
+"""Fragments: the immutable Zarr groups holding a run of one writer's records of one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replaystore.schemas import Columns, Schema
+from replaystore.schemas.layout import ArraySpec
+from replaystore.store import layout
+from replaystore.store.storage import Storage
+from replaystore.store.zarrio import read_array, write_array, write_group
+
+STREAM_CODE = np.dtype(np.int32)
+STEP = np.dtype(np.int64)
+RESET = np.dtype(np.bool_)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A committed fragment, as its commit record describes it.
+
+    ``parts`` lists ``(seq, time_ns, rows)`` of the commits whose records it holds,
+    in row order; compaction concatenates them, so eviction order survives it.
+    """
+
+    writer: int
+    table: str
+    name: str
+    row_start: int
+    rows: int
+    nnz: dict[str, int]
+    streams: list[int | str]
+    parts: list[tuple[int, int, int]]
+
+    @property
+    def path(self) -> str:
+        return layout.fragment_dir(self.writer, self.table, self.name)
+
+    @property
+    def first_id(self) -> int:
+        return layout.row_id(self.writer, self.row_start)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "row_start": self.row_start, "rows": self.rows, "nnz": self.nnz,
+                "streams": self.streams, "parts": [list(p) for p in self.parts]}
+
+    @classmethod
+    def from_dict(cls, writer: int, table: str, d: dict[str, Any]) -> Fragment:
+        return cls(writer, table, d["name"], d["row_start"], d["rows"], dict(d["nnz"]), list(d["streams"]),
+                   [tuple(p) for p in d["parts"]])  # type: ignore[misc]
+
+
+def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]:
+    """The stored shape of one of ``frag``'s arrays."""
+    if spec.role == "dense":
+        return (frag.rows, *spec.trailing_shape)
+    if spec.role == "offsets":
+        return (frag.rows + 1,)
+    return (frag.nnz[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
+
+
+def write_fragment(storage: Storage, writer: int, table: str, name: str, row_start: int, cols: Columns,
+                   stream_codes: np.ndarray, steps: np.ndarray, resets: np.ndarray,
+                   streams: list[int | str], parts: list[tuple[int, int, int]]) -> tuple[Fragment, list[str]]:
+    """Write one fragment's arrays and group; returns it and every object path written."""
+    frag = Fragment(writer, table, name, row_start, len(cols),
+                    {k: int(cols.arrays[k][-1]) for k in cols.schema.offsets_groups}, streams, parts)
+    written: list[str] = []
+    for spec in cols.schema.zarr_layout():
+        written += write_array(storage, f"{frag.path}/{spec.name}", cols.arrays[spec.name])
+    written += write_array(storage, f"{frag.path}/_stream", stream_codes.astype(STREAM_CODE, copy=False))
+    written += write_array(storage, f"{frag.path}/_step", steps.astype(STEP, copy=False))
+    written += write_array(storage, f"{frag.path}/_reset", resets.astype(RESET, copy=False))
+    written.append(write_group(storage, frag.path, {"replaystore": frag.to_dict()}))
+    return frag, written
+
+
+class FragmentData:
+    """Lazy, cached access to one fragment's arrays (memory maps on local storage)."""
+
+    def __init__(self, storage: Storage, schema: Schema, frag: Fragment) -> None:
+        self.storage = storage
+        self.schema = schema
+        self.frag = frag
+        self._specs = {s.name: s for s in schema.zarr_layout()}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def array(self, name: str) -> np.ndarray:
+        arr = self._arrays.get(name)
+        if arr is None:
+            if name in layout.INDEX_ARRAYS:
+                dtype = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}[name]
+                shape: tuple[int, ...] = (self.frag.rows,)
+            else:
+                spec = self._specs[name]
+                dtype, shape = spec.dtype, shape_of(self.frag, self.schema, spec)
+            arr = read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape)
+            self._arrays[name] = arr
+        return arr
+
+    def columns(self, start: int = 0, stop: int | None = None) -> Columns:
+        """Records ``[start, stop)`` as Columns (ragged values sliced, offsets rebased)."""
+        stop = self.frag.rows if stop is None else stop
+        arrays: dict[str, np.ndarray] = {}
+        for f in self.schema.dense_fields:
+            arrays[f.name] = self.array(f.name)[start:stop]
+        for off_name, names in self.schema.offsets_groups.items():
+            offsets = self.array(off_name)[start:stop + 1]
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            arrays[off_name] = offsets - lo
+            for n in names:
+                arrays[n] = self.array(n)[lo:hi]
+        return Columns(self.schema, stop - start, arrays)

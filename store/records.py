@@ -1,0 +1,50 @@
+"""Self-checking JSON documents: the manifest, commit records, state-slot records.
+
+Every document is ``{"body": {...}, "crc32c": N}`` where N is the CRC32C of the
+canonical JSON encoding of ``body`` (sorted keys, no spaces). A truncated or
+damaged document is detected and reported, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import google_crc32c
+
+from replaystore.errors import CorruptObjectError
+
+
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    raw = _canonical(body)
+    return json.dumps({"body": body, "crc32c": google_crc32c.value(raw)}, sort_keys=True,
+                      separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(path: str, data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+        body, crc = doc["body"], doc["crc32c"]
+    except (ValueError, KeyError, TypeError):
+        raise CorruptObjectError(path, "not a replaystore record (truncated or garbage)") from None
+    if google_crc32c.value(_canonical(body)) != crc:
+        raise CorruptObjectError(path, "record checksum mismatch")
+    return body
+
+
+def json_document(name: str, doc: Any) -> dict[str, Any]:
+    """``doc`` (a mapping or None) as plain JSON; MetadataError naming ``name`` otherwise."""
+    from replaystore.errors import MetadataError
+
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise MetadataError(name, "a JSON mapping", type(doc).__name__)
+    try:
+        return json.loads(json.dumps(doc, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise MetadataError(name, "JSON-serialisable values", str(exc)) from exc

@@ -1,0 +1,263 @@
+"""The storage protocol the format needs, and its backends (local files, any fsspec filesystem).
+
+The format asks four things of storage (docs/FORMAT.md, "Storage guarantees"):
+whole-object writes that become visible atomically or not at all to readers that
+only follow commit records; create-if-absent for commit records; read-after-write
+consistency for objects and listings; delete. Paths are '/'-separated and relative
+to the store root.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ReplayStoreError
+
+
+class StorageError(ReplayStoreError):
+    """The storage backend failed or lacks a guarantee the format needs."""
+
+
+class Storage(abc.ABC):
+    """A flat key space of immutable objects under one root."""
+
+    url: str
+
+    @abc.abstractmethod
+    def read(self, path: str) -> bytes:
+        """The whole object; FileNotFoundError if absent."""
+
+    @abc.abstractmethod
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        """Write a data object durably (it is never referenced before this returns)."""
+
+    @abc.abstractmethod
+    def create(self, path: str, data: bytes) -> bool:
+        """Create ``path`` atomically and durably if absent; False (writing nothing) if it exists."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names (not paths) directly under ``prefix``; empty if none."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove an object or, recursively, a prefix; absent paths are ignored."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int: ...
+
+    def local_path(self, path: str) -> str | None:
+        """A filesystem path for memory-mapping, when the backend has one."""
+        return None
+
+    def sync_dirs(self, paths: list[str]) -> None:
+        """Make the directory entries of written ``paths`` durable (local filesystems only)."""
+
+    def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The first ``prod(shape)`` items of an object as an array (memory-mapped where possible)."""
+        count = int(np.prod(shape))
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        local = self.local_path(path)
+        if local is not None:
+            return np.memmap(local, dtype=dtype, mode="r", shape=shape)
+        data = self.read(path)
+        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes stored under ``prefix`` (recursively)."""
+        total = 0
+        for name in self.list(prefix):
+            path = f"{prefix}/{name}" if prefix else name
+            total += self.total_size(path) if self.is_dir(path) else self.size(path)
+        return total
+
+    @abc.abstractmethod
+    def is_dir(self, path: str) -> bool: ...
+
+
+class LocalStorage(Storage):
+    """A directory on a local filesystem. Commit records use link(2) for create-if-absent."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+
+    def _p(self, path: str) -> str:
+        return os.path.join(self.root, path) if path else self.root
+
+    def read(self, path: str) -> bytes:
+        with open(self._p(path), "rb") as f:
+            return f.read()
+
+    def _fsync_dir(self, directory: str) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_synced(self, full: str, data: bytes | memoryview) -> None:
+        with open(full, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        full = self._p(path)
+        directory = os.path.dirname(full)
+        os.makedirs(directory, exist_ok=True)
+        self._write_synced(full, data)
+
+    def sync_dirs(self, paths: list[str]) -> None:
+        """fsync the directories holding ``paths`` (once each) so their entries are durable."""
+        for directory in sorted({os.path.dirname(self._p(p)) for p in paths}):
+            self._fsync_dir(directory)
+
+    def create(self, path: str, data: bytes) -> bool:
+        full = self._p(path)
+        directory = os.path.dirname(full)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        self._write_synced(tmp, data)
+        try:
+            os.link(tmp, full)  # atomic, fails if the name exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+            self._fsync_dir(directory)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._p(path))
+
+    def list(self, prefix: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self._p(prefix)) if not n.startswith(".tmp-"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, path: str) -> None:
+        import shutil
+
+        full = self._p(path)
+        if os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                pass
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(self._p(path))
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(self._p(path))
+
+    def local_path(self, path: str) -> str | None:
+        return self._p(path)
+
+
+_MEMORY_LOCK = threading.Lock()
+
+
+class FsspecStorage(Storage):
+    """Any fsspec filesystem. Create-if-absent: S3 conditional PUT (``If-None-Match: *``);
+    ``memory://`` checks and writes under a process lock (it is process-local anyway)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        import fsspec
+
+        self.url = url.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.root = root.rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if "memory" in protocols:
+            self._create_mode = "lock"
+        elif {"s3", "s3a"} & set(protocols):
+            self._create_mode = "conditional-put"
+        else:
+            raise StorageError(
+                f"{url}: fsspec filesystem {protocols[0]!r} offers no known create-if-absent primitive; "
+                "replaystore refuses it rather than risk lost commits (local paths, memory:// and s3:// work)")
+
+    def _p(self, path: str) -> str:
+        return f"{self.root}/{path}" if path else self.root
+
+    def read(self, path: str) -> bytes:
+        return self.fs.cat_file(self._p(path))
+
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        self.fs.pipe_file(self._p(path), bytes(data))
+
+    def create(self, path: str, data: bytes) -> bool:
+        full = self._p(path)
+        if self._create_mode == "lock":
+            with _MEMORY_LOCK:
+                if self.fs.exists(full):
+                    return False
+                self.fs.pipe_file(full, data)
+                return True
+        try:
+            self.fs.pipe_file(full, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:  # s3fs maps 412 PreconditionFailed to a generic OSError on some versions
+            if "PreconditionFailed" in repr(exc) or "412" in repr(exc):
+                return False
+            raise
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(self._p(path))
+
+    def list(self, prefix: str) -> list[str]:
+        full = self._p(prefix)
+        try:
+            entries = self.fs.ls(full, detail=False, refresh=True) if self._create_mode != "lock" \
+                else self.fs.ls(full, detail=False)
+        except FileNotFoundError:
+            return []
+        names = sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != full.lstrip("/")
+                        and e.rstrip("/") != full})
+        return names
+
+    def delete(self, path: str) -> None:
+        full = self._p(path)
+        try:
+            if self.fs.isdir(full):
+                self.fs.rm(full, recursive=True)
+            else:
+                self.fs.rm_file(full)
+        except FileNotFoundError:
+            pass
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(self._p(path)))
+
+    def is_dir(self, path: str) -> bool:
+        return bool(self.fs.isdir(self._p(path)))
+
+
+def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """A backend for a local path, ``file://`` URL or any supported fsspec URL."""
+    if not isinstance(url, (str, os.PathLike)):
+        raise StorageError(f"url: expected a path or URL string, got {type(url).__name__}")
+    url = os.fspath(url)
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if "://" not in url:
+        return LocalStorage(url)
+    return FsspecStorage(url, storage_options)

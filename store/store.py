@@ -1,0 +1,313 @@
+"""``open_store`` and the :class:`Store` / :class:`Table` read API."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import (
+    FormatVersionError,
+    ReadOnlyError,
+    SchemaMismatchError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+from replaystore.schemas import Columns, Schema
+from replaystore.store import layout, records
+from replaystore.store.index import StreamKey
+from replaystore.store.log import CommitLog
+from replaystore.store.storage import Storage, open_storage
+from replaystore.store.table import TableReader
+from replaystore.store.writer import Writer
+
+MODES = ("r", "a", "w", "w+")
+DEFAULT_TABLE = "records"
+
+
+class Table:
+    """One table of a store: the read API over its visible records."""
+
+    def __init__(self, reader: TableReader) -> None:
+        self.reader = reader
+
+    @property
+    def name(self) -> str:
+        return self.reader.name
+
+    @property
+    def schema(self) -> Schema:
+        return self.reader.schema
+
+    @property
+    def capacity(self) -> int | None:
+        return self.reader.capacity
+
+    def __len__(self) -> int:
+        self.reader.sync()
+        return len(self.reader)
+
+    def read(self, rows: Any) -> dict[str, np.ndarray]:
+        """The records at row ids ``rows``: dense arrays, ragged values + offsets (rebased to 0)."""
+        self.reader.sync()
+        return self.reader.read(rows)
+
+    def read_columns(self, rows: Any) -> Columns:
+        self.reader.sync()
+        return self.reader.read_columns(rows)
+
+    def row_ids(self) -> np.ndarray:
+        """Every visible row id, ascending (single-writer stores: ``0 .. n-1`` until eviction)."""
+        self.reader.sync()
+        return self.reader.row_ids()
+
+    def rows_at(self, positions: Any) -> np.ndarray:
+        """Row ids of visible positions ``0 <= p < len`` (for uniform sampling)."""
+        self.reader.sync()
+        return self.reader.rows_at(positions)
+
+    def streams(self) -> list[StreamKey]:
+        """Keys of the streams with visible records."""
+        self.reader.sync()
+        return self.reader.index.streams()
+
+    def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
+        """``(row ids, steps)`` of one stream's visible records, in step order."""
+        self.reader.sync()
+        rows, steps = self.reader.index.stream_rows(stream)
+        return rows.copy(), steps.copy()
+
+    def runs(self, stream: StreamKey) -> np.ndarray:
+        """Contiguous step runs ``[[first, last], ...]`` of a stream; gaps lie between runs."""
+        self.reader.sync()
+        return self.reader.index.runs(stream)
+
+    def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
+        """Row ids of ``(stream, step)``; -1 where not visible."""
+        self.reader.sync()
+        return self.reader.index.lookup(stream, steps)
+
+    def index_of(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(stream keys, steps, resets)`` of row ids."""
+        self.reader.sync()
+        return self.reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1))
+
+
+class Store:
+    """A replaystore store: named tables, a commit log, state slots. Use :func:`open_store`."""
+
+    def __init__(self, storage: Storage, manifest: dict[str, Any], mode: str) -> None:
+        self.storage = storage
+        self.mode = mode
+        self.manifest = manifest
+        self.schemas: dict[str, Schema] = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
+        self.capacity: int | None = manifest["capacity"]
+        self.log = CommitLog(storage, list(self.schemas))
+        self.log.refresh()
+        self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
+                        for n, s in self.schemas.items()}
+        self.closed = False
+
+    # -- tables ---------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self.schemas)
+
+    def table(self, name: str) -> Table:
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise StoreError(f"table {name!r}: expected one of {sorted(self.schemas)}") from None
+
+    @property
+    def default(self) -> Table:
+        if len(self._tables) == 1:
+            return next(iter(self._tables.values()))
+        raise StoreError(f"this store has tables {sorted(self.schemas)}: use st.table(name)")
+
+    @property
+    def schema(self) -> Schema:
+        return self.default.schema
+
+    def __len__(self) -> int:
+        return len(self.default)
+
+    def read(self, rows: Any) -> dict[str, np.ndarray]:
+        return self.default.read(rows)
+
+    def row_ids(self) -> np.ndarray:
+        return self.default.row_ids()
+
+    def streams(self) -> list[StreamKey]:
+        return self.default.streams()
+
+    def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
+        return self.default.rows(stream)
+
+    def runs(self, stream: StreamKey) -> np.ndarray:
+        return self.default.runs(stream)
+
+    def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
+        return self.default.lookup(stream, steps)
+
+    # -- log ------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Pick up commits made since the last refresh (by any writer); True if any."""
+        changed = self.log.refresh()
+        if changed:
+            for t in self._tables.values():
+                t.reader.sync()
+        return changed
+
+    def commits(self) -> list[dict[str, Any]]:
+        """Every applied commit: writer, seq, time_ns, kind, metadata and per-append batch metadata."""
+        return [c.body for c in self.log.commits]
+
+    def writer(self) -> Writer:
+        """A new writer (one per process; several processes may write at once)."""
+        return Writer(self)
+
+    @property
+    def writers(self) -> list[int]:
+        return sorted(self.log.writers)
+
+    # -- state slots -------------------------------------------------------------------
+    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> int:
+        """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version."""
+        if self.mode == "r":
+            raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
+        if not slot or "/" in slot:
+            raise StoreError(f"state slot {slot!r}: expected a non-empty name without '/'")
+        doc = records.json_document("state", dict(doc))
+        version = self._latest_state(slot) + 1
+        while True:
+            names = {}
+            for name, arr in (arrays or {}).items():
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+                path = layout.state_payload(slot, version, f"{name}.npy")
+                self.storage.write(path, buf.getvalue())
+                names[name] = path
+            self.storage.sync_dirs(list(names.values()))
+            body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names}
+            if self.storage.create(layout.state_record(slot, version), records.encode(body)):
+                return version
+            version += 1
+
+    def _latest_state(self, slot: str) -> int:
+        versions = [int(n[:-5]) for n in self.storage.list(layout.state_dir(slot)) if n.endswith(".json")]
+        return max(versions, default=-1)
+
+    def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+        """The latest saved ``(doc, arrays)`` of a slot, or None if it was never saved."""
+        version = self._latest_state(slot)
+        if version < 0:
+            return None
+        path = layout.state_record(slot, version)
+        body = records.decode(path, self.storage.read(path))
+        arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
+                  for name, p in body["arrays"].items()}
+        return body["doc"], arrays
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """Schema, record counts, streams, writers, capacity, size on disk, format version."""
+        self.refresh()
+        return {
+            "url": self.url,
+            "format_version": self.manifest["format_version"],
+            "capacity": self.capacity,
+            "writers": len(self.log.writers),
+            "commits": len(self.log.commits),
+            "bytes": self.storage.total_size(),
+            "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
+                           "fragments": len(t.reader.fragments)} for n, t in self._tables.items()},
+        }
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
+
+
+def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Schema] | None:
+    if schema is None:
+        return None
+    if isinstance(schema, Schema):
+        return {DEFAULT_TABLE: schema}
+    if isinstance(schema, Mapping) and schema and all(isinstance(s, Schema) for s in schema.values()):
+        for name in schema:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise StoreError(f"table name {name!r}: expected an identifier")
+        return dict(schema)
+    raise StoreError(f"schema: expected a Schema or a non-empty mapping of table name -> Schema, got {schema!r}")
+
+
+def _read_manifest(storage: Storage) -> dict[str, Any] | None:
+    try:
+        data = storage.read(layout.MANIFEST)
+    except FileNotFoundError:
+        return None
+    body = records.decode(layout.MANIFEST, data)
+    if body.get("format") != layout.FORMAT_NAME:
+        raise FormatVersionError(f"{storage.url}: not a replaystore store")
+    if body.get("format_version") != layout.FORMAT_VERSION:
+        raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
+                                 f"replaystore reads version {layout.FORMAT_VERSION}")
+    return body
+
+
+def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: str = "a",
+               capacity: int | None = None, storage_options: Mapping[str, Any] | None = None) -> Store:
+    """Open or create a store.
+
+    ``url`` is a local path or fsspec URL (``file://``, ``memory://``, ``s3://bucket/prefix``).
+    ``schema`` is one Schema (table ``records``) or ``{table name: Schema}``; required to
+    create, checked against the stored one otherwise. ``mode``: "r" read-only, "a" open
+    or create, "w" create (error if a store exists), "w+" replace. ``capacity``: None for
+    an unbounded dataset, N to keep the newest N records per table.
+    """
+    if mode not in MODES:
+        raise StoreError(f"mode {mode!r}: expected one of {MODES}")
+    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0):
+        raise StoreError(f"capacity: expected None or a positive int, got {capacity!r}")
+    schemas = _schemas_arg(schema)
+    storage = open_storage(url, storage_options)
+    if mode == "w+":
+        storage.delete("")
+    manifest = _read_manifest(storage)
+    if manifest is None:
+        if mode == "r":
+            raise StoreNotFoundError(f"{storage.url}: no replaystore store here")
+        if schemas is None:
+            raise StoreError(f"{storage.url}: creating a store needs a schema")
+        body = {"format": layout.FORMAT_NAME, "format_version": layout.FORMAT_VERSION,
+                "tables": {n: s.to_dict() for n, s in schemas.items()}, "capacity": capacity,
+                "created_ns": time.time_ns()}
+        storage.create(layout.MANIFEST, records.encode(body))  # a concurrent creator may win: re-read
+        manifest = _read_manifest(storage)
+        assert manifest is not None
+    elif mode == "w":
+        raise StoreExistsError(f"{storage.url}: a store already exists (mode 'w'); use 'a' or 'w+'")
+    stored = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
+    if schemas is not None and schemas != stored:
+        raise SchemaMismatchError(f"{storage.url}: the stored schema differs from the one given "
+                                  f"(stored tables {sorted(stored)}); schemas are fixed at creation")
+    if capacity is not None and capacity != manifest["capacity"]:
+        raise StoreError(f"{storage.url}: capacity {capacity} differs from the stored {manifest['capacity']}")
+    return Store(storage, manifest, mode)

@@ -1,0 +1,404 @@
+"""The writer: validates appends, buffers them, and commits fragments + one commit record."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replaystore.errors import ReadOnlyError, StepOrderError, StoreError, StreamKeyError
+from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
+from replaystore.schemas.columns import concat_columns
+from replaystore.schemas.validate import batch_items, to_numpy
+from replaystore.store import layout, records
+from replaystore.store.fragment import Fragment, FragmentData, write_fragment
+
+if TYPE_CHECKING:
+    from replaystore.store.store import Store
+
+StreamKey = int | str
+COMPACT_FANIN = 8
+MAX_FRAGMENT_ROWS = 1 << 20
+TRASH_GRACE_NS = 30 * 10**9
+
+
+@dataclass
+class _Pending:
+    cols: Columns
+    keys: list[StreamKey]  # one per record
+    steps: np.ndarray
+    resets: np.ndarray
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one commit made visible."""
+
+    writer: int
+    seq: int
+    rows: dict[str, tuple[int, int]]  # table -> [first, end) row ids
+
+
+def _key(value: Any) -> StreamKey:
+    if isinstance(value, (bool, np.bool_)):
+        raise StreamKeyError("stream", "an int or str stream key", f"bool {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (str, np.str_)):
+        return str(value)
+    raise StreamKeyError("stream", "an int or str stream key", f"{type(value).__name__} {value!r}")
+
+
+def _keys(stream: Any, n: int) -> list[StreamKey]:
+    if stream is None:
+        raise StreamKeyError("stream", "a stream key (int or str) or one key per record", "None")
+    if isinstance(stream, (int, str, np.integer, np.str_, bool, np.bool_)):
+        return [_key(stream)] * n
+    values = stream.tolist() if hasattr(stream, "tolist") else list(stream)
+    if len(values) != n:
+        raise StreamKeyError("stream", f"{n} per-record stream keys", f"{len(values)}")
+    return [_key(v) for v in values]
+
+
+class Writer:
+    """Appends records to a store; one per process. ``with st.writer() as w:`` commits on exit.
+
+    Each writer registers a writer number (create-if-absent on ``writers/NNNNNN``),
+    owns every object under that prefix and its own commit sequence.
+    """
+
+    def __init__(self, store: Store) -> None:
+        if store.mode == "r":
+            raise ReadOnlyError("store opened read-only (mode='r'): writer() is not allowed")
+        self.store = store
+        self.storage = store.storage
+        self.id = self._register()
+        self.seq = 0
+        self.next_row = dict.fromkeys(store.schemas, 0)
+        self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
+        self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
+        self._last_step: dict[tuple[str, StreamKey], int] = {}
+        self._last_done: dict[tuple[str, StreamKey], bool] = {}
+        self._time_ns = 0
+        self._trash: list[tuple[int, str]] = []  # (due time_ns, path)
+        self.closed = False
+
+    def _register(self) -> int:
+        n = len(self.storage.list(layout.WRITERS))
+        doc = {"host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns()}
+        while True:
+            if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
+                return n
+            n += 1
+
+    # -- appending --------------------------------------------------------------------
+    def append(self, batch: Any, stream: Any = None, step: Any = None, reset: Any = None, *,
+               table: str | None = None) -> int:
+        """Validate ``batch`` and buffer it until :meth:`commit`; returns the records appended.
+
+        ``stream`` is a key (int or str) or one key per record; ``step`` is None
+        (auto-increment per stream) or one step per record, strictly increasing per
+        stream; ``reset`` marks recurrent boundaries (a bool for the first record of
+        each stream in this append, or one bool per record). An Episode
+        (``final_obs`` + ``terminated``) appends as one stream starting with a reset;
+        a ``[T, B]`` Rollout appends as B streams (``stream``: one key per slot).
+        A batch matching several tables (e.g. a DeepCfrBatch) is split between them.
+        Nothing is buffered if anything is invalid.
+        """
+        self._check_open()
+        done_updates: dict[tuple[str, StreamKey], bool] = {}
+        tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
+        staged: dict[str, _Pending] = {}
+        new_last: dict[tuple[str, StreamKey], int] = {}
+        for name, (cols, keys, resets) in tables.items():
+            steps = self._steps(name, keys, step, new_last)
+            meta = dict(cols.meta)
+            staged[name] = _Pending(cols, keys, steps, resets, meta)
+        for name, p in staged.items():
+            self._pending[name].append(p)
+        self._last_step.update(new_last)
+        self._last_done.update(done_updates)
+        return sum(len(p.cols) for p in staged.values())
+
+    def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
+                 done_updates: dict[tuple[str, StreamKey], bool],
+                 ) -> dict[str, tuple[Columns, list[StreamKey], np.ndarray]]:
+        schemas = self.store.schemas
+        if table is not None:
+            if table not in schemas:
+                raise StoreError(f"table {table!r}: expected one of {sorted(schemas)}")
+            schemas = {table: schemas[table]}
+        if len(schemas) > 1:
+            split = validate_tables(schemas, batch)
+            out = {}
+            for name, cols in split.items():
+                if isinstance(stream, (Sequence, np.ndarray)) and not isinstance(stream, str):
+                    raise StreamKeyError("stream", "one stream key for a batch split across tables",
+                                         "per-record keys")
+                keys = _keys(stream, len(cols))
+                out[name] = (cols, keys, self._resets(name, reset, keys))
+            return out
+        (name, schema), = schemas.items()
+        items = batch_items(batch)
+        if "final_obs" in items and "truncated" in schema:
+            cols = episode_columns(schema, items)
+            keys = _keys(stream, len(cols))
+            resets = np.zeros(len(cols), dtype=bool)
+            resets[0] = True
+            return {name: (cols, keys, resets)}
+        obs_field = schema.field("obs") if "obs" in schema else None
+        if ("truncated" in schema and obs_field is not None and "obs" in items
+                and to_numpy("obs", items["obs"]).ndim == len(obs_field.shape) + 2):
+            cols, steps_t, slots, resets = rollout_columns(schema, items)
+            slot_keys: list[StreamKey] = list(range(slots)) if default_stream else _keys(stream, slots)
+            keys = [k for k in slot_keys for _ in range(steps_t)]
+            for b, k in enumerate(slot_keys):
+                resets[b * steps_t] = self._last_done.get((name, k), False)
+            done = cols.arrays["terminated"] | cols.arrays["truncated"]
+            for b, k in enumerate(slot_keys):
+                done_updates[(name, k)] = bool(done[(b + 1) * steps_t - 1])
+            return {name: (cols, keys, resets)}
+        cols = schema.validate(items)
+        keys = _keys(stream, len(cols))
+        return {name: (cols, keys, self._resets(name, reset, keys))}
+
+    def _resets(self, table: str, reset: Any, keys: list[StreamKey]) -> np.ndarray:
+        n = len(keys)
+        if reset is None or reset is False:
+            return np.zeros(n, dtype=bool)
+        if reset is True:
+            out = np.zeros(n, dtype=bool)
+            seen: set[StreamKey] = set()
+            for i, k in enumerate(keys):
+                if k not in seen:
+                    out[i] = True
+                    seen.add(k)
+            return out
+        arr = to_numpy("reset", reset)
+        if arr.dtype != np.bool_ or arr.shape != (n,):
+            raise StepOrderError("reset", f"a bool or {n} per-record bools", f"{arr.dtype} of shape {arr.shape}")
+        return arr.copy()
+
+    def _known_last(self, table: str, key: StreamKey, staged: dict[tuple[str, StreamKey], int]) -> int | None:
+        if (table, key) in staged:
+            return staged[(table, key)]
+        if (table, key) in self._last_step:
+            return self._last_step[(table, key)]
+        last = self.store.table(table).reader.index.last_step(key)
+        if last is not None:
+            self._last_step[(table, key)] = last
+        return last
+
+    def _steps(self, table: str, keys: list[StreamKey], step: Any,
+               staged: dict[tuple[str, StreamKey], int]) -> np.ndarray:
+        n = len(keys)
+        key_arr = np.array(keys, dtype=object)
+        uniq = list(dict.fromkeys(keys))
+        if step is None:
+            steps = np.empty(n, dtype=np.int64)
+            for k in uniq:
+                pos = np.flatnonzero(key_arr == k) if len(uniq) > 1 else np.arange(n)
+                last = self._known_last(table, k, staged)
+                start = 0 if last is None else last + 1
+                steps[pos] = np.arange(start, start + len(pos))
+                staged[(table, k)] = start + len(pos) - 1
+            return steps
+        if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+            if len(uniq) != 1:
+                raise StepOrderError("step", "one step per record when a batch spans several streams", "a scalar")
+            steps = np.arange(int(step), int(step) + n, dtype=np.int64)
+        else:
+            steps = to_numpy("step", step)
+            if steps.dtype.kind not in "iu" or steps.shape != (n,):
+                raise StepOrderError("step", f"{n} integer steps", f"{steps.dtype} of shape {steps.shape}")
+            steps = steps.astype(np.int64)
+        for k in uniq:
+            pos = np.flatnonzero(key_arr == k) if len(uniq) > 1 else np.arange(n)
+            s = steps[pos]
+            if len(s) > 1 and np.any(np.diff(s) <= 0):
+                i = int(np.flatnonzero(np.diff(s) <= 0)[0])
+                raise StepOrderError("step", f"strictly increasing steps in stream {k!r}",
+                                     f"step {s[i + 1]} after {s[i]}")
+            last = self._known_last(table, k, staged)
+            if last is not None and s[0] <= last:
+                raise StepOrderError("step", f"steps after {last} in stream {k!r}", f"step {s[0]}")
+            if s[0] < 0:
+                raise StepOrderError("step", "non-negative steps", f"step {s[0]}")
+            staged[(table, k)] = int(s[-1])
+        return steps
+
+    # -- committing ---------------------------------------------------------------------
+    def _now(self) -> int:
+        self._time_ns = max(time.time_ns(), self._time_ns + 1)
+        return self._time_ns
+
+    def commit(self, metadata: dict[str, Any] | None = None) -> CommitResult | None:
+        """Make everything appended since the last commit durable and visible, atomically.
+
+        Returns None (writing nothing) when there is nothing to commit.
+        """
+        self._check_open()
+        if not any(self._pending.values()) and metadata is None:
+            return None
+        meta_doc = records.json_document("metadata", metadata)
+        seq, now = self.seq, self._now()
+        body: dict[str, Any] = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "append",
+                                "metadata": meta_doc, "tables": {}}
+        written: list[str] = []
+        rows: dict[str, tuple[int, int]] = {}
+        new_frags: dict[str, Fragment] = {}
+        retired = self._retire()
+        for table, pending in self._pending.items():
+            change: dict[str, Any] = {}
+            if pending:
+                frag, paths = self._write(table, layout.fragment_name(seq), self.next_row[table], pending,
+                                          [(seq, now, sum(len(p.cols) for p in pending))])
+                written += paths
+                new_frags[table] = frag
+                lo = frag.row_start
+                appends = []
+                for p in pending:
+                    appends.append({"rows": [lo, lo + len(p.cols)], "meta": p.meta})
+                    lo += len(p.cols)
+                change.update({"add": [frag.to_dict()], "appends": appends})
+                rows[table] = (frag.first_id, frag.first_id + frag.rows)
+            if retired.get(table):
+                change["remove"] = [f.name for f in retired[table]]
+            if change:
+                body["tables"][table] = change
+        self.storage.sync_dirs(written)
+        self._create_record(seq, body)
+        for table, frag in new_frags.items():
+            self.fragments[table].append(frag)
+            self.next_row[table] += frag.rows
+        for table, frags in retired.items():
+            gone = {f.name for f in frags}
+            self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
+        for pending in self._pending.values():
+            pending.clear()
+        self.seq += 1
+        self.store.refresh()
+        self._reclaim()
+        self._compact()
+        return CommitResult(self.id, seq, rows)
+
+    def _create_record(self, seq: int, body: dict[str, Any]) -> None:
+        if not self.storage.create(layout.commit_record(self.id, seq), records.encode(body)):
+            raise StoreError(f"commit record {layout.commit_record(self.id, seq)} already exists: "
+                             "two writers share one writer number")
+
+    def _write(self, table: str, name: str, row_start: int, pending: list[_Pending],
+               parts: list[tuple[int, int, int]]) -> tuple[Fragment, list[str]]:
+        cols = concat_columns([p.cols for p in pending])
+        keys = [k for p in pending for k in p.keys]
+        uniq = list(dict.fromkeys(keys))
+        code_of = {k: i for i, k in enumerate(uniq)}
+        codes = np.fromiter((code_of[k] for k in keys), dtype=np.int32, count=len(keys))
+        steps = np.concatenate([p.steps for p in pending])
+        resets = np.concatenate([p.resets for p in pending])
+        return write_fragment(self.storage, self.id, table, name, row_start, cols, codes, steps, resets,
+                              uniq, parts)
+
+    # -- retention and compaction --------------------------------------------------------------
+    def _grace(self, capacity: int) -> int:
+        return max(capacity // 4, 1)
+
+    def _retire(self) -> dict[str, list[Fragment]]:
+        """This writer's fragments wholly evicted (beyond the grace margin): dropped from its log."""
+        out: dict[str, list[Fragment]] = {}
+        cap = self.store.capacity
+        if cap is None:
+            return out
+        for table in self.store.schemas:
+            reader = self.store.table(table).reader
+            mine = {f.name for f in self.fragments[table]}
+            gone = [f for f in reader.evicted_fragments(self._grace(cap)) if f.writer == self.id and f.name in mine]
+            if gone:
+                out[table] = gone
+        return out
+
+    def _reclaim(self) -> None:
+        """Delete the storage of wholly evicted fragments (any writer's: dead writers leave garbage too)."""
+        now = time.time_ns()
+        due = [p for t, p in self._trash if t <= now]
+        self._trash = [(t, p) for t, p in self._trash if t > now]
+        for path in due:
+            self.storage.delete(path)
+        cap = self.store.capacity
+        if cap is None:
+            return
+        for table in self.store.schemas:
+            for frag in self.store.table(table).reader.evicted_fragments(self._grace(cap)):
+                if self.storage.exists(f"{frag.path}/zarr.json"):
+                    self.storage.delete(frag.path)
+
+    def _compact(self) -> None:
+        """Merge this writer's trailing run of small fragments (tiered: fan-in 8)."""
+        cap = self.store.capacity
+        max_rows = MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
+        for table, frags in self.fragments.items():
+            run: list[Fragment] = []
+            for f in reversed(frags):
+                if f.rows * COMPACT_FANIN > max_rows or sum(r.rows for r in run) + f.rows > max_rows:
+                    break
+                run.insert(0, f)
+            if len(run) < COMPACT_FANIN:
+                continue
+            reader = self.store.table(table).reader
+            visible = {(f.writer, f.name) for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0}
+            if not all((self.id, f.name) in visible for f in run):
+                continue
+            self._merge(table, run)
+
+    def _merge(self, table: str, run: list[Fragment]) -> None:
+        schema = self.store.schemas[table]
+        pending = []
+        for f in run:
+            data = FragmentData(self.storage, schema, f)
+            codes = np.asarray(data.array("_stream"))
+            pending.append(_Pending(data.columns(), [f.streams[c] for c in codes],
+                                    np.asarray(data.array("_step")), np.asarray(data.array("_reset")), {}))
+        seq, now = self.seq, self._now()
+        parts = [p for f in run for p in f.parts]
+        merged, written = self._write(table, layout.fragment_name(seq), run[0].row_start, pending, parts)
+        self.storage.sync_dirs(written)
+        body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
+                "tables": {table: {"add": [merged.to_dict()], "remove": [f.name for f in run]}}}
+        self._create_record(seq, body)
+        self.seq += 1
+        self.fragments[table] = [f for f in self.fragments[table] if f not in run] + [merged]
+        self.fragments[table].sort(key=lambda f: f.row_start)
+        self._trash += [(now + TRASH_GRACE_NS, f.path) for f in run]
+        self.store.refresh()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreError(f"writer {self.id} is closed")
+
+    def discard(self) -> None:
+        """Drop everything appended since the last commit."""
+        for pending in self._pending.values():
+            pending.clear()
+
+    def close(self) -> None:
+        """Commit what is pending and release the writer."""
+        if not self.closed:
+            self.commit()
+            self.closed = True
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+            self.closed = True
