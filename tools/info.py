@@ -1,0 +1,55 @@
+"""``replaystore info`` and ``replaystore verify``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tqdm import tqdm
+
+from replaystore.errors import ReplayStoreError
+from replaystore.store import Store, open_store
+from replaystore.store.verify import Problem, verify
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def print_info(st: Store) -> None:
+    info = st.info()
+    print(f"store           {info['url']}")
+    print(f"format version  {info['format_version']}")
+    print(f"capacity        {info['capacity'] if info['capacity'] is not None else 'unbounded (dataset)'}")
+    print(f"writers         {info['writers']}")
+    print(f"commits         {info['commits']}")
+    print(f"size on disk    {_size(info['bytes'])}")
+    for name, t in info["tables"].items():
+        print(f"\ntable {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")
+        print("\n".join("  " + line for line in st.schemas[name].describe().splitlines()))
+
+
+def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
+    problems: list[Problem]
+    try:
+        st = open_store(url, mode="r", storage_options=storage_options)
+    except ReplayStoreError as exc:
+        if not getattr(exc, "path", None):
+            raise
+        print(f"DAMAGED {exc}")
+        return 1
+    total = sum(len(st.table(t).reader.fragments) for t in st.tables)
+    with tqdm(total=total, desc="verify", unit="fragment", disable=not sys.stderr.isatty()) as bar:
+        problems = verify(st, progress=lambda n: bar.update(n - bar.n))
+    for p in problems:
+        print(f"DAMAGED {p}")
+    if problems:
+        print(f"{len(problems)} problem(s) in {st.url}")
+        return 1
+    print(f"ok: {st.url} verified ({total} fragments)")
+    return 0
