@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import SchemaError
+from replaystore.errors import OffsetsError, SchemaError
 from replaystore.schemas.columns import Columns
 from replaystore.schemas.fields import OFFSETS_DTYPE, BatchMeta, Dense, Field, Ragged
 
@@ -160,7 +160,10 @@ def columns_from_arrow(schema: Schema, batch: pa.RecordBatch | pa.Table) -> Colu
             if base:
                 offsets = offsets - base
             arrays[f.name] = values[base:base + offsets[-1]]
-            arrays.setdefault(f.offsets, offsets)
+            shared = arrays.setdefault(f.offsets, offsets)
+            if shared is not offsets and not np.array_equal(shared, offsets):
+                raise OffsetsError(f.name, f"the same list offsets as the other fields sharing {f.offsets!r}",
+                                   "different offsets")
     meta_doc = (batch.schema.metadata or {}).get(META_KEY)
     meta = json.loads(meta_doc) if meta_doc else {}
     return schema.validate({**arrays, **meta})

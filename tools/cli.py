@@ -14,9 +14,10 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
     from replaystore.schemas.builtin import BUILTINS, EXAMPLE_ARGS
 
     names = args.names or list(BUILTINS)
+    unknown = [n for n in names if n not in BUILTINS]
+    if unknown:
+        raise ReplayStoreError(f"unknown schema(s) {unknown}; built-ins: {', '.join(BUILTINS)}")
     for name in names:
-        if name not in BUILTINS:
-            raise ReplayStoreError(f"unknown schema {name!r}; built-ins: {', '.join(BUILTINS)}")
         example = EXAMPLE_ARGS[name]
         sizes = ", ".join(f"{k}={v}" for k, v in example.items())
         print(f"{name}({sizes})")
