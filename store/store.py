@@ -111,6 +111,7 @@ class Store:
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
         self.closed = False
+        self.storage_options: dict[str, Any] = {}
 
     # -- tables ---------------------------------------------------------------------
     @property
@@ -310,4 +311,6 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
                                   f"(stored tables {sorted(stored)}); schemas are fixed at creation")
     if capacity is not None and capacity != manifest["capacity"]:
         raise StoreError(f"{storage.url}: capacity {capacity} differs from the stored {manifest['capacity']}")
-    return Store(storage, manifest, mode)
+    store = Store(storage, manifest, mode)
+    store.storage_options = dict(storage_options or {})
+    return store

@@ -159,7 +159,9 @@ class Writer:
             slot_keys: list[StreamKey] = list(range(slots)) if default_stream else _keys(stream, slots)
             keys = [k for k in slot_keys for _ in range(steps_t)]
             for b, k in enumerate(slot_keys):
-                resets[b * steps_t] = self._last_done.get((name, k), False)
+                carried = self._last_done.get((name, k))
+                # a slot's first step ever starts an episode; later rollouts carry the previous done flag
+                resets[b * steps_t] = self._known_last(name, k, {}) is None if carried is None else carried
             done = cols.arrays["terminated"] | cols.arrays["truncated"]
             for b, k in enumerate(slot_keys):
                 done_updates[(name, k)] = bool(done[(b + 1) * steps_t - 1])

@@ -1,0 +1,101 @@
+"""Reservoir sampling (Algorithm R) over the stream of records appended to a table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import StoreError
+from replaystore.loaders.base import Request, StoreSampler
+from replaystore.store.layout import ROW_BITS
+
+
+class ReservoirSampler(StoreSampler):
+    """Keeps a uniform sample of at most ``capacity`` of the records ever appended.
+
+    Records are offered to the reservoir in row-id order as they become visible
+    (new commits after ``refresh()``): the n-th record offered is kept with
+    probability ``capacity / n``, replacing a uniformly chosen member. Minibatches
+    are drawn uniformly with replacement from the reservoir, so an unbounded
+    DeepCFR advantage or strategy table trains on a bounded uniform sample; the
+    schema's per-record iteration numbers come out with the batch for weighting.
+    Use it on an unbounded table: members evicted by a table capacity are dropped.
+    """
+
+    kind = "reservoir"
+
+    def __init__(self, store: Any, capacity: int, batch_size: int, seed: int = 0, **kwargs: Any) -> None:
+        if not isinstance(capacity, int) or capacity <= 0:
+            raise StoreError(f"capacity: expected a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.members = np.zeros(0, dtype=np.int64)
+        self.seen = 0
+        self.offered_upto: dict[int, int] = {}  # writer -> next local row not yet offered
+        self._version = -1
+        super().__init__(store, batch_size, seed, **kwargs)
+
+    def _new_rows(self) -> np.ndarray:
+        """Visible rows not offered yet, in row-id order (each writer's rows arrive in order)."""
+        cand = self.candidates()
+        rows = self.table.row_ids() if cand is None else cand
+        writers = rows >> ROW_BITS
+        local = rows & ((1 << ROW_BITS) - 1)
+        new = np.zeros(len(rows), dtype=bool)
+        for w in np.unique(writers):
+            mine = writers == w
+            new |= mine & (local >= self.offered_upto.get(int(w), 0))
+            self.offered_upto[int(w)] = max(self.offered_upto.get(int(w), 0), int(local[mine][-1]) + 1)
+        return rows[new]
+
+    def _sync(self) -> None:
+        reader = self.table.reader
+        reader.sync()
+        if reader.log.version == self._version:
+            return
+        self._version = reader.log.version
+        new = self._new_rows()
+        if len(new):
+            self._offer(new)
+        if len(self.members):
+            visible = self.table.row_ids()
+            self.members = self.members[np.isin(self.members, visible)]
+
+    def _offer(self, rows: np.ndarray) -> None:
+        k = self.capacity
+        n = self.seen + np.arange(len(rows), dtype=np.int64)  # records offered before each one
+        fill = n < k
+        members = np.concatenate([self.members, rows[fill]])
+        later = rows[~fill]
+        if len(later):
+            j = self.rng.integers(0, n[~fill] + 1)
+            keep = j < k
+            slots, values = j[keep], later[keep]
+            # the last offer to a slot wins: keep each slot's final value
+            last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]
+            members[slots[last]] = values[last]
+        self.members = members
+        self.seen += len(rows)
+
+    def sample(self) -> Request:
+        self._sync()
+        if not len(self.members):
+            raise self._empty()
+        pos = self.rng.integers(0, len(self.members), size=self.batch_size)
+        self.batches_drawn += 1
+        return Request(self.members[pos])
+
+    def state_dict(self) -> dict[str, Any]:
+        self._sync()
+        state = super().state_dict()
+        state.update(capacity=self.capacity, seen=self.seen, members=self.members.copy(),
+                     offered_upto={str(w): n for w, n in self.offered_upto.items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.capacity = int(state["capacity"])
+        self.seen = int(state["seen"])
+        self.members = np.asarray(state["members"], dtype=np.int64)
+        self.offered_upto = {int(w): int(n) for w, n in state["offered_upto"].items()}
+        self._version = -1

@@ -1,0 +1,108 @@
+"""Uniform sampling with replacement, and epoch minibatches without replacement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from replaystore.loaders.base import Request, StoreSampler
+
+
+class UniformSampler(StoreSampler):
+    """``batch_size`` visible records drawn uniformly with replacement, every minibatch.
+
+    Sees records committed by other writers once the store was ``refresh()``-ed.
+    """
+
+    kind = "uniform"
+
+    def sample(self) -> Request:
+        cand = self.candidates()
+        n = len(self.table) if cand is None else len(cand)
+        if n == 0:
+            raise self._empty()
+        pos = self.rng.integers(0, n, size=self.batch_size)
+        rows = self.table.rows_at(pos) if cand is None else cand[pos]
+        self.batches_drawn += 1
+        return Request(rows)
+
+
+class EpochSampler(StoreSampler):
+    """Passes over the visible records: each pass partitions them into shuffled minibatches.
+
+    Every record lands in exactly one minibatch per pass, a different partition each
+    pass; the last minibatch may be smaller (``drop_last=True`` drops it). Iterating
+    the sampler runs one pass (``num_batches`` bounds it further); the records of a
+    pass are fixed when it starts.
+    """
+
+    kind = "epoch"
+
+    def __init__(self, store: Any, batch_size: int, seed: int = 0, *, drop_last: bool = False,
+                 **kwargs: Any) -> None:
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._order: np.ndarray | None = None
+        self._cursor = 0
+        super().__init__(store, batch_size, seed, **kwargs)
+
+    def _start_pass(self) -> None:
+        cand = self.candidates()
+        rows = self.table.row_ids() if cand is None else cand
+        if not len(rows):
+            raise self._empty()
+        self._order = rows[self.rng.permutation(len(rows))]
+        self._cursor = 0
+
+    def _remaining(self) -> int:
+        return 0 if self._order is None else len(self._order) - self._cursor
+
+    def _exhausted(self) -> bool:
+        return self._remaining() == 0 or (self.drop_last and self._remaining() < self.batch_size)
+
+    def _next_pass(self) -> None:
+        if self._order is not None:
+            self.epoch += 1
+        self._start_pass()
+        if self._exhausted():
+            raise self._empty(f"full minibatches of {self.batch_size}")
+
+    def sample(self) -> Request:
+        """The next minibatch of the current pass (a new pass starts when one is exhausted)."""
+        if self._exhausted():
+            self._next_pass()
+        assert self._order is not None
+        rows = self._order[self._cursor:self._cursor + self.batch_size]
+        self._cursor += len(rows)
+        self.batches_drawn += 1
+        return Request(rows)
+
+    def __iter__(self) -> Iterator[Request]:
+        """One pass (continuing the current one after ``load_state_dict``)."""
+        if self._exhausted():
+            self._next_pass()
+        drawn = 0
+        while not self._exhausted() and (self.num_batches is None or drawn < self.num_batches):
+            yield self.sample()
+            drawn += 1
+
+    def __len__(self) -> int:
+        n = len(self.table) if self.subset is None else len(self.candidates())  # type: ignore[arg-type]
+        full = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return full if self.num_batches is None else min(full, self.num_batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(epoch=self.epoch, cursor=self._cursor, drop_last=self.drop_last)
+        if self._order is not None:
+            state["order"] = self._order
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.epoch = int(state["epoch"])
+        self._cursor = int(state["cursor"])
+        order = state.get("order")
+        self._order = None if order is None else np.asarray(order, dtype=np.int64)
