@@ -1,7 +1,10 @@
 """Samplers and the torch Dataset/DataLoader glue."""
 
 from replaystore.loaders.base import EmptyStoreError, Request, StoreSampler
+from replaystore.loaders.buffer import ReplayBuffer
 from replaystore.loaders.dataset import StoreDataset, gather, make_loader
+from replaystore.loaders.episodes import iter_episodes
+from replaystore.loaders.masks import legal_mask
 from replaystore.loaders.prioritized import PrioritizedSampler
 from replaystore.loaders.reservoir import ReservoirSampler
 from replaystore.loaders.sequence import SequenceSampler
@@ -11,6 +14,7 @@ __all__ = [
     "EmptyStoreError",
     "EpochSampler",
     "PrioritizedSampler",
+    "ReplayBuffer",
     "Request",
     "ReservoirSampler",
     "SequenceSampler",
@@ -18,5 +22,7 @@ __all__ = [
     "StoreSampler",
     "UniformSampler",
     "gather",
+    "iter_episodes",
+    "legal_mask",
     "make_loader",
 ]

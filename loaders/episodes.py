@@ -1,0 +1,61 @@
+"""Whole episodes of a stream, for episodic algorithms."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import StoreError
+from replaystore.loaders.dataset import to_tensors
+from replaystore.store import Table
+
+
+def _end_flags(table: Table) -> tuple[str, str | None]:
+    schema = table.schema
+    if "obs" not in schema or "next_obs" not in schema:
+        raise StoreError(f"schema {schema.name!r}: episodes need 'obs' and 'next_obs' fields")
+    if "terminated" in schema:
+        return "terminated", "truncated" if "truncated" in schema else None
+    if "dones" in schema:
+        return "dones", None
+    raise StoreError(f"schema {schema.name!r}: episodes need a 'terminated' or 'dones' field")
+
+
+def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only: bool = True,
+                  ) -> Iterator[dict[str, Any]]:
+    """Yield each episode as a mapping of tensors: the schema's fields over T steps, plus
+    ``final_obs`` (the last ``next_obs``), ``terminated`` and ``truncated`` (bools),
+    ``stream`` and ``steps``.
+
+    An episode starts at a reset or after a step gap and ends at a step whose
+    terminated/truncated (or ``dones``) flag is set. Trailing steps of a stream
+    that have not ended yet are skipped unless ``complete_only=False``. A step
+    gap (retention dropped steps) ends an episode as truncated-incomplete: it is
+    skipped under ``complete_only``.
+    """
+    term_name, trunc_name = _end_flags(table)
+    for stream in streams if streams is not None else table.streams():
+        rows, steps = table.rows(stream)
+        if not len(rows):
+            continue
+        _, _, resets = table.index_of(rows)
+        data = table.read(rows)
+        term = data[term_name].astype(bool)
+        trunc = data[trunc_name].astype(bool) if trunc_name else np.zeros(len(rows), dtype=bool)
+        end = term | trunc
+        start = np.zeros(len(rows), dtype=bool)
+        start[0] = True
+        start[1:] = resets[1:] | end[:-1] | (np.diff(steps) != 1)
+        bounds = np.r_[np.flatnonzero(start), len(rows)]
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            complete = bool(end[hi - 1])
+            if complete_only and not complete:
+                continue
+            episode: dict[str, Any] = {k: v[lo:hi] for k, v in data.items() if k in table.schema
+                                       and len(v) == len(rows)}
+            episode.update(final_obs=data["next_obs"][hi - 1], terminated=bool(term[hi - 1]),
+                           truncated=bool(trunc[hi - 1]) or (not complete), stream=stream,
+                           steps=steps[lo:hi], rows=rows[lo:hi])
+            yield to_tensors(episode)

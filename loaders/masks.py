@@ -1,0 +1,26 @@
+"""Dense legality masks built from a minibatch's CSR slices, only for that minibatch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def legal_mask(batch: Mapping[str, Any], actions: int, ids: str = "legal_ids", offsets: str = "legal_offsets",
+               ) -> torch.Tensor:
+    """A bool ``(records, actions)`` mask: ``mask[i, ids[offsets[i]:offsets[i+1]]] = True``.
+
+    ``records`` is the minibatch size (``batch * window`` for sequence batches:
+    reshape as needed). Rows with an empty slice (terminal or value-only records)
+    are all False: mask logits with ``torch.finfo(dtype).min`` and never take a max
+    over such a row.
+    """
+    off = batch[offsets]
+    values = batch[ids]
+    records = len(off) - 1
+    mask = torch.zeros((records, actions), dtype=torch.bool, device=values.device)
+    rows = torch.repeat_interleave(torch.arange(records, device=values.device), off[1:] - off[:-1])
+    mask[rows, values] = True
+    return mask
