@@ -99,7 +99,8 @@ def _numpy_to_arrow(arr: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(flat.dtype), len(flat), [None, pa.py_buffer(flat)])
 
 
-def _dense_to_arrow(f: Dense, arr: np.ndarray) -> pa.Array:
+def dense_to_arrow(f: Dense, arr: np.ndarray) -> pa.Array:
+    """A (nested fixed-size list) Arrow array over a dense field's records, zero-copy except bool."""
     out = _numpy_to_arrow(arr)
     for size in reversed(f.shape):
         out = pa.FixedSizeListArray.from_arrays(out, size)
@@ -116,7 +117,7 @@ def columns_to_arrow(cols: Columns) -> pa.RecordBatch:
     arrays: list[pa.Array] = []
     for f in schema.fields:
         if isinstance(f, Dense):
-            arrays.append(_dense_to_arrow(f, cols.arrays[f.name]))
+            arrays.append(dense_to_arrow(f, cols.arrays[f.name]))
         elif isinstance(f, Ragged):
             arrays.append(ragged_to_arrow(cols.arrays[f.name], cols.arrays[f.offsets]))
     arrow_schema = schema_to_arrow(schema)

@@ -180,6 +180,26 @@ class Store:
     def writers(self) -> list[int]:
         return sorted(self.log.writers)
 
+    # -- SQL ------------------------------------------------------------------------------
+    def sql(self, query: str) -> Any:
+        """Run DuckDB SQL over the store; returns a ``pyarrow.Table``.
+
+        Each table is a view under its name (a single-schema store: ``records``) with
+        ``row, stream, step, reset``, every schema field (ragged fields as LIST,
+        multi-dimensional dense fields as fixed-size arrays), ``writer, commit,
+        commit_time``; ``commits`` and ``appends`` hold the commit log and per-append
+        batch metadata. Scans stream and read only the columns the query uses.
+        """
+        from replaystore.store.sql import query as run_query
+
+        return run_query(self, query)
+
+    def duckdb(self, connection: Any = None) -> Any:
+        """A DuckDB connection with this store's views registered (see :meth:`sql`)."""
+        from replaystore.store.sql import connect
+
+        return connect(self, connection)
+
     # -- state slots -------------------------------------------------------------------
     def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> int:
         """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version."""
