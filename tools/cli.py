@@ -56,6 +56,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return run_verify(args.url, _options(args))
 
 
+def _cmd_query(args: argparse.Namespace) -> int:
+    from replaystore.tools.query import run_query
+
+    return run_query(_open(args), args.sql, args.format, args.output)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from replaystore.tools.export import export_store
+
+    summary = export_store(_open(args), args.out, args.to, table=args.table, dataset_id=args.dataset_id,
+                           progress=True)
+    print(f"exported {args.url} to {args.to}: {args.out} {summary}")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from replaystore.tools.importer import import_store
+
+    st = import_store(args.src, args.url, args.from_, dataset_id=args.dataset_id, progress=True,
+                      storage_options=_options(args))
+    print(f"imported {args.src} ({args.from_}) into {args.url}: {len(st)} records")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replaystore.tools.demo import run_demo
 
@@ -88,6 +112,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", help="store path or URL")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("query", help="DuckDB SQL over a store",
+                       description="Run DuckDB SQL over a store. Each table is a view under its name "
+                                   "(single-schema stores: records), plus commits and appends.")
+    p.add_argument("url", help="store path or URL")
+    p.add_argument("sql", help='the query, e.g. "SELECT stream, count(*) FROM records GROUP BY 1"')
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table",
+                   help="output format (default: an aligned table on stdout)")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout (required for parquet)")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_query)
+
+    p = sub.add_parser("export", help="export a store (parquet, minari, minari-hdf5, d4rl)",
+                       description="Export a store's records to a format offline-RL tools load.")
+    p.add_argument("url", help="store path or URL")
+    p.add_argument("out", help="output directory or file")
+    p.add_argument("--to", required=True, help="parquet | minari | minari-hdf5 | d4rl")
+    p.add_argument("--table", help="which table (stores with several tables)")
+    p.add_argument("--dataset-id", help="Minari dataset id, e.g. tictactoe/random-v0")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("import", help="import parquet, minari or d4rl data into a new store",
+                       description="Create a store from a replaystore Parquet export, a Minari dataset "
+                                   "or a D4RL-style HDF5 file.")
+    p.add_argument("src", help="source directory, file, or Minari dataset id")
+    p.add_argument("url", help="the store to create")
+    p.add_argument("--from", dest="from_", required=True, help="parquet | minari | d4rl")
+    p.add_argument("--dataset-id", help="Minari dataset id (when SRC is a directory)")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_import)
 
     p = sub.add_parser("demo", help="run the end-to-end demo",
                        description="Run replaystore end to end on a small built-in example.")
