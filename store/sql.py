@@ -103,11 +103,17 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None) -
     return con
 
 
+def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
+    """A relation's result as a pyarrow Table (``to_arrow_table`` on DuckDB >= 1.5, else ``fetch_arrow_table``)."""
+    convert = getattr(relation, "to_arrow_table", None) or relation.fetch_arrow_table
+    return convert()
+
+
 def query(store: Store, sql: str) -> pa.Table:
     """Run ``sql`` over the store; the result as a pyarrow Table."""
     con = connect(store)
     try:
-        return con.sql(sql).fetch_arrow_table()
+        return to_arrow(con.sql(sql))
     except duckdb.Error as exc:
         raise QueryError(str(exc).splitlines()[0]) from None
     finally:

@@ -1,0 +1,134 @@
+"""DuckDB over a store: views, LIST/ARRAY columns, commits/appends, projection pushdown, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.batches import deep_cfr_batch, dqn_batch, ppo_batch
+
+from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, dqn, ppo, treestrap
+from replaystore.store import open_store
+from replaystore.store.sql import QueryError, to_arrow
+
+
+@pytest.fixture
+def ppo_store(tmp_path):
+    st = open_store(str(tmp_path / "s"), ppo(16, actions=9))
+    rng = np.random.default_rng(0)
+    batches = []
+    with st.writer() as w:
+        for i in range(4):
+            b = ppo_batch(rng, 50, extra=0)
+            batches.append(b)
+            w.append(b, stream=f"env{i % 2}")
+            w.commit(metadata={"iteration": i})
+    return st, batches
+
+
+def test_every_field_and_index_column_is_queryable(ppo_store):
+    st, batches = ppo_store
+    t = st.sql("SELECT * FROM records ORDER BY row")
+    assert t.num_rows == 200
+    assert t.column_names[:4] == ["row", "stream", "step", "reset"]
+    assert set(st.schema.record_names) <= set(t.column_names)
+    assert {"writer", "commit", "commit_time"} <= set(t.column_names)
+    expected_obs = np.concatenate([b.obs for b in batches])
+    got_obs = np.array(t.column("obs").to_pylist(), dtype=np.float32)
+    np.testing.assert_array_equal(got_obs, expected_obs)
+    legal = t.column("legal_ids").to_pylist()
+    b0 = batches[0]
+    assert legal[3] == b0.legal_ids[b0.legal_offsets[3]:b0.legal_offsets[4]].tolist()
+    assert t.column("row").to_pylist() == st.row_ids().tolist()
+
+
+def test_list_functions_on_ragged_fields(ppo_store):
+    st, batches = ppo_store
+    ids = np.concatenate([np.diff(b.legal_offsets) for b in batches])
+    t = st.sql("SELECT len(legal_ids) AS n, list_contains(legal_ids, 3) AS has3 FROM records ORDER BY row")
+    np.testing.assert_array_equal(np.array(t.column("n").to_pylist()), ids)
+    has3 = []
+    for b in batches:
+        for i in range(len(b.obs)):
+            has3.append(3 in b.legal_ids[b.legal_offsets[i]:b.legal_offsets[i + 1]])
+    assert t.column("has3").to_pylist() == has3
+
+
+def test_row_ids_from_sql_are_sampler_subsets(ppo_store):
+    st, _ = ppo_store
+    rows = st.sql("SELECT row FROM records WHERE stream = 'env1' AND step < 10").column("row").to_numpy()
+    keys, steps, _ = st.default.index_of(rows)
+    assert set(keys) == {"env1"} and steps.max() < 10 and len(rows) == 10
+
+
+def test_multidimensional_dense_fields_come_through_as_arrays(tmp_path):
+    st = open_store(str(tmp_path / "t"), treestrap(4, heads=2, actions=3))
+    targets = np.arange(2 * 2 * 3, dtype=np.float64).reshape(2, 2, 3)
+    with st.writer() as w:
+        w.append({"obs": np.zeros((2, 4), np.float32), "players": np.array([0, 1]), "targets": targets,
+                  "masks": np.ones((2, 2), np.float32), "telemetry": {"s": 1}})
+    t = st.sql("SELECT targets, targets[2][3] AS last FROM records ORDER BY row")
+    assert t.column("targets").to_pylist()[1] == targets[1].tolist()
+    assert t.column("last").to_pylist() == [5.0, 11.0]
+
+
+def test_commits_and_appends_views(ppo_store):
+    st, _ = ppo_store
+    commits = st.sql("SELECT commit, metadata->>'$.iteration' AS it, records FROM commits ORDER BY commit")
+    assert commits.column("it").to_pylist() == ["0", "1", "2", "3"]
+    assert commits.column("records").to_pylist() == [50, 50, 50, 50]
+    tele = st.sql("SELECT telemetry->>'$.games' AS g FROM appends")
+    assert tele.column("g").to_pylist() == ["4"] * 4
+    joined = st.sql("SELECT c.metadata->>'$.iteration' AS it, count(*) AS n FROM records r "
+                    "JOIN commits c ON r.writer = c.writer AND r.commit = c.commit GROUP BY 1 ORDER BY 1")
+    assert joined.column("n").to_pylist() == [50, 50, 50, 50]
+
+
+def test_each_table_of_a_multi_table_store_is_a_view(tmp_path):
+    st = open_store(str(tmp_path / "cfr"), {"advantage": deep_cfr_advantage(16, actions=9),
+                                             "strategy": deep_cfr_strategy(16, actions=9)})
+    with st.writer() as w:
+        w.append(deep_cfr_batch(np.random.default_rng(1), 30, 70), stream="traverser")
+    t = st.sql("SELECT (SELECT count(*) FROM advantage) AS a, (SELECT count(*) FROM strategy) AS s")
+    assert t.to_pylist() == [{"a": 30, "s": 70}]
+    aligned = st.sql("SELECT bool_and(len(advantage_legal_ids) = len(advantage_targets)) AS ok FROM advantage")
+    assert aligned.to_pylist() == [{"ok": True}]
+
+
+def test_projection_pushdown_reads_only_the_columns_used(tmp_path):
+    st = open_store(str(tmp_path / "d"), dqn(16, 2, actions=9))
+    rng = np.random.default_rng(2)
+    with st.writer() as w:
+        for _ in range(3):
+            w.append(dqn_batch(rng, 100), stream=0)
+            w.commit()
+    reader = st.default.reader
+    reader._data.clear()
+    st.sql("SELECT sum(rewards), max(discounts) FROM records WHERE step > 10")
+    opened = {name for d in reader._data.values() for name in d._arrays}
+    assert opened == {"rewards", "discounts", "_step"}
+
+
+def test_duckdb_connection_is_handed_back(ppo_store):
+    st, _ = ppo_store
+    con = st.duckdb()
+    assert con.sql("SELECT count(*) FROM records").fetchall() == [(200,)]
+    rel = to_arrow(con.sql("SELECT stream, count(*) AS n FROM records GROUP BY 1 ORDER BY 1"))
+    assert isinstance(rel, pa.Table) and rel.column("n").to_pylist() == [100, 100]
+
+
+def test_bad_sql_is_a_typed_error(ppo_store):
+    st, _ = ppo_store
+    with pytest.raises(QueryError, match="syntax error"):
+        st.sql("SELEC 1")
+    with pytest.raises(QueryError, match="nosuch"):
+        st.sql("SELECT nosuch FROM records")
+
+
+def test_scans_stream_in_bounded_batches(ppo_store):
+    from replaystore.store.scan import scan
+
+    st, _ = ppo_store
+    batches = list(scan(st.default.reader, ["row", "obs"], batch_rows=16))
+    assert max(b.num_rows for b in batches) == 16
+    assert sum(b.num_rows for b in batches) == 200
