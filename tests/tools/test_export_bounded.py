@@ -1,0 +1,136 @@
+"""Exports stream in bounded chunks (memory does not grow with the table) and show progress only on a terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import duckdb
+import h5py
+import minari
+import numpy as np
+import pytest
+from support.batches import deep_cfr_batch
+
+from replaystore.errors import StoreError
+from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, episode
+from replaystore.store import open_store
+from replaystore.tools.export import export_store
+from replaystore.tools.formats.common import chunk_rows
+from replaystore.tools.formats.d4rl import export_d4rl
+from replaystore.tools.formats.minari import export_minari
+from replaystore.tools.formats.parquet import export_parquet
+
+OBS = 64
+EPISODE = 100
+RECORDS = 24_000  # 240 episodes on 4 streams; obs + next_obs alone are ~12 MB
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory: pytest.TempPathFactory):
+    rng = np.random.default_rng(30)
+    st = open_store(str(tmp_path_factory.mktemp("big") / "store"), episode(OBS, actions=6), mode="w")
+    with st.writer() as w:
+        for e in range(RECORDS // EPISODE):
+            obs = rng.standard_normal((EPISODE + 1, OBS), dtype=np.float32)
+            term = np.zeros(EPISODE, bool)
+            term[-1] = e % 3 != 0
+            trunc = ~term & (np.arange(EPISODE) == EPISODE - 1)
+            w.append({"obs": obs[:-1], "action": rng.integers(0, 6, EPISODE), "reward": np.ones(EPISODE, np.float32),
+                      "next_obs": obs[1:], "terminated": term, "truncated": trunc}, stream=e % 4, reset=True)
+            if e % 60 == 59:
+                w.commit()
+    st.streams()  # the stream index is built once, outside the measurement
+    return st
+
+
+def peak_bytes(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "minari", "d4rl"])
+def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str, tmp_path: Path) -> None:
+    data_bytes = RECORDS * OBS * 4 * 2
+    rows = 1000
+    chunk_bytes = rows * OBS * 4 * 2
+    out = tmp_path / "out"
+    if fmt == "parquet":
+        peak = peak_bytes(lambda: export_parquet(big_store, str(out), batch_rows=rows))
+        n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/**/*.parquet', hive_partitioning=true)").fetchall()
+        assert n == [(RECORDS,)]
+    elif fmt == "minari":
+        peak = peak_bytes(lambda: export_minari(big_store, str(out), dataset_id="big-v0", batch_rows=rows))
+        ds = minari.MinariDataset(out / "big-v0" / "data")
+        assert ds.total_steps == RECORDS and ds.total_episodes == RECORDS // EPISODE
+    else:
+        peak = peak_bytes(lambda: export_d4rl(big_store, str(out), batch_rows=rows))
+        with h5py.File(out, "r") as f:
+            assert f["observations"].shape == (RECORDS, OBS)
+            assert int(f["terminals"][()].sum() + f["timeouts"][()].sum()) == RECORDS // EPISODE
+    # a few chunks' worth (read + converted + written), far below the table
+    assert peak < 6 * chunk_bytes < data_bytes / 2, (peak, chunk_bytes, data_bytes)
+
+
+def test_default_chunk_is_sized_in_bytes() -> None:
+    wide, narrow = episode(4096), episode(4)
+    assert chunk_rows(wide) * 4096 * 4 * 2 <= 16 << 20
+    assert chunk_rows(narrow) == 65536
+    assert chunk_rows(narrow, 10) == 10
+    with pytest.raises(StoreError, match="batch_rows"):
+        chunk_rows(narrow, 0)
+
+
+def test_progress_bar_only_on_a_terminal(big_store, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    export_store(big_store, str(tmp_path / "quiet"), "parquet", progress=True)
+    assert capfd.readouterr().err == ""  # stderr is not a terminal here
+    script = textwrap.dedent(f"""
+        from replaystore.store import open_store
+        from replaystore.tools.export import export_store
+        st = open_store({str(big_store.url)!r}, mode="r")
+        print(export_store(st, {str(tmp_path / "loud")!r}, "d4rl", progress=True)["records"])
+    """)
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
+    proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=sub, timeout=120,
+                          check=False)
+    os.close(sub)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(main)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == str(RECORDS)
+    text = err.decode(errors="replace")
+    assert "export d4rl:   0%|" in text and f"0.00/{RECORDS / 1000:.1f}k" in text
+
+
+def test_episode_formats_need_one_table(tmp_path: Path) -> None:
+    rng = np.random.default_rng(31)
+    st = open_store(str(tmp_path / "cfr"), {"advantage": deep_cfr_advantage(4), "strategy": deep_cfr_strategy(4)},
+                    mode="w")
+    with st.writer() as w:
+        w.append(deep_cfr_batch(rng, 5, 5, observation_size=4), stream=0)
+    for fmt in ("minari", "minari-hdf5", "d4rl"):
+        with pytest.raises(StoreError, match=r"tables \['advantage', 'strategy'\]: choose one with table=NAME"):
+            export_store(st, str(tmp_path / fmt), fmt)
+        with pytest.raises(StoreError, match="schema 'deep_cfr_advantage' lacks obs, next_obs"):
+            export_store(st, str(tmp_path / fmt), fmt, table="advantage")
+    assert not any(p.name in ("minari", "minari-hdf5", "d4rl") for p in tmp_path.iterdir())

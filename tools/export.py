@@ -1,0 +1,55 @@
+"""``export_store``: a store's records in the formats offline-RL tools load.
+
+==============  =====================================================================
+format          what is written at ``out``
+==============  =====================================================================
+``parquet``     a hive-partitioned Parquet dataset (``stream=<key>/part-N.parquet``)
+                plus ``_replaystore.json``; DuckDB and pyarrow.dataset read it directly
+``minari``      a Minari dataset (Arrow backend) under the datasets root ``out``:
+                ``out/<dataset_id>/data/`` — ``minari.load_dataset(id)`` loads it
+``minari-hdf5`` the same with Minari's HDF5 backend (needs h5py)
+``d4rl``        one D4RL-style HDF5 file at ``out`` (needs h5py)
+==============  =====================================================================
+
+Every format streams the table in bounded chunks; see docs/EXPORT.md for the layouts
+and the field mappings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replaystore.errors import StoreError
+
+EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
+
+
+def export_store(store: Any, out: str, to: str, *, table: str | None = None, dataset_id: str | None = None,
+                 progress: bool = False) -> dict[str, Any]:
+    """Export ``store`` to ``out`` in format ``to`` (one of :data:`EXPORT_FORMATS`).
+
+    ``table`` picks one table of a multi-table store (Parquet exports every table when
+    it is None; the episode formats need exactly one). ``dataset_id`` names a Minari
+    dataset (default ``replaystore/<store name>-v0``). ``progress`` shows a progress bar
+    when stderr is a terminal. Returns a summary: format, path, files written, records,
+    episodes (episode formats) and streams.
+    """
+    if to not in EXPORT_FORMATS:
+        raise StoreError(f"unknown export format {to!r}: expected one of {', '.join(EXPORT_FORMATS)}")
+    if dataset_id is not None and not to.startswith("minari"):
+        raise StoreError(f"dataset_id applies to Minari exports only, not {to!r}")
+    if to == "parquet":
+        from replaystore.tools.formats.parquet import export_parquet
+
+        return export_parquet(store, out, table=table, progress=progress)
+    if to in ("minari", "minari-hdf5"):
+        from replaystore.tools.formats.minari import export_minari
+
+        return export_minari(store, out, table=table, dataset_id=dataset_id, progress=progress,
+                             backend="hdf5" if to == "minari-hdf5" else "arrow")
+    from replaystore.tools.formats.d4rl import export_d4rl
+
+    return export_d4rl(store, out, table=table, progress=progress)
+
+
+__all__ = ["EXPORT_FORMATS", "export_store"]

@@ -1,0 +1,302 @@
+"""What the episode formats (Minari, D4RL) share: the field mapping, bounded per-stream reading,
+episode assembly, ragged-id masks, progress bars.
+
+Reading is per stream, in step order, ``chunk`` records at a time (``Table.read`` of that
+stream's row ids), so memory holds one chunk plus — for Minari — the episode being built,
+never a whole table. See docs/EXPORT.md for the mapping each format uses.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from replaystore.errors import StoreError
+from replaystore.schemas import Dense, Ragged, Schema, dense_mask
+from replaystore.store import Table
+
+TARGET_CHUNK_BYTES = 16 << 20
+"""Records per read are chosen so that one chunk of a table holds about this many bytes."""
+MIN_CHUNK_ROWS = 256
+MAX_CHUNK_ROWS = 65536
+RESERVED_INFOS = ("stream", "step", "reset")
+"""Names D4RL export puts under ``infos/`` for the stream index (fields may not use them)."""
+
+
+def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec") -> tqdm:
+    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal."""
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+                disable=not (enabled and sys.stderr.isatty()))
+
+
+def record_bytes(schema: Schema) -> int:
+    """An estimate of one record's size in memory (ragged fields: a few values each)."""
+    total = 0
+    for f in schema.fields:
+        if isinstance(f, Dense):
+            total += f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+        elif isinstance(f, Ragged):
+            total += 8 + f.dtype.itemsize * int(schema.metadata.get("actions") or f.id_bound or 8)
+    return max(total, 1)
+
+
+def chunk_rows(schema: Schema, batch_rows: int | None = None) -> int:
+    """Records per read: ``batch_rows`` if given, else about TARGET_CHUNK_BYTES worth."""
+    if batch_rows is not None:
+        if not isinstance(batch_rows, int) or batch_rows <= 0:
+            raise StoreError(f"batch_rows: expected a positive int, got {batch_rows!r}")
+        return batch_rows
+    return int(np.clip(TARGET_CHUNK_BYTES // record_bytes(schema), MIN_CHUNK_ROWS, MAX_CHUNK_ROWS))
+
+
+def pick_table(store: Any, table: str | None) -> Table:
+    if table is not None:
+        return store.table(table)
+    if len(store.tables) != 1:
+        raise StoreError(f"this store has tables {sorted(store.tables)}: choose one with table=NAME (--table)")
+    return store.default
+
+
+def require_h5py() -> Any:
+    try:
+        import h5py
+    except ImportError:
+        raise StoreError("HDF5 export/import needs h5py: pip install 'replaystore[export]'") from None
+    return h5py
+
+
+def mask_name(name: str) -> str:
+    """Where a ragged id field goes as a mask: ``legal_ids`` -> ``legal_mask``."""
+    return name.removesuffix("_ids") + "_mask"
+
+
+def action_count(schema: Schema, name: str) -> int | None:
+    """The declared action count for an id field: its ``id_bound`` or the schema's ``actions``."""
+    f = schema.field(name)
+    bound = getattr(f, "id_bound", None)
+    if bound:
+        return int(bound)
+    actions = schema.metadata.get("actions")
+    return int(actions) if isinstance(actions, int) and not isinstance(actions, bool) and actions > 0 else None
+
+
+# -- the step mapping ----------------------------------------------------------------------
+
+
+@dataclass
+class StepMapping:
+    """Which fields of a schema are the observation, action, reward and episode-end flags.
+
+    * schemas with ``terminated`` (transitions, episode, rollout): terminations = ``terminated``,
+      truncations = ``truncated`` (when the schema has it), an episode ends at either;
+    * schemas with ``dones`` (dqn): an episode ends at ``dones``; terminations =
+      ``dones & ~can_bootstrap``, truncations = ``dones & can_bootstrap``.
+
+    Every other per-record field is an *extra* (Minari ``infos``, D4RL ``infos/*``); ragged
+    integer id fields become boolean masks of width ``actions`` (see :class:`Extra`).
+    """
+
+    schema: Schema
+    obs: str
+    next_obs: str
+    action: str
+    reward: str
+    terminated: str | None = None
+    truncated: str | None = None
+    dones: str | None = None
+    can_bootstrap: str | None = None
+    extras: list[Extra] = field(default_factory=list)
+
+    @property
+    def main(self) -> set[str]:
+        names = {self.obs, self.action, self.reward, self.terminated, self.truncated}
+        return {n for n in names if n}
+
+    @property
+    def episodic(self) -> bool:
+        """Whether ``next_obs[t] == obs[t + 1]`` inside an episode is expected (episode/rollout)."""
+        return self.truncated is not None
+
+    def flags(self, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(terminations, truncations, episode ends)`` of a chunk of records."""
+        if self.terminated is not None:
+            term = data[self.terminated].astype(bool)
+            trunc = data[self.truncated].astype(bool) if self.truncated else np.zeros(len(term), bool)
+            return term, trunc, term | trunc
+        assert self.dones is not None
+        dones = data[self.dones].astype(bool)
+        boot = data[self.can_bootstrap].astype(bool) if self.can_bootstrap else np.zeros(len(dones), bool)
+        return dones & ~boot, dones & boot, dones
+
+
+@dataclass
+class Extra:
+    """A per-record field exported beside the main ones: ``kind`` is "dense" or "mask"."""
+
+    name: str
+    key: str
+    kind: str
+    width: int | None = None
+    offsets: str | None = None
+
+
+def _first(schema: Schema, *names: str) -> str | None:
+    return next((n for n in names if n in schema and isinstance(schema.field(n), Dense)), None)
+
+
+def step_mapping(schema: Schema, fmt: str) -> StepMapping:
+    """The mapping of ``schema`` for format ``fmt``, or a StoreError naming what is missing."""
+    obs, next_obs = _first(schema, "obs"), _first(schema, "next_obs")
+    action, reward = _first(schema, "action", "actions"), _first(schema, "reward", "rewards")
+    term, dones = _first(schema, "terminated"), _first(schema, "dones")
+    missing = [what for what, got in (("obs", obs), ("next_obs", next_obs), ("action/actions", action),
+                                      ("reward/rewards", reward), ("terminated/dones", term or dones))
+               if got is None]
+    if missing:
+        raise StoreError(f"{fmt} export needs step records with obs, next_obs, action(s), reward(s) and "
+                         f"terminated or dones; schema {schema.name!r} lacks {', '.join(missing)}")
+    assert obs and next_obs and action and reward
+    m = StepMapping(schema, obs, next_obs, action, reward)
+    if term:
+        m.terminated, m.truncated = term, _first(schema, "truncated")
+    else:
+        m.dones, m.can_bootstrap = dones, _first(schema, "can_bootstrap")
+    main = m.main
+    for f in schema.fields:
+        if f.name in main or f.name == next_obs:
+            continue
+        if f.name in RESERVED_INFOS:
+            raise StoreError(f"{fmt} export: field {f.name!r} clashes with the exported stream index "
+                             f"(infos/{f.name})")
+        if isinstance(f, Dense):
+            m.extras.append(Extra(f.name, f.name, "dense"))
+        elif isinstance(f, Ragged):
+            width = action_count(schema, f.name) if f.dtype.kind in "iu" else None
+            if width is None:
+                why = ("the action count is unknown (give the schema metadata 'actions' or the field an "
+                       "id_bound)" if f.dtype.kind in "iu" else "it is not an integer id list")
+                warnings.warn(f"{fmt} export: ragged field {f.name!r} left out: {fmt} holds fixed-size "
+                              f"per-step data only and {why}", stacklevel=3)
+                continue
+            m.extras.append(Extra(f.name, mask_name(f.name), "mask", width, f.offsets))
+    return m
+
+
+def convert(m: StepMapping, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A chunk as read (dense arrays, CSR values + offsets) -> one array per exported name,
+    all shaped ``(records, ...)``: main fields under their own names, extras under their keys."""
+    out = {n: raw[n] for n in (m.obs, m.next_obs, m.action, m.reward, m.terminated, m.truncated, m.dones,
+                                m.can_bootstrap) if n}
+    for e in m.extras:
+        if e.kind == "dense":
+            out[e.key] = raw[e.name]
+            continue
+        ids, offsets = raw[e.name], raw[e.offsets]  # type: ignore[index]
+        if len(ids) and (ids.min() < 0 or ids.max() >= e.width):  # type: ignore[operator]
+            bad = ids[(ids < 0) | (ids >= e.width)][0]  # type: ignore[operator]
+            raise StoreError(f"field {e.name!r}: id {int(bad)} outside [0, {e.width}) cannot go into a mask")
+        out[e.key] = dense_mask(ids, offsets, int(e.width))  # type: ignore[arg-type]
+    return out
+
+
+# -- reading streams ---------------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    """Consecutive records of one stream, in step order, with their episode flags.
+
+    ``close[i]``: record i is the last of its episode (an end flag, or the next record starts
+    a new episode at a reset or step gap, or the stream ends). ``trunc`` includes the *cut*
+    episodes: closed without an end flag.
+    """
+
+    stream: Any
+    steps: np.ndarray
+    resets: np.ndarray
+    data: dict[str, np.ndarray]
+    term: np.ndarray
+    trunc: np.ndarray
+    close: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def stream_index(table: Table, stream: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, steps, resets)`` of a stream in step order, from the in-memory index (no data read)."""
+    idx = table.reader.index
+    lo, hi = idx.span(stream)
+    return idx.rows[lo:hi], idx.steps[lo:hi], idx.resets[lo:hi]
+
+
+def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[Chunk]:
+    """Every visible record, stream by stream (``table.streams()`` order), step order inside."""
+    table.reader.sync()
+    for stream in table.streams():
+        rows, steps, resets = stream_index(table, stream)
+        n = len(rows)
+        if not n:
+            continue
+        # a new episode starts at the first record, at a reset and after a step gap (retention)
+        starts = np.ones(n, dtype=bool)
+        starts[1:] = resets[1:] | (np.diff(steps) != 1)
+        next_starts = np.r_[starts[1:], True]
+        for lo in range(0, n, rows_per_chunk):
+            hi = min(lo + rows_per_chunk, n)
+            data = convert(m, table.read(rows[lo:hi]))
+            term, trunc, end = m.flags(data)
+            boundary = next_starts[lo:hi]
+            trunc = trunc | (boundary & ~end)  # cut: the episode stops here without an end flag
+            yield Chunk(stream, steps[lo:hi], resets[lo:hi], data, term, trunc, end | boundary)
+
+
+@dataclass
+class Episode:
+    """One exported episode: T records of one stream (steps ``first_step ..``), flags per step."""
+
+    stream: Any
+    first_step: int
+    data: dict[str, np.ndarray]
+    term: np.ndarray
+    trunc: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.term)
+
+
+def iter_episodes(chunks: Iterator[Chunk]) -> Iterator[Episode]:
+    """Assemble episodes from step-ordered chunks (an episode may span chunks, never streams)."""
+    parts: list[tuple[Chunk, int, int]] = []
+    for c in chunks:
+        lo = 0
+        for end in (np.flatnonzero(c.close) + 1).tolist():
+            parts.append((c, lo, end))
+            yield _episode(parts)
+            parts = []
+            lo = end
+        if lo < len(c):
+            parts.append((c, lo, len(c)))
+    assert not parts, "the last chunk of every stream closes its episode"
+
+
+def _episode(parts: list[tuple[Chunk, int, int]]) -> Episode:
+    first, lo0, _ = parts[0]
+
+    def cat(get: Any) -> np.ndarray:
+        pieces = [get(c)[lo:hi] for c, lo, hi in parts]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    data = {k: cat(lambda c, k=k: c.data[k]) for k in first.data}
+    return Episode(first.stream, int(first.steps[lo0]), data, cat(lambda c: c.term), cat(lambda c: c.trunc))
+
+
+def stream_key_json(key: Any) -> Any:
+    """A stream key as it goes into JSON/HDF5 attributes (int or str, type kept)."""
+    return int(key) if isinstance(key, (int, np.integer)) else str(key)

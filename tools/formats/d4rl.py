@@ -1,0 +1,259 @@
+"""D4RL-style HDF5: one row per step, in stream order and step order inside each stream.
+
+Datasets (N rows each): ``observations``, ``actions``, ``rewards``, ``terminals``,
+``timeouts``, ``next_observations``; ``infos/<field>`` for every other per-record field
+(ragged id lists as boolean masks of width ``actions``), and ``infos/stream``,
+``infos/step``, ``infos/reset`` (the stream index, so import can rebuild streams).
+Root attributes ``replaystore.*`` carry the source schema and the mapping.
+
+``terminals`` marks the steps whose TD target does not bootstrap at an episode end
+(``terminated``; dqn: ``dones & ~can_bootstrap``); ``timeouts`` marks every other episode
+end: truncation (dqn: ``dones & can_bootstrap``) and the last step of an episode cut by
+a reset, a step gap or the end of its stream. So D4RL's ``qlearning_dataset`` — which
+takes ``observations[i + 1]`` as the next observation and skips timeout steps — never
+pairs steps of two episodes or two streams. See docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import StoreError
+from replaystore.schemas import Dense, Schema
+from replaystore.schemas import episode as episode_schema
+from replaystore.schemas import transitions as transitions_schema
+from replaystore.store import Store, open_store
+from replaystore.tools.formats.common import (
+    StepMapping,
+    chunk_rows,
+    iter_chunks,
+    pick_table,
+    progress_bar,
+    require_h5py,
+    step_mapping,
+)
+
+FORMAT = "replaystore.d4rl/1"
+COMMIT_BYTES = 64 << 20
+
+
+def _local(path: str) -> Path:
+    if "://" in path and not path.startswith("file://"):
+        raise StoreError(f"{path}: D4RL HDF5 files are written to and read from a local path")
+    return Path(path.removeprefix("file://"))
+
+
+def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: bool = False,
+                batch_rows: int | None = None) -> dict[str, Any]:
+    """Write one table as a D4RL-style HDF5 file at ``out``."""
+    h5py = require_h5py()
+    t = pick_table(store, table)
+    m = step_mapping(t.schema, "D4RL")
+    path = _local(out)
+    if path.exists():
+        raise StoreError(f"{path}: already exists; export into a new file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t.reader.sync()
+    n = len(t)
+    keys = t.streams()
+    int_keys = all(isinstance(k, int) for k in keys)
+    schema = t.schema
+
+    def spec(name: str) -> tuple[tuple[int, ...], np.dtype]:
+        f = schema.field(name)
+        assert isinstance(f, Dense)
+        return f.shape, f.dtype
+
+    layout: dict[str, tuple[tuple[int, ...], Any, str | None]] = {
+        "observations": (*spec(m.obs), m.obs),
+        "next_observations": (*spec(m.next_obs), m.next_obs),
+        "actions": (*spec(m.action), m.action),
+        "rewards": (*spec(m.reward), m.reward),
+        "terminals": ((), np.dtype(bool), None),
+        "timeouts": ((), np.dtype(bool), None),
+    }
+    for e in m.extras:
+        layout[f"infos/{e.key}"] = ((e.width,), np.dtype(bool), e.key) if e.kind == "mask" else (*spec(e.name), e.key)
+    layout["infos/stream"] = ((), np.dtype(np.int64) if int_keys else h5py.string_dtype(), None)
+    layout["infos/step"] = ((), np.dtype(np.int64), None)
+    layout["infos/reset"] = ((), np.dtype(bool), None)
+    rows = chunk_rows(schema, batch_rows)
+    try:
+        with h5py.File(path, "w") as f, progress_bar(n, "export d4rl", progress) as bar:
+            ds = {name: f.create_dataset(name, shape=(n, *shape), dtype=dtype, chunks=_chunks(n, shape, dtype))
+                  for name, (shape, dtype, _) in layout.items()}
+            f.attrs["replaystore.format"] = FORMAT
+            f.attrs["replaystore.source"] = store.url
+            f.attrs["replaystore.table"] = t.name
+            f.attrs["replaystore.schema"] = schema.to_json()
+            f.attrs["replaystore.stream_type"] = "int" if int_keys else ("str" if not any(
+                isinstance(k, int) for k in keys) else "mixed")
+            f.attrs["replaystore.int_streams"] = json.dumps([k for k in keys if isinstance(k, int)]
+                                                            if not int_keys else [])
+            f.attrs["replaystore.mapping"] = json.dumps(_mapping_doc(m))
+            pos = 0
+            for c in iter_chunks(t, m, rows):
+                hi = pos + len(c)
+                for name, (_, _, source) in layout.items():
+                    if source is not None:
+                        ds[name][pos:hi] = c.data[source]
+                ds["terminals"][pos:hi] = c.term
+                ds["timeouts"][pos:hi] = c.trunc
+                ds["infos/stream"][pos:hi] = (np.full(len(c), c.stream, dtype=np.int64) if int_keys
+                                              else np.array([str(c.stream)] * len(c), dtype=object))
+                ds["infos/step"][pos:hi] = c.steps
+                ds["infos/reset"][pos:hi] = c.resets
+                pos = hi
+                bar.update(len(c))
+            if pos != n:
+                raise StoreError(f"table {t.name!r} changed during export ({pos} records read, {n} expected)")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return {"format": "d4rl", "path": str(path), "files": 1, "records": n,
+            "episodes": _episodes(path, h5py), "streams": len(keys)}
+
+
+def _chunks(n: int, shape: tuple[int, ...], dtype: Any) -> tuple[int, ...] | None:
+    """HDF5 chunks of about 1 MiB along the rows (whole rows per chunk)."""
+    if not n:
+        return None
+    row = max(int(np.prod(shape, dtype=np.int64)) * max(np.dtype(dtype).itemsize, 8), 1)
+    return (int(np.clip((1 << 20) // row, 1, n)), *shape)
+
+
+def _episodes(path: Path, h5py: Any) -> int:
+    with h5py.File(path, "r") as f:
+        n = len(f["rewards"])
+        count = 0
+        for lo in range(0, n, 1 << 20):
+            count += int(np.count_nonzero(f["terminals"][lo:lo + (1 << 20)] | f["timeouts"][lo:lo + (1 << 20)]))
+        return count
+
+
+def _mapping_doc(m: StepMapping) -> dict[str, Any]:
+    return {
+        "observations": m.obs, "next_observations": m.next_obs, "actions": m.action, "rewards": m.reward,
+        "terminals": m.terminated or f"{m.dones} & ~{m.can_bootstrap}",
+        "timeouts": ((m.truncated + " | " if m.truncated else "") if m.terminated
+                     else f"{m.dones} & {m.can_bootstrap} | ") + "cut (reset, step gap or stream end)",
+        "infos": {e.key: ({"from": e.name, "encoding": "dense"} if e.kind == "dense" else
+                          {"from": e.name, "encoding": "bool mask", "width": e.width}) for e in m.extras},
+    }
+
+
+# -- import -------------------------------------------------------------------------------------------
+
+
+def _actions_count(f: Any) -> int | None:
+    doc = f.attrs.get("replaystore.schema")
+    if doc is None:
+        return None
+    try:
+        actions = json.loads(doc).get("metadata", {}).get("actions")
+    except (ValueError, AttributeError):
+        return None
+    return actions if isinstance(actions, int) and not isinstance(actions, bool) and actions > 0 else None
+
+
+def _schema(f: Any) -> Schema:
+    obs, act, rew = f["observations"], f["actions"], f["rewards"]
+    if len(rew.shape) != 1 or len(obs) != len(rew) or len(act) != len(rew) or len(f["terminals"]) != len(rew):
+        raise StoreError(f"{f.filename}: observations, actions, rewards and terminals need one row per step")
+    count = _actions_count(f) if act.dtype.kind in "iu" else None
+    factory = episode_schema if "timeouts" in f else transitions_schema
+    return factory(obs.shape[1:], act.shape[1:], act.dtype, obs_dtype=obs.dtype, reward_dtype=rew.dtype,
+                   actions=count, metadata={"source": "d4rl"})
+
+
+def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
+                batch_rows: int | None = None) -> Store:
+    """Create a store at ``url`` from a D4RL-style HDF5 file: an ``episode`` store when the file
+    has ``timeouts``, else a ``transitions`` store."""
+    h5py = require_h5py()
+    path = _local(src)
+    if not path.is_file():
+        raise StoreError(f"{src}: no such file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise StoreError(f"{src}: not an HDF5 file ({exc})") from None
+    with f:
+        for key in ("observations", "actions", "rewards", "terminals"):
+            if key not in f:
+                raise StoreError(f"{src}: no {key!r} dataset; not a D4RL-style file")
+        schema = _schema(f)
+        n = len(f["rewards"])
+        has_next = "next_observations" in f
+        has_timeouts = "timeouts" in f
+        indexed = all(k in f for k in ("infos/stream", "infos/step", "infos/reset"))
+        kind = f.attrs.get("replaystore.stream_type", "int")
+        int_streams = set(json.loads(f.attrs.get("replaystore.int_streams", "[]")))
+        rows = chunk_rows(schema, batch_rows)
+        st = open_store(url, schema, mode="w", storage_options=storage_options)
+        dropped = 0
+        with st.writer() as w, progress_bar(n, "import d4rl", progress) as bar:
+            pending = 0
+            prev_end = True  # the first row starts an episode
+            for lo in range(0, n, rows):
+                hi = min(lo + rows, n)
+                obs = f["observations"][lo:hi]
+                term = f["terminals"][lo:hi].astype(bool)
+                tout = f["timeouts"][lo:hi].astype(bool) if has_timeouts else np.zeros(hi - lo, bool)
+                keep = np.ones(hi - lo, dtype=bool)
+                if has_next:
+                    nxt = f["next_observations"][lo:hi]
+                else:  # D4RL's own derivation: the next row's observation, inside an episode only
+                    nxt = np.concatenate([obs[1:], f["observations"][hi:hi + 1]]) if hi < n else np.concatenate(
+                        [obs[1:], obs[-1:]])
+                    nxt[term] = obs[term]  # terminal: the successor's value is never used
+                    keep &= ~(tout & ~term)  # a timeout step's successor is not in the file
+                    if hi == n and not term[-1]:
+                        keep[-1] = False
+                ends = term | tout
+                starts = np.r_[prev_end, ends[:-1]]
+                prev_end = bool(ends[-1])
+                if indexed:
+                    stream_ds = f["infos/stream"]
+                    raw = stream_ds.asstr()[lo:hi] if stream_ds.dtype.kind == "O" else stream_ds[lo:hi]
+                    streams = [_key(k, kind, int_streams) for k in np.asarray(raw).tolist()]
+                    steps = f["infos/step"][lo:hi].astype(np.int64)
+                    resets = f["infos/reset"][lo:hi].astype(bool)
+                else:
+                    streams = [0] * (hi - lo)
+                    steps = np.arange(lo, hi, dtype=np.int64)
+                    resets = starts
+                if not keep.all():
+                    dropped += int(np.count_nonzero(~keep))
+                    streams = [s for s, k in zip(streams, keep, strict=True) if k]
+                    obs, nxt, term, tout, steps, resets = (a[keep] for a in (obs, nxt, term, tout, steps, resets))
+                if len(steps):
+                    batch = {"obs": obs, "action": f["actions"][lo:hi][keep], "reward": f["rewards"][lo:hi][keep],
+                             "next_obs": nxt, "terminated": term}
+                    if has_timeouts:
+                        batch["truncated"] = tout
+                    w.append(batch, stream=streams, step=steps, reset=resets)
+                    pending += sum(a.nbytes for a in batch.values())
+                    if pending >= COMMIT_BYTES:
+                        w.commit()
+                        pending = 0
+                bar.update(hi - lo)
+    if dropped:
+        import warnings
+
+        warnings.warn(f"D4RL import: {dropped} timeout step(s) left out: the file has no next_observations "
+                      f"and their successor is not in it (as D4RL's qlearning_dataset does)", stacklevel=3)
+    st.refresh()
+    return st
+
+
+def _key(raw: Any, kind: str, int_streams: set[int]) -> Any:
+    if kind == "int":
+        return int(raw)
+    if kind == "mixed" and str(raw).lstrip("-").isdigit() and int(raw) in int_streams:
+        return int(raw)
+    return str(raw)

@@ -1,0 +1,510 @@
+"""Minari datasets (format of Minari 0.5.x), written and read without importing minari.
+
+On disk (what ``minari.load_dataset(id)`` reads, with ``MINARI_DATASETS_PATH`` = the root):
+
+``<root>/<dataset_id>/data/metadata.json``
+    ``dataset_id``, ``minari_version`` (must be one of the reader's supported dataset
+    versions), ``data_format`` (``arrow`` | ``hdf5``), ``jpeg_encoding`` (false: arrays are
+    stored raw), ``observation_space`` / ``action_space`` (Minari's JSON serialisation of
+    gymnasium spaces), ``total_episodes``, ``total_steps``, plus ``replaystore`` (the source
+    schema and the mapping used).
+Arrow backend: ``data/<episode id>/part-0.arrow``
+    one Arrow IPC file holding one record batch of T + 1 rows: ``observations``,
+    ``actions``, ``rewards``, ``terminations``, ``truncations`` (the last four padded with one
+    zero row) and ``infos`` (a struct, one row per observation); ``data/<id>/metadata.json``
+    holds ``id`` and ``total_steps``.
+HDF5 backend: ``data/main_data.hdf5``
+    one group ``episode_<id>`` per episode with datasets ``observations`` (T + 1 rows),
+    ``actions``, ``rewards``, ``terminations``, ``truncations`` (T rows) and group ``infos``;
+    attributes ``id`` and ``total_steps``.
+
+Both backends also record ``replaystore_stream`` and ``replaystore_first_step`` per episode,
+which import uses to restore streams and steps. The mapping from replaystore fields is in
+docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from replaystore.errors import StoreError
+from replaystore.schemas import Dense, Schema
+from replaystore.schemas import episode as episode_schema
+from replaystore.store import Store, open_store
+from replaystore.store.scan import scan
+from replaystore.tools.formats.common import (
+    Episode,
+    StepMapping,
+    chunk_rows,
+    iter_chunks,
+    iter_episodes,
+    pick_table,
+    progress_bar,
+    require_h5py,
+    step_mapping,
+    stream_key_json,
+)
+
+MINARI_VERSION = "0.5.4"
+"""The Minari dataset version written: the on-disk layout of Minari 0.5.4 (``jpeg_encoding`` honoured)."""
+DATASET_ID_RE = re.compile(r"^(?:(?P<namespace>[-_\w][-_\w/]*[-_\w]+)/)?(?P<dataset>[-_\w]+?)-v(?P<version>\d+)$")
+HDF5_FILE = "main_data.hdf5"
+COMMIT_BYTES = 64 << 20
+
+
+# -- spaces ------------------------------------------------------------------------------------------
+
+
+def box_space(dtype: np.dtype, shape: tuple[int, ...], bound: int | None = None) -> dict[str, Any]:
+    """A gymnasium Box as Minari serialises it (``low``/``high`` spelled out over the shape)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        low, high = -np.inf, np.inf
+    elif dtype.kind == "b":
+        low, high = False, True
+    elif bound is not None:
+        low, high = 0, bound - 1
+    else:
+        info = np.iinfo(dtype)
+        low, high = info.min, info.max
+    return {"type": "Box", "dtype": str(dtype), "shape": list(shape),
+            "low": np.full(shape, low, dtype=dtype).tolist(), "high": np.full(shape, high, dtype=dtype).tolist()}
+
+
+def discrete_space(n: int) -> dict[str, Any]:
+    return {"type": "Discrete", "dtype": "int64", "start": 0, "n": int(n)}
+
+
+def _parse_space(text: Any, what: str) -> dict[str, Any]:
+    doc = json.loads(text) if isinstance(text, str) else text
+    if not isinstance(doc, dict) or doc.get("type") not in ("Box", "Discrete"):
+        kind = doc.get("type") if isinstance(doc, dict) else type(doc).__name__
+        raise StoreError(f"Minari {what} of type {kind!r}: only Box and Discrete spaces can be imported")
+    return doc
+
+
+def _is_image(space: dict[str, Any]) -> bool:
+    shape = space.get("shape", [])
+    return (space["type"] == "Box" and space.get("dtype") == "uint8" and len(shape) in (2, 3)
+            and shape[0] >= 32 and shape[1] >= 32 and bool(np.all(np.asarray(space["low"]) == 0))
+            and bool(np.all(np.asarray(space["high"]) == 255)))
+
+
+# -- export --------------------------------------------------------------------------------------------
+
+
+def default_dataset_id(store: Store, table: str) -> str:
+    name = re.sub(r"[^-_\w]+", "_", os.path.basename(store.url.rstrip("/")) or table).strip("_") or "store"
+    return f"replaystore/{name}-v0"
+
+
+def _check_id(dataset_id: str) -> None:
+    if not isinstance(dataset_id, str) or not DATASET_ID_RE.fullmatch(dataset_id):
+        raise StoreError(f"Minari dataset id {dataset_id!r}: expected (namespace/)name-v<version>, "
+                         f"e.g. tictactoe/random-v0")
+
+
+def _action_space(m: StepMapping, table: Any, rows: int) -> tuple[dict[str, Any], bool]:
+    """The action space and whether its size was inferred from the data (no declared count)."""
+    f = m.schema.field(m.action)
+    assert isinstance(f, Dense)
+    if f.dtype.kind == "f" or f.dtype.kind == "b":
+        return box_space(f.dtype, f.shape), False
+    declared = f.id_bound or m.schema.metadata.get("actions")
+    if f.shape:
+        return box_space(f.dtype, f.shape, declared), False
+    if declared:
+        return discrete_space(declared), False
+    top = -1
+    for b in scan(table.reader, [m.action], rows):  # one column only
+        if b.num_rows:
+            top = max(top, int(np.max(b.column(0).to_numpy())))
+    return discrete_space(max(top + 1, 1)), True
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    kind = f"u{a.dtype.itemsize}"
+    return bool(np.array_equal(a.view(kind), b.view(kind)))
+
+
+def _pad(a: np.ndarray) -> np.ndarray:
+    return np.concatenate([a, np.zeros((1, *a.shape[1:]), dtype=a.dtype)])
+
+
+class _Episodes:
+    """Turns exported episodes into Minari's per-episode arrays."""
+
+    def __init__(self, m: StepMapping, discrete: int | None) -> None:
+        self.m = m
+        self.discrete = discrete  # the Discrete action count, or None
+        self.warned = False
+        self.next_obs_kept = False
+
+    def arrays(self, ep: Episode) -> dict[str, Any]:
+        m = self.m
+        obs, nxt = ep.data[m.obs], ep.data[m.next_obs]
+        infos = {e.key: _pad(ep.data[e.key]) for e in m.extras}
+        chained = _same_bits(nxt[:-1], obs[1:])
+        if not m.episodic or not chained:
+            if m.episodic and not self.warned:
+                warnings.warn(f"Minari export: in stream {ep.stream!r} from step {ep.first_step}, "
+                              f"'{m.next_obs}' is not the next step's '{m.obs}'; every record's "
+                              f"'{m.next_obs}' of such episodes is kept in infos['next_obs']", stacklevel=4)
+                self.warned = True
+            infos["next_obs"] = _pad(nxt)
+            self.next_obs_kept = True
+        actions = ep.data[m.action]
+        if self.discrete is not None:
+            actions = actions.astype(np.int64, copy=False)
+            bad = actions[(actions < 0) | (actions >= self.discrete)]
+            if len(bad):
+                raise StoreError(f"field {m.action!r}: action {int(bad[0])} in stream {ep.stream!r} is outside "
+                                 f"the action space Discrete({self.discrete})")
+        return {
+            "observations": np.concatenate([obs, nxt[-1:]]),
+            "actions": actions,
+            "rewards": ep.data[m.reward],
+            "terminations": ep.term,
+            "truncations": ep.trunc,
+            "infos": infos,
+            "meta": {"replaystore_stream": stream_key_json(ep.stream), "replaystore_first_step": ep.first_step},
+        }
+
+
+def _fixed(a: np.ndarray) -> pa.Array:
+    flat = np.ascontiguousarray(a).reshape(len(a), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+
+
+class _ArrowWriter:
+    def __init__(self, data: Path, *_: Any) -> None:
+        self.data = data
+
+    def write(self, i: int, ep: dict[str, Any]) -> None:
+        t = len(ep["rewards"])
+        acts = ep["actions"]
+        acts_col = pa.array(_pad(acts)) if acts.ndim == 1 and acts.dtype.kind in "iu" else _fixed(_pad(acts))
+        cols = {
+            "observations": _fixed(ep["observations"]),
+            "actions": acts_col,
+            "rewards": pa.array(_pad(ep["rewards"])),
+            "terminations": pa.array(_pad(ep["terminations"])),
+            "truncations": pa.array(_pad(ep["truncations"])),
+        }
+        if ep["infos"]:
+            arrays, fields = [], []
+            for key, value in ep["infos"].items():
+                if value.ndim == 1:
+                    arr = pa.array(value)
+                    fields.append(pa.field(key, arr.type))
+                else:  # as Minari encodes arrays: flattened fixed-size lists + the trailing shape
+                    arr = _fixed(value)
+                    fields.append(pa.field(key, arr.type, metadata={"shape": ",".join(map(str, value.shape[1:]))}))
+                arrays.append(arr)
+            cols["infos"] = pa.StructArray.from_arrays(arrays, fields=fields)
+        batch = pa.RecordBatch.from_pydict(cols)
+        folder = self.data / str(i)
+        folder.mkdir()
+        with pa.OSFile(str(folder / "part-0.arrow"), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as w:
+            w.write_batch(batch)
+        (folder / "metadata.json").write_text(json.dumps({"id": i, "total_steps": t, **ep["meta"]}))
+
+    def close(self) -> None:
+        pass
+
+
+class _HDF5Writer:
+    def __init__(self, data: Path, h5py: Any) -> None:
+        self.file = h5py.File(data / HDF5_FILE, "w", track_order=True)
+
+    def write(self, i: int, ep: dict[str, Any]) -> None:
+        g = self.file.create_group(f"episode_{i}")
+        g.attrs["id"] = i
+        g.attrs["total_steps"] = len(ep["rewards"])
+        for k, v in ep["meta"].items():
+            g.attrs[k] = v
+        for k in ("observations", "actions", "rewards", "terminations", "truncations"):
+            g.create_dataset(k, data=ep[k])
+        infos = g.create_group("infos")  # always, so that Minari returns {} (not None) without extras
+        for k, v in ep["infos"].items():
+            infos.create_dataset(k, data=v)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def export_minari(store: Store, out: str, *, table: str | None = None, dataset_id: str | None = None,
+                  backend: str = "arrow", progress: bool = False, batch_rows: int | None = None,
+                  ) -> dict[str, Any]:
+    """Write one table as the Minari dataset ``dataset_id`` under the datasets root ``out``."""
+    t = pick_table(store, table)
+    m = step_mapping(t.schema, "Minari")
+    h5py = require_h5py() if backend == "hdf5" else None
+    dataset_id = dataset_id or default_dataset_id(store, t.name)
+    _check_id(dataset_id)
+    if "://" in out and not out.startswith("file://"):
+        raise StoreError(f"{out}: Minari datasets are written to a local directory")
+    root = Path(out.removeprefix("file://"))
+    dataset_dir = root / dataset_id
+    if dataset_dir.exists():
+        raise StoreError(f"{dataset_dir}: a Minari dataset {dataset_id!r} already exists; "
+                         f"choose another dataset id or version")
+    rows = chunk_rows(t.schema, batch_rows)
+    obs_f = t.schema.field(m.obs)
+    assert isinstance(obs_f, Dense)
+    action_space, inferred = _action_space(m, t, rows)
+    conv = _Episodes(m, action_space["n"] if action_space["type"] == "Discrete" else None)
+    data = dataset_dir / "data"
+    data.mkdir(parents=True)
+    writer = _HDF5Writer(data, h5py) if backend == "hdf5" else _ArrowWriter(data)
+    episodes = steps = 0
+    try:
+        with progress_bar(len(t), f"export minari ({backend})", progress) as bar:
+            for ep in iter_episodes(iter_chunks(t, m, rows)):
+                writer.write(episodes, conv.arrays(ep))
+                episodes += 1
+                steps += len(ep)
+                bar.update(len(ep))
+    except BaseException:
+        writer.close()
+        shutil.rmtree(dataset_dir, ignore_errors=True)
+        raise
+    writer.close()
+    infos = {e.key: ({"from": e.name, "encoding": "dense"} if e.kind == "dense" else
+                     {"from": e.name, "encoding": "bool mask", "width": e.width}) for e in m.extras}
+    if conv.next_obs_kept:
+        infos["next_obs"] = {"from": m.next_obs, "encoding": "dense"}
+    size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    metadata = {
+        "dataset_id": dataset_id,
+        "minari_version": MINARI_VERSION,
+        "data_format": backend,
+        "jpeg_encoding": False,
+        "observation_space": json.dumps(box_space(obs_f.dtype, obs_f.shape)),
+        "action_space": json.dumps(action_space),
+        "total_episodes": episodes,
+        "total_steps": steps,
+        "dataset_size": round(size / 1e6, 1),
+        "description": f"Exported by replaystore from {store.url} (table {t.name!r}, schema {t.schema.name!r})",
+        "replaystore": {
+            "source": store.url, "table": t.name, "schema": t.schema.to_dict(),
+            "observations": [m.obs, m.next_obs], "actions": m.action, "rewards": m.reward,
+            "terminations": m.terminated or f"{m.dones} & ~{m.can_bootstrap}",
+            "truncations": (m.truncated or (f"{m.dones} & {m.can_bootstrap}" if m.dones else None)),
+            "infos": infos, "infos_last_row": "padding (zeros)", "actions_inferred": inferred,
+        },
+    }
+    (data / "metadata.json").write_text(json.dumps(metadata))
+    files = sum(1 for p in data.rglob("*") if p.is_file())
+    return {"format": f"minari-{backend}" if backend == "hdf5" else "minari", "path": str(dataset_dir),
+            "dataset_id": dataset_id, "files": files, "records": steps, "episodes": episodes,
+            "streams": len(t.streams())}
+
+
+# -- import ------------------------------------------------------------------------------------------
+
+
+def resolve_data_dir(src: str, dataset_id: str | None) -> Path:
+    """The ``data`` directory of a Minari dataset given as a path or an id (see import_store)."""
+    src = src.removeprefix("file://")
+    if dataset_id is not None:
+        candidates = [Path(src) / dataset_id / "data"]
+    else:
+        p = Path(src)
+        root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+        candidates = [p, p / "data", root / src / "data"]
+    for c in candidates:
+        if (c / "metadata.json").is_file():
+            return c
+    raise StoreError(f"{src}: no Minari dataset there (looked for metadata.json in "
+                     f"{', '.join(str(c) for c in candidates)})")
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    col = table.column(name)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _decode(space: dict[str, Any], col: pa.Array) -> np.ndarray:
+    if space["type"] == "Discrete":
+        return col.to_numpy(zero_copy_only=False)
+    if not pa.types.is_fixed_size_list(col.type):
+        raise StoreError(f"Minari Box column of type {col.type}: expected a fixed-size list")
+    values = col.flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(len(col), *space["shape"]).astype(space["dtype"], copy=False)
+
+
+class _ArrowReader:
+    def __init__(self, data: Path, fmt: str, obs: dict[str, Any], act: dict[str, Any]) -> None:
+        self.data, self.fmt, self.obs, self.act = data, fmt, obs, act
+
+    def meta(self, i: int) -> dict[str, Any]:
+        p = self.data / str(i) / "metadata.json"
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    def episode(self, i: int) -> dict[str, np.ndarray]:
+        import pyarrow.dataset as ds
+
+        folder = self.data / str(i)
+        if not folder.is_dir():
+            raise StoreError(f"{folder}: episode {i} is missing")
+        table = ds.dataset(str(folder), format=self.fmt, ignore_prefixes=["_", ".", "metadata.json"]).to_table()
+        return {
+            "observations": _decode(self.obs, _column(table, "observations")),
+            "actions": _decode(self.act, _column(table, "actions"))[:-1],
+            "rewards": _column(table, "rewards").to_numpy(zero_copy_only=False)[:-1],
+            "terminations": _column(table, "terminations").to_numpy(zero_copy_only=False)[:-1],
+            "truncations": _column(table, "truncations").to_numpy(zero_copy_only=False)[:-1],
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class _HDF5Reader:
+    def __init__(self, data: Path, h5py: Any) -> None:
+        self.file = h5py.File(data / HDF5_FILE, "r")
+
+    def _group(self, i: int) -> Any:
+        name = f"episode_{i}"
+        if name not in self.file:
+            raise StoreError(f"{self.file.filename}: episode {i} is missing")
+        return self.file[name]
+
+    def meta(self, i: int) -> dict[str, Any]:
+        return {k: v.item() if isinstance(v, np.generic) else v for k, v in self._group(i).attrs.items()}
+
+    def episode(self, i: int) -> dict[str, np.ndarray]:
+        g = self._group(i)
+        return {k: g[k][()] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[Any, int]]:
+    """``(stream, first step)`` per episode: replaystore's own keys when every episode has them
+    and they are consistent (increasing, non-overlapping steps per stream), else one stream per episode."""
+    plan: list[tuple[Any, int]] = []
+    last: dict[Any, int] = {}
+    for meta, n in zip(metas, lengths, strict=True):
+        key, first = meta.get("replaystore_stream"), meta.get("replaystore_first_step")
+        ok = (isinstance(key, (int, str)) and not isinstance(key, bool) and isinstance(first, int)
+              and first >= 0 and first > last.get(key, -1))
+        if not ok:
+            return [(i, 0) for i in range(len(metas))]
+        plan.append((key, first))
+        last[key] = first + n - 1
+    return plan
+
+
+def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress: bool = False,
+                  storage_options: Any = None) -> Store:
+    """Create an ``episode``-schema store at ``url`` from a Minari dataset (Arrow, Parquet or HDF5)."""
+    data = resolve_data_dir(src, dataset_id)
+    meta = json.loads((data / "metadata.json").read_text())
+    fmt = meta.get("data_format", "hdf5")
+    if "observation_space" not in meta or "action_space" not in meta:
+        raise StoreError(f"{data}: metadata.json has no observation_space/action_space (env_spec-only "
+                         f"datasets need the environment installed; not supported)")
+    obs = _parse_space(meta["observation_space"], "observation space")
+    act = _parse_space(meta["action_space"], "action space")
+    if bool(meta.get("jpeg_encoding", True)) and _is_image(obs):
+        raise StoreError(f"{data}: JPEG-encoded image observations are not supported; "
+                         f"create the dataset with jpeg_encoding=False")
+    if fmt in ("arrow", "parquet"):
+        reader: Any = _ArrowReader(data, fmt, obs, act)
+    elif fmt == "hdf5":
+        reader = _HDF5Reader(data, require_h5py())
+    else:
+        raise StoreError(f"{data}: unknown Minari data_format {fmt!r}")
+    try:
+        total = int(meta.get("total_episodes", 0))
+        metas = [reader.meta(i) for i in range(total)]
+        lengths = [int(mt.get("total_steps", -1)) for mt in metas]
+        plan = _stream_plan(metas, lengths) if all(n >= 0 for n in lengths) else [(i, 0) for i in range(total)]
+        schema: Schema | None = None
+        st: Store | None = None
+        with progress_bar(total, "import minari", progress, unit="ep") as bar:
+            pending = 0
+            w = None
+            for i, (stream, first) in enumerate(plan):
+                ep = reader.episode(i)
+                if schema is None:
+                    schema = _schema_for(meta, obs, act, ep)
+                    st = open_store(url, schema, mode="w", storage_options=storage_options)
+                    w = st.writer()
+                assert w is not None
+                batch = _records(schema, ep, i)
+                n = len(batch["reward"])
+                reset = np.zeros(n, dtype=bool)
+                reset[:1] = True
+                w.append(batch, stream=stream, step=np.arange(first, first + n, dtype=np.int64), reset=reset)
+                pending += sum(a.nbytes for a in batch.values())
+                if pending >= COMMIT_BYTES:
+                    w.commit()
+                    pending = 0
+                bar.update(1)
+            if w is not None:
+                w.close()
+    finally:
+        reader.close()
+    if st is None:  # no episodes: an empty store of the spaces' shapes
+        st = open_store(url, _schema_for(meta, obs, act, None), mode="w", storage_options=storage_options)
+    st.refresh()
+    return st
+
+
+def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
+                ep: dict[str, np.ndarray] | None) -> Schema:
+    if obs["type"] == "Discrete":
+        obs_shape, obs_dtype = (), np.int64
+    else:
+        obs_shape, obs_dtype = tuple(obs["shape"]), np.dtype(obs["dtype"])
+    count = None
+    if act["type"] == "Discrete":
+        action_shape, action_dtype = (), np.int64
+        count = int(act["n"]) if int(act.get("start", 0)) == 0 else None
+    else:
+        action_shape, action_dtype = tuple(act["shape"]), np.dtype(act["dtype"])
+    reward_dtype = ep["rewards"].dtype if ep is not None and ep["rewards"].dtype.kind in "fiu" else np.float64
+    extra = {"minari_dataset_id": meta.get("dataset_id"), "source": "minari"}
+    source_schema = (meta.get("replaystore") or {}).get("schema") or {}
+    for key in ("env_id", "observation", "action_frame"):
+        if key in (source_schema.get("metadata") or {}):
+            extra[key] = source_schema["metadata"][key]
+    return episode_schema(obs_shape, action_shape, action_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype,
+                          actions=count, metadata=extra)
+
+
+def _records(schema: Schema, ep: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    obs = ep["observations"]
+    n = len(ep["rewards"])
+    if len(obs) != n + 1 or len(ep["actions"]) != n:
+        raise StoreError(f"Minari episode {i}: {len(obs)} observations and {len(ep['actions'])} actions "
+                         f"for {n} rewards (expected T + 1 and T)")
+
+    def typed(name: str, value: np.ndarray) -> np.ndarray:
+        f = schema.field(name)
+        assert isinstance(f, Dense)
+        return np.ascontiguousarray(value, dtype=f.dtype)
+
+    return {
+        "obs": typed("obs", obs[:-1]),
+        "action": typed("action", ep["actions"]),
+        "reward": typed("reward", ep["rewards"]),
+        "next_obs": typed("next_obs", obs[1:]),
+        "terminated": typed("terminated", ep["terminations"]),
+        "truncated": typed("truncated", ep["truncations"]),
+    }

@@ -1,0 +1,294 @@
+"""Parquet export and import: a hive-partitioned dataset, one ``stream=<key>/`` directory per stream.
+
+Export streams the table's record batches (:func:`replaystore.store.scan.scan`) into
+:func:`pyarrow.dataset.write_dataset`, so memory holds one batch per open file, whatever
+the table's size. Each file carries the replaystore schema (``replaystore.schema``) and
+the export description (``replaystore.export``: table, stream key type) in its Arrow
+schema metadata; ``_replaystore.json`` at the root (ignored by pyarrow.dataset and by a
+``*.parquet`` glob) lists the tables, their schemas, the stream key types and the store's
+capacity, so import rebuilds the store exactly. Layout and guarantees: docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from replaystore.errors import StoreError
+from replaystore.schemas import BatchMeta, Schema
+from replaystore.schemas.arrow import columns_from_arrow
+from replaystore.store import DEFAULT_TABLE, Store, open_store
+from replaystore.store.scan import scan, scan_schema
+from replaystore.tools.formats.common import chunk_rows, progress_bar
+
+FORMAT = "replaystore.parquet/1"
+MANIFEST = "_replaystore.json"
+EXPORT_KEY = b"replaystore.export"
+COMMIT_BYTES = 64 << 20
+"""Import commits whenever this much data is pending, so the writer's buffer stays bounded."""
+INDEX_COLUMNS = ("row", "step", "reset")
+
+
+# -- filesystems ---------------------------------------------------------------------------------
+
+
+def filesystem(path: str, storage_options: Any = None) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and the path in it: local paths natively, URLs through fsspec."""
+    if "://" in path and not path.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path, **dict(storage_options or {}))
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), root.rstrip("/")
+    local = path.removeprefix("file://")
+    return pafs.LocalFileSystem(), os.path.abspath(local)
+
+
+def _children(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.Directory:
+        return []
+    return fs.get_file_info(pafs.FileSelector(path, recursive=False))
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# -- export ------------------------------------------------------------------------------------------
+
+
+def _stream_type(keys: list[Any]) -> str:
+    ints = [k for k in keys if isinstance(k, int)]
+    if len(ints) == len(keys):
+        return "int"
+    return "str" if not ints else "mixed"
+
+
+def export_parquet(store: Store, out: str, *, table: str | None = None, progress: bool = False,
+                   batch_rows: int | None = None) -> dict[str, Any]:
+    """Write ``store`` (one table, or all of them) as a hive-partitioned Parquet dataset at ``out``."""
+    fs, root = filesystem(out, store.storage_options)
+    if _children(fs, root) or fs.get_file_info(root).type == pafs.FileType.File:
+        raise StoreError(f"{out}: already exists and is not empty; export into a new directory")
+    names = [table] if table is not None else store.tables
+    for name in names:
+        store.table(name)  # a clear error for an unknown table
+    nested = table is None and len(store.tables) > 1
+    manifest: dict[str, Any] = {"format": FORMAT, "source": store.url, "capacity": store.capacity, "tables": {}}
+    files: list[str] = []
+    records = 0
+    for name in names:
+        t = store.table(name)
+        reader = t.reader
+        reader.sync()
+        keys = t.streams()
+        kind = _stream_type(keys)
+        if kind == "mixed":
+            as_text = [str(k) for k in keys]
+            if len(set(as_text)) != len(as_text):
+                dup = next(k for k in as_text if as_text.count(k) > 1)
+                raise StoreError(f"table {name!r}: streams {dup!r} (str) and {dup} (int) would share one "
+                                 f"Parquet partition; rename one of them")
+        full = scan_schema(reader)
+        fields = [f.name for f in t.schema.fields if not isinstance(f, BatchMeta)]
+        columns = ["row", "stream", "step", "reset", *fields]
+        info: dict[str, Any] = {"path": name if nested else "", "stream_type": kind, "records": len(t),
+                                "streams": len(keys)}
+        if kind == "mixed":
+            info["int_streams"] = [k for k in keys if isinstance(k, int)]
+        export_doc = {"format": FORMAT, "table": name, "stream_type": kind}
+        if kind == "mixed":
+            export_doc["int_streams"] = info["int_streams"]
+        schema = pa.schema([full.field(c) for c in columns],
+                           metadata={**(full.metadata or {}), EXPORT_KEY: json.dumps(export_doc).encode()})
+        manifest["tables"][name] = {**info, "schema": t.schema.to_dict()}
+        base = f"{root}/{name}" if nested else root
+        rows = chunk_rows(t.schema, batch_rows)
+        bar = progress_bar(len(t), f"export {name}" if nested else "export parquet", progress)
+
+        def batches(reader: Any = reader, columns: list[str] = columns, schema: pa.Schema = schema,
+                    rows: int = rows, bar: Any = bar) -> Iterator[pa.RecordBatch]:
+            for b in scan(reader, columns, rows):
+                bar.update(b.num_rows)
+                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
+
+        with bar:
+            ds.write_dataset(
+                batches(), base, schema=schema, format="parquet", filesystem=fs,
+                partitioning=ds.partitioning(pa.schema([full.field("stream")]), flavor="hive"),
+                basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore",
+                use_threads=False, preserve_order=True,
+                max_partitions=max(len(keys), 1), max_open_files=256,
+                min_rows_per_group=0, max_rows_per_group=rows,
+                file_visitor=lambda written: files.append(written.path))
+        records += len(t)
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(f"{root}/{MANIFEST}") as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return {"format": "parquet", "path": out, "files": len(files) + 1, "tables": names, "records": records,
+            "episodes": None, "streams": sum(v["streams"] for v in manifest["tables"].values())}
+
+
+# -- import ----------------------------------------------------------------------------------------------
+
+
+def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
+    path = f"{root}/{MANIFEST}"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        doc = json.loads(f.read())
+    if doc.get("format") != FORMAT:
+        raise StoreError(f"{path}: not a replaystore Parquet export manifest (format {doc.get('format')!r})")
+    return doc
+
+
+def _parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    out = []
+    for info in sorted(_children(fs, path), key=lambda i: _natural(i.base_name)):
+        if info.base_name.startswith((".", "_")):
+            continue
+        if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
+            out.append(info.path)
+        elif info.type == pafs.FileType.Directory and "=" not in info.base_name:
+            out += _parquet_files(fs, info.path)
+    return out
+
+
+def _key_parser(doc: dict[str, Any] | None) -> Any:
+    kind = (doc or {}).get("stream_type")
+    ints = {str(k) for k in (doc or {}).get("int_streams", [])}
+
+    def parse(text: str) -> Any:
+        if kind == "str":
+            return text
+        if kind == "int" or (kind == "mixed" and text in ints):
+            return int(text)
+        if kind is None and re.fullmatch(r"-?\d+", text):
+            return int(text)  # no replaystore metadata: digits are int keys, as DuckDB/pyarrow infer them
+        return text
+
+    return parse
+
+
+def _partitions(fs: pafs.FileSystem, base: str, parse: Any) -> list[tuple[Any, list[str]]]:
+    """``[(stream key, files)]`` of a table's dataset directory, keys in natural order."""
+    parts = []
+    loose = []
+    for info in _children(fs, base):
+        name = info.base_name
+        if info.type == pafs.FileType.Directory and name.startswith("stream="):
+            parts.append((parse(unquote(name[len("stream="):])), _parquet_files(fs, info.path)))
+        elif info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith((".", "_")):
+            loose.append(info.path)
+    if loose:
+        if parts:
+            raise StoreError(f"{base}: both stream=... partitions and loose Parquet files; not an export layout")
+        return [(0, sorted(loose, key=_natural))]  # a plain Parquet dataset: one stream, 0
+    parts.sort(key=lambda p: (isinstance(p[0], str), p[0]))
+    return parts
+
+
+def _file_schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
+    with fs.open_input_file(path) as f:
+        return pq.read_schema(f)
+
+
+def _table_plan(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None,
+                ) -> dict[str, tuple[Schema, str, dict[str, Any] | None]]:
+    """``{table: (schema, dataset directory, export document)}``."""
+    if manifest is not None:
+        return {name: (Schema.from_dict(info["schema"]), f"{root}/{info['path']}".rstrip("/"), info)
+                for name, info in manifest["tables"].items()}
+    files = _parquet_files(fs, root) or [p for d in _children(fs, root)
+                                         if d.type == pafs.FileType.Directory
+                                         for p in _parquet_files(fs, d.path)]
+    if not files:
+        raise StoreError(f"{root}: no Parquet files and no {MANIFEST}; not a Parquet export")
+    arrow_schema = _file_schema(fs, files[0])
+    doc_raw = (arrow_schema.metadata or {}).get(EXPORT_KEY)
+    doc = json.loads(doc_raw) if doc_raw else None
+    keep = [f for f in arrow_schema if f.name not in ("stream", *INDEX_COLUMNS)]
+    schema = Schema.from_arrow(pa.schema(keep, metadata=arrow_schema.metadata), name="imported")
+    return {(doc or {}).get("table", DEFAULT_TABLE): (schema, root, doc)}
+
+
+def _sorted_check(fs: pafs.FileSystem, files: list[str]) -> bool:
+    """Whether the files' ``step`` column is strictly increasing (reads that column only)."""
+    last = None
+    for path in files:
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            if "step" not in pf.schema_arrow.names:
+                return True
+            steps = pf.read(columns=["step"]).column("step").to_numpy()
+        if len(steps) and ((last is not None and steps[0] <= last) or np.any(np.diff(steps) <= 0)):
+            return False
+        if len(steps):
+            last = steps[-1]
+    return True
+
+
+def _batches(fs: pafs.FileSystem, files: list[str], columns: list[str], rows: int, ordered: bool,
+             ) -> Iterator[pa.RecordBatch]:
+    if not ordered:  # steps out of order across files (several writers on one stream): sort this stream
+        tables = []
+        for path in files:
+            with fs.open_input_file(path) as f:
+                tables.append(pq.read_table(f, columns=columns))
+        yield from pa.concat_tables(tables).sort_by("step").combine_chunks().to_batches(max_chunksize=rows)
+        return
+    for path in files:
+        with fs.open_input_file(path) as f:
+            yield from pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns)
+
+
+def import_parquet(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
+                   batch_rows: int | None = None) -> Store:
+    """Create the store at ``url`` from a Parquet export at ``src`` (schema, streams, steps, resets)."""
+    fs, root = filesystem(src, storage_options)
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        raise StoreError(f"{src}: no such directory")
+    manifest = _read_manifest(fs, root)
+    plan = _table_plan(fs, root, manifest)
+    schemas = {name: schema for name, (schema, _, _) in plan.items()}
+    capacity = manifest.get("capacity") if manifest else None
+    st = open_store(url, schemas[DEFAULT_TABLE] if list(schemas) == [DEFAULT_TABLE] else schemas, mode="w",
+                    capacity=capacity, storage_options=storage_options)
+    total = sum(int(info.get("records", 0)) for _, _, info in plan.values() if info) or None
+    with st.writer() as w, progress_bar(total, "import parquet", progress) as bar:
+        pending = 0
+        for name, (schema, base, doc) in plan.items():
+            parse = _key_parser(doc)
+            fields = [f.name for f in schema.fields if not isinstance(f, BatchMeta)]
+            rows = chunk_rows(schema, batch_rows)
+            for key, files in _partitions(fs, base, parse):
+                if not files:
+                    continue
+                present = set(_file_schema(fs, files[0]).names)
+                columns = [c for c in ("step", "reset") if c in present] + fields
+                for batch in _batches(fs, files, columns, rows, _sorted_check(fs, files)):
+                    if not batch.num_rows:
+                        continue
+                    cols = columns_from_arrow(schema, batch)
+                    step = batch.column("step").to_numpy() if "step" in present else None
+                    reset = (batch.column("reset").to_numpy(zero_copy_only=False).astype(bool)
+                             if "reset" in present else None)
+                    w.append(cols.arrays, stream=key, step=step, reset=reset, table=name)
+                    bar.update(batch.num_rows)
+                    pending += sum(a.nbytes for a in cols.arrays.values())
+                    if pending >= COMMIT_BYTES:
+                        w.commit()
+                        pending = 0
+    st.refresh()
+    return st

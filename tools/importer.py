@@ -1,0 +1,55 @@
+"""``import_store``: a new store from a replaystore Parquet export, a Minari dataset or a D4RL HDF5 file.
+
+==============  =====================================================================
+format          what ``src`` is, and the store created at ``url``
+==============  =====================================================================
+``parquet``     a directory written by ``export_store(..., to="parquet")``: the exact
+                schema(s), streams, steps, resets and values come back
+``minari``      a Minari dataset (Arrow, Parquet or HDF5 backend, detected from its
+                ``metadata.json``): its ``data`` directory, the dataset directory, a
+                dataset id under ``$MINARI_DATASETS_PATH`` (default
+                ``~/.minari/datasets``), or — with ``dataset_id`` — the datasets root.
+                Creates an ``episode``-schema store
+``minari-hdf5`` the same (accepted for symmetry with the export names)
+``d4rl``        a D4RL-style HDF5 file: an ``episode``-schema store when it has
+                ``timeouts``, a ``transitions`` store otherwise
+==============  =====================================================================
+
+See docs/EXPORT.md for the mappings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replaystore.errors import StoreError
+
+IMPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
+
+
+def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = None, progress: bool = False,
+                 storage_options: Any = None) -> Any:
+    """Create the store at ``url`` (it must not exist) from ``src`` in format ``from_``.
+
+    Returns the opened :class:`replaystore.store.Store`. ``storage_options`` are the
+    fsspec options of ``url`` (and of ``src`` for Parquet URLs); ``progress`` shows a
+    progress bar when stderr is a terminal.
+    """
+    if from_ not in IMPORT_FORMATS:
+        raise StoreError(f"unknown import format {from_!r}: expected one of {', '.join(IMPORT_FORMATS)}")
+    if dataset_id is not None and not from_.startswith("minari"):
+        raise StoreError(f"dataset_id applies to Minari imports only, not {from_!r}")
+    if from_ == "parquet":
+        from replaystore.tools.formats.parquet import import_parquet
+
+        return import_parquet(src, url, progress=progress, storage_options=storage_options)
+    if from_ in ("minari", "minari-hdf5"):
+        from replaystore.tools.formats.minari import import_minari
+
+        return import_minari(src, url, dataset_id=dataset_id, progress=progress, storage_options=storage_options)
+    from replaystore.tools.formats.d4rl import import_d4rl
+
+    return import_d4rl(src, url, progress=progress, storage_options=storage_options)
+
+
+__all__ = ["IMPORT_FORMATS", "import_store"]
