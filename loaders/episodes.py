@@ -25,7 +25,8 @@ def _end_flags(table: Table) -> tuple[str, str | None]:
 
 def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only: bool = True,
                   ) -> Iterator[dict[str, Any]]:
-    """Yield each episode as a mapping of tensors: the schema's fields over T steps, plus
+    """Yield each episode as a mapping of tensors: the schema's fields over T steps (ragged
+    fields as CSR of the episode's steps), plus
     ``final_obs`` (the last ``next_obs``), ``terminated`` and ``truncated`` (bools),
     ``stream`` and ``steps``.
 
@@ -53,8 +54,12 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
             complete = bool(end[hi - 1])
             if complete_only and not complete:
                 continue
-            episode: dict[str, Any] = {k: v[lo:hi] for k, v in data.items() if k in table.schema
-                                       and len(v) == len(rows)}
+            episode: dict[str, Any] = {f.name: data[f.name][lo:hi] for f in table.schema.dense_fields}
+            for off_name, names in table.schema.offsets_groups.items():
+                offsets = data[off_name][lo:hi + 1]
+                episode[off_name] = offsets - offsets[0]
+                for name in names:
+                    episode[name] = data[name][offsets[0]:offsets[-1]]
             episode.update(final_obs=data["next_obs"][hi - 1], terminated=bool(term[hi - 1]),
                            truncated=bool(trunc[hi - 1]) or (not complete), stream=stream,
                            steps=steps[lo:hi], rows=rows[lo:hi])

@@ -161,7 +161,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"   after {RESUME_STEPS} more minibatches (loss {loss:.4f}): wins {first:.0%} moving first, "
           f"{second:.0%} moving second")
 
-    print("\n4. DuckDB over the replay:")
+    print("\n4. DuckDB over the replay, then export:")
     summary = st.sql("""
         SELECT stream, count(*) AS records, count(DISTINCT commit) AS commits,
                sum(CASE WHEN NOT can_bootstrap THEN 1 ELSE 0 END) AS tails,
@@ -169,5 +169,17 @@ def run_demo(args: argparse.Namespace) -> int:
                round(avg(len(legal_ids)), 2) AS mean_legal_actions
         FROM records GROUP BY stream ORDER BY stream""")
     print(format_table(summary))
+    _export(st, root)
     print(f"\ndone in {time.perf_counter() - started:.0f} s; the store stays at {url}")
     return 0 if same else 1
+
+
+def _export(st: Store, root: str) -> None:
+    from replaystore.tools.export import export_store
+
+    for fmt in ("parquet", "minari"):
+        out = os.path.join(root, f"export-{fmt}")
+        dataset_id = "tictactoe/random-v0" if fmt == "minari" else None
+        summary = export_store(st, out, fmt, dataset_id=dataset_id, progress=True)
+        print(f"   exported to {fmt}: {summary['path']} ({summary['records']} records"
+              + (f", {summary['episodes']} episodes)" if summary.get("episodes") else ")"))
