@@ -20,7 +20,8 @@ class ReservoirSampler(StoreSampler):
     are drawn uniformly with replacement from the reservoir, so an unbounded
     DeepCFR advantage or strategy table trains on a bounded uniform sample; the
     schema's per-record iteration numbers come out with the batch for weighting.
-    Use it on an unbounded table: members evicted by a table capacity are dropped.
+    Use it on an unbounded table: members evicted by a table capacity are dropped and
+    their slots refilled by the next records offered (the sample is then no longer uniform).
     """
 
     kind = "reservoir"
@@ -64,7 +65,9 @@ class ReservoirSampler(StoreSampler):
     def _offer(self, rows: np.ndarray) -> None:
         k = self.capacity
         n = self.seen + np.arange(len(rows), dtype=np.int64)  # records offered before each one
-        fill = n < k
+        # free slots are filled first: n < k on an intact reservoir, and the slots of members
+        # that a table capacity evicted (else a replacement index j could point past the end)
+        fill = np.arange(len(rows)) < k - len(self.members)
         members = np.concatenate([self.members, rows[fill]])
         later = rows[~fill]
         if len(later):

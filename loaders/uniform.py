@@ -46,6 +46,7 @@ class EpochSampler(StoreSampler):
         self.epoch = 0
         self._order: np.ndarray | None = None
         self._cursor = 0
+        self._pruned_version = -1
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _start_pass(self) -> None:
@@ -55,11 +56,25 @@ class EpochSampler(StoreSampler):
             raise self._empty()
         self._order = rows[self.rng.permutation(len(rows))]
         self._cursor = 0
+        self._pruned_version = self.table.reader.log.version
+
+    def _prune(self) -> None:
+        """Drop the rest of the pass's rows that were evicted since it started (they cannot be read)."""
+        reader = self.table.reader
+        reader.sync()
+        if self._order is None or reader.log.version == self._pruned_version:
+            return
+        self._pruned_version = reader.log.version
+        rest = self._order[self._cursor:]
+        alive = np.isin(rest, self.table.row_ids())
+        if not alive.all():
+            self._order = np.concatenate([self._order[:self._cursor], rest[alive]])
 
     def _remaining(self) -> int:
         return 0 if self._order is None else len(self._order) - self._cursor
 
     def _exhausted(self) -> bool:
+        self._prune()
         return self._remaining() == 0 or (self.drop_last and self._remaining() < self.batch_size)
 
     def _next_pass(self) -> None:
@@ -106,3 +121,4 @@ class EpochSampler(StoreSampler):
         self._cursor = int(state["cursor"])
         order = state.get("order")
         self._order = None if order is None else np.asarray(order, dtype=np.int64)
+        self._pruned_version = -1

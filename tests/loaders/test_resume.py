@@ -1,0 +1,138 @@
+"""Resuming every sampler: across processes (save() / resume=True) and in-process (state_dict).
+
+Across processes: child A (spawned) samples k minibatches (prioritized: with priority
+updates derived from each batch; prioritized and reservoir: ingesting a commit of its
+own before each draw, the prioritized table evicting), calls ``save()``, commits once
+more, then records m minibatches. Child B (another spawn) reopens the store, constructs
+the sampler with ``resume=True`` and records m minibatches. They must be identical.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import numpy as np
+import pytest
+from replaystore.loaders import gather
+from replaystore.store import open_store
+from support.loaderref import (
+    RESUME_K,
+    RESUME_KINDS,
+    RESUME_M,
+    Append,
+    Harness,
+    load_result,
+    make_sampler,
+    resume_children,
+    resume_prepare,
+    resume_priorities,
+    same_batches,
+)
+
+CHILD_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("resume"))
+    resume_prepare(root)
+    ctx = mp.get_context("spawn")
+    for role in ("A", "B"):  # B starts after A has exited: a fresh process that only has the store
+        proc = ctx.Process(target=resume_children, args=(role, root))
+        proc.start()
+        proc.join(CHILD_TIMEOUT_S)
+        assert proc.exitcode == 0, f"child {role} failed with exit code {proc.exitcode}"
+    return root
+
+
+@pytest.mark.parametrize("kind", RESUME_KINDS)
+def test_resume_across_processes(resumed: str, kind: str) -> None:
+    a = load_result(resumed, kind, "A")
+    b = load_result(resumed, kind, "B")
+    assert a.meta == b.meta and a.meta["batches_drawn"] == RESUME_K + RESUME_M
+    assert sorted(a.arrays) == sorted(b.arrays)
+    assert len({k.split("/")[0] for k in a.arrays}) == RESUME_M
+    for key in a.arrays:
+        assert a.arrays[key].dtype == b.arrays[key].dtype and np.array_equal(a.arrays[key], b.arrays[key]), key
+    # the state really was restored: a sampler started afresh draws something else
+    st = open_store(f"{resumed}/{kind}", mode="r")
+    fresh = make_sampler(kind, st, resume=False)
+    fresh_rows = [fresh.sample().rows for _ in range(RESUME_M)]
+    assert any(not np.array_equal(r, a.arrays[f"{i}/indices"]) for i, r in enumerate(fresh_rows))
+    if kind == "epoch":  # 30 records, batches of 4: the pass resumed mid-way, then a new pass began
+        sizes = [len(a.arrays[f"{i}/indices"]) for i in range(RESUME_M)]
+        assert sizes == [4, 4, 4, 2, 4, 4]
+        rest = np.concatenate([a.arrays[f"{i}/indices"] for i in range(4)])
+        assert len(set(rest.tolist())) == 14
+    if kind == "prioritized":
+        assert a.arrays["0/weights"].dtype == np.float32
+    if kind == "prioritized":  # the post-save commit entered at the running max and was drawn
+        late = [k for k in a.arrays if k.endswith("/tag")]
+        assert any((a.arrays[k] >= 1000 + 10 * RESUME_K).any() for k in late), "post-save commit never drawn"
+    if kind == "reservoir":  # 30 records from the parent, then 3 per commit of A, the last after the save
+        assert a.meta["seen"] == 30 + 3 * (RESUME_K + 1) and len(a.meta["members"]) == 9
+
+
+def _plan(h: Harness, commits: int, start: int = 0) -> None:
+    for c in range(start, start + commits):
+        for key in ("a", 2):
+            h.append(Append((key,) * 4, c % 3 == 2, (1, 0, 0, 0), "first" if c % 2 == 0 else "none",
+                            (False,) * 4))
+        h.commit()
+
+
+@pytest.mark.parametrize("kind", RESUME_KINDS)
+def test_state_dict_round_trip_in_process(new_url: Any, kind: str) -> None:
+    """state_dict() mid-run, more commits (evicting), then load_state_dict() into a sampler with another
+    seed: the next minibatches are those the original sampler drew."""
+    h = Harness(new_url(), 30)
+    _plan(h, 4)
+    one = make_sampler(kind, h.store, resume=False)
+
+    def draw(s: Any) -> dict[str, Any]:
+        batch = gather(s.table, s.sample())
+        if kind == "prioritized":
+            s.update(batch["indices"], resume_priorities(batch, s.batches_drawn))
+        return batch
+
+    for _ in range(3):
+        draw(one)
+    state = one.state_dict()
+    _plan(h, 2, start=4)  # 16 new records: 10 of the oldest are evicted
+    want = [draw(one) for _ in range(5)]
+    two = make_sampler(kind, h.store, resume=False)
+    two.seed = 999
+    two.rng = np.random.default_rng(999)
+    two.load_state_dict(state)
+    got = [draw(two) for _ in range(5)]
+    same_batches(got, want)
+    assert two.batches_drawn == one.batches_drawn == 8
+
+
+def test_resume_without_a_saved_state_starts_fresh(new_url: Any) -> None:
+    h = Harness(new_url(), None)
+    _plan(h, 2)
+    for kind in RESUME_KINDS:
+        a = make_sampler(kind, h.store, resume=True)
+        b = make_sampler(kind, h.store, resume=False)
+        assert np.array_equal(a.sample().rows, b.sample().rows), kind
+        assert not a.restore()
+
+
+def test_saved_states_are_versioned_and_named_per_sampler(new_url: Any) -> None:
+    from replaystore.loaders import UniformSampler
+    h = Harness(new_url(), None)
+    _plan(h, 1)
+    s = UniformSampler(h.store, batch_size=3, seed=4, name="learner-7")
+    s.sample()
+    v0 = s.save()
+    s.sample()
+    v1 = s.save()
+    assert v1 == v0 + 1
+    reopened = open_store(h.store.url)
+    r = UniformSampler(reopened, batch_size=3, seed=0, name="learner-7", resume=True)
+    assert r.batches_drawn == 2 and np.array_equal(r.sample().rows, s.sample().rows)
+    other = UniformSampler(reopened, batch_size=3, seed=0, name="someone-else", resume=True)
+    assert other.batches_drawn == 0
+    assert open_store(h.store.url).load_state("learner-7") is not None
