@@ -30,11 +30,12 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
     ``final_obs`` (the last ``next_obs``), ``terminated`` and ``truncated`` (bools),
     ``stream`` and ``steps``.
 
-    An episode starts at a reset or after a step gap and ends at a step whose
-    terminated/truncated (or ``dones``) flag is set. Trailing steps of a stream
-    that have not ended yet are skipped unless ``complete_only=False``. A step
-    gap (retention dropped steps) ends an episode as truncated-incomplete: it is
-    skipped under ``complete_only``.
+    An episode starts at a reset, after an episode end or after a step gap, and ends
+    at a step whose terminated/truncated (or ``dones``) flag is set. Only whole
+    episodes are yielded unless ``complete_only=False``: not the trailing steps of
+    a stream that has not ended yet, and not an episode whose beginning is missing
+    (it starts after a gap left by retention, without a reset, and not at step 0).
+    Each carries ``complete``; one cut off by the end of the data is ``truncated``.
     """
     term_name, trunc_name = _end_flags(table)
     for stream in streams if streams is not None else table.streams():
@@ -51,7 +52,11 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
         start[1:] = resets[1:] | end[:-1] | (np.diff(steps) != 1)
         bounds = np.r_[np.flatnonzero(start), len(rows)]
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            complete = bool(end[hi - 1])
+            # whole if it ends with a flag and starts at a reset, right after an episode end,
+            # or at step 0 of its stream (not after a gap left by retention or missing steps)
+            began = bool(resets[lo]) or steps[lo] == 0 or (lo > 0 and end[lo - 1] and steps[lo] == steps[lo - 1] + 1)
+            ended = bool(end[hi - 1])
+            complete = ended and began
             if complete_only and not complete:
                 continue
             episode: dict[str, Any] = {f.name: data[f.name][lo:hi] for f in table.schema.dense_fields}
@@ -61,6 +66,6 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
                 for name in names:
                     episode[name] = data[name][offsets[0]:offsets[-1]]
             episode.update(final_obs=data["next_obs"][hi - 1], terminated=bool(term[hi - 1]),
-                           truncated=bool(trunc[hi - 1]) or (not complete), stream=stream,
+                           truncated=bool(trunc[hi - 1]) or not ended, complete=complete, stream=stream,
                            steps=steps[lo:hi], rows=rows[lo:hi])
             yield to_tensors(episode)

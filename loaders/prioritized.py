@@ -26,7 +26,8 @@ class PrioritizedSampler(StoreSampler):
     minibatch carries importance weights ``(N * P(i))^-beta / max`` (max over the
     minibatch) as ``weights``. After the loss, call ``update(indices, priorities)``
     with the minibatch's ``indices`` and |TD error|. Evicted records lose their
-    priority. Sampling is stratified (one draw per equal slice of the total mass);
+    priority. Sampling is stratified (one draw per equal slice of the total mass, in
+    random order);
     sampling and updates cost O(log n) per record, as whole-batch numpy operations.
     """
 
@@ -65,7 +66,7 @@ class PrioritizedSampler(StoreSampler):
         if not len(self.slots) or total <= 0:
             raise self._empty()
         b = self.batch_size
-        targets = (np.arange(b) + self.rng.random(b)) * (total / b)
+        targets = (self.rng.permutation(b) + self.rng.random(b)) * (total / b)  # stratified, shuffled
         slots = self.tree.find(np.minimum(targets, np.nextafter(total, 0)))
         rows = self.slots.row_of[slots]
         probs = self.tree.leaves()[slots] / total

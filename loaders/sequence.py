@@ -59,7 +59,8 @@ class SequenceSampler(StoreSampler):
     (shape ``[batch, burn_in + length]``): ``indices`` (row ids, -1 on padding),
     ``loss_mask`` (learning steps only), ``sequence_valid`` (real, not padded),
     ``steps`` (-1 on padding), ``reset`` (recurrent boundaries; a learner resets
-    its state there), and per window ``stream`` (index into ``stream_keys``).
+    its state there), and per window ``stream_keys`` (the stream key) and ``stream``
+    (the table's current internal stream number; valid until the store changes).
     With ``burn_in=0, length=1`` it is plain transition sampling. ``subset``
     restricts the rows a window's first learning step may be.
     """

@@ -104,7 +104,11 @@ class EpochSampler(StoreSampler):
             drawn += 1
 
     def __len__(self) -> int:
-        n = len(self.table) if self.subset is None else len(self.candidates())  # type: ignore[arg-type]
+        """Minibatches the next iteration yields: the rest of a pass in progress, else a whole pass."""
+        if not self._exhausted():
+            n = self._remaining()
+        else:
+            n = len(self.table) if self.subset is None else len(self.candidates())  # type: ignore[arg-type]
         full = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return full if self.num_batches is None else min(full, self.num_batches)
 
