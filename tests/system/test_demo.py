@@ -25,4 +25,4 @@ def test_demo_runs_end_to_end(tmp_path):
     assert len(st) > 10_000 and len(st.streams()) == 8
     assert st.load_state("demo-per") is not None and st.load_state("demo-qnet") is not None
     assert any((tmp_path / "export-parquet").rglob("*.parquet"))
-    assert (tmp_path / "export-minari" / "tictactoe" / "random-v0" / "metadata.json").exists()
+    assert (tmp_path / "export-minari" / "tictactoe" / "random-v0" / "data" / "metadata.json").exists()
