@@ -119,15 +119,32 @@ class LocalStorage(Storage):
         os.makedirs(directory, exist_ok=True)
         self._write_synced(full, data)
 
+    def _chain(self, directory: str) -> list[str]:
+        """``directory`` and every directory above it up to the store root, deepest first."""
+        out = [directory]
+        while directory != self.root and directory.startswith(self.root + os.sep):
+            directory = os.path.dirname(directory)
+            out.append(directory)
+        return out
+
     def sync_dirs(self, paths: list[str]) -> None:
-        """fsync the directories holding ``paths`` (once each) so their entries are durable."""
-        for directory in sorted({os.path.dirname(self._p(p)) for p in paths}):
+        """fsync the directories holding ``paths`` and those above them up to the root (once each).
+
+        A write may have created directories (a fragment's, its arrays'): the entry of each new
+        directory lives in its parent, so the parents must be synced too, or a power loss after
+        the commit record is durable could still lose the data it references.
+        """
+        dirs = {d for p in paths for d in self._chain(os.path.dirname(self._p(p)))}
+        for directory in sorted(dirs, key=lambda d: (-d.count(os.sep), d)):
             self._fsync_dir(directory)
 
     def create(self, path: str, data: bytes) -> bool:
         full = self._p(path)
         directory = os.path.dirname(full)
+        new_root = not os.path.isdir(self.root)
         os.makedirs(directory, exist_ok=True)
+        if new_root:  # the store's own directory entry
+            self._fsync_dir(os.path.dirname(self.root))
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
         self._write_synced(tmp, data)
         try:
@@ -137,7 +154,8 @@ class LocalStorage(Storage):
             return False
         finally:
             os.unlink(tmp)
-            self._fsync_dir(directory)
+            for d in self._chain(directory):  # the record's entry, and those of directories made for it
+                self._fsync_dir(d)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._p(path))

@@ -1,0 +1,369 @@
+"""Child-process entry points and shared oracles for the system tests (tests/system/).
+
+Children are started with ``subprocess`` as ``python -m support.procs <role> <json args>``
+(never forked from a process that imported torch). They report to the parent on
+stdout, one line per event, flushed after each: a line written before a SIGKILL is
+still in the pipe for the parent to read.
+
+Roles:
+
+- ``crash-writer``: appends deterministic DQN batches to its own streams, committing
+  in groups given by :func:`crash_plan`; prints ``ready`` after opening the store,
+  ``w <writer id>`` after registering, and ``c <commits> <batches>`` after each
+  ``commit()`` returned. Runs until killed.
+- ``stream-writer``: appends :func:`stream_batch` batches to streams ``w<i>-<j>`` with
+  many commits, then closes and prints a JSON summary.
+- ``reader``: loops ``refresh()`` + random reads, checking every record it reads
+  against the index and against :func:`stream_batch`, until its stdin reaches EOF;
+  then checks the final count and prints a JSON summary.
+
+Everything a child writes is a pure function of its arguments, so the parent
+regenerates the expected records bit for bit.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.schemas import Schema, dqn
+from replaystore.store import open_store
+from support.batches import dqn_batch
+
+OBS = 8
+HEADS = 2
+ACTIONS = 9
+CRASH_MAX_BATCHES = 1_000_000
+
+
+def schema() -> Schema:
+    return dqn(observation_size=OBS, heads=HEADS, actions=ACTIONS)
+
+
+def as_arrays(batch: Any) -> dict[str, np.ndarray]:
+    """A DqnBatch's fields as a dict (what ``read`` returns for all of its rows)."""
+    return {k: np.asarray(v) for k, v in vars(batch).items()}
+
+
+def take_rows(sch: Schema, arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Records ``rows`` of full-batch arrays, in ``read``'s layout (ragged values + rebased offsets)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = {f.name: arrays[f.name][rows] for f in sch.dense_fields}
+    for off_name, names in sch.offsets_groups.items():
+        offsets = arrays[off_name]
+        starts, ends = offsets[rows], offsets[rows + 1]
+        new = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=new[1:])
+        out[off_name] = new
+        for n in names:
+            vals = arrays[n]
+            out[n] = (np.concatenate([vals[s:e] for s, e in zip(starts, ends, strict=True)])
+                      if len(rows) else vals[:0])
+    return out
+
+
+def same_records(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> list[str]:
+    """Names of fields whose dtype, shape or bytes differ (bit-identity, NaN-safe)."""
+    bad = []
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.dtype != w.dtype or g.shape != w.shape or \
+                np.ascontiguousarray(g).tobytes() != np.ascontiguousarray(w).tobytes():
+            bad.append(name)
+    if set(got) != set(want):
+        bad.append(f"field set {sorted(got)} != {sorted(want)}")
+    return bad
+
+
+# -- crash writer -------------------------------------------------------------------------------
+
+def _tag_seed(seed: int, tag: str) -> list[int]:
+    return [seed, zlib.crc32(tag.encode())]
+
+
+@functools.lru_cache(maxsize=None)
+def crash_batch(seed: int, tag: str, i: int, max_records: int) -> dict[str, np.ndarray]:
+    """Batch ``i`` of writer ``tag``: 1..max_records random DQN records."""
+    rng = np.random.default_rng([*_tag_seed(seed, tag), 0, i])
+    n = int(rng.integers(1, max_records + 1))
+    return as_arrays(dqn_batch(rng, n, observation_size=OBS, heads=HEADS, actions=ACTIONS, extra=0))
+
+
+def crash_stream(tag: str, i: int, streams: int) -> str:
+    return f"{tag}-{i % streams}"
+
+
+def crash_plan(seed: int, tag: str, max_appends: int, commits: int) -> Iterator[list[int]]:
+    """The first ``commits`` commit groups of writer ``tag``: batch indices per commit."""
+    rng = np.random.default_rng([*_tag_seed(seed, tag), 1])
+    i = 0
+    for _ in range(commits):
+        size = int(rng.integers(1, max_appends + 1))
+        yield list(range(i, i + size))
+        i += size
+
+
+def write_planned(st: Any, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
+                  commits: int, report: Any = None) -> int:
+    """Append + commit the first ``commits`` groups of ``tag``'s plan through one new writer."""
+    w = st.writer()
+    if report:
+        report(f"w {w.id}")
+    done = 0
+    for k, group in enumerate(crash_plan(seed, tag, max_appends, commits)):
+        for i in group:
+            w.append(crash_batch(seed, tag, i, max_records), stream=crash_stream(tag, i, streams))
+        w.commit(metadata={"tag": tag, "batches": group})
+        done = group[-1] + 1
+        if report:
+            report(f"c {k + 1} {done}")
+    return w.id
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int) -> None:
+    st = open_store(url, mode="a")
+    _say("ready")
+    write_planned(st, seed, tag, max_records, max_appends, streams, CRASH_MAX_BATCHES, report=_say)
+    _say("exhausted")  # never reached in practice: the parent kills it first
+
+
+# -- concurrent writers and readers ----------------------------------------------------------------
+
+def batch_size(i: int, j: int) -> int:
+    """Records per batch of stream ``w<i>-<j>`` (fixed per stream, different across streams)."""
+    return 2 + (3 * i + j) % 5
+
+
+@functools.lru_cache(maxsize=4096)
+def stream_batch(seed: int, i: int, j: int, b: int) -> dict[str, np.ndarray]:
+    """Batch ``b`` of stream ``w<i>-<j>``; its records carry ``(i, j, step)`` in ``obs[:, :3]``."""
+    size = batch_size(i, j)
+    rng = np.random.default_rng([seed, i, j, b])
+    arrays = as_arrays(dqn_batch(rng, size, observation_size=OBS, heads=HEADS, actions=ACTIONS, extra=0))
+    arrays["obs"][:, 0] = i
+    arrays["obs"][:, 1] = j
+    arrays["obs"][:, 2] = b * size + np.arange(size)
+    return arrays
+
+
+def stream_key(i: int, j: int) -> str:
+    return f"w{i}-{j}"
+
+
+def stream_writer_plan(i: int, streams: int, commits: int) -> list[list[int]]:
+    """Per commit, the streams ``j`` appended to (one batch each, in order)."""
+    return [[(c + a) % streams for a in range(1 + (c + i) % 3)] for c in range(commits)]
+
+
+def stream_totals(i: int, streams: int, commits: int) -> dict[int, int]:
+    """Batches per stream ``j`` that writer ``i`` appends in all."""
+    out = dict.fromkeys(range(streams), 0)
+    for group in stream_writer_plan(i, streams, commits):
+        for j in group:
+            out[j] += 1
+    return out
+
+
+def stream_writer(url: str, storage_options: dict | None, seed: int, i: int, streams: int, commits: int) -> None:
+    st = open_store(url, mode="a", storage_options=storage_options)
+    w = st.writer()
+    _say(f"w {w.id}")
+    next_b = dict.fromkeys(range(streams), 0)
+    for c, group in enumerate(stream_writer_plan(i, streams, commits)):
+        for j in group:
+            w.append(stream_batch(seed, i, j, next_b[j]), stream=stream_key(i, j))
+            next_b[j] += 1
+        w.commit(metadata={"writer": i, "commit": c})
+    w.close()
+    _say(json.dumps({"writer": w.id, "batches": next_b, "commits": len(st.commits())}))
+
+
+def parse_stream_key(key: Any) -> tuple[int, int]:
+    i, j = str(key)[1:].split("-")
+    return int(i), int(j)
+
+
+def check_rows(st: Any, seed: int, rows: np.ndarray) -> int:
+    """Read ``rows`` and check each record against the index and :func:`stream_batch`."""
+    table = st.table("records")
+    data = st.read(rows)
+    keys, steps, _ = table.index_of(rows)
+    sch = st.schema
+    for k, (key, step) in enumerate(zip(keys, steps, strict=True)):
+        i, j = parse_stream_key(key)
+        one = take_rows(sch, data, np.array([k]))
+        size = batch_size(i, j)
+        want = take_rows(sch, stream_batch(seed, i, j, int(step) // size), np.array([int(step) % size]))
+        assert tuple(one["obs"][0, :3]) == (i, j, step), (key, step, one["obs"][0, :3])
+        bad = same_records(one, want)
+        assert not bad, f"row {int(rows[k])} ({key!r}, step {step}): fields {bad} differ"
+    return len(rows)
+
+
+def _stdin_closed() -> bool:
+    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    return bool(ready) and sys.stdin.buffer.read1(1) == b""
+
+
+def reader(url: str, storage_options: dict | None, seed: int, expected_total: int, batch: int) -> None:
+    st = open_store(url, mode="r", storage_options=storage_options)
+    rng = np.random.default_rng([seed, os.getpid()])
+    lengths: set[int] = set()
+    last_len, iterations, checked, intermediate = len(st), 0, 0, 0
+    lengths.add(last_len)
+    _say(f"ready {last_len}")
+    seen_rows = np.zeros(0, dtype=np.int64)
+    while not _stdin_closed():
+        st.refresh()
+        n = len(st)
+        assert n >= last_len, f"visible count went back from {last_len} to {n}"
+        last_len = n
+        lengths.add(n)
+        intermediate += 0 < n < expected_total
+        # commits appear whole and in order: the log's record counts match the index
+        committed = sum(hi - lo for c in st.commits()
+                        for a in c["tables"].get("records", {}).get("appends", []) for lo, hi in [a["rows"]])
+        assert committed == n, f"commit records say {committed} rows, the table shows {n}"
+        if n:
+            rows = st.table("records").rows_at(rng.integers(0, n, size=batch))
+            # rows once visible stay visible (unbounded store): re-read a few earlier ones
+            checked += check_rows(st, seed, np.concatenate([rows, seen_rows[-4:]]))
+            seen_rows = np.concatenate([seen_rows[-64:], rows])
+            key = st.streams()[int(rng.integers(0, len(st.streams())))]
+            _, steps = st.rows(key)
+            assert np.array_equal(steps, np.arange(len(steps))), f"stream {key!r}: steps with a gap {steps}"
+        iterations += 1
+    st.refresh()
+    assert len(st) == expected_total, f"final count {len(st)}, expected {expected_total}"
+    checked += check_rows(st, seed, st.table("records").row_ids())
+    _say(json.dumps({"iterations": iterations, "checked": checked, "lengths": len(lengths),
+                     "intermediate": intermediate}))
+
+
+
+# -- parent side ------------------------------------------------------------------------------------
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+class Child:
+    """A child process running one role; stdout read line-wise with deadlines, stderr kept in a file.
+
+    Waits use ``select`` on the pipe with a deadline, never sleeps.
+    """
+
+    def __init__(self, role: str, stdin: bool = False, **args: Any) -> None:
+        path = os.environ.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": str(TESTS_DIR) + (os.pathsep + path if path else "")}
+        self.role = role
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "support.procs", role, json.dumps(args)],
+                                     cwd=TESTS_DIR, env=env, stdin=subprocess.PIPE if stdin else None,
+                                     stdout=subprocess.PIPE, stderr=self.err)
+        self.fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        self.buf = b""
+        self.eof = False
+
+    def _fill(self, deadline: float) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready, _, _ = select.select([self.fd], [], [], left)
+        if not ready:
+            return False
+        chunk = os.read(self.fd, 65536)
+        self.eof = not chunk
+        self.buf += chunk
+        return True
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line, or None at EOF or when ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf and not self.eof:
+            if not self._fill(deadline):
+                return None
+        if b"\n" not in self.buf:
+            return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
+
+    def rest(self, timeout: float) -> list[str]:
+        """Every remaining line up to EOF (call once the child has exited)."""
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            assert self._fill(deadline), f"{self.role}: stdout did not reach EOF"
+        lines, self.buf = self.buf.decode().splitlines(), b""
+        return lines
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    def finish(self, timeout: float) -> list[str]:
+        """Wait for a clean exit; its remaining stdout lines. Fails with its stderr otherwise."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # dump its stacks into stderr before killing it
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill()
+            raise AssertionError(f"{self.role} did not finish within {timeout} s:\n{self.stderr()}") from None
+        assert rc == 0, f"{self.role} failed with exit status {rc}:\n{self.stderr()}"
+        return self.rest(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+        self.err.close()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader}
+
+
+def main(argv: list[str]) -> None:
+    faulthandler.register(signal.SIGUSR1)  # the parent asks for stacks of a child that hangs
+    role, args = argv[0], json.loads(argv[1])
+    ROLES[role](**args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,452 @@
+"""Crash safety: a writer child process is SIGKILLed at random instants; reopening must show
+exactly the committed records, bit for bit, and a new writer must be able to go on.
+
+The parent never trusts the child's word alone: it regenerates every batch from its seed
+and checks the store against the commit records *and* against what the child reported
+(a commit whose ``commit()`` returned must be there; at most the one in flight may be
+there without having been reported). Also here: damaged commit records are reported,
+never trusted; crash leftovers are neither shown nor tripped over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replaystore.errors import CorruptObjectError
+from replaystore.store import layout, open_store, records
+from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, take_rows, write_planned
+
+START_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 30.0
+
+
+# -- the child and its reports ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CrashConfig:
+    trials: int
+    seed: int
+    capacity: int | None
+    max_records: int  # records per batch: 1..max_records
+    max_appends: int  # appends per commit: 1..max_appends
+    streams: int  # streams per writer
+    max_after: int  # kill after the child reported K commits, K uniform in 0..max_after, ...
+    spread: float  # ... at a uniform instant within `spread` x its mean commit time after that report
+    targets: tuple[int, ...] = ()  # K values drawn half of the time (the commits just before a compaction)
+    trials_per_store: int = 50
+    lanes: int = 2
+    new_writer_commits: int = 2
+
+
+@dataclass
+class Killed:
+    """What a killed crash-writer reported before it died."""
+
+    tag: str
+    writer: int | None = None
+    commits: int = 0  # commit() calls that returned
+    batches: int = 0
+
+    def take(self, line: str) -> None:
+        kind, *vals = line.split()
+        if kind == "w":
+            self.writer = int(vals[0])
+        elif kind == "c":
+            assert int(vals[0]) == self.commits + 1, f"commit reports out of order: {line!r}"
+            self.commits, self.batches = int(vals[0]), int(vals[1])
+        else:
+            raise AssertionError(f"unexpected report {line!r}")
+
+
+DEFAULT_COMMIT_S = 0.05
+
+
+def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random) -> Killed:
+    """Run a crash-writer; SIGKILL it at a random instant after its K-th reported commit.
+
+    K and the instant are drawn from ``rng``; the instant is scaled by the commit time the
+    child showed, so a loaded machine delays the kills rather than changing what they hit.
+    """
+    after = rng.choice(cfg.targets) if cfg.targets and rng.random() < 0.5 else rng.randint(0, cfg.max_after)
+    fraction = rng.random() * cfg.spread
+    out = Killed(tag)
+    with Child("crash-writer", url=url, seed=cfg.seed, tag=tag, max_records=cfg.max_records,
+               max_appends=cfg.max_appends, streams=cfg.streams) as child:
+        first = child.readline(START_TIMEOUT_S)
+        assert first == "ready", f"crash-writer did not start ({first!r}):\n{child.stderr()}"
+        start = time.monotonic()
+        while out.commits < after:  # bounded waits on the child's reports
+            line = child.readline(START_TIMEOUT_S)
+            assert line is not None, f"crash-writer stopped reporting:\n{child.stderr()}"
+            out.take(line)
+        mean = (time.monotonic() - start) / after if after else DEFAULT_COMMIT_S
+        time.sleep(fraction * mean)  # the fault injection: a random instant to kill at, not a synchronisation
+        rc = child.proc.poll()
+        assert rc is None, f"crash-writer ended by itself (rc {rc}):\n{child.stderr()}"
+        child.proc.send_signal(signal.SIGKILL)
+        assert child.proc.wait(timeout=EXIT_TIMEOUT_S) == -signal.SIGKILL
+        for line in child.rest(EXIT_TIMEOUT_S):
+            out.take(line)
+    return out
+
+
+# -- the oracle ----------------------------------------------------------------------------------------
+
+@dataclass
+class Ledger:
+    """What must be in the store: per writer tag, bounds on its number of commits."""
+
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class Seen:
+    rows: int = 0
+    commits: int = 0
+    compactions: int = 0
+    tags: dict[str, int] = field(default_factory=dict)  # append commits per writer tag
+
+
+def concat_records(sch, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {f.name: np.concatenate([p[f.name] for p in parts]) for f in sch.dense_fields}
+    for off_name, names in sch.offsets_groups.items():
+        counts = np.concatenate([np.diff(p[off_name]) for p in parts])
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        out[off_name] = offsets
+        for n in names:
+            out[n] = np.concatenate([p[n] for p in parts])
+    return out
+
+
+def check_store(url: str, cfg: CrashConfig, ledger: Ledger) -> tuple[Seen, list[dict]]:
+    """Reopen the store and check it against the ledger, the commit log and the regenerated batches."""
+    st = open_store(url, mode="r")
+    sch = st.schema
+    by_tag: dict[str, list[dict]] = {}
+    seen = Seen()
+    for body in st.commits():
+        seen.commits += 1
+        if body["kind"] == "compact":
+            seen.compactions += 1
+            assert all("appends" not in t for t in body["tables"].values()), body
+            continue
+        assert body["kind"] == "append", body
+        by_tag.setdefault(body["metadata"]["tag"], []).append(body)
+    assert set(by_tag) <= set(ledger.bounds), f"commits of unknown writers {set(by_tag) - set(ledger.bounds)}"
+
+    # every commit of every writer, as (time_ns, writer, seq, [(tag, i, key, first step, first row id, n)])
+    entries = []
+    for tag, (low, high) in ledger.bounds.items():
+        bodies = by_tag.get(tag, [])
+        assert low <= len(bodies) <= high, (
+            f"writer {tag}: {len(bodies)} commits in the store; it reported {low} returned commits "
+            f"(at most one more may have been in flight)")
+        if not bodies:
+            continue
+        writer = bodies[0]["writer"]
+        assert all(b["writer"] == writer for b in bodies)
+        seqs = [b["seq"] for b in bodies]
+        assert seqs == sorted(set(seqs)), f"writer {tag}: commit order {seqs}"
+        plan = list(crash_plan(cfg.seed, tag, cfg.max_appends, len(bodies)))
+        assert [b["metadata"]["batches"] for b in bodies] == plan, f"writer {tag}: commits are not its plan's prefix"
+        next_step: dict[str, int] = {}
+        for body, group in zip(bodies, plan, strict=True):
+            appends = body["tables"]["records"]["appends"]
+            assert len(appends) == len(group)
+            batches = []
+            for a, i in zip(appends, group, strict=True):
+                lo, hi = a["rows"]
+                n = len(crash_batch(cfg.seed, tag, i, cfg.max_records)["rewards"])
+                assert hi - lo == n, f"writer {tag} batch {i}: {hi - lo} rows committed, batch has {n}"
+                key = crash_stream(tag, i, cfg.streams)
+                s0 = next_step.get(key, 0)
+                next_step[key] = s0 + n
+                batches.append((tag, i, key, s0, layout.row_id(writer, lo), n))
+            entries.append((body["time_ns"], writer, body["seq"], batches))
+
+    # visibility: everything, or the newest `capacity` records by (time_ns, writer, seq) (docs/FORMAT.md)
+    entries.sort(reverse=True)
+    budget = sum(n for e in entries for *_, n in e[3]) if cfg.capacity is None else cfg.capacity
+    want_rows, want_keys, want_steps, want_parts = [], [], [], []
+    for _, _, _, batches in entries:
+        total = sum(n for *_, n in batches)
+        take = min(total, budget)
+        budget -= take
+        skip = total - take  # the oldest records of this commit are evicted
+        for tag, i, key, s0, first, n in batches:
+            cut = min(skip, n)
+            skip -= cut
+            if cut == n:
+                continue
+            local = np.arange(cut, n)
+            want_rows.append(first + local)
+            want_keys += [key] * len(local)
+            want_steps.append(s0 + local)
+            full = crash_batch(cfg.seed, tag, i, cfg.max_records)
+            want_parts.append(full if cut == 0 else take_rows(sch, full, local))
+    rows = np.concatenate(want_rows) if want_rows else np.zeros(0, np.int64)
+    table = st.table("records")
+    assert len(st) == len(rows), f"{len(st)} visible records, the commit log accounts for {len(rows)}"
+    assert np.array_equal(st.row_ids(), np.sort(rows)), "the visible row ids differ from the committed ones"
+    if len(rows):
+        got = st.read(rows)
+        want = concat_records(sch, want_parts)
+        bad = same_records(got, want)
+        assert not bad, f"records differ from the committed batches in fields {bad}"
+        keys, steps, _ = table.index_of(rows)
+        assert keys.tolist() == want_keys, "stream keys differ"
+        assert np.array_equal(steps, np.concatenate(want_steps)), "steps differ"
+    expected_streams = set(want_keys)
+    assert set(st.streams()) == expected_streams
+    steps_of = np.concatenate(want_steps) if want_steps else np.zeros(0, np.int64)
+    keys_arr = np.array(want_keys, dtype=object)
+    for key in expected_streams:
+        mask = keys_arr == key
+        order = np.argsort(steps_of[mask])
+        r, s = st.rows(key)
+        assert np.array_equal(s, steps_of[mask][order]) and np.array_equal(r, rows[mask][order]), key
+    seen.rows = len(rows)
+    seen.tags = {tag: len(bodies) for tag, bodies in by_tag.items()}
+    return seen, st.commits()
+
+
+def leftovers(url: str, cfg: CrashConfig, writer: int, commits: list[dict]) -> Counter:
+    """What a dead writer left behind outside its commit log (never shown, see check_store)."""
+    out: Counter = Counter()
+    committed = {d["name"] for b in commits if b["writer"] == writer
+                 for t in b["tables"].values() for d in t.get("add", [])}
+    root = Path(url) / layout.writer_dir(writer)
+    data = root / "data" / "records"
+    orphans = sorted(set(os.listdir(data)) - committed) if data.is_dir() else []
+    out["killed mid-commit (uncommitted fragment left)"] += bool(orphans)
+    for name in orphans:  # a fragment bigger than one commit can make is a merge in progress
+        meta = data / name / "obs" / "zarr.json"
+        try:
+            rows = json.loads(meta.read_text())["shape"][0]
+        except FileNotFoundError:
+            continue
+        except ValueError:  # killed while writing this very object
+            out["killed mid-write (torn object left)"] += 1
+            continue
+        out["killed mid-compaction (merged fragment left)"] += rows > cfg.max_records * cfg.max_appends
+    commits_dir = root / "commits"
+    out["killed mid-create (.tmp- left)"] += commits_dir.is_dir() and any(
+        n.startswith(".tmp-") for n in os.listdir(commits_dir))
+    return out
+
+
+def crash_pipeline(tmp_path: Path, cfg: CrashConfig, lane: int, trials: range) -> Counter:
+    """Trials one after another: run a child, kill it, check; a new writer commits, check again."""
+    rng = random.Random(f"{cfg.seed}/{lane}")
+    stats: Counter = Counter()
+    for n, t in enumerate(trials):
+        if n % cfg.trials_per_store == 0:  # a fresh store now and then keeps each reopen's log short
+            url = str(tmp_path / f"store{t}")
+            open_store(url, schema(), mode="w", capacity=cfg.capacity)
+            ledger = Ledger()
+        killed = run_and_kill(url, cfg, f"c{t}", rng)
+        ledger.bounds[killed.tag] = (killed.commits, killed.commits + 1)
+        seen, commits = check_store(url, cfg, ledger)
+        # what the kill interrupted, for the efficacy checks in the tests
+        stats["trials"] += 1
+        stats["reported commits"] += killed.commits
+        stats["trials with a commit"] += killed.commits > 0
+        stats["in-flight commit landed"] += seen.tags.get(killed.tag, 0) > killed.commits
+        if killed.writer is not None:
+            stats.update(leftovers(url, cfg, killed.writer, commits))
+        # a new writer can append and commit after the crash, and the next open sees it
+        tag = f"p{t}"
+        write_planned(open_store(url, mode="a"), cfg.seed, tag, cfg.max_records, cfg.max_appends, cfg.streams,
+                      cfg.new_writer_commits)
+        ledger.bounds[tag] = (cfg.new_writer_commits, cfg.new_writer_commits)
+        seen, commits = check_store(url, cfg, ledger)
+        stats["full stores"] += seen.rows == cfg.capacity
+        if (n + 1) % cfg.trials_per_store == 0 or n + 1 == len(trials):
+            stats["compactions"] += seen.compactions
+            stats["reclaimed fragments"] += sum(
+                not (Path(url) / layout.fragment_dir(b["writer"], "records", d["name"])).exists()
+                for b in commits for tb in b["tables"].values() for d in tb.get("add", []))
+    return stats
+
+
+def crash_trials(tmp_path: Path, cfg: CrashConfig) -> Counter:
+    """``cfg.trials`` trials in ``cfg.lanes`` concurrent pipelines, each on its own stores.
+
+    The children spend most of their time in fsync, so two lanes overlap well on two cores.
+    """
+    with ThreadPoolExecutor(cfg.lanes) as pool:
+        futures = [pool.submit(crash_pipeline, tmp_path, cfg, lane, range(lane, cfg.trials, cfg.lanes))
+                   for lane in range(cfg.lanes)]
+        return sum((f.result() for f in futures), Counter())
+
+
+DEFAULT = CrashConfig(trials=50, seed=20240601, capacity=None, max_records=6, max_appends=3, streams=3,
+                      max_after=10, spread=1.5)
+
+
+def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
+    stats = crash_trials(tmp_path, DEFAULT)
+    print(dict(stats))
+    assert stats["trials"] == DEFAULT.trials
+    # the kills must have hit real work, not just idle children: most trials got commits in,
+    # and some kills landed inside a commit (between its data and its record)
+    assert stats["trials with a commit"] >= DEFAULT.trials // 2, stats
+    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+
+
+# one batch of 1-2 records per commit: a writer's 8th commit compacts (half the kills aim at it);
+# capacity 128 fills after about a dozen trials, then eviction and reclaim run in every commit
+SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,
+                   spread=2.5, targets=(7,), trials_per_store=60)
+
+
+@pytest.mark.slow
+def test_sigkill_during_compaction_and_eviction(tmp_path: Path) -> None:
+    """Tiny commits (a compaction every 8) into a capacity-bound replay (eviction and reclaim running)."""
+    stats = crash_trials(tmp_path, SLOW)
+    print(dict(stats))
+    assert stats["trials"] == SLOW.trials
+    assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
+    assert stats["full stores"] >= SLOW.trials // 2, stats  # eviction was running in most trials
+    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+    assert stats["killed mid-compaction (merged fragment left)"] > 0, stats
+
+
+# -- damaged commit records ---------------------------------------------------------------------------
+
+def small_store(url: str, commits: int = 3, seed: int = 5) -> list[dict[str, np.ndarray]]:
+    """A store written by one writer (writer 0, commits 0..commits-1); the records it holds."""
+    st = open_store(url, schema(), mode="w")
+    write_planned(st, seed, "base", 4, 2, 2, commits)
+    rows = open_store(url, mode="r").row_ids()
+    return open_store(url, mode="r").read(rows)
+
+
+def garbage_variants(valid: bytes) -> dict[str, bytes]:
+    """Damaged stand-ins for a commit record, ``valid`` being a real one to damage."""
+    doc = json.loads(valid)
+    wrong_crc = dict(doc, body=dict(doc["body"], seq=doc["body"]["seq"] + 1))  # body edited, checksum not
+    no_crc = {"body": doc["body"]}
+    return {
+        "empty": b"",
+        "random bytes": np.random.default_rng(3).bytes(200),
+        "half a record": valid[: len(valid) // 2],
+        "json, not a record": json.dumps({"writer": 0, "seq": 3, "tables": {}}).encode(),
+        "record without checksum": json.dumps(no_crc).encode(),
+        "checksum mismatch": json.dumps(wrong_crc).encode(),
+    }
+
+
+@pytest.mark.parametrize("variant", ["empty", "random bytes", "half a record", "json, not a record",
+                                     "record without checksum", "checksum mismatch"])
+def test_garbage_next_commit_record_is_reported_on_open_and_refresh(tmp_path: Path, variant: str) -> None:
+    url = str(tmp_path / "store")
+    before = small_store(url)
+    reader = open_store(url, mode="r")
+    appender = open_store(url, mode="a")
+    n = len(reader)
+    rel = layout.commit_record(0, 3)
+    valid = (tmp_path / "store" / layout.commit_record(0, 2)).read_bytes()
+    (tmp_path / "store" / rel).write_bytes(garbage_variants(valid)[variant])
+
+    for mode in ("r", "a"):
+        with pytest.raises(CorruptObjectError) as exc:
+            open_store(url, mode=mode)
+        assert exc.value.path == rel and rel in str(exc.value)
+    for st in (reader, appender):
+        with pytest.raises(CorruptObjectError) as exc:
+            st.refresh()
+        assert exc.value.path == rel
+        # nothing of the damaged record was applied: the reader still shows what it showed
+        assert len(st) == n
+        assert not same_records(st.read(st.row_ids()), before)
+
+
+@pytest.mark.parametrize("seq", [0, 1, 2])
+@pytest.mark.parametrize("keep", [0.0, 0.5, 0.99])
+def test_truncated_commit_record_is_reported_on_open(tmp_path: Path, seq: int, keep: float) -> None:
+    url = str(tmp_path / "store")
+    small_store(url)
+    rel = layout.commit_record(0, seq)
+    path = tmp_path / "store" / rel
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    for mode in ("r", "a"):
+        with pytest.raises(CorruptObjectError) as exc:
+            open_store(url, mode=mode)
+        assert exc.value.path == rel and rel in str(exc.value)
+
+
+def test_record_decoder_rejects_every_truncation() -> None:
+    """No proper prefix of a commit record decodes (so a torn record can never be trusted)."""
+    body = {"writer": 0, "seq": 7, "time_ns": 1, "kind": "append", "metadata": {"k": [1, 2]}, "tables": {}}
+    data = records.encode(body)
+    assert records.decode("x.json", data) == body
+    for cut in range(len(data)):
+        with pytest.raises(CorruptObjectError):
+            records.decode("x.json", data[:cut])
+
+
+# -- crash leftovers ------------------------------------------------------------------------------------
+
+def test_crash_leftovers_are_neither_shown_nor_tripped_over(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    root = tmp_path / "store"
+    before = small_store(url, commits=2)
+    st = open_store(url, mode="r")
+    rows0, streams0 = st.row_ids(), sorted(st.streams())
+    data0 = root / "writers/000000/data/records"
+    commits0 = root / layout.commits_dir(0)
+
+    # data of a commit whose record was never created: a whole copy of a fragment under the next name,
+    # and one cut off mid-write (no group metadata, a truncated chunk)
+    shutil.copytree(data0 / "f0000000001", data0 / "f0000000002")
+    (data0 / "f0000000002" / "zarr.json").write_text(
+        (data0 / "f0000000002" / "zarr.json").read_text().replace('"name":"f0000000001"', '"name":"f0000000002"'))
+    shutil.copytree(data0 / "f0000000000", data0 / "f0000000003")
+    (data0 / "f0000000003" / "zarr.json").unlink()
+    chunk = data0 / "f0000000003" / "obs" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    # create() killed before its link: a complete record for seq 2 under a temporary name, and a torn one
+    body = records.decode("r", (commits0 / "0000000001.json").read_bytes())
+    body = dict(body, seq=2, time_ns=body["time_ns"] + 1)
+    body["tables"]["records"]["add"][0]["name"] = "f0000000002"
+    (commits0 / ".tmp-0123456789abcdef").write_bytes(records.encode(body))
+    (commits0 / ".tmp-fedcba9876543210").write_bytes(records.encode(body)[:40])
+    # a registration killed before its link: a writer directory holding only a temporary file
+    (root / "writers/000001").mkdir()
+    (root / "writers/000001/.tmp-00112233").write_bytes(b'{"body": {"writ')
+
+    st = open_store(url, mode="r")
+    assert np.array_equal(st.row_ids(), rows0) and len(st) == len(rows0)
+    assert sorted(st.streams()) == streams0
+    assert not same_records(st.read(rows0), before)
+    assert [c["seq"] for c in st.commits()] == [0, 1]
+
+    # a new writer appends and commits next to the garbage; the next open sees exactly that on top
+    w = open_store(url, mode="a").writer()
+    assert w.id not in (0, 1)
+    extra = crash_batch(9, "new", 0, 5)
+    w.append(extra, stream="after-crash")
+    w.commit()
+    st = open_store(url, mode="r")
+    assert len(st) == len(rows0) + len(extra["rewards"])
+    rows, steps = st.rows("after-crash")
+    assert np.array_equal(steps, np.arange(len(extra["rewards"])))
+    assert not same_records(st.read(rows), extra)
+    assert not same_records(st.read(rows0), before)
+    # the garbage is still where the crash left it (ignored, not "repaired" into view)
+    assert (commits0 / ".tmp-0123456789abcdef").exists() and not (commits0 / "0000000002.json").exists()
