@@ -59,7 +59,13 @@ class StreamIndex:
         return [k for g, k in enumerate(self.keys) if self.bounds[g + 1] > self.bounds[g]]
 
     def span(self, stream: StreamKey) -> tuple[int, int]:
-        g = self._gid(stream)
+        """``[lo, hi)`` of a stream's sorted entries; empty for a stream with no visible records
+        (never written, or wholly evicted: the same answer whether or not a live fragment still
+        lists its key)."""
+        try:
+            g = self._gid(stream)
+        except KeyError:
+            return 0, 0
         return int(self.bounds[g]), int(self.bounds[g + 1])
 
     def stream_rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
@@ -92,8 +98,5 @@ class StreamIndex:
         return np.where(found, self.rows[lo:hi][posc] if hi > lo else -1, -1)
 
     def last_step(self, stream: StreamKey) -> int | None:
-        try:
-            lo, hi = self.span(stream)
-        except KeyError:
-            return None
+        lo, hi = self.span(stream)
         return int(self.steps[hi - 1]) if hi > lo else None

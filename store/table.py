@@ -86,6 +86,19 @@ class TableReader:
             self.capacity = saved
         return [f for f, v in zip(self.all_fragments, vis_from, strict=True) if v >= f.rows]
 
+    def retained_parts(self, grace: int) -> set[tuple[int, int]]:
+        """``(writer, seq)`` of the append parts holding any of the newest ``capacity + grace`` records."""
+        parts = sorted(((t, f.writer, seq, rows) for f in self.all_fragments for seq, t, rows in f.parts),
+                       reverse=True)
+        kept: set[tuple[int, int]] = set()
+        budget = int(self.capacity or 0) + grace
+        for _, writer, seq, rows in parts:
+            if budget <= 0:
+                break
+            kept.add((writer, seq))
+            budget -= rows
+        return kept
+
     def __len__(self) -> int:
         return int(self.cum[-1])
 

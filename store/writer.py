@@ -60,7 +60,15 @@ def _keys(stream: Any, n: int) -> list[StreamKey]:
         raise StreamKeyError("stream", "a stream key (int or str) or one key per record", "None")
     if isinstance(stream, (int, str, np.integer, np.str_, bool, np.bool_)):
         return [_key(stream)] * n
-    values = stream.tolist() if hasattr(stream, "tolist") else list(stream)
+    if hasattr(stream, "tolist"):
+        values = stream.tolist()
+    else:
+        try:
+            values = list(stream)
+        except TypeError:  # not iterable: a scalar of the wrong type (float, object, ...)
+            values = stream
+    if not isinstance(values, list):  # numpy scalars and 0-d arrays: one key for every record
+        return [_key(values)] * n
     if len(values) != n:
         raise StreamKeyError("stream", f"{n} per-record stream keys", f"{len(values)}")
     return [_key(v) for v in values]
@@ -85,8 +93,11 @@ class Writer:
         self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
+        # the step/done bookkeeping as of the last commit, restored by discard()
+        self._committed: tuple[dict[tuple[str, StreamKey], int], dict[tuple[str, StreamKey], bool]] = ({}, {})
         self._time_ns = 0
-        self._trash: list[tuple[int, str]] = []  # (due time_ns, path)
+        self._fresh = False  # whether this append already refreshed the store (see _known_last)
+        self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
         self.closed = False
 
     def _register(self) -> int:
@@ -112,6 +123,7 @@ class Writer:
         Nothing is buffered if anything is invalid.
         """
         self._check_open()
+        self._fresh = False
         done_updates: dict[tuple[str, StreamKey], bool] = {}
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
         staged: dict[str, _Pending] = {}
@@ -157,6 +169,9 @@ class Writer:
                 and to_numpy("obs", items["obs"]).ndim == len(obs_field.shape) + 2):
             cols, steps_t, slots, resets = rollout_columns(schema, items)
             slot_keys: list[StreamKey] = list(range(slots)) if default_stream else _keys(stream, slots)
+            if len(set(slot_keys)) != slots:  # one key for several slots would splice their steps together
+                raise StreamKeyError("stream", f"{slots} distinct stream keys, one per environment slot",
+                                     f"{stream!r}")
             keys = [k for k in slot_keys for _ in range(steps_t)]
             for b, k in enumerate(slot_keys):
                 carried = self._last_done.get((name, k))
@@ -192,6 +207,12 @@ class Writer:
             return staged[(table, key)]
         if (table, key) in self._last_step:
             return self._last_step[(table, key)]
+        if not self._fresh:
+            # A stream this writer has not written yet: ask a current view, once per append. The
+            # handle's view may predate another writer's commits to this stream (auto steps would
+            # then repeat stored steps) or reference fragments reclaimed since (StaleReadError).
+            self.store.refresh()
+            self._fresh = True
         last = self.store.table(table).reader.index.last_step(key)
         if last is not None:
             self._last_step[(table, key)] = last
@@ -284,6 +305,7 @@ class Writer:
             self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
         for pending in self._pending.values():
             pending.clear()
+        self._committed = (dict(self._last_step), dict(self._last_done))
         self.seq += 1
         self.store.refresh()
         self._reclaim()
@@ -328,11 +350,19 @@ class Writer:
     def _reclaim(self) -> None:
         """Delete the storage of wholly evicted fragments (any writer's: dead writers leave garbage too)."""
         now = time.time_ns()
-        due = [p for t, p in self._trash if t <= now]
-        self._trash = [(t, p) for t, p in self._trash if t > now]
-        for path in due:
-            self.storage.delete(path)
         cap = self.store.capacity
+        retained = {t: self.store.table(t).reader.retained_parts(self._grace(cap))
+                    for t in self.store.schemas} if cap is not None else {}
+        due, kept = [], []
+        for entry in self._trash:
+            t, frag = entry
+            # compacted-away originals go after the time grace or, in a capped store, as soon as
+            # all their records are older than the newest capacity + grace (the rule below)
+            gone = cap is not None and not any((frag.writer, seq) in retained[frag.table] for seq, _, _ in frag.parts)
+            (due if t <= now or gone else kept).append(entry)
+        self._trash = kept
+        for _, frag in due:
+            self.storage.delete(frag.path)
         if cap is None:
             return
         for table in self.store.schemas:
@@ -346,10 +376,17 @@ class Writer:
         max_rows = MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
         for table, frags in self.fragments.items():
             run: list[Fragment] = []
+            total = 0
             for f in reversed(frags):
-                if f.rows * COMPACT_FANIN > max_rows or sum(r.rows for r in run) + f.rows > max_rows:
+                if f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
+                    break
+                if run and f.rows > total:
+                    # size-tiered: an older fragment joins only if the newer ones at least match it,
+                    # so every merge at least doubles a record's fragment and each record is
+                    # rewritten O(log n) times (re-merging one growing fragment was O(n) per record)
                     break
                 run.insert(0, f)
+                total += f.rows
             if len(run) < COMPACT_FANIN:
                 continue
             reader = self.store.table(table).reader
@@ -376,7 +413,7 @@ class Writer:
         self.seq += 1
         self.fragments[table] = [f for f in self.fragments[table] if f not in run] + [merged]
         self.fragments[table].sort(key=lambda f: f.row_start)
-        self._trash += [(now + TRASH_GRACE_NS, f.path) for f in run]
+        self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
         self.store.refresh()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -385,9 +422,10 @@ class Writer:
             raise StoreError(f"writer {self.id} is closed")
 
     def discard(self) -> None:
-        """Drop everything appended since the last commit."""
+        """Drop everything appended since the last commit (and the steps those appends took)."""
         for pending in self._pending.values():
             pending.clear()
+        self._last_step, self._last_done = dict(self._committed[0]), dict(self._committed[1])
 
     def close(self) -> None:
         """Commit what is pending and release the writer."""

@@ -14,6 +14,7 @@ import json
 import google_crc32c
 import numpy as np
 
+from replaystore.errors import StaleReadError
 from replaystore.store.storage import Storage
 
 CRC_BYTES = 4
@@ -70,7 +71,13 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
     """The array's data, memory-mapped where the backend allows (checksum not verified)."""
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
-    return storage.read_array(chunk_path(path, len(shape)), dtype, shape)
+    cpath = chunk_path(path, len(shape))
+    try:
+        return storage.read_array(cpath, dtype, shape)
+    except FileNotFoundError:
+        # a live commit referenced it, so it was reclaimed after this reader's view was taken
+        raise StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view was "
+                             "taken (call refresh()), or the store is damaged (run replaystore verify)") from None
 
 
 def verify_chunk(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:

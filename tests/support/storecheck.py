@@ -1,0 +1,72 @@
+"""Helpers shared by the store test suite: backends, expected columns, bit-identical comparison."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from replaystore.schemas import Columns, Schema
+from replaystore.schemas.columns import concat_columns
+from replaystore.store import Store, open_store
+from replaystore.store.storage import Storage, open_storage
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a test's store lives: ``url`` plus the fsspec ``storage_options`` that reach it."""
+
+    url: str
+    storage_options: dict[str, Any] | None = None
+
+    def __iter__(self):  # ``url, options = backend``
+        return iter((self.url, self.storage_options))
+
+    @property
+    def kind(self) -> str:
+        if self.url.startswith("s3://"):
+            return "s3"
+        if self.url.startswith("memory://"):
+            return "memory"
+        return "local"
+
+    def open(self, schema: Any = None, **kwargs: Any) -> Store:
+        return open_store(self.url, schema, storage_options=self.storage_options, **kwargs)
+
+    def sibling(self, tag: str | None = None) -> Backend:
+        """Another, empty location on the same backend."""
+        return Backend(f"{self.url}-{tag or uuid.uuid4().hex[:8]}", self.storage_options)
+
+    def storage(self) -> Storage:
+        return open_storage(self.url, self.storage_options)
+
+
+def columns_of(schema: Schema, batches: list[Any]) -> Columns:
+    """What a store should hold after appending ``batches`` (validated, concatenated, in order)."""
+    return concat_columns([schema.validate(b) for b in batches])
+
+
+def assert_same(got: dict[str, np.ndarray], want: Columns | dict[str, np.ndarray], what: str = "") -> None:
+    """Every array bit-identical: same names, dtypes, shapes and bytes."""
+    want_arrays = dict(want.arrays) if isinstance(want, Columns) else want
+    assert set(got) == set(want_arrays), (what, sorted(got), sorted(want_arrays))
+    for name, expected in want_arrays.items():
+        actual = got[name]
+        assert actual.dtype == expected.dtype, (what, name, actual.dtype, expected.dtype)
+        assert actual.shape == expected.shape, (what, name, actual.shape, expected.shape)
+        assert np.ascontiguousarray(actual).tobytes() == np.ascontiguousarray(expected).tobytes(), (what, name)
+
+
+def snapshot(st: Store, table: str | None = None) -> dict[str, Any]:
+    """Everything a reader sees of one table: count, rows, content, streams and their steps."""
+    t = st.table(table) if table else st.default
+    rows = t.row_ids()
+    streams = t.streams()
+    return {
+        "len": len(t),
+        "rows": rows.tolist(),
+        "data": {k: v.tobytes() for k, v in t.read(rows).items()},
+        "streams": sorted(streams, key=repr),
+        "per_stream": {repr(s): [a.tolist() for a in t.rows(s)] for s in streams},
+    }
