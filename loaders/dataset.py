@@ -83,7 +83,7 @@ class StoreDataset(Dataset):
         table = self._table()
         try:
             return gather(table, request)
-        except RowError:
+        except (RowError, StaleReadError):  # this process's view lags the sampler's: catch up once
             assert self._store is not None
             self._store.refresh()
             try:

@@ -44,8 +44,8 @@ def state_record(slot: str, version: int) -> str:
     return f"{state_dir(slot)}/{version:010d}.json"
 
 
-def state_payload(slot: str, version: int, name: str) -> str:
-    return f"{state_dir(slot)}/{version:010d}/{name}"
+def state_payload(slot: str, token: str, name: str) -> str:
+    return f"{state_dir(slot)}/payload-{token}/{name}"
 
 
 def row_id(writer: int, local: int) -> int:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import time
+import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import (
+    CorruptObjectError,
     FormatVersionError,
     ReadOnlyError,
     SchemaMismatchError,
@@ -208,35 +211,46 @@ class Store:
         if not slot or "/" in slot:
             raise StoreError(f"state slot {slot!r}: expected a non-empty name without '/'")
         doc = records.json_document("state", dict(doc))
+        token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
+        names = {}
+        for name, arr in (arrays or {}).items():
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+            path = layout.state_payload(slot, token, f"{name}.npy")
+            self.storage.write(path, buf.getvalue())
+            names[name] = path
+        self.storage.sync_dirs(list(names.values()))
         version = self._latest_state(slot) + 1
         while True:
-            names = {}
-            for name, arr in (arrays or {}).items():
-                buf = io.BytesIO()
-                np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-                path = layout.state_payload(slot, version, f"{name}.npy")
-                self.storage.write(path, buf.getvalue())
-                names[name] = path
-            self.storage.sync_dirs(list(names.values()))
             body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names}
             if self.storage.create(layout.state_record(slot, version), records.encode(body)):
                 return version
             version += 1
 
+    def _state_versions(self, slot: str) -> list[int]:
+        return sorted(int(n[:-5]) for n in self.storage.list(layout.state_dir(slot))
+                      if n.endswith(".json") and n[:-5].isdigit())
+
     def _latest_state(self, slot: str) -> int:
-        versions = [int(n[:-5]) for n in self.storage.list(layout.state_dir(slot)) if n.endswith(".json")]
-        return max(versions, default=-1)
+        return max(self._state_versions(slot), default=-1)
 
     def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-        """The latest saved ``(doc, arrays)`` of a slot, or None if it was never saved."""
-        version = self._latest_state(slot)
-        if version < 0:
-            return None
-        path = layout.state_record(slot, version)
-        body = records.decode(path, self.storage.read(path))
-        arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                  for name, p in body["arrays"].items()}
-        return body["doc"], arrays
+        """The latest saved ``(doc, arrays)`` of a slot, or None if it was never saved.
+
+        A damaged latest record (or one whose arrays are missing) is skipped with a
+        warning naming it, and the newest intact version is returned instead.
+        """
+        for version in reversed(self._state_versions(slot)):
+            path = layout.state_record(slot, version)
+            try:
+                body = records.decode(path, self.storage.read(path))
+                arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
+                          for name, p in body["arrays"].items()}
+            except (CorruptObjectError, FileNotFoundError, ValueError) as exc:
+                warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
+                continue
+            return body["doc"], arrays
+        return None
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

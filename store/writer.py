@@ -95,7 +95,8 @@ class Writer:
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # the step/done bookkeeping as of the last commit, restored by discard()
         self._committed: tuple[dict[tuple[str, StreamKey], int], dict[tuple[str, StreamKey], bool]] = ({}, {})
-        self._time_ns = 0
+        # commit times only move forward, even if this host's clock is behind the log's
+        self._time_ns = max((c.body.get("time_ns", 0) for c in store.log.commits), default=0)
         self._fresh = False  # whether this append already refreshed the store (see _known_last)
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
         self.closed = False
