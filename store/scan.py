@@ -10,6 +10,7 @@ import pyarrow as pa
 from replaystore.errors import StoreError
 from replaystore.schemas.arrow import arrow_type, dense_to_arrow, ragged_to_arrow
 from replaystore.schemas.fields import BatchMeta, Dense
+from replaystore.store.fragment import FragmentData
 from replaystore.store.table import TableReader
 
 SCAN_ROWS = 65536
@@ -35,6 +36,15 @@ def scan_schema(reader: TableReader) -> pa.Schema:
     return pa.schema(fields, metadata=arrow_schema.metadata)
 
 
+def scan_projection(full: pa.Schema, columns: Sequence[str] | None, table: str = "records") -> pa.Schema:
+    """``full`` (a :func:`scan_schema`) narrowed to ``columns`` in that order; StoreError naming unknown ones."""
+    names = list(full.names) if columns is None else list(columns)
+    unknown = [c for c in names if full.get_field_index(c) < 0]
+    if unknown:
+        raise StoreError(f"table {table!r} has no column(s) {unknown}; columns: {full.names}")
+    return pa.schema([full.field(c) for c in names], metadata=full.metadata)
+
+
 def scan(reader: TableReader, columns: Sequence[str] | None = None, batch_rows: int = SCAN_ROWS,
          ) -> Iterator[pa.RecordBatch]:
     """Visible records in row-id order, ``batch_rows`` at a time, with only ``columns``.
@@ -43,19 +53,28 @@ def scan(reader: TableReader, columns: Sequence[str] | None = None, batch_rows: 
     a wide table reads two fields' objects.
     """
     reader.sync()
-    full = scan_schema(reader)
-    names = list(full.names) if columns is None else list(columns)
-    unknown = [c for c in names if full.get_field_index(c) < 0]
-    if unknown:
-        raise StoreError(f"table {reader.name!r} has no column(s) {unknown}; columns: {full.names}")
-    schema = pa.schema([full.field(c) for c in names], metadata=full.metadata)
-    string_streams = pa.types.is_string(full.field("stream").type)
+    schema = scan_projection(scan_schema(reader), columns, reader.name)
     for frag, vis in zip(reader.fragments, reader.vis_from, strict=True):
-        data = reader.data(frag)
-        for lo in range(int(vis), frag.rows, batch_rows):
-            hi = min(lo + batch_rows, frag.rows)
-            yield pa.RecordBatch.from_arrays([_column(reader, data, frag, c, lo, hi, string_streams) for c in names],
-                                             schema=schema)
+        yield from scan_fragment(reader.data(frag), int(vis), schema, batch_rows)
+
+
+def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_rows: int = SCAN_ROWS,
+                  ) -> Iterator[pa.RecordBatch]:
+    """One fragment's records ``[vis_from, rows)`` as batches with exactly the columns of ``schema``.
+
+    ``schema`` is :func:`scan_schema` of the table (or a :func:`scan_projection` of it), so
+    that every fragment of a table yields the same column types (e.g. ``stream`` is string
+    if any fragment of the table has a string key). ``vis_from`` is the fragment's first
+    visible local row (``TableReader.vis_from``; 0 without capacity). Needs only the
+    fragment's own objects: a process that knows the fragment's descriptor can read it
+    without reading the commit log (Ray Data read tasks do).
+    """
+    names = schema.names
+    string_streams = "stream" in names and pa.types.is_string(schema.field("stream").type)
+    frag = data.frag
+    for lo in range(int(vis_from), frag.rows, batch_rows):
+        hi = min(lo + batch_rows, frag.rows)
+        yield pa.RecordBatch.from_arrays([_column(data, c, lo, hi, string_streams) for c in names], schema=schema)
 
 
 def _commit_columns(frag, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,8 +83,8 @@ def _commit_columns(frag, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     return seqs.astype(np.int64), times.astype(np.int64)
 
 
-def _column(reader: TableReader, data, frag, name: str, lo: int, hi: int, string_streams: bool) -> pa.Array:
-    schema = reader.schema
+def _column(data: FragmentData, name: str, lo: int, hi: int, string_streams: bool) -> pa.Array:
+    frag, schema = data.frag, data.schema
     if name == "row":
         return pa.array(np.arange(frag.first_id + lo, frag.first_id + hi, dtype=np.int64))
     if name == "stream":
