@@ -60,6 +60,9 @@ class Storage(abc.ABC):
         """A filesystem path for memory-mapping, when the backend has one."""
         return None
 
+    def check_create(self) -> None:
+        """Raise StorageError if this storage does not honour create-if-absent (a no-op where it always does)."""
+
     def sync_dirs(self, paths: list[str]) -> None:
         """Make the directory entries of written ``paths`` durable (local filesystems only)."""
 
@@ -189,17 +192,23 @@ class LocalStorage(Storage):
 
 
 _MEMORY_LOCK = threading.Lock()
+_CONDITIONAL_PUT_CHECKED: set[tuple[str, str]] = set()  # (endpoint options, bucket) that honoured it
+_CHECK_LOCK = threading.Lock()
+PROBE_PREFIX = ".tmp-create-probe-"
 
 
 class FsspecStorage(Storage):
-    """Any fsspec filesystem. Create-if-absent: S3 conditional PUT (``If-None-Match: *``);
-    ``memory://`` checks and writes under a process lock (it is process-local anyway)."""
+    """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
+    (``If-None-Match: *``, checked to be honoured before the first create through an
+    endpoint); ``memory://`` checks and writes under a process lock (it is process-local
+    anyway). Any other fsspec filesystem is refused with StorageError when opened."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
 
         self.url = url.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.root = root.rstrip("/")
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if "memory" in protocols:
@@ -228,6 +237,37 @@ class FsspecStorage(Storage):
                     return False
                 self.fs.pipe_file(full, data)
                 return True
+        self.check_create()
+        return self._conditional_put(full, data)
+
+    def check_create(self) -> None:
+        """Refuse an S3-API endpoint that ignores ``If-None-Match: *`` (checked once per endpoint and bucket).
+
+        Before the first create-if-absent through an endpoint, create a fresh probe
+        object twice: the second create must fail. A server that overwrites instead
+        would let two writers both take one commit number (one commit lost), so the
+        store is refused with StorageError before anything else is created.
+        """
+        if self._create_mode != "conditional-put":
+            return
+        key = (repr(sorted(self.storage_options.items())), self.root.split("/", 1)[0])
+        with _CHECK_LOCK:
+            if key in _CONDITIONAL_PUT_CHECKED:
+                return
+            probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"  # a temporary name: readers ignore it (FORMAT.md)
+            try:
+                honoured = self._conditional_put(self._p(probe), b"1") and not self._conditional_put(
+                    self._p(probe), b"2")
+            finally:
+                self.delete(probe)
+            if not honoured:
+                raise StorageError(
+                    f"{self.url}: the S3 endpoint ignores conditional writes (PUT If-None-Match: * overwrote an "
+                    "existing object); replaystore refuses it rather than risk lost commits. Use an S3 service "
+                    "that supports conditional writes (AWS S3 does)")
+            _CONDITIONAL_PUT_CHECKED.add(key)
+
+    def _conditional_put(self, full: str, data: bytes) -> bool:
         try:
             self.fs.pipe_file(full, data, mode="create")
             return True
@@ -248,9 +288,9 @@ class FsspecStorage(Storage):
                 else self.fs.ls(full, detail=False)
         except FileNotFoundError:
             return []
-        names = sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != full.lstrip("/")
-                        and e.rstrip("/") != full})
-        return names
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != full.lstrip("/")
+                 and e.rstrip("/") != full}
+        return sorted(n for n in names if not n.startswith(".tmp-"))
 
     def delete(self, path: str) -> None:
         full = self._p(path)

@@ -324,6 +324,7 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     schemas = _schemas_arg(schema)
     storage = open_storage(url, storage_options)
     if mode == "w+":
+        storage.check_create()  # refuse before deleting anything, not after
         storage.delete("")
     manifest = _read_manifest(storage)
     if manifest is None:

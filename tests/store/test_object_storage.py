@@ -1,0 +1,109 @@
+"""Storage without a trustworthy create-if-absent is refused (docs/FORMAT.md, "Object storage").
+
+- fsspec filesystems other than s3 and memory: ``StorageError`` at open, in every mode,
+  before anything is written;
+- an S3-API endpoint that ignores ``If-None-Match: *`` (a loopback server forwarding to the
+  moto server with that header removed, see support.s3proxy): refused at the first
+  create-if-absent (creating a store, registering a writer, saving state, ``w+``), with
+  nothing created; reading through it still works.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from replaystore.store import open_store
+from replaystore.store.storage import StorageError, open_storage
+from support.procs import crash_batch, schema, stream_batch
+from support.s3 import S3Server
+from support.s3proxy import unconditional_s3
+
+MODES = ("r", "a", "w", "w+")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["local://", "dir::memory://", "simplecache::memory://"])
+def test_fsspec_without_create_if_absent_is_refused_at_open(tmp_path: Path, kind: str, mode: str) -> None:
+    target = tmp_path / "store"
+    url = f"local://{target}" if kind == "local://" else f"{kind}rs-{uuid.uuid4().hex}/store"
+    with pytest.raises(StorageError, match="no known create-if-absent primitive.*refuses it rather than risk lost"):
+        open_store(url, schema(), mode=mode)
+    assert not target.exists() and list(tmp_path.iterdir()) == []  # nothing was created (nor deleted)
+
+
+def test_local_url_through_file_scheme_is_accepted(tmp_path: Path) -> None:
+    """The same directory via ``file://`` (link(2)-based create-if-absent) works."""
+    st = open_store(f"file://{tmp_path / 'store'}", schema(), mode="w")
+    with st.writer() as w:
+        w.append(crash_batch(1, "f", 0, 4), stream="s")
+    assert len(open_store(str(tmp_path / "store"), mode="r")) == len(crash_batch(1, "f", 0, 4)["rewards"])
+
+
+@pytest.fixture
+def bad_endpoint(s3_server: S3Server) -> Iterator[dict[str, Any]]:
+    """storage_options reaching the moto server through an endpoint that ignores conditional writes."""
+    with unconditional_s3(s3_server.endpoint_url) as endpoint:
+        options = copy.deepcopy(s3_server.storage_options)
+        options["client_kwargs"]["endpoint_url"] = endpoint
+        yield options
+
+
+def keys(server: S3Server, prefix: str) -> list[str]:
+    out = server.client().list_objects_v2(Bucket=server.bucket, Prefix=prefix + "/")
+    return sorted(o["Key"] for o in out.get("Contents", []))
+
+
+def test_the_unconditional_endpoint_really_overwrites(s3_server: S3Server, bad_endpoint: dict[str, Any]) -> None:
+    """The hazard the probe guards against: through this endpoint a second create succeeds."""
+    prefix = f"raw-{uuid.uuid4().hex}"
+    direct = open_storage(s3_server.url(prefix), s3_server.storage_options)
+    assert direct.create("x.json", b"1") and not direct.create("x.json", b"2")
+    bad = open_storage(s3_server.url(prefix), bad_endpoint)
+    assert bad._conditional_put(bad._p("y.json"), b"1") and bad._conditional_put(bad._p("y.json"), b"2")
+    assert direct.read("y.json") == b"2" and direct.read("x.json") == b"1"
+
+
+def test_s3_endpoint_ignoring_if_none_match_is_refused(s3_server: S3Server, bad_endpoint: dict[str, Any]) -> None:
+    prefix = f"noconditional-{uuid.uuid4().hex}"
+    url = s3_server.url(prefix)
+    refusal = "ignores conditional writes.*refuses it rather than risk lost commits"
+
+    # creating a store through it: refused, nothing created (the probe is gone too)
+    for mode in ("a", "w"):
+        with pytest.raises(StorageError, match=refusal):
+            open_store(url, schema(), mode=mode, storage_options=bad_endpoint)
+        assert keys(s3_server, prefix) == []
+
+    # a store created through a conforming endpoint, with one committed batch
+    st = open_store(url, schema(), mode="w", storage_options=s3_server.storage_options)
+    with st.writer() as w:
+        w.append(stream_batch(3, 0, 0, 0), stream="good")
+    before = keys(s3_server, prefix)
+
+    # through the bad endpoint: reading works (readers never create) ...
+    for mode in ("r", "a"):
+        reader = open_store(url, mode=mode, storage_options=bad_endpoint)
+        assert len(reader) == len(stream_batch(3, 0, 0, 0)["rewards"])
+        assert np.array_equal(reader.read(reader.row_ids())["obs"], stream_batch(3, 0, 0, 0)["obs"])
+    # ... registering a writer, saving state and replacing the store are refused, creating nothing
+    with pytest.raises(StorageError, match=refusal):
+        reader.writer()
+    with pytest.raises(StorageError, match=refusal):
+        reader.save_state("sampler", {"k": 1})
+    with pytest.raises(StorageError, match=refusal):
+        open_store(url, schema(), mode="w+", storage_options=bad_endpoint)
+    assert keys(s3_server, prefix) == before  # w+ refused before deleting anything
+
+    # the conforming endpoint still writes (the refusal is per endpoint, and stays in force)
+    w = open_store(url, mode="a", storage_options=s3_server.storage_options).writer()
+    assert w.id == 1
+    w.close()
+    with pytest.raises(StorageError, match=refusal):
+        open_store(url, mode="a", storage_options=bad_endpoint).writer()
