@@ -8,7 +8,8 @@ still in the pipe for the parent to read.
 Roles:
 
 - ``crash-writer``: appends deterministic DQN batches to its own streams, committing
-  in groups given by :func:`crash_plan`; prints ``ready`` after opening the store,
+  in groups given by :func:`crash_plan` (local or, with ``storage_options``, S3 through
+  its own s3fs client); prints ``ready`` after opening the store,
   ``w <writer id>`` after registering, and ``c <commits> <batches>`` after each
   ``commit()`` returned. Runs until killed.
 - ``stream-writer``: appends :func:`stream_batch` batches to streams ``w<i>-<j>`` with
@@ -139,8 +140,9 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int) -> None:
-    st = open_store(url, mode="a")
+def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
+                 storage_options: dict | None = None) -> None:
+    st = open_store(url, mode="a", storage_options=storage_options)
     _say("ready")
     write_planned(st, seed, tag, max_records, max_appends, streams, CRASH_MAX_BATCHES, report=_say)
     _say("exhausted")  # never reached in practice: the parent kills it first
