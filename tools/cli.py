@@ -80,6 +80,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from replaystore.tools.bench import run_bench
+
+    return run_bench(args.which, args.quick)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replaystore.tools.demo import run_demo
 
@@ -143,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-id", help="Minari dataset id (when SRC is a directory)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("bench", help="run the benchmarks against TorchRL (bench/*.py)",
+                       description="Run the benchmark scripts of a source checkout (bench/): they print "
+                                   "our figures, the peers' figures and the ratios measured in the same run. "
+                                   "Needs the bench extra: pip install 'replaystore[bench]'.")
+    p.add_argument("which", nargs="*", help="store, loader, ... (default: every bench/*_bench.py)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute each)")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("demo", help="run the end-to-end demo",
                        description="Run replaystore end to end on a small built-in example.")

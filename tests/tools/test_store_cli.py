@@ -94,6 +94,12 @@ def test_user_mistakes_are_one_clear_line(store_url, tmp_path, args, needle):
 
 
 def test_every_subcommand_has_help():
-    for cmd in ("info", "verify", "query", "export", "import", "demo", "schemas"):
+    for cmd in ("info", "verify", "query", "export", "import", "demo", "schemas", "bench"):
         r = run(cmd, "--help")
         assert r.returncode == 0 and "usage: replaystore" in r.stdout
+
+
+def test_bench_lists_the_checkout_benchmarks_on_a_bad_name():
+    r = run("bench", "nosuch")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "available:" in r.stderr and "store" in r.stderr and "loader" in r.stderr
