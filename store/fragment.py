@@ -97,7 +97,10 @@ class FragmentData:
             else:
                 spec = self._specs[name]
                 dtype, shape = spec.dtype, shape_of(self.frag, self.schema, spec)
-            arr = read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape)
+            # A plain ndarray view of the np.memmap (it keeps the map alive through ``.base``):
+            # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
+            # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
+            arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
             self._arrays[name] = arr
         return arr
 

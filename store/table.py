@@ -31,6 +31,10 @@ class TableReader:
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
+        # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
+        self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
+        self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
+                        for off, names in schema.offsets_groups.items()]
         self.sync()
 
     # -- visibility -----------------------------------------------------------------
@@ -51,6 +55,10 @@ class TableReader:
         self.ends = np.array([f.first_id + f.rows for f in self.fragments], dtype=np.int64)
         counts = np.array([f.rows for f in self.fragments], dtype=np.int64) - self.vis_from
         self.cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
+        # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
+        self._edges = np.stack((self.first_ids + self.vis_from, self.ends), axis=1).reshape(-1)
+        self._base = self.first_ids + self.vis_from - self.cum[:-1]
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
         self._index = None
@@ -115,20 +123,23 @@ class TableReader:
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
             raise RowError(f"table {self.name!r}: positions must lie in [0, {len(self)})")
-        i = np.searchsorted(self.cum, positions, side="right") - 1
-        return self.first_ids[i] + self.vis_from[i] + (positions - self.cum[i])
+        if len(self.fragments) == 1:  # fast path: one visible fragment
+            return positions + int(self.first_ids[0] + self.vis_from[0])
+        return positions + self._base[np.searchsorted(self.cum[1:], positions, side="right")]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(fragment index, local offset)`` of visible row ids; RowError for any other id."""
         rows = np.asarray(rows, dtype=np.int64)
-        i = np.searchsorted(self.first_ids, rows, side="right") - 1
-        ok = i >= 0
-        ic = np.where(ok, i, 0)
-        local = rows - self.first_ids[ic] if len(self.first_ids) else rows
-        ok &= (rows < self.ends[ic]) & (local >= self.vis_from[ic]) if len(self.first_ids) else False
-        if not np.all(ok):
-            bad = rows[~np.asarray(ok)][:5].tolist()
+        if len(self.fragments) == 1 and rows.size:  # fast path: one visible fragment
+            local = rows - int(self.first_ids[0])
+            if local.min() >= self.vis_from[0] and local.max() < self.ends[0] - self.first_ids[0]:
+                return np.zeros(rows.shape, dtype=np.int64), local
+        j = np.searchsorted(self._edges, rows, side="right")  # odd: inside fragment j // 2
+        if not np.all(j & 1):
+            bad = rows[(j & 1) == 0][:5].tolist()
             raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
+        ic = j >> 1
+        local = rows - self.first_ids[ic]
         return ic, local
 
     # -- data -----------------------------------------------------------------------
@@ -140,39 +151,85 @@ class TableReader:
         return d
 
     def read(self, rows: Any) -> dict[str, np.ndarray]:
-        """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets."""
+        """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets.
+
+        Hot path (docs/PERFORMANCE.md): rows are grouped by fragment once; each field costs
+        one ``take`` per fragment touched, plus one permutation back to the requested order
+        when more than one fragment is touched. Ragged values are gathered through CSR
+        offsets computed for all rows at once.
+        """
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         frag_i, local = self.locate(rows)
-        schema = self.schema
+        n = len(rows)
+        if n == 0:
+            return self._empty()
+        if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
+            return self._read_one(self.data(self.fragments[int(frag_i[0])]), local)
+        order = np.argsort(frag_i, kind="stable")
+        sorted_i = frag_i[order]
+        cuts = (np.flatnonzero(sorted_i[1:] != sorted_i[:-1]) + 1).tolist()
+        spans = list(zip([0, *cuts], [*cuts, n], strict=True))
+        datas = [self.data(self.fragments[int(sorted_i[s])]) for s, _ in spans]
+        sorted_local = local[order]
+        locs = [sorted_local[s:e] for s, e in spans]
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n, dtype=np.int64)
         out: dict[str, np.ndarray] = {}
-        for f in schema.dense_fields:
-            out[f.name] = np.empty((len(rows), *f.shape), dtype=f.dtype)
-        groups = _group(frag_i)
-        for fi, pos in groups:
-            data = self.data(self.fragments[fi])
-            loc = local[pos]
-            for f in schema.dense_fields:
-                out[f.name][pos] = data.array(f.name)[loc]
-        for off_name, names in schema.offsets_groups.items():
-            counts = np.empty(len(rows), dtype=np.int64)
-            pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in names}
-            for fi, pos in groups:
-                data = self.data(self.fragments[fi])
-                offsets = data.array(off_name)
-                loc = local[pos]
-                sub_offsets, value_index = gather_csr(offsets, loc)
-                counts[pos] = np.diff(sub_offsets)
-                for n in names:
-                    pieces[n].append((pos, data.array(n)[value_index]))
-            new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(counts, out=new_offsets[1:])
-            out[off_name] = new_offsets
-            for n in names:
-                values = np.empty(int(new_offsets[-1]), dtype=schema.field(n).dtype)  # type: ignore[union-attr]
-                for pos, vals in pieces[n]:
-                    dst = gather_csr(new_offsets, pos)[1]
-                    values[dst] = vals
-                out[n] = values
+        for name, shape, dtype in self._dense:
+            buf = np.empty((n, *shape), dtype=dtype)
+            for data, loc, (s, e) in zip(datas, locs, spans, strict=True):
+                data.array(name).take(loc, axis=0, out=buf[s:e], mode="clip")  # loc checked by locate
+            out[name] = buf.take(inv, axis=0)
+        if self._ragged:
+            # (start, end) offsets index pairs: one take per fragment and offsets array
+            pairs = sorted_local[:, None] + _PAIR
+            for off_name, values in self._ragged:
+                bounds = np.empty((n, 2), dtype=np.int64)
+                for data, (s, e) in zip(datas, spans, strict=True):
+                    data.array(off_name).take(pairs[s:e], out=bounds[s:e], mode="clip")
+                starts = bounds[:, 0]
+                counts = bounds[:, 1] - starts
+                sorted_offsets = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(counts, out=sorted_offsets[1:])
+                # index of each gathered value in its own fragment's values array
+                value_index = np.arange(int(sorted_offsets[-1]), dtype=np.int64) + np.repeat(
+                    starts - sorted_offsets[:-1], counts)
+                new_offsets, perm = gather_csr(sorted_offsets, inv)
+                out[off_name] = new_offsets
+                for name, dtype in values:
+                    buf = np.empty(len(value_index), dtype=dtype)
+                    for data, (s, e) in zip(datas, spans, strict=True):
+                        lo, hi = int(sorted_offsets[s]), int(sorted_offsets[e])
+                        data.array(name).take(value_index[lo:hi], out=buf[lo:hi])  # raises on bad offsets
+                    out[name] = buf.take(perm)
+        return out
+
+    def _read_one(self, data: FragmentData, loc: np.ndarray) -> dict[str, np.ndarray]:
+        """Records at local offsets ``loc`` of one fragment, in that order."""
+        out: dict[str, np.ndarray] = {}
+        for name, _, _ in self._dense:
+            out[name] = data.array(name).take(loc, axis=0)
+        if self._ragged:
+            pairs = loc[:, None] + _PAIR
+            for off_name, values in self._ragged:
+                bounds = data.array(off_name).take(pairs)
+                starts = bounds[:, 0]
+                counts = bounds[:, 1] - starts
+                new_offsets = np.zeros(len(loc) + 1, dtype=np.int64)
+                np.cumsum(counts, out=new_offsets[1:])
+                value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(
+                    starts - new_offsets[:-1], counts)
+                out[off_name] = new_offsets
+                for name, _ in values:
+                    out[name] = data.array(name).take(value_index)
+        return out
+
+    def _empty(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in self._dense}
+        for off_name, values in self._ragged:
+            out[off_name] = np.zeros(1, dtype=np.int64)
+            for name, dtype in values:
+                out[name] = np.empty(0, dtype=dtype)
         return out
 
     def read_columns(self, rows: Any) -> Columns:
@@ -207,6 +264,10 @@ class TableReader:
                               np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
             self._index = StreamIndex.build(parts)
         return self._index
+
+
+_PAIR = np.array([0, 1], dtype=np.int64)
+"""Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
 
 
 def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:
