@@ -89,12 +89,26 @@ class Storage(abc.ABC):
     def is_dir(self, path: str) -> bool: ...
 
 
+def _raise_open_file_limit() -> None:
+    """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
+    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the limit
+        pass
+
+
 class LocalStorage(Storage):
     """A directory on a local filesystem. Commit records use link(2) for create-if-absent."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.url = self.root
+        _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path) if path else self.root

@@ -28,7 +28,7 @@ import faulthandler
 import functools
 import json
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -289,7 +289,9 @@ class Child:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        ready, _, _ = select.select([self.fd], [], [], left)
+        with selectors.DefaultSelector() as sel:  # epoll: select() fails on descriptors >= 1024
+            sel.register(self.fd, selectors.EVENT_READ)
+            ready = sel.select(left)
         if not ready:
             return False
         chunk = os.read(self.fd, 65536)
