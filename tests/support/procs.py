@@ -222,7 +222,9 @@ def check_rows(st: Any, seed: int, rows: np.ndarray) -> int:
 
 
 def _stdin_closed() -> bool:
-    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    with selectors.DefaultSelector() as sel:
+        sel.register(sys.stdin, selectors.EVENT_READ)
+        ready = sel.select(0)
     return bool(ready) and sys.stdin.buffer.read1(1) == b""
 
 
