@@ -59,8 +59,9 @@ def scan(reader: TableReader, columns: Sequence[str] | None = None, batch_rows: 
 
 
 def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_rows: int = SCAN_ROWS,
-                  ) -> Iterator[pa.RecordBatch]:
-    """One fragment's records ``[vis_from, rows)`` as batches with exactly the columns of ``schema``.
+                  stop: int | None = None) -> Iterator[pa.RecordBatch]:
+    """One fragment's records ``[vis_from, stop)`` (``stop``: its end by default) as batches with
+    exactly the columns of ``schema``.
 
     ``schema`` is :func:`scan_schema` of the table (or a :func:`scan_projection` of it), so
     that every fragment of a table yields the same column types (e.g. ``stream`` is string
@@ -72,8 +73,9 @@ def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_ro
     names = schema.names
     string_streams = "stream" in names and pa.types.is_string(schema.field("stream").type)
     frag = data.frag
-    for lo in range(int(vis_from), frag.rows, batch_rows):
-        hi = min(lo + batch_rows, frag.rows)
+    end = frag.rows if stop is None else min(int(stop), frag.rows)
+    for lo in range(int(vis_from), end, batch_rows):
+        hi = min(lo + batch_rows, end)
         yield pa.RecordBatch.from_arrays([_column(data, c, lo, hi, string_streams) for c in names], schema=schema)
 
 

@@ -72,8 +72,37 @@ def _read_fragments(url: str, storage_options: dict[str, Any], created_ns: int, 
     table_schema = Schema.from_dict(manifest["tables"][table])
     for writer, descriptor, vis_from in parts:
         frag = Fragment.from_dict(writer, table, descriptor)
-        for batch in scan_fragment(FragmentData(storage, table_schema, frag), vis_from, schema, batch_rows):
+        done = vis_from
+        try:
+            for batch in scan_fragment(FragmentData(storage, table_schema, frag), vis_from, schema, batch_rows):
+                yield pa.Table.from_batches([batch], schema=schema)
+                done += batch.num_rows
+        except StaleReadError:
+            # the fragment's objects are gone: a compaction replaced it (its originals are deleted
+            # 30 s later) or its records were evicted and reclaimed. Read the same row ids from
+            # the fragments that hold them now (compaction keeps records and row ids byte for byte).
+            yield from _read_rows(url, storage_options, table, writer, frag.first_id + done,
+                                  frag.first_id + frag.rows, schema, batch_rows)
+
+
+def _read_rows(url: str, storage_options: dict[str, Any], table: str, writer: int, lo: int, hi: int,
+               schema: pa.Schema, batch_rows: int) -> Iterator[pa.Table]:
+    """Row ids ``[lo, hi)`` of one writer from the store's live fragments now; StaleReadError if gone."""
+    st = open_store(url, mode="r", storage_options=storage_options)
+    table_schema = st.table(table).schema
+    covered = lo
+    for frag in st.log.fragments(table):  # in row-id order
+        if frag.writer != writer or frag.first_id + frag.rows <= covered or frag.first_id >= hi:
+            continue
+        if frag.first_id > covered:
+            break  # a gap: those records were evicted and reclaimed
+        start, stop = covered - frag.first_id, min(hi, frag.first_id + frag.rows) - frag.first_id
+        for batch in scan_fragment(FragmentData(st.storage, table_schema, frag), start, schema, batch_rows, stop):
             yield pa.Table.from_batches([batch], schema=schema)
+        covered = frag.first_id + stop
+    if covered < hi:
+        raise StaleReadError(f"{url}: row ids {covered}..{hi - 1} of the snapshot were evicted and their storage "
+                             "reclaimed since read_replaystore was called; call it again for a fresh snapshot")
 
 
 class ReplayStoreDatasource(Datasource):
@@ -162,9 +191,10 @@ def read_replaystore(url: str, columns: Sequence[str] | None = None, *, table: s
     per block a task yields. Other keyword arguments go to ``ray.data.read_datasource``
     (``override_num_blocks``, ``concurrency``, ``ray_remote_args``, ...).
 
-    A read task that runs after the snapshot's fragments were reclaimed (capacity
-    eviction, or 30 s after a compaction replaced them) fails with ``StaleReadError``;
-    call ``read_replaystore`` again for a fresh snapshot.
+    A read task whose fragment was compacted away since the snapshot (its objects are
+    deleted 30 s after the compaction) reads the same records from the merged fragment.
+    One whose records were evicted and reclaimed since (a store with a capacity) fails
+    with ``StaleReadError``: call ``read_replaystore`` again for a fresh snapshot.
     """
     source = ReplayStoreDatasource(url, columns, table=table, storage_options=storage_options,
                                    batch_rows=batch_rows)

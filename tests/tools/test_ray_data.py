@@ -27,9 +27,10 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from replaystore.errors import StoreError
-from replaystore.store import open_store
+from replaystore.errors import StaleReadError, StoreError
+from replaystore.store import layout, open_store
 from replaystore.store.scan import scan, scan_schema
+from replaystore.store.storage import open_storage
 from replaystore.tools.ray_data import ReplayStoreDatasource, read_replaystore
 from support.batches import dqn_batch
 from support.procs import Child, batch_size, same_records, schema, stream_batch, stream_totals, take_rows
@@ -237,6 +238,48 @@ def test_capacity_store_reads_only_visible_records(ray_cluster: None, tmp_path: 
     st = open_store(url, mode="r")
     assert len(st) == 40 and any(v > 0 for v in st.default.reader.vis_from)
     check_identical(collect(read_replaystore(url)), url, None, 40)
+
+
+def test_snapshot_survives_compaction_of_its_fragments(ray_cluster: None, tmp_path: Path) -> None:
+    """Fragments compacted away after the snapshot (and deleted, as their writer does 30 s later)
+    are read from the merged fragment: the same records, row ids and commit columns."""
+    url = str(tmp_path / "compact")
+    st = open_store(url, schema(), mode="w")
+    w = st.writer()
+    for b in range(7):
+        w.append(stream_batch(SEED, 0, 0, b), stream="w0-0")
+        w.commit()
+    reader = open_store(url, mode="r").default.reader
+    before = pa.Table.from_batches(list(scan(reader)), schema=scan_schema(reader))
+    source = ReplayStoreDatasource(url)
+    assert len(source.fragments) == 7
+    w.append(stream_batch(SEED, 0, 0, 7), stream="w0-0")
+    w.commit()  # the 8th small fragment: the writer merges all eight
+    compact = open_store(url, mode="r").commits()[-1]
+    assert compact["kind"] == "compact" and len(compact["tables"]["records"]["remove"]) == 8
+    storage = open_storage(url)
+    for name in compact["tables"]["records"]["remove"]:
+        storage.delete(layout.fragment_dir(w.id, "records", name))
+    tasks = source.get_read_tasks(parallelism=100)
+    got = pa.concat_tables([t for task in tasks for t in task()])
+    assert got.equals(before)
+    assert collect(ray.data.read_datasource(source)).equals(before)
+
+
+def test_snapshot_of_reclaimed_records_fails_clearly(tmp_path: Path) -> None:
+    url = str(tmp_path / "reclaimed")
+    st = open_store(url, schema(), mode="w", capacity=4)
+    w = st.writer()
+    w.append(stream_batch(SEED, 0, 2, 0), stream="w0-2")  # 4 records
+    w.commit()
+    source = ReplayStoreDatasource(url)
+    first = source.fragments[0][1]["name"]
+    for b in range(1, 4):
+        w.append(stream_batch(SEED, 0, 2, b), stream="w0-2")
+        w.commit()
+    assert not open_storage(url).exists(layout.fragment_dir(w.id, "records", first) + "/zarr.json")
+    with pytest.raises(StaleReadError, match="evicted and their storage reclaimed"):
+        [t for task in source.get_read_tasks(parallelism=4) for t in task()]
 
 
 def test_empty_store(ray_cluster: None, tmp_path: Path) -> None:
