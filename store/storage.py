@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import threading
+import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +26,15 @@ from replaystore.errors import ReplayStoreError
 
 class StorageError(ReplayStoreError):
     """The storage backend failed or lacks a guarantee the format needs."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object: its path under the store root, size and last modification (storage clock)."""
+
+    path: str
+    size: int
+    mtime_ns: int
 
 
 class Storage(abc.ABC):
@@ -87,6 +99,26 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def is_dir(self, path: str) -> bool: ...
+
+    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
+
+        This default serves backends with a local path (``local_path``); others override it.
+        """
+        top = self.local_path(prefix)
+        root = self.local_path("")
+        if top is None or root is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot list objects with their times")
+        out = []
+        for directory, _, files in os.walk(top):
+            for name in files:
+                full = os.path.join(directory, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:  # deleted since the listing
+                    continue
+                out.append(ObjectInfo(os.path.relpath(full, root).replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
+        return sorted(out, key=lambda o: o.path)
 
 
 def _raise_open_file_limit() -> None:
@@ -206,6 +238,9 @@ class LocalStorage(Storage):
 
 
 _MEMORY_LOCK = threading.Lock()
+CONFLICT_RETRIES = 12
+CONFLICT_BACKOFF_S = 0.02
+CONFLICT_BACKOFF_MAX_S = 2.0
 _CONDITIONAL_PUT_CHECKED: set[tuple[str, str]] = set()  # (endpoint options, bucket) that honoured it
 _CHECK_LOCK = threading.Lock()
 PROBE_PREFIX = ".tmp-create-probe-"
@@ -224,6 +259,8 @@ class FsspecStorage(Storage):
         self.storage_options = dict(storage_options or {})
         self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.root = root.rstrip("/")
+        self.conflict_retries = CONFLICT_RETRIES  # attempts of a conditional PUT answered 409 (see _conditional_put)
+        self.conflict_backoff_s = CONFLICT_BACKOFF_S
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if "memory" in protocols:
             self._create_mode = "lock"
@@ -282,15 +319,39 @@ class FsspecStorage(Storage):
             _CONDITIONAL_PUT_CHECKED.add(key)
 
     def _conditional_put(self, full: str, data: bytes) -> bool:
+        """``PUT If-None-Match: *``: True on 200, False on 412; 409 is retried with backoff.
+
+        S3 answers 409 ConditionalRequestConflict while another conditional write to the
+        same key is in flight; that attempt wrote nothing, so it is repeated (exponential
+        backoff with jitter, ``conflict_retries`` attempts in all) until the answer is
+        definitive. A 412 is checked by reading the object back: if it holds our bytes, an
+        earlier attempt of ours landed but its answer was lost (s3fs and botocore repeat a
+        request after a 5xx or a dropped connection), and the create is ours.
+        """
+        delay = self.conflict_backoff_s
+        for _ in range(self.conflict_retries):
+            try:
+                self.fs.pipe_file(full, data, mode="create")
+                return True
+            except FileExistsError:
+                return self._holds(full, data)
+            except OSError as exc:
+                code, status = _s3_error(exc)
+                if code == "PreconditionFailed" or status == 412:
+                    return self._holds(full, data)
+                if code != "ConditionalRequestConflict" and status != 409:
+                    raise
+            time.sleep(delay * (0.5 + random.random()))  # backoff between attempts, not synchronisation
+            delay = min(delay * 2, CONFLICT_BACKOFF_MAX_S)
+        raise StorageError(f"{full}: conditional create still answered 409 ConditionalRequestConflict after "
+                           f"{self.conflict_retries} attempts; the key is contended or the endpoint is stuck")
+
+    def _holds(self, full: str, data: bytes) -> bool:
+        """Whether the object at ``full`` (which a 412 said exists) holds exactly ``data``."""
         try:
-            self.fs.pipe_file(full, data, mode="create")
-            return True
-        except FileExistsError:
+            return bool(self.fs.cat_file(full) == data)
+        except FileNotFoundError:  # deleted in between: not ours to claim
             return False
-        except OSError as exc:  # s3fs maps 412 PreconditionFailed to a generic OSError on some versions
-            if "PreconditionFailed" in repr(exc) or "412" in repr(exc):
-                return False
-            raise
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._p(path))
@@ -321,6 +382,48 @@ class FsspecStorage(Storage):
 
     def is_dir(self, path: str) -> bool:
         return bool(self.fs.isdir(self._p(path)))
+
+    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix`` with its size and modification time (S3: LastModified)."""
+        full = self._p(prefix)
+        if self._create_mode != "lock":
+            self.fs.invalidate_cache(full)
+        try:
+            found = self.fs.find(full, detail=True, withdirs=False)
+        except FileNotFoundError:
+            return []
+        base = self.fs._strip_protocol(self.root).rstrip("/")
+        out = []
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = name.lstrip("/")[len(base.lstrip("/")):].lstrip("/")
+            out.append(ObjectInfo(rel, int(info.get("size") or 0), _mtime_ns(info)))
+        return sorted(out, key=lambda o: o.path)
+
+
+def _s3_error(exc: BaseException) -> tuple[str, int | None]:
+    """The S3 error code and HTTP status behind an s3fs exception (its cause is botocore's ClientError)."""
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            return (str(response.get("Error", {}).get("Code", "")),
+                    response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+    text = repr(exc)  # some s3fs versions keep only the message
+    for code, status in (("PreconditionFailed", 412), ("ConditionalRequestConflict", 409)):
+        if code in text:
+            return code, status
+    return "", None
+
+
+def _mtime_ns(info: Mapping[str, Any]) -> int:
+    """An fsspec entry's modification time in ns (s3fs: ``LastModified``; memory: ``created``)."""
+    value = info.get("LastModified", info.get("mtime", info.get("created")))
+    if value is None:
+        raise StorageError(f"{info.get('name')}: the backend reports no modification time")
+    if hasattr(value, "timestamp"):
+        value = value.timestamp()
+    return int(float(value) * 1e9)
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:

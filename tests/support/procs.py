@@ -17,6 +17,11 @@ Roles:
 - ``reader``: loops ``refresh()`` + random reads, checking every record it reads
   against the index and against :func:`stream_batch`, until its stdin reaches EOF;
   then checks the final count and prints a JSON summary.
+- ``create-racer``: opens the storage (its own s3fs client), prints ``ready``, waits for
+  a line on stdin (the parent's start gate), then creates each given key with its tag as
+  content and prints a JSON summary: the keys it won, and every exception (none expected).
+- ``register-writer``: opens the store, prints ``ready``, waits for the gate, then
+  registers a writer, appends one batch and commits; prints a JSON summary.
 
 Everything a child writes is a pure function of its arguments, so the parent
 regenerates the expected records bit for bit.
@@ -264,6 +269,40 @@ def reader(url: str, storage_options: dict | None, seed: int, expected_total: in
 
 
 
+# -- create races ----------------------------------------------------------------------------------
+
+def _gate() -> None:
+    _say("ready")
+    sys.stdin.readline()  # the parent releases every racer at once
+
+
+def create_racer(url: str, storage_options: dict | None, keys: list[str], tag: str) -> None:
+    from replaystore.store.storage import open_storage
+
+    storage = open_storage(url, storage_options)
+    storage.check_create()  # the endpoint probe, before the gate
+    _gate()
+    won, errors = [], []
+    for key in keys:
+        try:
+            if storage.create(key, tag.encode()):
+                won.append(key)
+        except Exception as exc:  # reported, and the test asserts there are none
+            errors.append(f"{key}: {exc!r}")
+    _say(json.dumps({"tag": tag, "won": won, "errors": errors}))
+
+
+def register_writer(url: str, storage_options: dict | None, seed: int, tag: str) -> None:
+    st = open_store(url, mode="a", storage_options=storage_options)
+    st.storage.check_create()
+    _gate()
+    w = st.writer()
+    w.append(crash_batch(seed, tag, 0, 4), stream=tag)
+    result = w.commit(metadata={"tag": tag})
+    assert result is not None
+    _say(json.dumps({"tag": tag, "writer": w.id, "rows": list(result.rows["records"])}))
+
+
 # -- parent side ------------------------------------------------------------------------------------
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -362,7 +401,8 @@ class Child:
         self.close()
 
 
-ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader}
+ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
+         "create-racer": create_racer, "register-writer": register_writer}
 
 
 def main(argv: list[str]) -> None:
