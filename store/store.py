@@ -7,7 +7,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from replaystore.store.log import CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
 from replaystore.store.writer import Writer
+
+if TYPE_CHECKING:
+    from replaystore.store.vacuum import VacuumReport
 
 MODES = ("r", "a", "w", "w+")
 DEFAULT_TABLE = "records"
@@ -251,6 +254,20 @@ class Store:
                 continue
             return body["doc"], arrays
         return None
+
+    # -- storage ---------------------------------------------------------------------------
+    def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False) -> VacuumReport:
+        """Delete objects no live commit references, once older than ``older_than_s`` (docs/FORMAT.md, "Vacuum").
+
+        Removes crashed writers' uncommitted fragments, compacted-away and retired fragments,
+        unnamed state payloads and temporary objects. ``dry_run`` deletes nothing; the report
+        lists what was (or would be) deleted with its bytes, and what was too recent.
+        """
+        from replaystore.store.vacuum import vacuum
+
+        if self.mode == "r" and not dry_run:
+            raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
+        return vacuum(self, older_than_s, dry_run)
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -56,6 +56,22 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return run_verify(args.url, _options(args))
 
 
+def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from replaystore.store import open_store
+
+    options = _options(args)
+    st = open_store(args.url, mode="r", storage_options=options)  # a clear error if there is no store
+    if not args.dry_run:
+        st = open_store(args.url, mode="a", storage_options=options)
+    report = st.vacuum(older_than_s=args.older_than, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for unit in report.deleted:
+        print(f"{verb} {unit.kind} {unit.path} ({len(unit.objects)} objects, {unit.bytes} bytes)")
+    print(f"{verb} {len(report.deleted)} unreferenced units, {report.objects} objects, {report.bytes} bytes; "
+          f"kept {len(report.recent)} unreferenced units newer than {args.older_than:g} s")
+    return 0
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from replaystore.tools.query import run_query
 
@@ -118,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", help="store path or URL")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("vacuum", help="delete objects no live commit references (crash leftovers, compacted data)",
+                       description="Delete the objects under a store that no live commit references: crashed "
+                                   "writers' uncommitted fragments, compacted-away and evicted fragments, "
+                                   "unnamed state payloads, temporary objects; only those unreferenced for "
+                                   "longer than --older-than (docs/FORMAT.md, 'Vacuum').")
+    p.add_argument("url", help="store path or URL")
+    p.add_argument("--older-than", type=float, default=3600.0, metavar="SECONDS",
+                   help="only garbage unreferenced for at least this long (default: 3600; in-flight "
+                        "commits of live writers are younger)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_vacuum)
 
     p = sub.add_parser("query", help="DuckDB SQL over a store",
                        description="Run DuckDB SQL over a store. Each table is a view under its name "

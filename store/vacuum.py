@@ -1,0 +1,159 @@
+"""Vacuum: delete the objects under a store that no live commit references (docs/FORMAT.md, "Vacuum").
+
+Garbage comes in units, each judged and deleted whole:
+
+- a fragment directory no live commit lists: a crashed writer's uncommitted fragment, or
+  one a later commit removed (compacted-away originals, retired evictions);
+- a state payload directory no state record names (a saver that died before its record);
+- a temporary object (``.tmp-`` name) left by a create that was killed.
+
+A unit goes only when it is older than ``older_than_s``: its age counts from the newest
+modification time of its objects and, for a removed fragment, of the commit record that
+removed it (storage clock: S3 LastModified, file mtimes). The listing is taken before the
+commit log is read, so anything committed before the listing counts as referenced.
+Everything else (manifest, writer records, commit and state records, unknown names) is
+never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from replaystore.errors import CorruptObjectError, StoreError
+from replaystore.store import layout, records
+from replaystore.store.storage import ObjectInfo
+
+if TYPE_CHECKING:
+    from replaystore.store.store import Store
+
+DEFAULT_OLDER_THAN_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of garbage: a directory of objects or a single temporary object."""
+
+    path: str
+    kind: str  # "fragment" | "payload" | "temporary"
+    objects: tuple[ObjectInfo, ...]
+    since_ns: int  # unreferenced since (newest of its objects' times and its removing commit's)
+
+    @property
+    def bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+
+@dataclass
+class VacuumReport:
+    """What a vacuum deleted (or, with ``dry_run``, would delete), and what it left as too recent."""
+
+    dry_run: bool
+    older_than_s: float
+    deleted: list[Unit] = field(default_factory=list)
+    recent: list[Unit] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(u.bytes for u in self.deleted)
+
+    @property
+    def objects(self) -> int:
+        return sum(len(u.objects) for u in self.deleted)
+
+
+def _unit_of(path: str) -> tuple[str, str] | None:
+    """``(unit path, kind)`` of an object that may be garbage; None for objects vacuum never deletes."""
+    parts = path.split("/")
+    if parts[-1].startswith(".tmp-"):
+        return path, "temporary"
+    if len(parts) > 5 and parts[0] == layout.WRITERS and parts[2] == "data":
+        return "/".join(parts[:5]), "fragment"  # writers/NNNNNN/data/<table>/<fragment>/...
+    if len(parts) > 3 and parts[0] == layout.STATE and parts[2].startswith("payload-"):
+        return "/".join(parts[:3]), "payload"  # state/<slot>/payload-<token>/...
+    return None
+
+
+def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
+    """Fragment directories the live log lists, and removed ones -> the commit record removing them."""
+    live = {f"{layout.fragment_dir(w.writer, t, name)}" for w in store.log.writers.values()
+            for t, frags in w.fragments.items() for name in frags}
+    removed = {}
+    for c in store.log.commits:
+        for t, change in c.body.get("tables", {}).items():
+            for name in change.get("remove", []):
+                removed[layout.fragment_dir(c.writer, t, name)] = layout.commit_record(c.writer, c.seq)
+    return live, removed
+
+
+def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], set[str]]:
+    """Payload directories named by state records, and slots with a record that cannot be read."""
+    named, unreadable = set(), set()
+    for o in objects:
+        parts = o.path.split("/")
+        if len(parts) != 3 or parts[0] != layout.STATE or not parts[2].endswith(".json"):
+            continue
+        try:
+            body = records.decode(o.path, store.storage.read(o.path))
+            named.update("/".join(p.split("/")[:3]) for p in body["arrays"].values())
+        except (CorruptObjectError, FileNotFoundError, KeyError, TypeError, AttributeError):
+            unreadable.add(parts[1])  # keep every payload of this slot: we cannot tell which it names
+    return named, unreadable
+
+
+def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S) -> VacuumReport:
+    """Classify the store's unreferenced objects (deletes nothing); ``deleted`` lists what vacuum would delete."""
+    if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not older_than_s >= 0:
+        raise StoreError(f"older_than_s: expected a number of seconds >= 0, got {older_than_s!r}")
+    objects = store.storage.walk("")  # first the listing, then the log: what is listed and committed is kept
+    store.refresh()
+    live, removed = _live_fragments(store)
+    named, unreadable = _named_payloads(store, objects)
+    mtimes = {o.path: o.mtime_ns for o in objects}
+    units: dict[tuple[str, str], list[ObjectInfo]] = {}
+    for o in objects:
+        unit = _unit_of(o.path)
+        if unit is None:
+            continue
+        path, kind = unit
+        if kind == "fragment" and path in live:
+            continue
+        if kind == "payload" and (path in named or path.split("/")[1] in unreadable):
+            continue
+        units.setdefault(unit, []).append(o)
+    report = VacuumReport(dry_run=True, older_than_s=float(older_than_s))
+    now = time.time_ns()
+    for (path, kind), objs in sorted(units.items()):
+        since = max(o.mtime_ns for o in objs)
+        if path in removed:  # a removing commit created after the listing counts as just now
+            since = max(since, mtimes.get(removed[path], now))
+        unit = Unit(path, kind, tuple(objs), since)
+        (report.deleted if now - since >= older_than_s * 1e9 else report.recent).append(unit)
+    return report
+
+
+def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False) -> VacuumReport:
+    """Delete every garbage unit older than ``older_than_s`` (see the module doc); the report lists them."""
+    report = find_garbage(store, older_than_s)
+    report.dry_run = dry_run
+    if dry_run:
+        return report
+    for unit in report.deleted:
+        for o in unit.objects:  # only the objects judged: nothing written since the listing
+            store.storage.delete(o.path)
+        _prune_empty_dirs(store, unit)
+    return report
+
+
+def _prune_empty_dirs(store: Store, unit: Unit) -> None:
+    """Remove a deleted unit's now-empty directories (local filesystems; object stores have none)."""
+    top = store.storage.local_path(unit.path)
+    if top is None or unit.kind == "temporary" or not os.path.isdir(top):
+        return
+    for directory, _, _ in sorted(os.walk(top), key=lambda d: -d[0].count(os.sep)):
+        try:
+            os.rmdir(directory)  # fails (and is left) if something was written there since
+        except OSError:
+            pass

@@ -1,0 +1,162 @@
+"""Store.vacuum on every backend (local, memory://, S3 on loopback moto): what no live commit
+references goes once it is old enough; everything committed stays readable and verifies.
+
+The leftovers here are what crashes leave (tests/system/test_crash.py kills real writers and
+vacuums after every kill, on local and S3): an uncommitted fragment (a committed one's objects
+under the next, never-committed name), a create's temporary object, a state payload no record
+names; and what a writer that exits right after compacting leaves: the merged-away originals.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from replaystore.errors import ReadOnlyError, StoreError
+from replaystore.schemas import dqn
+from replaystore.store import layout
+from replaystore.store.verify import verify
+from replaystore.store.writer import COMPACT_FANIN
+from support.batches import dqn_batch
+from support.storecheck import Backend, assert_same, columns_of, snapshot
+
+HOUR_S = 3600.0
+DQN = dqn(16, 2, actions=9)
+ORPHAN = layout.fragment_dir(0, "records", layout.fragment_name(99))  # a commit that never got its record
+
+
+def _objects(backend: Backend) -> dict[str, int]:
+    return {o.path: o.size for o in backend.storage().walk("")}
+
+
+def _committed_store(backend: Backend, commits: int = 2) -> list:
+    rng = np.random.default_rng(4)
+    st = backend.open(DQN, mode="w")
+    batches = []
+    with st.writer() as w:
+        for i in range(commits):
+            batches.append(dqn_batch(rng, 6, extra=0))
+            w.append(batches[-1], stream=i % 2)
+            w.commit()
+    return batches
+
+
+def _plant_leftovers(backend: Backend) -> set[str]:
+    """What a killed writer and a killed saver leave; returns the garbage units' paths."""
+    storage = backend.storage()
+    src = layout.fragment_dir(0, "records", layout.fragment_name(1))
+    for o in storage.walk(src):
+        storage.write(ORPHAN + o.path[len(src):], storage.read(o.path))
+    tmp = f"{layout.commits_dir(0)}/.tmp-0123456789abcdef"  # create() killed before its link
+    storage.write(tmp, b'{"body": {"wri')
+    payload = layout.state_payload("sampler", "deadbeef", "priorities.npy")  # save_state killed before its record
+    storage.write(payload, b"\x93NUMPY")
+    return {ORPHAN, tmp, os.path.dirname(payload)}
+
+
+def _assert_intact(backend: Backend, batches: list, before: dict | None = None) -> None:
+    st = backend.open(mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
+    if before is not None:
+        assert snapshot(st) == before
+
+
+def test_vacuum_deletes_crash_leftovers_only_once_old_enough(backend: Backend) -> None:
+    batches = _committed_store(backend)
+    st = backend.open(mode="a")
+    st.save_state("sampler", {"n": 1}, {"priorities": np.arange(4.0)})
+    before = snapshot(backend.open(mode="r"))
+    clean = _objects(backend)
+    garbage = _plant_leftovers(backend)
+    planted = _objects(backend)
+
+    dry = st.vacuum(older_than_s=0, dry_run=True)
+    assert dry.dry_run and {u.path for u in dry.deleted} == garbage
+    assert dry.bytes == sum(size for path, size in planted.items() if path not in clean) > 0
+    assert _objects(backend) == planted  # a dry run deletes nothing
+
+    young = st.vacuum(older_than_s=HOUR_S)  # just planted: younger than the threshold, kept
+    assert young.deleted == [] and {u.path for u in young.recent} == garbage
+    assert _objects(backend) == planted
+
+    done = st.vacuum(older_than_s=0)
+    assert {u.path for u in done.deleted} == garbage and done.objects == len(planted) - len(clean)
+    assert _objects(backend) == clean  # exactly the leftovers went
+    _assert_intact(backend, batches, before)
+    assert st.load_state("sampler")[1]["priorities"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert st.vacuum(older_than_s=0).deleted == []  # nothing left to do
+    with st.writer() as w:  # and writing goes on
+        w.append(dqn_batch(np.random.default_rng(5), 3, extra=0), stream="after")
+    assert len(backend.open(mode="r")) == len(columns_of(DQN, batches)) + 3
+
+
+def test_vacuum_removes_compacted_originals_of_a_writer_that_exited_at_once(backend: Backend) -> None:
+    rng = np.random.default_rng(8)
+    st = backend.open(DQN, mode="w")
+    batches = []
+    with st.writer() as w:  # exits right after its compaction: the originals' 30 s grace never ran out
+        for i in range(COMPACT_FANIN):
+            batches.append(dqn_batch(rng, 5, extra=0))
+            w.append(batches[-1], stream=i % 3)
+            w.commit()
+    removed = {layout.fragment_dir(c["writer"], t, name) for c in st.commits() if c["kind"] == "compact"
+               for t, change in c["tables"].items() for name in change["remove"]}
+    assert len(removed) == COMPACT_FANIN
+    storage = backend.storage()
+    assert all(storage.walk(path) for path in removed)  # still on storage after the writer is gone
+    before = snapshot(backend.open(mode="r"))
+
+    assert st.vacuum(older_than_s=HOUR_S).deleted == []  # removed just now: within the threshold
+    report = st.vacuum(older_than_s=0)
+    assert {u.path for u in report.deleted} == removed and all(u.kind == "fragment" for u in report.deleted)
+    assert not any(storage.walk(path) for path in removed)
+    _assert_intact(backend, batches, before)
+
+
+def test_vacuum_after_eviction_keeps_a_capped_store_consistent(backend: Backend) -> None:
+    rng = np.random.default_rng(3)
+    st = backend.open(DQN, mode="w", capacity=20)
+    with st.writer() as w:
+        for i in range(12):
+            w.append(dqn_batch(rng, 4, extra=0), stream=i % 2)
+            w.commit()
+    before = snapshot(backend.open(mode="r"))
+    assert before["len"] == 20
+    st.vacuum(older_than_s=0)
+    after = backend.open(mode="r")
+    assert snapshot(after) == before and verify(after) == []
+
+
+def test_vacuum_arguments_and_read_only_handles(backend: Backend) -> None:
+    _committed_store(backend, commits=1)
+    reader = backend.open(mode="r")
+    with pytest.raises(ReadOnlyError, match="vacuum"):
+        reader.vacuum(older_than_s=0)
+    assert reader.vacuum(older_than_s=0, dry_run=True).deleted == []  # looking is allowed
+    for bad in (-1, "1h", None, True, float("nan")):
+        with pytest.raises(StoreError, match="older_than_s"):
+            backend.open(mode="a").vacuum(older_than_s=bad)
+
+
+def test_age_counts_from_removal_not_from_writing(tmp_path) -> None:
+    """Local only (file times can be set): old objects a commit removed just now are kept;
+    old objects no commit ever named are deleted."""
+    backend = Backend(str(tmp_path / "st"))
+    rng = np.random.default_rng(6)
+    st = backend.open(DQN, mode="w")
+    with st.writer() as w:
+        for i in range(COMPACT_FANIN):
+            w.append(dqn_batch(rng, 3, extra=0), stream=i)
+            w.commit()
+    _plant_leftovers(backend)
+    past = time.time() - 2 * HOUR_S
+    for o in backend.storage().walk(f"{layout.writer_dir(0)}/data"):  # every fragment written two hours ago
+        os.utime(backend.storage().local_path(o.path), (past, past))
+    report = st.vacuum(older_than_s=HOUR_S)
+    assert [u.path for u in report.deleted] == [ORPHAN]
+    assert {u.kind for u in report.recent} == {"fragment", "temporary", "payload"}
+    assert len([u for u in report.recent if u.kind == "fragment"]) == COMPACT_FANIN  # removed just now
+    assert not os.path.exists(backend.storage().local_path(ORPHAN))  # its directories went too
