@@ -10,6 +10,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, StoreError
+from replaystore.loaders.tracking import ViewTracker, expand, rows_in, visible_intervals
 from replaystore.store import Store, Table
 
 
@@ -49,9 +50,14 @@ class StoreSampler(Sampler[Request]):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.subset = None if subset is None else np.unique(np.asarray(subset, dtype=np.int64))
+        self._view_version = -1
+        self._spans = np.zeros((0, 2), dtype=np.int64)  # visible subset entries: [lo, hi) into subset
+        self._cum = np.zeros(1, dtype=np.int64)  # their cumulative counts
+        self._cand: tuple[int, np.ndarray] | None = None  # (log version, visible subset rows)
         self.num_batches = num_batches
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
+        self.tracker = ViewTracker(self.table.reader)  # changes of the visible rows, for incremental samplers
         if resume:
             self.restore()
 
@@ -71,12 +77,50 @@ class StoreSampler(Sampler[Request]):
             raise TypeError(f"{type(self).__name__} is endless; pass num_batches= for a length")
         return self.num_batches
 
+    def _subset_view(self) -> None:
+        """Where the visible rows fall in the subset: one span of subset entries per visible
+        interval (cost: number of fragments, once per change of the table's view)."""
+        reader = self.table.reader
+        reader.sync()
+        if self._view_version == reader.log.version:
+            return
+        self._view_version = reader.log.version
+        assert self.subset is not None
+        iv = visible_intervals(reader)
+        self._spans = np.stack((np.searchsorted(self.subset, iv[:, 0]), np.searchsorted(self.subset, iv[:, 1])),
+                               axis=1)
+        self._cum = np.r_[0, np.cumsum(self._spans[:, 1] - self._spans[:, 0])].astype(np.int64)
+
+    def candidate_count(self) -> int:
+        """How many rows the sampler draws from (visible rows, of the subset if any)."""
+        if self.subset is None:
+            return len(self.table)
+        self._subset_view()
+        return int(self._cum[-1])
+
+    def candidate_rows(self, positions: np.ndarray) -> np.ndarray:
+        """Row ids at positions ``0 <= p < candidate_count()`` in row-id order, vectorised."""
+        if self.subset is None:
+            return self.table.rows_at(positions)
+        self._subset_view()
+        span = np.searchsorted(self._cum[1:], positions, side="right")
+        return self.subset[self._spans[span, 0] + positions - self._cum[span]]
+
     def candidates(self) -> np.ndarray | None:
-        """The subset's visible row ids (None: the whole table)."""
+        """The subset's visible row ids (None: the whole table); do not modify the array returned.
+
+        Cost: the subset's visible rows, once per change of the table's view.
+        """
         if self.subset is None:
             return None
-        visible = self.table.row_ids()
-        return self.subset[np.isin(self.subset, visible, assume_unique=True)]
+        self._subset_view()
+        if self._cand is None or self._cand[0] != self._view_version:
+            self._cand = (self._view_version, self.subset[expand(self._spans)])
+        return self._cand[1]
+
+    def restrict(self, iv: np.ndarray) -> np.ndarray:
+        """The rows the sampler draws from among row-id intervals ``iv``, ascending (cost: the result)."""
+        return expand(iv) if self.subset is None else rows_in(self.subset, iv)
 
     def _empty(self, what: str = "records") -> EmptyStoreError:
         return EmptyStoreError(f"{type(self).__name__}: table {self.table.name!r} has no {what} to sample "

@@ -43,19 +43,22 @@ class PrioritizedSampler(StoreSampler):
         self.max_priority = 1.0
         self.slots = RowSlots()
         self.tree = SumTree(1024)
-        self._version = -1
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _sync(self) -> None:
-        reader = self.table.reader
-        reader.sync()
-        version = reader.log.version
-        if version == self._version:
+        """Follow the table: new rows enter at the running maximum, rows no longer visible drop out.
+
+        Cost: the rows changed since the last call (the first call, and the first after
+        ``load_state_dict``, compare every visible row with the rows tracked).
+        """
+        change = self.tracker.poll()
+        if change is None:
             return
-        self._version = version
-        cand = self.candidates()
-        visible = self.table.row_ids() if cand is None else cand
-        freed, new = self.slots.sync(visible)
+        if change.full:
+            freed, new = self.slots.sync(self.restrict(change.added))
+        else:
+            freed = self.slots.remove(change.removed)
+            new = self.slots.add(self.restrict(change.added))
         self.tree.grow(len(self.slots.row_of))
         self.tree.set(freed, np.zeros(len(freed)))
         self.tree.set(new, np.full(len(new), self.max_priority ** self.alpha))
@@ -89,9 +92,12 @@ class PrioritizedSampler(StoreSampler):
             raise StoreError("update: priorities must be finite")
         self._sync()
         slots, found = self.slots.lookup(rows)
-        if found.any():
-            self.max_priority = max(self.max_priority, float(prios[found].max()))
-            self.tree.set(slots[found], prios[found] ** self.alpha)
+        if not found.any():
+            return
+        if not found.all():  # rows evicted since they were sampled
+            slots, prios = slots[found], prios[found]
+        self.max_priority = max(self.max_priority, float(prios.max()))
+        self.tree.set(slots, prios ** self.alpha)
 
     def priorities(self, rows: Any) -> np.ndarray:
         """Current priorities of rows (NaN for rows not tracked)."""
@@ -115,5 +121,5 @@ class PrioritizedSampler(StoreSampler):
         leaves = np.asarray(state["tree_leaves"], dtype=np.float64)
         self.tree = SumTree(len(leaves))
         self.tree.set(np.arange(len(leaves)), leaves)
-        self._version = -1
+        self.tracker.reset()
         self._sync()

@@ -8,6 +8,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.tracking import inside
 from replaystore.store.layout import ROW_BITS
 
 
@@ -33,34 +34,32 @@ class ReservoirSampler(StoreSampler):
         self.members = np.zeros(0, dtype=np.int64)
         self.seen = 0
         self.offered_upto: dict[int, int] = {}  # writer -> next local row not yet offered
-        self._version = -1
         super().__init__(store, batch_size, seed, **kwargs)
 
-    def _new_rows(self) -> np.ndarray:
-        """Visible rows not offered yet, in row-id order (each writer's rows arrive in order)."""
-        cand = self.candidates()
-        rows = self.table.row_ids() if cand is None else cand
+    def _not_offered(self, rows: np.ndarray) -> np.ndarray:
+        """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order)."""
         writers = rows >> ROW_BITS
         local = rows & ((1 << ROW_BITS) - 1)
         new = np.zeros(len(rows), dtype=bool)
-        for w in np.unique(writers):
+        for w in np.unique(writers).tolist():
             mine = writers == w
-            new |= mine & (local >= self.offered_upto.get(int(w), 0))
-            self.offered_upto[int(w)] = max(self.offered_upto.get(int(w), 0), int(local[mine][-1]) + 1)
+            new |= mine & (local >= self.offered_upto.get(w, 0))
+            self.offered_upto[w] = max(self.offered_upto.get(w, 0), int(local[mine][-1]) + 1)
         return rows[new]
 
     def _sync(self) -> None:
-        reader = self.table.reader
-        reader.sync()
-        if reader.log.version == self._version:
+        """Offer the rows that became visible; drop members that stopped being visible.
+
+        Cost: the rows added, plus the members when rows were evicted (not the table size).
+        """
+        change = self.tracker.poll()
+        if change is None:
             return
-        self._version = reader.log.version
-        new = self._new_rows()
+        new = self._not_offered(self.restrict(change.added))
         if len(new):
             self._offer(new)
-        if len(self.members):
-            visible = self.table.row_ids()
-            self.members = self.members[np.isin(self.members, visible)]
+        if len(self.members) and (change.full or len(change.removed)):
+            self.members = self.members[inside(self.members, self.tracker.view)]
 
     def _offer(self, rows: np.ndarray) -> None:
         k = self.capacity
@@ -101,4 +100,4 @@ class ReservoirSampler(StoreSampler):
         self.seen = int(state["seen"])
         self.members = np.asarray(state["members"], dtype=np.int64)
         self.offered_upto = {int(w): int(n) for w, n in state["offered_upto"].items()}
-        self._version = -1
+        self.tracker.reset()

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 
+# Levels with at most this many nodes are recomputed whole (one strided add per level) on
+# every update: cheaper than the four gather/scatter calls of the sparse path per level.
+DENSE_TOP = 1024
+
 
 class SumTree:
     """Leaf values (priorities^alpha) in a complete binary tree stored as one array.
 
     ``tree[1]`` is the total; node i has children 2i and 2i+1; leaves live at
-    ``tree[size + leaf]``. Every operation handles a whole batch of leaves with one
-    numpy operation per tree level.
+    ``tree[size + leaf]``. Every operation handles a whole batch of leaves with a few
+    numpy operations per tree level (the per-call overhead, not the batch size,
+    dominates at minibatch sizes, so the loops below keep the calls per level minimal).
+    Every internal node is always ``tree[2i] + tree[2i+1]`` recomputed from its children,
+    so the tree's values do not depend on the order or batching of updates.
     """
 
     def __init__(self, size: int) -> None:
         self.size = 1 << max(int(size) - 1, 1).bit_length()
+        self.levels = self.size.bit_length() - 1
         self.tree = np.zeros(2 * self.size, dtype=np.float64)
 
     @property
@@ -24,32 +32,49 @@ class SumTree:
     def leaves(self) -> np.ndarray:
         return self.tree[self.size:]
 
+    def _recompute(self, lo: int) -> None:
+        """Recompute every node of the levels ``lo`` (a power of two: its first node) up to the root."""
+        tree = self.tree
+        while lo >= 1:
+            np.add(tree[2 * lo:4 * lo:2], tree[2 * lo + 1:4 * lo:2], out=tree[lo:2 * lo])
+            lo >>= 1
+
     def set(self, leaves: np.ndarray, values: np.ndarray) -> None:
         """Set leaf values (the last write wins for repeated leaves) and refresh their ancestors."""
         leaves = np.asarray(leaves, dtype=np.int64)
         if not leaves.size:
             return
-        self.tree[self.size + leaves] = values
-        nodes = np.unique((self.size + leaves) >> 1)
-        while nodes[0] >= 1:
-            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
-            if nodes[0] == 1:
-                break
-            nodes = np.unique(nodes >> 1)
+        tree = self.tree
+        tree[self.size + leaves] = values
+        if leaves.size * 8 >= self.size:  # a large share of the leaves: rebuild every level whole
+            self._recompute(self.size >> 1)
+            return
+        # sparse levels: only the ancestors of the changed leaves (duplicate nodes are harmless:
+        # every copy writes the same sum of the same children)
+        pairs = tree.reshape(-1, 2)  # row i = (tree[2i], tree[2i+1]): the children of node i
+        nodes = (leaves + self.size) >> 1
+        lo = self.size >> 1
+        while lo > DENSE_TOP:
+            c = pairs.take(nodes, axis=0)
+            tree.put(nodes, c[:, 0] + c[:, 1])
+            nodes >>= 1
+            lo >>= 1
+        self._recompute(lo)
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
-        t = np.asarray(targets, dtype=np.float64).copy()
+        t = np.array(targets, dtype=np.float64)  # a copy: reduced in place below
+        tree = self.tree
         node = np.ones(len(t), dtype=np.int64)
-        while node[0] < self.size:
-            left = 2 * node
-            lv = self.tree[left]
+        for _ in range(self.levels):
+            node <<= 1  # the left child
+            lv = tree.take(node)
             go_right = t >= lv
-            t -= np.where(go_right, lv, 0.0)
-            node = left + go_right
+            np.putmask(t, go_right, t - lv)  # t -= lv where going right (cheaper than where=)
+            node += go_right
         leaf = node - self.size
         # floating-point slack can land on a zero leaf at the far right: step back to a positive one
-        bad = self.tree[node] <= 0
+        bad = tree[node] <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)
             leaf[bad] = positive[np.minimum(np.searchsorted(positive, leaf[bad]), len(positive) - 1)]

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.tracking import inside
 
 
 class UniformSampler(StoreSampler):
@@ -19,12 +20,10 @@ class UniformSampler(StoreSampler):
     kind = "uniform"
 
     def sample(self) -> Request:
-        cand = self.candidates()
-        n = len(self.table) if cand is None else len(cand)
+        n = self.candidate_count()
         if n == 0:
             raise self._empty()
-        pos = self.rng.integers(0, n, size=self.batch_size)
-        rows = self.table.rows_at(pos) if cand is None else cand[pos]
+        rows = self.candidate_rows(self.rng.integers(0, n, size=self.batch_size))
         self.batches_drawn += 1
         return Request(rows)
 
@@ -46,7 +45,6 @@ class EpochSampler(StoreSampler):
         self.epoch = 0
         self._order: np.ndarray | None = None
         self._cursor = 0
-        self._pruned_version = -1
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _start_pass(self) -> None:
@@ -56,17 +54,18 @@ class EpochSampler(StoreSampler):
             raise self._empty()
         self._order = rows[self.rng.permutation(len(rows))]
         self._cursor = 0
-        self._pruned_version = self.table.reader.log.version
+        self.tracker.poll()  # later changes count from this view
 
     def _prune(self) -> None:
-        """Drop the rest of the pass's rows that were evicted since it started (they cannot be read)."""
-        reader = self.table.reader
-        reader.sync()
-        if self._order is None or reader.log.version == self._pruned_version:
+        """Drop the rest of the pass's rows that were evicted since it started (they cannot be read).
+
+        Only when rows stopped being visible (cost: the rest of the pass); appends cost nothing.
+        """
+        change = self.tracker.poll()
+        if self._order is None or change is None or not (change.full or len(change.removed)):
             return
-        self._pruned_version = reader.log.version
         rest = self._order[self._cursor:]
-        alive = np.isin(rest, self.table.row_ids())
+        alive = inside(rest, self.tracker.view)
         if not alive.all():
             self._order = np.concatenate([self._order[:self._cursor], rest[alive]])
 
@@ -108,7 +107,7 @@ class EpochSampler(StoreSampler):
         if not self._exhausted():
             n = self._remaining()
         else:
-            n = len(self.table) if self.subset is None else len(self.candidates())  # type: ignore[arg-type]
+            n = self.candidate_count()
         full = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return full if self.num_batches is None else min(full, self.num_batches)
 
@@ -125,4 +124,4 @@ class EpochSampler(StoreSampler):
         self._cursor = int(state["cursor"])
         order = state.get("order")
         self._order = None if order is None else np.asarray(order, dtype=np.int64)
-        self._pruned_version = -1
+        self.tracker.reset()
