@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.errors import ReadOnlyError, StepOrderError, StoreError, StreamKeyError
+from replaystore.errors import ReadOnlyError, StaleReadError, StepOrderError, StoreError, StreamKeyError
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
-from replaystore.schemas.columns import concat_columns
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, records
-from replaystore.store.fragment import Fragment, FragmentData, write_fragment
+from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, write_fragment
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store
@@ -99,6 +102,12 @@ class Writer:
         self._time_ns = max((c.body.get("time_ns", 0) for c in store.log.commits), default=0)
         self._fresh = False  # whether this append already refreshed the store (see _known_last)
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
+        self._names = itertools.count()  # fragment names f0000000000, f0000000001, ...
+        # seq and time allocation, record creation, self.fragments and self._trash: shared with the
+        # compaction thread (one merge at a time, self._merging)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._merging: Future[None] | None = None
         self.closed = False
 
     def _register(self) -> int:
@@ -265,52 +274,52 @@ class Writer:
     def commit(self, metadata: dict[str, Any] | None = None) -> CommitResult | None:
         """Make everything appended since the last commit durable and visible, atomically.
 
-        Returns None (writing nothing) when there is nothing to commit.
+        Returns None (writing nothing) when there is nothing to commit. An error of the
+        background compaction (see :meth:`close`) is raised here, before anything is written.
         """
         self._check_open()
+        self._collect_merge()
         if not any(self._pending.values()) and metadata is None:
             return None
         meta_doc = records.json_document("metadata", metadata)
-        seq, now = self.seq, self._now()
-        body: dict[str, Any] = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "append",
-                                "metadata": meta_doc, "tables": {}}
-        written: list[str] = []
         rows: dict[str, tuple[int, int]] = {}
-        new_frags: dict[str, Fragment] = {}
-        retired = self._retire()
-        for table, pending in self._pending.items():
-            change: dict[str, Any] = {}
-            if pending:
-                frag, paths = self._write(table, layout.fragment_name(seq), self.next_row[table], pending,
-                                          [(seq, now, sum(len(p.cols) for p in pending))])
-                written += paths
-                new_frags[table] = frag
-                lo = frag.row_start
-                appends = []
-                for p in pending:
-                    appends.append({"rows": [lo, lo + len(p.cols)], "meta": p.meta})
-                    lo += len(p.cols)
-                change.update({"add": [frag.to_dict()], "appends": appends})
-                rows[table] = (frag.first_id, frag.first_id + frag.rows)
-            if retired.get(table):
-                change["remove"] = [f.name for f in retired[table]]
-            if change:
-                body["tables"][table] = change
-        self.storage.sync_dirs(written)
-        self._create_record(seq, body)
-        for table, frag in new_frags.items():
-            self.fragments[table].append(frag)
-            self.next_row[table] += frag.rows
-        for table, frags in retired.items():
-            gone = {f.name for f in frags}
-            self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
+        with self._lock:  # a background merge publishes between commits, never inside one
+            seq, now = self.seq, self._now()
+            body: dict[str, Any] = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "append",
+                                    "metadata": meta_doc, "tables": {}}
+            new_frags: dict[str, Fragment] = {}
+            retired = self._retire()
+            for table, pending in self._pending.items():
+                change: dict[str, Any] = {}
+                if pending:
+                    frag = self._write(table, self.next_row[table], pending,
+                                       [(seq, now, sum(len(p.cols) for p in pending))])
+                    new_frags[table] = frag
+                    lo = frag.row_start
+                    appends = []
+                    for p in pending:
+                        appends.append({"rows": [lo, lo + len(p.cols)], "meta": p.meta})
+                        lo += len(p.cols)
+                    change.update({"add": [frag.to_dict()], "appends": appends})
+                    rows[table] = (frag.first_id, frag.first_id + frag.rows)
+                if retired.get(table):
+                    change["remove"] = [f.name for f in retired[table]]
+                if change:
+                    body["tables"][table] = change
+            self._create_record(seq, body)
+            self.seq += 1
+            for table, frag in new_frags.items():
+                self.fragments[table].append(frag)
+                self.next_row[table] += frag.rows
+            for table, frags in retired.items():
+                gone = {f.name for f in frags}
+                self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
         for pending in self._pending.values():
             pending.clear()
         self._committed = (dict(self._last_step), dict(self._last_done))
-        self.seq += 1
         self.store.refresh()
         self._reclaim()
-        self._compact()
+        self._schedule_merge()
         return CommitResult(self.id, seq, rows)
 
     def _create_record(self, seq: int, body: dict[str, Any]) -> None:
@@ -318,17 +327,22 @@ class Writer:
             raise StoreError(f"commit record {layout.commit_record(self.id, seq)} already exists: "
                              "two writers share one writer number")
 
-    def _write(self, table: str, name: str, row_start: int, pending: list[_Pending],
-               parts: list[tuple[int, int, int]]) -> tuple[Fragment, list[str]]:
-        cols = concat_columns([p.cols for p in pending])
-        keys = [k for p in pending for k in p.keys]
-        uniq = list(dict.fromkeys(keys))
+    def _new_name(self) -> str:
+        return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
+
+    def _write(self, table: str, row_start: int, pending: list[_Pending],
+               parts: list[tuple[int, int, int]]) -> Fragment:
+        uniq = list(dict.fromkeys(k for p in pending for k in dict.fromkeys(p.keys)))
         code_of = {k: i for i, k in enumerate(uniq)}
-        codes = np.fromiter((code_of[k] for k in keys), dtype=np.int32, count=len(keys))
+        codes = np.concatenate([np.full(len(p.keys), code_of[p.keys[0]], dtype=STREAM_CODE)
+                                if len(p.keys) and p.keys.count(p.keys[0]) == len(p.keys)
+                                else np.fromiter((code_of[k] for k in p.keys), dtype=STREAM_CODE, count=len(p.keys))
+                                for p in pending])
         steps = np.concatenate([p.steps for p in pending])
         resets = np.concatenate([p.resets for p in pending])
-        return write_fragment(self.storage, self.id, table, name, row_start, cols, codes, steps, resets,
-                              uniq, parts)
+        frag, _ = write_fragment(self.storage, self.id, table, self._new_name(), row_start,
+                                 [p.cols for p in pending], codes, steps, resets, uniq, parts)
+        return frag
 
     # -- retention and compaction --------------------------------------------------------------
     def _grace(self, capacity: int) -> int:
@@ -355,13 +369,15 @@ class Writer:
         retained = {t: self.store.table(t).reader.retained_parts(self._grace(cap))
                     for t in self.store.schemas} if cap is not None else {}
         due, kept = [], []
-        for entry in self._trash:
-            t, frag = entry
-            # compacted-away originals go after the time grace or, in a capped store, as soon as
-            # all their records are older than the newest capacity + grace (the rule below)
-            gone = cap is not None and not any((frag.writer, seq) in retained[frag.table] for seq, _, _ in frag.parts)
-            (due if t <= now or gone else kept).append(entry)
-        self._trash = kept
+        with self._lock:
+            for entry in self._trash:
+                t, frag = entry
+                # compacted-away originals go after the time grace or, in a capped store, as soon as
+                # all their records are older than the newest capacity + grace (the rule below)
+                gone = cap is not None and not any((frag.writer, seq) in retained[frag.table]
+                                                   for seq, _, _ in frag.parts)
+                (due if t <= now or gone else kept).append(entry)
+            self._trash = kept
         for _, frag in due:
             self.storage.delete(frag.path)
         if cap is None:
@@ -371,11 +387,13 @@ class Writer:
                 if self.storage.exists(f"{frag.path}/zarr.json"):
                     self.storage.delete(frag.path)
 
-    def _compact(self) -> None:
-        """Merge this writer's trailing run of small fragments (tiered: fan-in 8)."""
+    def _next_merge(self) -> tuple[str, list[Fragment]] | None:
+        """This writer's trailing run of small fragments due for a merge (tiered: fan-in 8), if any."""
         cap = self.store.capacity
         max_rows = MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
-        for table, frags in self.fragments.items():
+        with self._lock:
+            fragments = {t: list(frags) for t, frags in self.fragments.items()}
+        for table, frags in fragments.items():
             run: list[Fragment] = []
             total = 0
             for f in reversed(frags):
@@ -392,30 +410,88 @@ class Writer:
                 continue
             reader = self.store.table(table).reader
             visible = {(f.writer, f.name) for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0}
-            if not all((self.id, f.name) in visible for f in run):
-                continue
-            self._merge(table, run)
+            if all((self.id, f.name) in visible for f in run):
+                return table, run
+        return None
+
+    def _schedule_merge(self) -> None:
+        """Start the next due merge on the writer's compaction thread, unless one is running."""
+        if self._merging is not None:
+            if not self._merging.done():
+                return
+            self._collect_merge()
+        job = self._next_merge()
+        if job is None:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"replaystore-compact-{self.id}")
+        self._merging = self._pool.submit(self._merge, *job)
+
+    def _collect_merge(self, wait: bool = False) -> None:
+        """Forget a finished (or, with ``wait``, the running) merge; re-raise its error."""
+        future = self._merging
+        if future is None or not (wait or future.done()):
+            return
+        self._merging = None
+        future.result()
 
     def _merge(self, table: str, run: list[Fragment]) -> None:
+        """Rewrite ``run`` as one fragment, then publish it with a ``compact`` commit record.
+
+        Runs on the compaction thread: the data are written without the writer's lock; the
+        record's seq and time are taken, and the record created, under it, so this writer's
+        records stay gapless and in time order. A run whose fragments were retired (evicted)
+        meanwhile is abandoned and its merged objects deleted: nothing references them.
+        """
         schema = self.store.schemas[table]
-        pending = []
-        for f in run:
-            data = FragmentData(self.storage, schema, f)
-            codes = np.asarray(data.array("_stream"))
-            pending.append(_Pending(data.columns(), [f.streams[c] for c in codes],
-                                    np.asarray(data.array("_step")), np.asarray(data.array("_reset")), {}))
-        seq, now = self.seq, self._now()
-        parts = [p for f in run for p in f.parts]
-        merged, written = self._write(table, layout.fragment_name(seq), run[0].row_start, pending, parts)
-        self.storage.sync_dirs(written)
-        body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
-                "tables": {table: {"add": [merged.to_dict()], "remove": [f.name for f in run]}}}
-        self._create_record(seq, body)
-        self.seq += 1
-        self.fragments[table] = [f for f in self.fragments[table] if f not in run] + [merged]
-        self.fragments[table].sort(key=lambda f: f.row_start)
-        self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
-        self.store.refresh()
+        streams = list(dict.fromkeys(k for f in run for k in f.streams))
+        code_of = {k: i for i, k in enumerate(streams)}
+        name = self._new_name()
+        path = layout.fragment_dir(self.id, table, name)
+        try:
+            cols, codes, steps, resets = [], [], [], []
+            for f in run:
+                data = FragmentData(self.storage, schema, f)
+                cols.append(data.columns())
+                remap = np.array([code_of[k] for k in f.streams], dtype=STREAM_CODE)
+                codes.append(remap[data.array("_stream")])
+                steps.append(data.array("_step"))
+                resets.append(data.array("_reset"))
+            merged, _ = write_fragment(self.storage, self.id, table, name, run[0].row_start, cols,
+                                       np.concatenate(codes), np.concatenate(steps), np.concatenate(resets),
+                                       streams, [p for f in run for p in f.parts])
+        except StaleReadError:  # part of the run was evicted and reclaimed while it was read
+            self.storage.delete(path)
+            return
+        with self._lock:
+            live = {f.name for f in self.fragments[table]}
+            if not all(f.name in live for f in run):
+                self.storage.delete(path)
+                return
+            seq, now = self.seq, self._now()
+            body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
+                    "tables": {table: {"add": [merged.to_dict()], "remove": [f.name for f in run]}}}
+            self._create_record(seq, body)
+            self.seq += 1
+            gone = {f.name for f in run}
+            self.fragments[table] = sorted([f for f in self.fragments[table] if f.name not in gone] + [merged],
+                                           key=lambda f: f.row_start)
+            self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
+
+    def _finish_merges(self, drain: bool) -> None:
+        """Wait for the running merge; with ``drain``, then run every due merge to completion."""
+        try:
+            self._collect_merge(wait=True)
+            while drain:
+                self.store.refresh()
+                job = self._next_merge()
+                if job is None:
+                    break
+                self._merge(*job)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -429,10 +505,17 @@ class Writer:
         self._last_step, self._last_done = dict(self._committed[0]), dict(self._committed[1])
 
     def close(self) -> None:
-        """Commit what is pending and release the writer."""
+        """Commit what is pending, finish compaction and release the writer.
+
+        Merges of small fragments run on a background thread after commits; ``close`` waits
+        for the running one and then performs every merge still due, so a finished writer
+        leaves its fragments compacted (no other writer ever merges them).
+        """
         if not self.closed:
             self.commit()
             self.closed = True
+            self._finish_merges(drain=True)
+            self.store.refresh()
 
     def __enter__(self) -> Writer:
         return self
@@ -443,3 +526,6 @@ class Writer:
         else:
             self.discard()
             self.closed = True
+            # the running merge is waited for, but its error must not mask the one propagating
+            with contextlib.suppress(Exception):
+                self._finish_merges(drain=False)

@@ -10,12 +10,13 @@ zarr-python reads the same arrays unchanged.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import google_crc32c
 import numpy as np
 
 from replaystore.errors import StaleReadError
-from replaystore.store.storage import Storage
+from replaystore.store.storage import Buffer, Storage
 
 CRC_BYTES = 4
 
@@ -43,28 +44,36 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...]) -> dict:
     }
 
 
-def encode_chunk(arr: np.ndarray) -> bytes:
-    data = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-    return data + np.uint32(google_crc32c.value(data)).tobytes()
+def chunk_buffers(pieces: Sequence[np.ndarray]) -> list[Buffer]:
+    """The chunk object of an array that is ``pieces`` concatenated along axis 0, as buffers to
+    write one after another (no copy of the data): the pieces' little-endian bytes, then the
+    4-byte CRC32C of all of them."""
+    out: list[Buffer] = []
+    crc = 0
+    for piece in pieces:
+        if not piece.size:
+            continue
+        raw = np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
+        crc = google_crc32c.extend(crc, raw)
+        out.append(raw)
+    out.append(np.uint32(crc).astype("<u4").tobytes())
+    return out
 
 
-def write_array(storage: Storage, path: str, arr: np.ndarray) -> list[str]:
-    """Write ``arr`` as a Zarr v3 array at ``path``; returns the object paths written."""
-    meta_path = f"{path}/zarr.json"
-    storage.write(meta_path, json.dumps(array_metadata(arr.dtype, arr.shape)).encode())
-    written = [meta_path]
-    if len(arr):
-        cpath = chunk_path(path, arr.ndim)
-        storage.write(cpath, encode_chunk(arr))
-        written.append(cpath)
-    return written
+def array_objects(path: str, dtype: np.dtype, shape: tuple[int, ...],
+                  pieces: Sequence[np.ndarray]) -> dict[str, list[Buffer]]:
+    """The objects of a Zarr v3 array at ``path`` holding ``pieces`` concatenated along axis 0."""
+    objects: dict[str, list[Buffer]] = {
+        f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape)).encode()]}
+    if shape[0]:
+        objects[chunk_path(path, len(shape))] = chunk_buffers(pieces)
+    return objects
 
 
-def write_group(storage: Storage, path: str, attributes: dict) -> str:
-    meta_path = f"{path}/zarr.json"
-    storage.write(meta_path, json.dumps({"zarr_format": 3, "node_type": "group",
-                                         "attributes": attributes}).encode())
-    return meta_path
+def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
+    """The ``zarr.json`` object of a Zarr v3 group at ``path``."""
+    return {f"{path}/zarr.json": [json.dumps({"zarr_format": 3, "node_type": "group",
+                                              "attributes": attributes}).encode()]}
 
 
 def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

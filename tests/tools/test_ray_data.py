@@ -254,7 +254,7 @@ def test_snapshot_survives_compaction_of_its_fragments(ray_cluster: None, tmp_pa
     source = ReplayStoreDatasource(url)
     assert len(source.fragments) == 7
     w.append(stream_batch(SEED, 0, 0, 7), stream="w0-0")
-    w.commit()  # the 8th small fragment: the writer merges all eight
+    w.close()  # commits the 8th small fragment; close() waits for the merge of all eight (background)
     compact = open_store(url, mode="r").commits()[-1]
     assert compact["kind"] == "compact" and len(compact["tables"]["records"]["remove"]) == 8
     storage = open_storage(url)
