@@ -112,6 +112,11 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def is_dir(self, path: str) -> bool: ...
 
+    def delete_objects(self, paths: list[str]) -> None:
+        """Remove these objects (not prefixes); absent ones are ignored. Backends may batch the requests."""
+        for path in paths:
+            self.delete(path)
+
     def walk(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
 
@@ -185,6 +190,7 @@ class LocalStorage(Storage):
         once from a thread pool: the filesystem folds concurrent fsyncs into few journal commits,
         where one fsync after another paid a commit each. Nothing is referenced before this returns."""
         files = []
+        futs = []
         dirs: set[str] = set()
         try:
             for path, parts in objects.items():
@@ -198,11 +204,18 @@ class LocalStorage(Storage):
                 for part in parts:
                     f.write(part)
                 f.flush()
+                if _EARLY:
+                    futs.append(self._pool_get().submit(os.fsync, f.fileno()))
             dir_fds = []
             try:
                 for directory in dirs:
                     dir_fds.append(os.open(directory, os.O_RDONLY))
-                self._fsync_all([f.fileno() for f in files] + dir_fds)
+                if _EARLY:
+                    self._fsync_all(dir_fds)
+                    for fu in futs:
+                        fu.result()
+                else:
+                    self._fsync_all([f.fileno() for f in files] + dir_fds)
             finally:
                 for fd in dir_fds:
                     os.close(fd)
@@ -215,12 +228,16 @@ class LocalStorage(Storage):
     FSYNC_THREADS: ClassVar[int] = 8
 
     @classmethod
-    def _fsync_all(cls, fds: list[int]) -> None:
-        """fsync ``fds`` concurrently; raises the first error."""
+    def _pool_get(cls):
         with cls._pool_lock:
             if cls._pool is None or cls._pool[0] != os.getpid():
                 cls._pool = (os.getpid(), ThreadPoolExecutor(cls.FSYNC_THREADS, thread_name_prefix="replaystore-fsync"))
-            pool = cls._pool[1]
+            return cls._pool[1]
+
+    @classmethod
+    def _fsync_all(cls, fds: list[int]) -> None:
+        """fsync ``fds`` concurrently; raises the first error."""
+        pool = cls._pool_get()
         for _ in pool.map(os.fsync, fds):
             pass
 
@@ -293,6 +310,7 @@ class LocalStorage(Storage):
         return self._p(path)
 
 
+_EARLY = bool(os.environ.get('EARLY'))
 _MEMORY_LOCK = threading.Lock()
 CONFLICT_RETRIES = 12
 CONFLICT_BACKOFF_S = 0.02
@@ -385,7 +403,10 @@ class FsspecStorage(Storage):
         request after a 5xx or a dropped connection), and the create is ours.
         """
         delay = self.conflict_backoff_s
-        for _ in range(self.conflict_retries):
+        for attempt in range(self.conflict_retries):
+            if attempt:
+                time.sleep(delay * (0.5 + random.random()))  # backoff between attempts, not synchronisation
+                delay = min(delay * 2, CONFLICT_BACKOFF_MAX_S)
             try:
                 self.fs.pipe_file(full, data, mode="create")
                 return True
@@ -397,8 +418,6 @@ class FsspecStorage(Storage):
                     return self._holds(full, data)
                 if code != "ConditionalRequestConflict" and status != 409:
                     raise
-            time.sleep(delay * (0.5 + random.random()))  # backoff between attempts, not synchronisation
-            delay = min(delay * 2, CONFLICT_BACKOFF_MAX_S)
         raise StorageError(f"{full}: conditional create still answered 409 ConditionalRequestConflict after "
                            f"{self.conflict_retries} attempts; the key is contended or the endpoint is stuck")
 
@@ -438,6 +457,14 @@ class FsspecStorage(Storage):
 
     def is_dir(self, path: str) -> bool:
         return bool(self.fs.isdir(self._p(path)))
+
+    def delete_objects(self, paths: list[str]) -> None:
+        """One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list)."""
+        if paths:
+            try:
+                self.fs.rm([self._p(p) for p in paths])
+            except FileNotFoundError:
+                pass
 
     def walk(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` with its size and modification time (S3: LastModified)."""

@@ -17,6 +17,7 @@ never touched.
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from dataclasses import dataclass, field
@@ -123,10 +124,14 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S) -> Va
         if kind == "payload" and (path in named or path.split("/")[1] in unreadable):
             continue
         units.setdefault(unit, []).append(o)
+    for path, mtime in _empty_fragment_dirs(store).items():
+        if path not in live:
+            units[(path, "fragment")] = []
+            mtimes[path] = mtime
     report = VacuumReport(dry_run=True, older_than_s=float(older_than_s))
     now = time.time_ns()
     for (path, kind), objs in sorted(units.items()):
-        since = max(o.mtime_ns for o in objs)
+        since = max((o.mtime_ns for o in objs), default=mtimes.get(path, now))
         if path in removed:  # a removing commit created after the listing counts as just now
             since = max(since, mtimes.get(removed[path], now))
         unit = Unit(path, kind, tuple(objs), since)
@@ -140,11 +145,32 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
     report.dry_run = dry_run
     if dry_run:
         return report
+    # only the objects judged, never a whole prefix: nothing written since the listing goes
+    store.storage.delete_objects([o.path for u in report.deleted for o in u.objects])
     for unit in report.deleted:
-        for o in unit.objects:  # only the objects judged: nothing written since the listing
-            store.storage.delete(o.path)
         _prune_empty_dirs(store, unit)
     return report
+
+
+def _empty_fragment_dirs(store: Store) -> dict[str, int]:
+    """Local filesystems: fragment directories holding no file (a writer killed right after creating
+    them) -> their newest directory mtime. Object stores have no directories."""
+    top = store.storage.local_path(layout.WRITERS)
+    root = store.storage.local_path("")
+    if top is None or root is None or not os.path.isdir(top):
+        return {}
+    out: dict[str, int] = {}
+    for frag_dir in glob.glob(os.path.join(glob.escape(top), "*", "data", "*", "*")):
+        newest, empty = 0, True
+        for directory, _, files in os.walk(frag_dir):
+            empty &= not files
+            try:
+                newest = max(newest, os.stat(directory).st_mtime_ns)
+            except FileNotFoundError:
+                pass
+        if empty and newest:
+            out[os.path.relpath(frag_dir, root).replace(os.sep, "/")] = newest
+    return out
 
 
 def _prune_empty_dirs(store: Store, unit: Unit) -> None:

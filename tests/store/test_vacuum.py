@@ -160,3 +160,16 @@ def test_age_counts_from_removal_not_from_writing(tmp_path) -> None:
     assert {u.kind for u in report.recent} == {"fragment", "temporary", "payload"}
     assert len([u for u in report.recent if u.kind == "fragment"]) == COMPACT_FANIN  # removed just now
     assert not os.path.exists(backend.storage().local_path(ORPHAN))  # its directories went too
+
+
+def test_empty_fragment_directories_of_a_killed_writer_go(tmp_path) -> None:
+    """Local only: a writer killed right after creating a fragment's directories leaves them empty."""
+    backend = Backend(str(tmp_path / "st"))
+    batches = _committed_store(backend)
+    os.makedirs(backend.storage().local_path(f"{ORPHAN}/obs/c"))
+    st = backend.open(mode="a")
+    kept = st.vacuum(older_than_s=HOUR_S)
+    assert kept.deleted == [] and [(u.path, u.objects) for u in kept.recent] == [(ORPHAN, ())]
+    assert [u.path for u in st.vacuum(older_than_s=0).deleted] == [ORPHAN]
+    assert not os.path.exists(backend.storage().local_path(ORPHAN))
+    _assert_intact(backend, batches)

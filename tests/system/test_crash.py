@@ -20,12 +20,15 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from replaystore.errors import CorruptObjectError
 from replaystore.store import layout, open_store, records
+from replaystore.store.storage import open_storage
+from replaystore.store.verify import verify
 from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, take_rows, write_planned
 
 START_TIMEOUT_S = 60.0
@@ -48,6 +51,18 @@ class CrashConfig:
     trials_per_store: int = 50
     lanes: int = 2
     new_writer_commits: int = 2
+    preload: int = 0  # commits a first writer makes in each fresh store (fills a capped store up front)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the stores of a crash run live: a local directory or an S3 prefix (with its options)."""
+
+    root: str
+    options: dict[str, Any] | None = None
+
+    def url(self, name: str) -> str:
+        return f"{self.root}/{name}"
 
 
 @dataclass
@@ -73,7 +88,8 @@ class Killed:
 DEFAULT_COMMIT_S = 0.05
 
 
-def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random) -> Killed:
+def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
+                 options: dict[str, Any] | None = None) -> Killed:
     """Run a crash-writer; SIGKILL it at a random instant after its K-th reported commit.
 
     K and the instant are drawn from ``rng``; the instant is scaled by the commit time the
@@ -82,8 +98,8 @@ def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random) -> Ki
     after = rng.choice(cfg.targets) if cfg.targets and rng.random() < 0.5 else rng.randint(0, cfg.max_after)
     fraction = rng.random() * cfg.spread
     out = Killed(tag)
-    with Child("crash-writer", url=url, seed=cfg.seed, tag=tag, max_records=cfg.max_records,
-               max_appends=cfg.max_appends, streams=cfg.streams) as child:
+    with Child("crash-writer", url=url, storage_options=options, seed=cfg.seed, tag=tag,
+               max_records=cfg.max_records, max_appends=cfg.max_appends, streams=cfg.streams) as child:
         first = child.readline(START_TIMEOUT_S)
         assert first == "ready", f"crash-writer did not start ({first!r}):\n{child.stderr()}"
         start = time.monotonic()
@@ -131,9 +147,10 @@ def concat_records(sch, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndar
     return out
 
 
-def check_store(url: str, cfg: CrashConfig, ledger: Ledger) -> tuple[Seen, list[dict]]:
+def check_store(url: str, cfg: CrashConfig, ledger: Ledger,
+                options: dict[str, Any] | None = None) -> tuple[Seen, list[dict]]:
     """Reopen the store and check it against the ledger, the commit log and the regenerated batches."""
-    st = open_store(url, mode="r")
+    st = open_store(url, mode="r", storage_options=options)
     sch = st.schema
     by_tag: dict[str, list[dict]] = {}
     seen = Seen()
@@ -200,6 +217,7 @@ def check_store(url: str, cfg: CrashConfig, ledger: Ledger) -> tuple[Seen, list[
     rows = np.concatenate(want_rows) if want_rows else np.zeros(0, np.int64)
     table = st.table("records")
     assert len(st) == len(rows), f"{len(st)} visible records, the commit log accounts for {len(rows)}"
+    assert cfg.capacity is None or len(st) <= cfg.capacity
     assert np.array_equal(st.row_ids(), np.sort(rows)), "the visible row ids differ from the committed ones"
     if len(rows):
         got = st.read(rows)
@@ -223,72 +241,84 @@ def check_store(url: str, cfg: CrashConfig, ledger: Ledger) -> tuple[Seen, list[
     return seen, st.commits()
 
 
-def leftovers(url: str, cfg: CrashConfig, writer: int, commits: list[dict]) -> Counter:
+def leftovers(url: str, cfg: CrashConfig, writer: int, commits: list[dict],
+              options: dict[str, Any] | None = None) -> Counter:
     """What a dead writer left behind outside its commit log (never shown, see check_store)."""
     out: Counter = Counter()
     committed = {d["name"] for b in commits if b["writer"] == writer
                  for t in b["tables"].values() for d in t.get("add", [])}
-    root = Path(url) / layout.writer_dir(writer)
-    data = root / "data" / "records"
-    orphans = sorted(set(os.listdir(data)) - committed) if data.is_dir() else []
+    storage = open_storage(url, options)
+    data = f"{layout.writer_dir(writer)}/data/records"
+    orphans = sorted(set(storage.list(data)) - committed)
     out["killed mid-commit (uncommitted fragment left)"] += bool(orphans)
     for name in orphans:  # a fragment bigger than one commit can make is a merge in progress
-        meta = data / name / "obs" / "zarr.json"
         try:
-            rows = json.loads(meta.read_text())["shape"][0]
+            rows = json.loads(storage.read(f"{data}/{name}/obs/zarr.json"))["shape"][0]
         except FileNotFoundError:
             continue
-        except ValueError:  # killed while writing this very object
+        except ValueError:  # killed while writing this very object (local files only: a PUT is whole)
             out["killed mid-write (torn object left)"] += 1
             continue
         out["killed mid-compaction (merged fragment left)"] += rows > cfg.max_records * cfg.max_appends
-    commits_dir = root / "commits"
-    out["killed mid-create (.tmp- left)"] += commits_dir.is_dir() and any(
-        n.startswith(".tmp-") for n in os.listdir(commits_dir))
+    out["killed mid-create (.tmp- left)"] += any(
+        o.path.rsplit("/", 1)[-1].startswith(".tmp-") for o in storage.walk(layout.commits_dir(writer)))
     return out
 
 
-def crash_pipeline(tmp_path: Path, cfg: CrashConfig, lane: int, trials: range) -> Counter:
+def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> Counter:
     """Trials one after another: run a child, kill it, check; a new writer commits, check again."""
     rng = random.Random(f"{cfg.seed}/{lane}")
     stats: Counter = Counter()
+    options = place.options
     for n, t in enumerate(trials):
         if n % cfg.trials_per_store == 0:  # a fresh store now and then keeps each reopen's log short
-            url = str(tmp_path / f"store{t}")
-            open_store(url, schema(), mode="w", capacity=cfg.capacity)
+            url = place.url(f"store{t}")
+            st = open_store(url, schema(), mode="w", capacity=cfg.capacity, storage_options=options)
             ledger = Ledger()
-        killed = run_and_kill(url, cfg, f"c{t}", rng)
+            if cfg.preload:
+                write_planned(st, cfg.seed, f"pre{t}", cfg.max_records, cfg.max_appends, cfg.streams, cfg.preload)
+                ledger.bounds[f"pre{t}"] = (cfg.preload, cfg.preload)
+        killed = run_and_kill(url, cfg, f"c{t}", rng, options)
         ledger.bounds[killed.tag] = (killed.commits, killed.commits + 1)
-        seen, commits = check_store(url, cfg, ledger)
+        seen, commits = check_store(url, cfg, ledger, options)
         # what the kill interrupted, for the efficacy checks in the tests
         stats["trials"] += 1
         stats["reported commits"] += killed.commits
         stats["trials with a commit"] += killed.commits > 0
         stats["in-flight commit landed"] += seen.tags.get(killed.tag, 0) > killed.commits
         if killed.writer is not None:
-            stats.update(leftovers(url, cfg, killed.writer, commits))
+            left = leftovers(url, cfg, killed.writer, commits, options)
+            stats.update(left)
+            # vacuum removes what the dead writer left (it is dead: no threshold needed) and nothing committed
+            report = open_store(url, mode="a", storage_options=options).vacuum(older_than_s=0)
+            stats["vacuumed units"] += len(report.deleted)
+            if left["killed mid-commit (uncommitted fragment left)"] or left["killed mid-create (.tmp- left)"]:
+                assert report.deleted, left
+            assert sum(leftovers(url, cfg, killed.writer, commits, options).values()) == 0
         # a new writer can append and commit after the crash, and the next open sees it
         tag = f"p{t}"
-        write_planned(open_store(url, mode="a"), cfg.seed, tag, cfg.max_records, cfg.max_appends, cfg.streams,
-                      cfg.new_writer_commits)
+        write_planned(open_store(url, mode="a", storage_options=options), cfg.seed, tag, cfg.max_records,
+                      cfg.max_appends, cfg.streams, cfg.new_writer_commits)
         ledger.bounds[tag] = (cfg.new_writer_commits, cfg.new_writer_commits)
-        seen, commits = check_store(url, cfg, ledger)
+        seen, commits = check_store(url, cfg, ledger, options)
         stats["full stores"] += seen.rows == cfg.capacity
         if (n + 1) % cfg.trials_per_store == 0 or n + 1 == len(trials):
+            storage = open_storage(url, options)
             stats["compactions"] += seen.compactions
+            assert verify(open_store(url, mode="r", storage_options=options)) == []  # after every vacuum too
             stats["reclaimed fragments"] += sum(
-                not (Path(url) / layout.fragment_dir(b["writer"], "records", d["name"])).exists()
+                not storage.exists(f"{layout.fragment_dir(b['writer'], 'records', d['name'])}/zarr.json")
                 for b in commits for tb in b["tables"].values() for d in tb.get("add", []))
     return stats
 
 
-def crash_trials(tmp_path: Path, cfg: CrashConfig) -> Counter:
+def crash_trials(place: Place, cfg: CrashConfig) -> Counter:
     """``cfg.trials`` trials in ``cfg.lanes`` concurrent pipelines, each on its own stores.
 
     The children spend most of their time in fsync, so two lanes overlap well on two cores.
     """
     with ThreadPoolExecutor(cfg.lanes) as pool:
-        futures = [pool.submit(crash_pipeline, tmp_path, cfg, lane, range(lane, cfg.trials, cfg.lanes))
+        futures = [pool.submit(crash_pipeline, place, cfg, lane, range(lane, cfg.trials, cfg.lanes))
                    for lane in range(cfg.lanes)]
         return sum((f.result() for f in futures), Counter())
 
@@ -298,7 +328,7 @@ DEFAULT = CrashConfig(trials=50, seed=20240601, capacity=None, max_records=6, ma
 
 
 def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
-    stats = crash_trials(tmp_path, DEFAULT)
+    stats = crash_trials(Place(str(tmp_path)), DEFAULT)
     print(dict(stats))
     assert stats["trials"] == DEFAULT.trials
     # the kills must have hit real work, not just idle children: most trials got commits in,
@@ -316,11 +346,41 @@ SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_append
 @pytest.mark.slow
 def test_sigkill_during_compaction_and_eviction(tmp_path: Path) -> None:
     """Tiny commits (a compaction every 8) into a capacity-bound replay (eviction and reclaim running)."""
-    stats = crash_trials(tmp_path, SLOW)
+    stats = crash_trials(Place(str(tmp_path)), SLOW)
     print(dict(stats))
     assert stats["trials"] == SLOW.trials
     assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
     assert stats["full stores"] >= SLOW.trials // 2, stats  # eviction was running in most trials
+    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+    assert stats["killed mid-compaction (merged fragment left)"] > 0, stats
+
+
+# the same on S3 (each child its own s3fs client, the loopback moto server): a store created full
+# (a first writer's 32 one-record commits, compacted in 8s), so every commit of the killed child
+# evicts, reclaims, and its 8th compacts (half the kills aim at it); the new writer reclaims the
+# dead writer's evicted fragments
+S3_CAPACITY = CrashConfig(trials=4, seed=4242, capacity=32, max_records=1, max_appends=1, streams=2, max_after=10,
+                          spread=2.5, targets=(7,), trials_per_store=2, preload=32)
+S3_CAPACITY_SLOW = CrashConfig(trials=30, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
+                               max_after=10, spread=2.5, targets=(7,), trials_per_store=15, preload=32)
+
+
+def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
+    stats = crash_trials(Place(s3_server.url("capacity"), s3_server.storage_options), cfg)
+    print(dict(stats))
+    assert stats["trials"] == cfg.trials
+    assert stats["full stores"] == cfg.trials, stats  # created full: eviction ran in every trial
+    assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
+    return stats
+
+
+def test_sigkill_during_s3_eviction_and_compaction(s3_server: Any) -> None:
+    _s3_capacity_run(s3_server, S3_CAPACITY)
+
+
+@pytest.mark.slow
+def test_sigkill_during_s3_eviction_and_compaction_soak(s3_server: Any) -> None:
+    stats = _s3_capacity_run(s3_server, S3_CAPACITY_SLOW)
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
     assert stats["killed mid-compaction (merged fragment left)"] > 0, stats
 
