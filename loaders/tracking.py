@@ -218,6 +218,10 @@ class RowSlots:
                 "slot_free": self.free}
 
     def load(self, state: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state` (or the per-row ``slot_rows``/``slot_ids`` arrays of earlier versions)."""
+        if "slot_lo" not in state and "slot_rows" in state:  # one segment per row, joined by _set
+            rows = np.asarray(state["slot_rows"], dtype=np.int64)
+            state = {**state, "slot_lo": rows, "slot_hi": rows + 1, "slot_first": state["slot_ids"]}
         lo, hi = (np.asarray(state[k], dtype=np.int64) for k in ("slot_lo", "slot_hi"))
         self._set(np.stack((lo, hi), axis=1), np.asarray(state["slot_first"], dtype=np.int64))
         self._row_of = np.asarray(state["slot_row_of"], dtype=np.int64).copy()

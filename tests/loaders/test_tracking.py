@@ -139,3 +139,13 @@ def test_samplers_follow_two_writers_commits_and_evictions(new_url: Any, commits
         assert set(epoch.sample().rows.tolist()) <= set(allowed.tolist())
     for wr in writers:
         wr.close()
+
+
+def test_row_slots_load_the_per_row_state_of_earlier_versions() -> None:
+    old = {"slot_rows": np.array([3, 4, 5, 9]), "slot_ids": np.array([0, 1, 2, 3]),
+           "slot_row_of": np.array([3, 4, 5, 9, -1]), "slot_free": np.array([4])}
+    slots = RowSlots()
+    slots.load(old)
+    got, found = slots.lookup(np.array([3, 4, 5, 6, 9]))
+    assert found.tolist() == [True, True, True, False, True] and got[found].tolist() == [0, 1, 2, 3]
+    assert len(slots) == 4 and len(slots.lo) == 2 and slots.add(np.array([10])).tolist() == [4]
