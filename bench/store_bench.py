@@ -8,10 +8,12 @@ and the target from issue 3. What is measured (docs/PERFORMANCE.md has the detai
 
 1. append: DqnBatch-shaped records (obs/next_obs 64 float32, 2 heads, 9 actions, CSR
    legal ids) appended in batches of 1,000 with a durable commit (fsync) every 10,000
-   records, vs ``ReplayBuffer(LazyMemmapStorage).extend`` of the same records as a
+   records (the writer's compaction runs on its background thread; the time includes
+   close(), which waits for it), vs ``ReplayBuffer(LazyMemmapStorage).extend`` of the same records as a
    TensorDict (legal ids as dense ``(9,)`` bool masks: memmap storage has no ragged
    columns). Data is pregenerated outside the timed region. TorchRL does not fsync.
-2. read: 256 random rows (every field) from a 1M-record store, sampling included:
+2. read: 256 random rows (every field) from a 1M-record store, sampling included, on the
+   store as that writer leaves it, after ``Writer.compact()``, and written as one commit:
    ``Table.read(Table.rows_at(rng.integers(0, len, 256)))`` vs
    ``ReplayBuffer(LazyMemmapStorage, RandomSampler, batch_size=256).sample()``.
 3. open + first read of a 10M-record store (page cache dropped, then warm), the one-time
@@ -262,7 +264,7 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
 
 
 def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarray]], tds: list[Any],
-                      out: Table) -> tuple[Any, Any, Any]:
+                      out: Table) -> tuple[Any, Any, Any, Any]:
     import torch
     from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer
 
@@ -292,29 +294,46 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     out.add(f"append {n:,} rows (building the read store)", ours_build, peer_build, "rows/s", None,
             f"peer on 1 torch thread; {len(frags)} fragments, {live / 2**20:,.0f} MiB live ({du(path) / 2**20:,.0f} MiB on disk "
             "incl. compaction inputs in their 30 s trash grace)")
+    # (c) the same again, then Writer.compact() before close: what a finished dataset can look like
+    pathc = os.path.join(tmp, "read10kc")
+    stc = open_store(pathc, schema, mode="w")
+    with stc.writer() as w:
+        for j in range(n // BATCH):
+            w.append(batches[j % len(batches)], stream=j % 8)
+            if (j + 1) * BATCH % COMMIT_EVERY == 0:
+                w.commit()
+        t0 = time.perf_counter()
+        merges = w.compact()
+        compact_s = time.perf_counter() - t0
+    out.add(f"Writer.compact() of that {n:,}-row store", compact_s, None, "s", None,
+            f"{merges} merges -> {len(stc.table('records').reader.fragments)} fragment(s); rewrites every record "
+            "not yet in a full-size fragment once")
     # (b) the same records written as one commit: one fragment
     path1 = os.path.join(tmp, "read1")
     st1 = open_store(path1, schema, mode="w")
     with st1.writer() as w:
         for j in range(n // BATCH):
             w.append(batches[j % len(batches)], stream=j % 8)
-    assert len(st) == len(st1) == len(rb) == n
-    return open_store(path, mode="r"), open_store(path1, mode="r"), rb
+    assert len(st) == len(st1) == len(stc) == len(rb) == n
+    return open_store(path, mode="r"), open_store(path1, mode="r"), open_store(pathc, mode="r"), rb
 
 
-def bench_read(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -> None:
+def bench_read(cfg: dict[str, Any], st: Any, st1: Any, stc: Any, rb: Any, out: Table) -> None:
     import torch
 
     rng = np.random.default_rng(1)
-    tab, tab1 = st.table("records"), st1.table("records")
+    tab, tab1, tabc = st.table("records"), st1.table("records"), stc.table("records")
     n = len(tab)
-    frags = len(tab.reader.fragments)
+    frags, fragsc = len(tab.reader.fragments), len(tabc.reader.fragments)
 
     def ours() -> dict[str, np.ndarray]:
         return tab.read(tab.rows_at(rng.integers(0, n, SAMPLE)))
 
     def ours1() -> dict[str, np.ndarray]:
         return tab1.read(tab1.rows_at(rng.integers(0, n, SAMPLE)))
+
+    def oursc() -> dict[str, np.ndarray]:
+        return tabc.read(tabc.rows_at(rng.integers(0, n, SAMPLE)))
 
     def ours_torch() -> dict[str, Any]:
         return {k: torch.from_numpy(v) for k, v in ours().items()}
@@ -328,7 +347,8 @@ def bench_read(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -> N
     assert rb.sample().batch_size[0] == SAMPLE
     # TorchRL's memmap indexing runs on torch's intra-op threads; on a busy 2-core machine one
     # thread can be faster, so the peer gets the better of both (conservative for us).
-    r = interleaved({"ours": (ours, None), "ours1": (ours1, None), "ours_torch": (ours_torch, None),
+    r = interleaved({"ours": (ours, None), "ours1": (ours1, None), "oursc": (oursc, None),
+                     "ours_torch": (ours_torch, None),
                      "peer": (peer, None), "peer_1t": (peer, 1)}, cfg)
     threads = torch.get_num_threads()
     print(f"  .. TorchRL sample(): {r['peer']:,.0f} batches/s with {threads} torch threads, "
@@ -337,6 +357,8 @@ def bench_read(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -> N
     r["peer"] = max(r["peer"], r["peer_1t"])
     out.add(f"read {SAMPLE} random rows, {n:,}-row store ({frags} fragments, 10k commits)", r["ours"], r["peer"],
             "batches/s", 2.0, f"all fields; sampling included; {peer_note}")
+    out.add(f"read {SAMPLE} random rows, {n:,}-row store ({fragsc} fragment(s), 10k commits + compact())",
+            r["oursc"], r["peer"], "batches/s", 2.0, "same records, the writer called compact() before close")
     out.add(f"read {SAMPLE} random rows, {n:,}-row store (1 fragment)", r["ours1"], r["peer"], "batches/s", 2.0,
             "same records, one commit")
     out.add("  same, 10k-commit store, + torch.from_numpy per field", r["ours_torch"], r["peer"], "batches/s",
@@ -451,9 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         batches = [dqn_records(rng, BATCH) for _ in range(32)]
         tds = [as_tensordict(b) for b in batches]
         bench_append(tmp, cfg, batches, tds, out)
-        st, st1, rb = build_read_stores(tmp, cfg, batches, tds, out)
-        bench_read(cfg, st, st1, rb, out)
-        del st, st1, rb
+        st, st1, stc, rb = build_read_stores(tmp, cfg, batches, tds, out)
+        bench_read(cfg, st, st1, stc, rb, out)
+        del st, st1, stc, rb
         bench_open_lookup(tmp, cfg, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -186,11 +186,14 @@ class LocalStorage(Storage):
         self._write_synced(full, data)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]]) -> None:
-        """Write every file, then fsync the files and their directories (up to the root) all at
-        once from a thread pool: the filesystem folds concurrent fsyncs into few journal commits,
-        where one fsync after another paid a commit each. Nothing is referenced before this returns."""
-        files = []
-        futs = []
+        """Write each file and hand its fsync to a thread pool at once (the disk writes it back
+        while the next files are written), then fsync the directories from theirs up to the root
+        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
+        where one after another paid a commit each. Nothing is referenced before this returns."""
+        pool = self._fsync_pool()
+        files: list[Any] = []
+        dir_fds: list[int] = []
+        syncs: list[Future[None]] = []
         dirs: set[str] = set()
         try:
             for path, parts in objects.items():
@@ -199,47 +202,33 @@ class LocalStorage(Storage):
                 if directory not in dirs:
                     os.makedirs(directory, exist_ok=True)
                     dirs.update(self._chain(directory))
-                f = open(full, "wb")
+                f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
                 files.append(f)
-                for part in parts:
-                    f.write(part)
+                f.writelines(parts)
                 f.flush()
-                if _EARLY:
-                    futs.append(self._pool_get().submit(os.fsync, f.fileno()))
-            dir_fds = []
-            try:
-                for directory in dirs:
-                    dir_fds.append(os.open(directory, os.O_RDONLY))
-                if _EARLY:
-                    self._fsync_all(dir_fds)
-                    for fu in futs:
-                        fu.result()
-                else:
-                    self._fsync_all([f.fileno() for f in files] + dir_fds)
-            finally:
-                for fd in dir_fds:
-                    os.close(fd)
+                syncs.append(pool.submit(os.fsync, f.fileno()))
+            for directory in dirs:
+                dir_fds.append(os.open(directory, os.O_RDONLY))
+                syncs.append(pool.submit(os.fsync, dir_fds[-1]))
         finally:
+            wait(syncs)  # every fsync ends before any descriptor is closed
             for f in files:
                 f.close()
+            for fd in dir_fds:
+                os.close(fd)
+        for sync in syncs:
+            sync.result()  # raises the first error
 
     _pool: ClassVar[tuple[int, ThreadPoolExecutor] | None] = None  # (owning pid, pool): rebuilt after fork
     _pool_lock: ClassVar[threading.Lock] = threading.Lock()
     FSYNC_THREADS: ClassVar[int] = 8
 
     @classmethod
-    def _pool_get(cls):
+    def _fsync_pool(cls) -> ThreadPoolExecutor:
         with cls._pool_lock:
             if cls._pool is None or cls._pool[0] != os.getpid():
                 cls._pool = (os.getpid(), ThreadPoolExecutor(cls.FSYNC_THREADS, thread_name_prefix="replaystore-fsync"))
             return cls._pool[1]
-
-    @classmethod
-    def _fsync_all(cls, fds: list[int]) -> None:
-        """fsync ``fds`` concurrently; raises the first error."""
-        pool = cls._pool_get()
-        for _ in pool.map(os.fsync, fds):
-            pass
 
     def _chain(self, directory: str) -> list[str]:
         """``directory`` and every directory above it up to the store root, deepest first."""
@@ -276,8 +265,9 @@ class LocalStorage(Storage):
             return False
         finally:
             os.unlink(tmp)
-            for d in self._chain(directory):  # the record's entry, and those of directories made for it
-                self._fsync_dir(d)
+            # the record's entry, and those of directories made for it (concurrently, as in write_objects)
+            for _ in self._fsync_pool().map(self._fsync_dir, self._chain(directory)):
+                pass
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._p(path))
@@ -310,7 +300,6 @@ class LocalStorage(Storage):
         return self._p(path)
 
 
-_EARLY = bool(os.environ.get('EARLY'))
 _MEMORY_LOCK = threading.Lock()
 CONFLICT_RETRIES = 12
 CONFLICT_BACKOFF_S = 0.02

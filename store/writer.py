@@ -107,7 +107,7 @@ class Writer:
         # compaction thread (one merge at a time, self._merging)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._merging: Future[None] | None = None
+        self._merging: Future[bool] | None = None
         self.closed = False
 
     def _register(self) -> int:
@@ -387,10 +387,17 @@ class Writer:
                 if self.storage.exists(f"{frag.path}/zarr.json"):
                     self.storage.delete(frag.path)
 
+    def _max_rows(self) -> int:
+        cap = self.store.capacity
+        return MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
+
+    def _fully_visible(self, table: str) -> set[str]:
+        reader = self.store.table(table).reader
+        return {f.name for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0 and f.writer == self.id}
+
     def _next_merge(self) -> tuple[str, list[Fragment]] | None:
         """This writer's trailing run of small fragments due for a merge (tiered: fan-in 8), if any."""
-        cap = self.store.capacity
-        max_rows = MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
+        max_rows = self._max_rows()
         with self._lock:
             fragments = {t: list(frags) for t, frags in self.fragments.items()}
         for table, frags in fragments.items():
@@ -408,11 +415,44 @@ class Writer:
                 total += f.rows
             if len(run) < COMPACT_FANIN:
                 continue
-            reader = self.store.table(table).reader
-            visible = {(f.writer, f.name) for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0}
-            if all((self.id, f.name) in visible for f in run):
+            visible = self._fully_visible(table)
+            if all(f.name in visible for f in run):
                 return table, run
         return None
+
+    def compact(self) -> int:
+        """Merge this writer's committed fragments into as few as the fragment size cap allows
+        (2^20 records, or capacity // 4), now, blocking; returns the number of merges published.
+
+        Random reads cost per fragment a batch touches (docs/PERFORMANCE.md), and the
+        background policy leaves about 8 fragments per size tier. Call this when a dataset
+        is finished or before a read-heavy phase: it rewrites every record not yet in a
+        full-size fragment once. Pending appends stay pending.
+        """
+        self._check_open()
+        self._collect_merge(wait=True)
+        self.store.refresh()
+        max_rows, merges = self._max_rows(), 0
+        for table in self.store.schemas:
+            visible = self._fully_visible(table)
+            with self._lock:
+                frags = list(self.fragments[table])
+            runs: list[list[Fragment]] = [[]]
+            for f in frags:
+                run = runs[-1]
+                adjacent = bool(run) and run[-1].row_start + run[-1].rows == f.row_start
+                if f.name not in visible or f.rows >= max_rows:
+                    runs.append([])
+                    continue
+                if not adjacent or sum(g.rows for g in run) + f.rows > max_rows:
+                    runs.append([f])
+                else:
+                    run.append(f)
+            for run in runs:
+                if len(run) > 1:
+                    merges += self._merge(table, run)
+        self.store.refresh()
+        return merges
 
     def _schedule_merge(self) -> None:
         """Start the next due merge on the writer's compaction thread, unless one is running."""
@@ -435,8 +475,9 @@ class Writer:
         self._merging = None
         future.result()
 
-    def _merge(self, table: str, run: list[Fragment]) -> None:
-        """Rewrite ``run`` as one fragment, then publish it with a ``compact`` commit record.
+    def _merge(self, table: str, run: list[Fragment]) -> bool:
+        """Rewrite ``run`` as one fragment, then publish it with a ``compact`` commit record
+        (True) or abandon it (False).
 
         Runs on the compaction thread: the data are written without the writer's lock; the
         record's seq and time are taken, and the record created, under it, so this writer's
@@ -462,12 +503,12 @@ class Writer:
                                        streams, [p for f in run for p in f.parts])
         except StaleReadError:  # part of the run was evicted and reclaimed while it was read
             self.storage.delete(path)
-            return
+            return False
         with self._lock:
             live = {f.name for f in self.fragments[table]}
             if not all(f.name in live for f in run):
                 self.storage.delete(path)
-                return
+                return False
             seq, now = self.seq, self._now()
             body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
                     "tables": {table: {"add": [merged.to_dict()], "remove": [f.name for f in run]}}}
@@ -477,6 +518,7 @@ class Writer:
             self.fragments[table] = sorted([f for f in self.fragments[table] if f.name not in gone] + [merged],
                                            key=lambda f: f.row_start)
             self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
+        return True
 
     def _finish_merges(self, drain: bool) -> None:
         """Wait for the running merge; with ``drain``, then run every due merge to completion."""

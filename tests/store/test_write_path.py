@@ -86,3 +86,41 @@ def test_a_merge_whose_inputs_are_gone_is_abandoned(fast_backend: Backend) -> No
     assert _commit_records(fast_backend, w.id) == before
     assert set(data.list(f"{layout.writer_dir(w.id)}/data/records")) == merged_dirs - {f.name for f in originals}
     assert len(fast_backend.open(mode="r")) == 16
+
+
+def test_compact_merges_a_writers_fragments_up_to_the_size_cap(fast_backend: Backend) -> None:
+    rng = np.random.default_rng(5)
+    st = fast_backend.open(DQN)
+    w = st.writer()
+    batches = []
+    for i in range(30):
+        b = dqn_batch(rng, 4, extra=0)
+        w.append(b, stream=i % 3)
+        w.commit()
+        batches.append(b)
+    pending = dqn_batch(rng, 2, extra=0)
+    w.append(pending, stream=0)
+    assert len(st.table("records").reader.fragments) > 1
+    assert w.compact() >= 1
+    fragments = st.table("records").reader.fragments
+    assert len(fragments) == 1 and fragments[0].rows == 120
+    assert [tuple(p) for p in fragments[0].parts] == [
+        (b["seq"], b["time_ns"], 4) for b in _commit_records(fast_backend, w.id) if b["kind"] == "append"]
+    assert w.compact() == 0  # nothing left to merge
+    w.close()  # the pending append is committed as its own fragment
+    for handle in (st, fast_backend.open(mode="r")):
+        assert len(handle.table("records").reader.fragments) == 2
+        assert_same(handle.read(handle.row_ids()), columns_of(DQN, [*batches, pending]))
+        assert handle.rows(0)[1].tolist() == list(range(10 * 4 + 2))
+
+
+def test_compact_respects_the_fragment_cap_of_a_capped_store(fast_backend: Backend) -> None:
+    rng = np.random.default_rng(6)
+    st = fast_backend.open(DQN, capacity=48)  # fragments hold at most 48 // 4 = 12 records
+    with st.writer() as w:
+        for i in range(12):
+            w.append(dqn_batch(rng, 2, extra=0), stream=i % 2)
+            w.commit()
+        w.compact()
+    fragments = st.table("records").reader.fragments
+    assert all(f.rows <= 12 for f in fragments) and len(fragments) == 2 and len(st) == 24
