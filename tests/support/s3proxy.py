@@ -126,7 +126,7 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+        def log_message(self, format: str, *args: object) -> None:  # quiet
             pass
 
     return Forward

@@ -11,7 +11,6 @@ never trusted; crash leftovers are neither shown nor tripped over.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
