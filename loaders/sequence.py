@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.store.index import StreamIndex
+from replaystore.store.segments import Segments
 
 
 @dataclass
@@ -52,6 +53,114 @@ def legal_windows(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray,
     return Windows(pos[ok], start[ok], (burn_in - (pos - start))[ok])
 
 
+_COLUMNS = {"learn": np.dtype(np.int64), "start": np.dtype(np.int64), "pad": np.dtype(np.int64)}
+
+
+class StreamWindows:
+    """The legal windows of every stream of a :class:`StreamIndex`, followed across its changes.
+
+    Windows are kept per index slot (stream) in :class:`Segments`, as relative positions
+    of the index's segments, sorted by first learning step. After an index change only
+    the streams it touched are revisited: entries appended after a stream's last step
+    add the windows that end in them (cost: the entries appended, plus ``burn_in +
+    length`` of context), oldest entries dropped drop the windows that used them (a
+    prefix: cost log), and a stream the index rewrote (out-of-order arrival, eviction
+    inside the stream) has its windows recomputed (cost: that stream). A new index
+    object (the table rebuilt it) means a full recomputation. Windows are drawn in the
+    order of :func:`legal_windows` on the index's dense views (stream id, then step), so
+    a sampler that followed the changes and one built afresh draw the same windows from
+    the same random numbers.
+    """
+
+    def __init__(self, index: StreamIndex, length: int, burn_in: int, subset: np.ndarray | None) -> None:
+        self.index, self.length, self.burn_in, self.subset = index, length, burn_in, subset
+        w = legal_windows(index.stream_ids, index.steps, index.resets, length, burn_in)
+        w = self._keep(w, index.rows)
+        gids = index.stream_ids[w.learn]
+        bounds = np.searchsorted(gids, np.arange(len(index.keys) + 1)).astype(np.int64)
+        shift = np.repeat(index.dense_start()[index.order], np.diff(bounds))
+        cols = {"learn": w.learn - shift, "start": w.start - shift, "pad": w.pad}
+        self.seg = Segments(_COLUMNS, cols, bounds, slot_order=index.order, slots=index.seg.slots)
+        self._seen(index)
+
+    def _keep(self, w: Windows, rows: np.ndarray) -> Windows:
+        """Only windows whose first learning step's row is in the subset (if any)."""
+        if self.subset is None or not len(w.learn):
+            return w
+        r = rows[w.learn]
+        pos = np.minimum(np.searchsorted(self.subset, r), max(len(self.subset) - 1, 0))
+        keep = self.subset[pos] == r if len(self.subset) else np.zeros(len(r), bool)
+        return Windows(w.learn[keep], w.start[keep], w.pad[keep])
+
+    def _seen(self, index: StreamIndex) -> None:
+        self.version = index.version
+        self.stamp = index.stamp.copy()
+        self.rel_lo, self.rel_hi = index.seg.rel_lo(), index.seg.rel_hi()
+        counts = (self.seg.hi - self.seg.lo)[index.order]
+        self.cum = np.cumsum(counts)
+        self.first = self.cum - counts
+
+    def follow(self) -> None:
+        """Bring the windows up to the index's current version."""
+        index = self.index
+        if index.version == self.version:
+            return
+        n = index.seg.slots
+        while self.seg.slots < n:
+            self.seg.add_slot()
+        grow = n - len(self.stamp)
+        stamp = np.r_[self.stamp, np.full(grow, -1, dtype=np.int64)]
+        old_lo = np.r_[self.rel_lo, np.zeros(grow, dtype=np.int64)]
+        old_hi = np.r_[self.rel_hi, np.zeros(grow, dtype=np.int64)]
+        rel_lo, rel_hi = index.seg.rel_lo(), index.seg.rel_hi()
+        for s in np.flatnonzero((stamp != index.stamp) | (old_lo != rel_lo) | (old_hi != rel_hi)).tolist():
+            if stamp[s] != index.stamp[s]:
+                self._stream(s, int(rel_lo[s]), int(rel_lo[s]), int(rel_hi[s]), replace=True)
+                continue
+            if rel_lo[s] > old_lo[s]:  # oldest entries dropped: windows using them go (a prefix)
+                starts = self.seg.view(s, "start")
+                self.seg.drop_head(s, int(np.searchsorted(starts, rel_lo[s])))
+            if rel_hi[s] > old_hi[s]:  # entries appended: windows ending in them
+                first = max(int(rel_lo[s]), int(old_hi[s]) - self.length + 1)
+                self._stream(s, first, max(int(rel_lo[s]), first - self.burn_in), int(rel_hi[s]), replace=False)
+        self._seen(index)
+
+    def _stream(self, s: int, first: int, ctx: int, hi: int, replace: bool) -> None:
+        """Windows of slot ``s`` whose first learning step is at relative position ``>= first``,
+        from its entries ``[ctx, hi)``; they replace the slot's windows or are appended."""
+        seg = self.index.seg
+        at = int(seg.origin[s])
+        steps = seg.cols["steps"][at + ctx:at + hi]
+        w = legal_windows(np.zeros(len(steps), dtype=np.int64), steps, seg.cols["resets"][at + ctx:at + hi],
+                          self.length, self.burn_in)
+        w = self._keep(w, seg.cols["rows"][at + ctx:at + hi])
+        keep = w.learn >= first - ctx
+        cols = {"learn": w.learn[keep] + ctx, "start": w.start[keep] + ctx, "pad": w.pad[keep]}
+        if replace:
+            self.seg.replace(s, cols)
+        else:
+            self.seg.append(s, cols)
+
+    def __len__(self) -> int:
+        return int(self.cum[-1]) if len(self.cum) else 0
+
+    def pick(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Windows number ``k`` (in draw order): ``(dense stream id, buffer position of the first
+        real step in the index's columns, pad, slot)``."""
+        g = np.searchsorted(self.cum, k, side="right")
+        slot = self.index.order[g]
+        at = self.seg.lo[slot] + (k - self.first[g])
+        start = self.seg.cols["start"][at] + self.index.seg.origin[slot]
+        return g, start, self.seg.cols["pad"][at], slot
+
+    def dense(self) -> Windows:
+        """Every window in draw order, as positions of the index's dense views."""
+        at, counts = self.seg.positions(self.index.order)
+        shift = np.repeat(self.index.dense_start()[self.index.order], counts)
+        c = self.seg.cols
+        return Windows(c["learn"][at] + shift, c["start"][at] + shift, c["pad"][at])
+
+
 class SequenceSampler(StoreSampler):
     """Minibatches of ``batch_size`` windows of ``burn_in + length`` steps, with replacement.
 
@@ -75,44 +184,45 @@ class SequenceSampler(StoreSampler):
             raise StoreError(f"burn_in: expected an int >= 0, got {burn_in!r}")
         self.length = length
         self.burn_in = burn_in
-        self._version = -1
-        self._windows: Windows | None = None
+        self._windows: StreamWindows | None = None
         super().__init__(store, batch_size, seed, **kwargs)
 
     @property
     def window(self) -> int:
         return self.burn_in + self.length
 
-    def windows(self) -> Windows:
+    def _followed(self) -> StreamWindows:
+        """The legal windows, brought up to date with the table (cost: what changed)."""
         reader = self.table.reader
         reader.sync()
-        if self._windows is None or reader.log.version != self._version:
-            index = reader.index
-            w = legal_windows(index.stream_ids, index.steps, index.resets, self.length, self.burn_in)
-            if self.subset is not None:
-                keep = np.isin(index.rows[w.learn], self.subset)
-                w = Windows(w.learn[keep], w.start[keep], w.pad[keep])
-            self._windows, self._version = w, reader.log.version
+        index = reader.index
+        if self._windows is None or self._windows.index is not index:
+            self._windows = StreamWindows(index, self.length, self.burn_in, self.subset)
+        self._windows.follow()
         return self._windows
 
+    def windows(self) -> Windows:
+        """Every legal window, in draw order, as positions of the table's stream index
+        (``table.reader.index``) dense views. Cost: the table (inspection, not sampling)."""
+        return self._followed().dense()
+
     def sample(self) -> Request:
-        w = self.windows()
-        if not len(w.learn):
+        w = self._followed()
+        if not len(w):
             raise self._empty(f"windows of {self.burn_in} + {self.length} steps")
-        index = self.table.reader.index
-        pick = self.rng.integers(0, len(w.learn), size=self.batch_size)
-        start, pad = w.start[pick], w.pad[pick]
+        cols = w.index.seg.cols
+        gid, start, pad, _ = w.pick(self.rng.integers(0, len(w), size=self.batch_size))
         offset = np.arange(self.window, dtype=np.int64)
         real = offset[None, :] >= pad[:, None]
-        pos = np.where(real, start[:, None] + offset[None, :] - pad[:, None], 0)
-        rows = np.where(real, index.rows[pos], -1)
+        pos = np.where(real, start[:, None] + offset[None, :] - pad[:, None], start[:, None])
+        rows = np.where(real, cols["rows"][pos], -1)
         outputs = {
             "loss_mask": np.broadcast_to(offset >= self.burn_in, real.shape).copy(),
             "sequence_valid": real,
-            "steps": np.where(real, index.steps[pos], -1),
-            "reset": real & index.resets[pos],
-            "stream": index.stream_ids[w.learn[pick]],
+            "steps": np.where(real, cols["steps"][pos], -1),
+            "reset": real & cols["resets"][pos],
+            "stream": gid,
         }
         self.batches_drawn += 1
-        keys = [index.keys[g] for g in outputs["stream"]]
+        keys = [w.index.keys[g] for g in gid.tolist()]
         return Request(rows, outputs, sequence=True, stream_keys=keys)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
 
-from replaystore.errors import RowError
+from replaystore.errors import RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.fragment import Fragment, FragmentData
-from replaystore.store.index import StreamIndex
+from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
 from replaystore.store.storage import Storage
 
@@ -43,6 +44,7 @@ class TableReader:
         if self._version == self.log.version:
             return
         self._version = self.log.version
+        prev = (self.fragments, self.vis_from, self._data) if self._index is not None else None
         frags = self.log.fragments(self.name)
         vis_from = np.zeros(len(frags), dtype=np.int64)
         if self.capacity is not None:
@@ -61,7 +63,8 @@ class TableReader:
         self._base = self.first_ids + self.vis_from - self.cum[:-1]
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
-        self._index = None
+        if prev is not None and self._index is not None and not self._follow_index(*prev):
+            self._index = None
 
     def _evict(self, frags: list[Fragment]) -> np.ndarray:
         """Per fragment, the local offset from which its rows are among the newest ``capacity``."""
@@ -265,9 +268,77 @@ class TableReader:
             self._index = StreamIndex.build(parts)
         return self._index
 
+    def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray,
+                      datas: dict[tuple[int, str], FragmentData]) -> bool:
+        """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream
+        index (cost: fragments + rows changed; see StreamIndex.apply). False where a rebuild is
+        due instead: the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``),
+        or the index arrays of rows
+        that left the view can no longer be read (their fragment was reclaimed)."""
+        assert self._index is not None
+        old = _intervals(frags, vis_from)
+        new = _intervals(self.fragments, self.vis_from)
+        added, removed, changed = [], [], 0
+        try:
+            for frag, lo, hi in _subtract(new, old):
+                added.append(self._piece(self.data(frag), frag, lo, hi, steps=True))
+                changed += hi - lo
+            for frag, lo, hi in _subtract(old, new):
+                data = datas.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
+                removed.append(self._piece(data, frag, lo, hi, steps=False))
+                changed += hi - lo
+        except StaleReadError:
+            return False
+        if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
+            return False
+        if len(frags) <= len(self.fragments) and all(a is b for a, b in zip(frags, self.fragments, strict=False)):
+            # visible fragments only appended: the stream order only grows (cost: new fragments)
+            known = self._index.slot_of
+            new_keys = list(dict.fromkeys(k for f in self.fragments[len(frags):] for k in f.streams if k not in known))
+            return self._index.apply(added, removed, new_keys=new_keys)
+        return self._index.apply(added, removed, keys=list(dict.fromkeys(k for f in self.fragments for k in f.streams)))
+
+    @staticmethod
+    def _piece(data: FragmentData, frag: Fragment, lo: int, hi: int, steps: bool) -> Piece:
+        """Index entries of ``frag``'s local rows ``[lo, hi)``."""
+        rows = np.arange(frag.first_id + lo, frag.first_id + hi, dtype=np.int64)
+        codes = np.asarray(data.array("_stream")[lo:hi])
+        if not steps:
+            return Piece(frag.streams, codes, rows)
+        return Piece(frag.streams, codes, rows, np.asarray(data.array("_step")[lo:hi]),
+                     np.asarray(data.array("_reset")[lo:hi]))
+
+
+_REBUILD_MIN = 1 << 16
+"""Rows changed below which the stream index always follows a change rather than rebuilding."""
 
 _PAIR = np.array([0, 1], dtype=np.int64)
 """Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
+
+
+def _intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:
+    """Visible row ids ``[lo, hi)`` per fragment, sorted."""
+    return sorted(((f.first_id + int(v), f.first_id + f.rows, f) for f, v in zip(frags, vis_from, strict=True)),
+                  key=lambda t: t[0])
+
+
+def _subtract(a: list[tuple[int, int, Fragment]], b: list[tuple[int, int, Fragment]],
+              ) -> list[tuple[Fragment, int, int]]:
+    """Rows of ``a``'s intervals in none of ``b``'s, as ``(fragment, local lo, local hi)``."""
+    out = []
+    starts = [lo for lo, _, _ in b]
+    for lo, hi, frag in a:
+        j = max(bisect.bisect_right(starts, lo) - 1, 0)
+        cur = lo
+        while cur < hi and j < len(b):
+            blo, bhi, _ = b[j]
+            if blo > cur:
+                out.append((frag, cur - frag.first_id, min(blo, hi) - frag.first_id))
+            cur = max(cur, bhi)
+            j += 1
+        if cur < hi:
+            out.append((frag, cur - frag.first_id, hi - frag.first_id))
+    return out
 
 
 def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:
