@@ -30,9 +30,14 @@ class Segments:
         starts = ends - counts - counts // 8
         top = int(ends[-1]) if len(ends) else 0
         self.cols = {k: np.empty(top + slack, dtype=dt) for k, dt in dtypes.items()}
-        at = np.repeat(starts - bounds[:-1], counts) + np.arange(int(bounds[-1]), dtype=np.int64)
-        for k, arr in (columns or {}).items():
-            self.cols[k][at] = arr
+        if len(counts) * 256 <= bounds[-1]:  # few long segments: one slice copy each
+            for k, arr in (columns or {}).items():
+                for a, b, t in zip(bounds[:-1].tolist(), bounds[1:].tolist(), starts.tolist(), strict=True):
+                    self.cols[k][t:t + b - a] = arr[a:b]
+        else:
+            at = np.repeat(starts - bounds[:-1], counts) + np.arange(int(bounds[-1]), dtype=np.int64)
+            for k, arr in (columns or {}).items():
+                self.cols[k][at] = arr
         order = np.arange(len(counts)) if slot_order is None else slot_order
         self.lo = np.full(len(order) if slots is None else slots, top, dtype=np.int64)
         self.hi, self.end = self.lo.copy(), self.lo.copy()
