@@ -106,8 +106,7 @@ class StreamWindows:
         if index.version == self.version:
             return
         n = index.seg.slots
-        while self.seg.slots < n:
-            self.seg.add_slot()
+        self.seg.add_slots(n - self.seg.slots)
         grow = n - len(self.stamp)
         stamp = np.r_[self.stamp, np.full(grow, -1, dtype=np.int64)]
         old_lo = np.r_[self.rel_lo, np.zeros(grow, dtype=np.int64)]

@@ -100,9 +100,9 @@ class StreamIndex:
         elsewhere than at its ends (plus the number of streams when ``keys`` is given).
         False (the index is then unusable) if the pieces contradict the index."""
         self.version += 1
-        for k in keys if keys is not None else new_keys or []:
-            if k not in self.slot_of:
-                self.slot_of[k] = self.seg.add_slot()
+        fresh = [k for k in (keys if keys is not None else new_keys or []) if k not in self.slot_of]
+        self.slot_of.update((k, self.seg.slots + i) for i, k in enumerate(fresh))
+        self.seg.add_slots(len(fresh))
         self.stamp = np.r_[self.stamp, np.zeros(self.seg.slots - len(self.stamp), dtype=np.int64)]
         if removed:
             slot, rows, _, _ = self._group(removed)

@@ -50,9 +50,10 @@ class Segments:
     def slots(self) -> int:
         return len(self.lo)
 
-    def add_slot(self) -> int:
-        self.lo, self.hi, self.end, self.origin = (np.r_[a, self.top] for a in (self.lo, self.hi, self.end, self.origin))
-        return self.slots - 1
+    def add_slots(self, count: int) -> None:
+        """``count`` new empty slots, numbered after the existing ones."""
+        fill = np.full(count, self.top, dtype=np.int64)
+        self.lo, self.hi, self.end, self.origin = (np.r_[a, fill] for a in (self.lo, self.hi, self.end, self.origin))
 
     def count(self, slot: int) -> int:
         return int(self.hi[slot] - self.lo[slot])

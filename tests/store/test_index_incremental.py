@@ -62,7 +62,7 @@ def test_followed_index_equals_fresh_build(new_url: Callable[[], str], plan: lis
 
 
 seg_ops = hs.lists(hs.one_of(
-    hs.tuples(hs.just("slot")),
+    hs.tuples(hs.just("slot"), hs.integers(0, 5)),
     hs.tuples(hs.just("append"), hs.integers(0, 5), hs.integers(0, 9)),
     hs.tuples(hs.just("drop"), hs.integers(0, 5), hs.integers(0, 9)),
     hs.tuples(hs.just("replace"), hs.integers(0, 5), hs.integers(0, 9)),
@@ -81,9 +81,10 @@ def test_segments_match_a_list_model(ops: list[Any], initial: list[int]) -> None
     fresh = itertools.count(1000)
     for op in ops:
         if op[0] == "slot":
-            assert seg.add_slot() == len(model)
-            model.append([])
-            first_rel.append(int(seg.rel_lo()[-1]))
+            seg.add_slots(op[1] % 3)
+            model += [[] for _ in range(op[1] % 3)]
+            first_rel += [int(r) for r in seg.rel_lo()[len(first_rel):]]
+            assert seg.slots == len(model)
             continue
         if not model:
             continue
