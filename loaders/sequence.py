@@ -112,33 +112,45 @@ class StreamWindows:
         old_lo = np.r_[self.rel_lo, np.zeros(grow, dtype=np.int64)]
         old_hi = np.r_[self.rel_hi, np.zeros(grow, dtype=np.int64)]
         rel_lo, rel_hi = index.seg.rel_lo(), index.seg.rel_hi()
+        jobs: list[tuple[int, int, int, int, bool]] = []  # (slot, first, ctx, hi, replace)
         for s in np.flatnonzero((stamp != index.stamp) | (old_lo != rel_lo) | (old_hi != rel_hi)).tolist():
+            lo, hi = int(rel_lo[s]), int(rel_hi[s])
             if stamp[s] != index.stamp[s]:
-                self._stream(s, int(rel_lo[s]), int(rel_lo[s]), int(rel_hi[s]), replace=True)
+                jobs.append((s, lo, lo, hi, True))
                 continue
-            if rel_lo[s] > old_lo[s]:  # oldest entries dropped: windows using them go (a prefix)
-                starts = self.seg.view(s, "start")
-                self.seg.drop_head(s, int(np.searchsorted(starts, rel_lo[s])))
-            if rel_hi[s] > old_hi[s]:  # entries appended: windows ending in them
-                first = max(int(rel_lo[s]), int(old_hi[s]) - self.length + 1)
-                self._stream(s, first, max(int(rel_lo[s]), first - self.burn_in), int(rel_hi[s]), replace=False)
+            if lo > old_lo[s]:  # oldest entries dropped: windows using them go (a prefix)
+                self.seg.drop_head(s, int(np.searchsorted(self.seg.view(s, "start"), lo)))
+            if hi > old_hi[s]:  # entries appended: windows ending in them
+                first = max(lo, int(old_hi[s]) - self.length + 1)
+                jobs.append((s, first, max(lo, first - self.burn_in), hi, False))
+        if jobs:
+            self._windows_of(jobs)
         self._seen(index)
 
-    def _stream(self, s: int, first: int, ctx: int, hi: int, replace: bool) -> None:
-        """Windows of slot ``s`` whose first learning step is at relative position ``>= first``,
-        from its entries ``[ctx, hi)``; they replace the slot's windows or are appended."""
+    def _windows_of(self, jobs: list[tuple[int, int, int, int, bool]]) -> None:
+        """For each job ``(slot, first, ctx, hi, replace)``: the slot's windows whose first learning
+        step is at relative position ``>= first``, from its entries ``[ctx, hi)``; they replace
+        the slot's windows or are appended. One :func:`legal_windows` call for all jobs."""
         seg = self.index.seg
-        at = int(seg.origin[s])
-        steps = seg.cols["steps"][at + ctx:at + hi]
-        w = legal_windows(np.zeros(len(steps), dtype=np.int64), steps, seg.cols["resets"][at + ctx:at + hi],
-                          self.length, self.burn_in)
-        w = self._keep(w, seg.cols["rows"][at + ctx:at + hi])
-        keep = w.learn >= first - ctx
-        cols = {"learn": w.learn[keep] + ctx, "start": w.start[keep] + ctx, "pad": w.pad[keep]}
-        if replace:
-            self.seg.replace(s, cols)
-        else:
-            self.seg.append(s, cols)
+        at = np.array([seg.origin[s] + ctx for s, _, ctx, _, _ in jobs], dtype=np.int64)
+        counts = np.array([hi - ctx for _, _, ctx, hi, _ in jobs], dtype=np.int64)
+        bounds = np.zeros(len(jobs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        pos = np.repeat(at - bounds[:-1], counts) + np.arange(int(bounds[-1]), dtype=np.int64)
+        w = legal_windows(np.repeat(np.arange(len(jobs), dtype=np.int64), counts), seg.cols["steps"][pos],
+                          seg.cols["resets"][pos], self.length, self.burn_in)
+        w = self._keep(w, seg.cols["rows"][pos])
+        cuts = np.searchsorted(w.learn, bounds).tolist()
+        for j, (s, first, ctx, _, replace) in enumerate(jobs):
+            shift = ctx - int(bounds[j])
+            learn = w.learn[cuts[j]:cuts[j + 1]] + shift
+            keep = learn >= first
+            cols = {"learn": learn[keep], "start": w.start[cuts[j]:cuts[j + 1]][keep] + shift,
+                    "pad": w.pad[cuts[j]:cuts[j + 1]][keep]}
+            if replace:
+                self.seg.replace(s, cols)
+            else:
+                self.seg.append(s, cols)
 
     def __len__(self) -> int:
         return int(self.cum[-1]) if len(self.cum) else 0
