@@ -99,7 +99,7 @@ def learn(st: Any, steps: int, eval_games: int) -> dict[str, Any]:
     import torch
 
     from replaystore.loaders import PrioritizedSampler, make_loader
-    from replaystore.tools.dqn import QNet, dqn_loss, greedy
+    from replaystore.tools.dqn import QNet, greedy, train_step
 
     torch.manual_seed(0)
     online = QNet(tictactoe.OBSERVATION_SIZE, tictactoe.ACTIONS)
@@ -110,12 +110,7 @@ def learn(st: Any, steps: int, eval_games: int) -> dict[str, Any]:
     losses, seen = [], [len(st)]
     t0 = time.perf_counter()
     for i, batch in enumerate(loader):
-        loss, priority = dqn_loss(online, target, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sampler.update(batch["indices"], priority)
-        losses.append(float(loss.detach()))
+        losses.append(train_step(online, target, opt, batch, sampler))
         if (i + 1) % TARGET_SYNC == 0:
             target.load_state_dict(online.state_dict())
         if (i + 1) % REFRESH_EVERY == 0:

@@ -29,7 +29,7 @@ from replaystore.loaders import PrioritizedSampler, make_loader
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
 from replaystore.tools import tictactoe
-from replaystore.tools.dqn import QNet, dqn_loss, greedy
+from replaystore.tools.dqn import QNet, greedy, train_step
 from replaystore.tools.info import print_info
 from replaystore.tools.tables import format_table
 
@@ -85,12 +85,7 @@ def train(st: Store, sampler: PrioritizedSampler, online: QNet, target: QNet, op
     loader = make_loader(st, sampler, num_workers=1, prefetch_factor=1)
     losses = []
     for i, batch in enumerate(_bar(iterable=loader, total=steps, desc=label, unit="batch")):
-        loss, priority = dqn_loss(online, target, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sampler.update(batch["indices"], priority)
-        losses.append(float(loss.detach()))
+        losses.append(train_step(online, target, opt, batch, sampler))
         if (i + 1) % 100 == 0:
             target.load_state_dict(online.state_dict())
     return float(np.mean(losses[-100:]))

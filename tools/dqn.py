@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from replaystore.loaders import PrioritizedSampler
 from replaystore.loaders.masks import legal_mask
 
 
@@ -62,6 +63,18 @@ def dqn_loss(online: QNet, target: QNet, batch: Mapping[str, Any]) -> tuple[torc
     loss = (per * masks).sum() / masks.sum().clamp_min(1.0)
     priority = (td.detach().abs() * masks).sum(1) / masks.sum(1).clamp_min(1.0)
     return loss, priority
+
+
+def train_step(online: QNet, target: QNet, opt: torch.optim.Optimizer, batch: Mapping[str, Any],
+               sampler: PrioritizedSampler) -> float:
+    """One prioritized DQN step on ``batch``: loss, backward, optimizer step, and the batch's
+    |TD errors| written back to ``sampler`` as priorities. Returns the loss."""
+    loss, priority = dqn_loss(online, target, batch)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sampler.update(batch["indices"], priority)
+    return float(loss.detach())
 
 
 def greedy(online: QNet, obs: torch.Tensor, legal_ids: torch.Tensor) -> int:
