@@ -3,13 +3,15 @@
     python bench/sequence_live_bench.py [--big 10000000] [--small 100000] [--reps 9] [--dir DIR]
 
 The stores are loader_bench.py's section-4 transitions stores (16 streams, 1M-record commits),
-built once under ``--dir`` and reused (each run adds ``reps`` commits to them). Before every timed minibatch a second writer commits
-1,000 records; three kinds of commit:
+built once under ``--dir`` and reused (each run adds ``reps`` commits to them). Before every
+timed minibatch a second writer commits 1,000 records; four kinds of commit:
 
 - ``new stream``: the records start a new stream (loader_bench.py section 4b);
 - ``append``: they continue one of the 16 existing streams (round robin);
 - ``capped``: as ``append`` on the same records in a store created with ``capacity`` = its
-  size, so each commit also evicts the 1,000 oldest records.
+  size, so each commit also evicts the 1,000 oldest records;
+- ``episodes``: on a store of 200-step episodes, each its own stream (50k streams at 10M),
+  the commit holds 5 new episodes.
 
 Printed per kind: median ``refresh()`` and ``sample()`` (which brings the stream index and the
 sampler's windows up to date) in microseconds, at both sizes, and the ratio big / small.
@@ -28,19 +30,16 @@ from replaystore.schemas import transitions
 from replaystore.store import open_store
 
 LIVE_COMMIT, SLICE, SLICES = 1_000, 16, 16  # as loader_bench.py
-KINDS = ("new stream", "append", "capped")
+KINDS = ("new stream", "append", "capped", "episodes")
+EPISODE = 200
+STEPS = np.arange(EPISODE, dtype=np.int64)
 
 
 def build(path: str, records: int, capacity: int | None) -> float:
     """loader_bench.build_transitions, with a capacity; seconds taken."""
     per_commit = min(records, 1_000_000)
     per_stream = per_commit // 16
-    rng = np.random.default_rng(2)
-    b = {"obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, per_stream).astype(np.int64),
-         "reward": rng.standard_normal(per_stream, dtype=np.float32),
-         "next_obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "terminated": rng.random(per_stream) < 0.01}
+    b = transitions_batch(per_stream)
     t0 = time.perf_counter()
     with open_store(path, transitions(4, actions=3), mode="w", capacity=capacity).writer() as w:
         for _ in range(records // per_commit):
@@ -50,21 +49,40 @@ def build(path: str, records: int, capacity: int | None) -> float:
     return time.perf_counter() - t0
 
 
+def build_episodes(path: str, records: int) -> float:
+    """Records as ``EPISODE``-step episodes, one stream each, 1M-record commits; seconds taken."""
+    per_commit = min(records, 1_000_000)
+    b = transitions_batch(EPISODE)
+    t0 = time.perf_counter()
+    with open_store(path, transitions(4, actions=3), mode="w").writer() as w:
+        for c in range(records // per_commit):
+            for key in range(c * (per_commit // EPISODE), (c + 1) * (per_commit // EPISODE)):
+                w.append(b, stream=key, step=STEPS, reset=STEPS == 0)
+            w.commit()
+    return time.perf_counter() - t0
+
+
+def transitions_batch(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {"obs": rng.standard_normal((n, 4), dtype=np.float32), "action": rng.integers(0, 3, n).astype(np.int64),
+            "reward": rng.standard_normal(n, dtype=np.float32),
+            "next_obs": rng.standard_normal((n, 4), dtype=np.float32), "terminated": np.zeros(n, bool)}
+
+
 def live(path: str, kind: str, reps: int) -> tuple[float, float]:
     """Median seconds of ``(refresh, sample)`` right after each of ``reps`` commits."""
     st = open_store(path, mode="r")
     s = SequenceSampler(st, length=SLICE, burn_in=0, batch_size=SLICES, seed=0)
     s.sample()
-    rng = np.random.default_rng(7)
-    b = {"obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, LIVE_COMMIT).astype(np.int64),
-         "reward": rng.standard_normal(LIVE_COMMIT, dtype=np.float32),
-         "next_obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
-         "terminated": np.zeros(LIVE_COMMIT, bool)}
+    b, eb = transitions_batch(LIVE_COMMIT), transitions_batch(EPISODE)
     times = []
     with open_store(path, mode="a").writer() as w:
         for i in range(reps):
-            w.append(b, stream=10_000 + i if kind == "new stream" else i % 16, reset=kind == "new stream")
+            if kind == "episodes":  # keys never used before: past every key of earlier runs
+                for j in range(LIVE_COMMIT // EPISODE):
+                    w.append(eb, stream=10**9 + len(st) + j, step=STEPS, reset=STEPS == 0)
+            else:
+                w.append(b, stream=10_000 + len(st) if kind == "new stream" else i % 16, reset=kind == "new stream")
             w.commit()
             t0 = time.perf_counter()
             st.refresh()
@@ -83,15 +101,16 @@ def main() -> int:
     args = ap.parse_args()
     paths = {}
     for n in (args.small, args.big):
-        for capped in (False, True):
-            paths[n, capped] = path = os.path.join(args.dir, f"tr{n}{'c' if capped else ''}")
+        for kind in ("append", "capped", "episodes"):
+            paths[n, kind] = path = os.path.join(args.dir, f"{kind}{n}")
             if not os.path.exists(path):
-                secs = build(path, n, n if capped else None)
+                secs = build_episodes(path, n) if kind == "episodes" else build(path, n, n if kind == "capped" else None)
                 print(f"  .. built {path}: {secs:.1f} s", flush=True)
+    paths[args.small, "new stream"], paths[args.big, "new stream"] = paths[args.small, "append"], paths[args.big, "append"]
     print(f"{'commit kind':<12} {'refresh big/small us':>22} {'sample big/small us':>24} {'ratio':>7}")
     for kind in KINDS:
-        rs, ss = live(paths[args.small, kind == "capped"], kind, args.reps)
-        rb, sb = live(paths[args.big, kind == "capped"], kind, args.reps)
+        rs, ss = live(paths[args.small, kind], kind, args.reps)
+        rb, sb = live(paths[args.big, kind], kind, args.reps)
         print(f"{kind:<12} {rb * 1e6:>10,.0f} / {rs * 1e6:>9,.0f} {sb * 1e6:>12,.0f} / {ss * 1e6:>9,.0f} "
               f"{sb / ss:>7.2f}", flush=True)
     return 0

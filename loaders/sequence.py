@@ -9,7 +9,7 @@ import numpy as np
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.store.index import StreamIndex
-from replaystore.store.segments import Segments
+from replaystore.store.segments import Segments, grown
 
 
 @dataclass
@@ -80,7 +80,8 @@ class StreamWindows:
         bounds = np.searchsorted(gids, np.arange(len(index.keys) + 1)).astype(np.int64)
         shift = np.repeat(index.dense_start()[index.order], np.diff(bounds))
         cols = {"learn": w.learn - shift, "start": w.start - shift, "pad": w.pad}
-        self.seg = Segments(_COLUMNS, cols, bounds, slot_order=index.order, slots=index.seg.slots)
+        self.seg = Segments(_COLUMNS, cols, bounds, slack=max(len(w.learn) // 8, 1024), slot_order=index.order,
+                            slots=index.seg.slots)
         self._seen(index)
 
     def _keep(self, w: Windows, rows: np.ndarray) -> Windows:
@@ -93,39 +94,49 @@ class StreamWindows:
         return Windows(w.learn[keep], w.start[keep], w.pad[keep])
 
     def _seen(self, index: StreamIndex) -> None:
+        """Per-slot state as of the index's current version, all slots."""
         self.version = index.version
         self.stamp = index.stamp.copy()
         self.rel_lo, self.rel_hi = index.seg.rel_lo(), index.seg.rel_hi()
-        counts = (self.seg.hi - self.seg.lo)[index.order]
+        self._count()
+
+    def _count(self) -> None:
+        counts = (self.seg.hi - self.seg.lo)[self.index.order]
         self.cum = np.cumsum(counts)
         self.first = self.cum - counts
 
     def follow(self) -> None:
-        """Bring the windows up to the index's current version."""
+        """Bring the windows up to the index's current version (cost: the streams touched since,
+        as the index remembers them; else one vectorised pass over every stream)."""
         index = self.index
         if index.version == self.version:
             return
         n = index.seg.slots
         self.seg.add_slots(n - self.seg.slots)
-        grow = n - len(self.stamp)
-        stamp = np.r_[self.stamp, np.full(grow, -1, dtype=np.int64)]
-        old_lo = np.r_[self.rel_lo, np.zeros(grow, dtype=np.int64)]
-        old_hi = np.r_[self.rel_hi, np.zeros(grow, dtype=np.int64)]
-        rel_lo, rel_hi = index.seg.rel_lo(), index.seg.rel_hi()
+        self.stamp = grown(self.stamp, n, -1)
+        self.rel_lo, self.rel_hi = grown(self.rel_lo, n, 0), grown(self.rel_hi, n, 0)
+        cand = index.touched_since(self.version)
+        if cand is None:
+            cand = np.arange(n, dtype=np.int64)
+        stamp, rel_lo = index.stamp[cand], index.seg.lo[cand] - index.seg.origin[cand]
+        rel_hi = index.seg.hi[cand] - index.seg.origin[cand]
+        old_stamp, old_lo, old_hi = self.stamp[cand], self.rel_lo[cand], self.rel_hi[cand]
+        self.stamp[cand], self.rel_lo[cand], self.rel_hi[cand] = stamp, rel_lo, rel_hi
+        self.version = index.version
         jobs: list[tuple[int, int, int, int, bool]] = []  # (slot, first, ctx, hi, replace)
-        for s in np.flatnonzero((stamp != index.stamp) | (old_lo != rel_lo) | (old_hi != rel_hi)).tolist():
-            lo, hi = int(rel_lo[s]), int(rel_hi[s])
-            if stamp[s] != index.stamp[s]:
+        for i in np.flatnonzero((stamp != old_stamp) | (rel_lo != old_lo) | (rel_hi != old_hi)).tolist():
+            s, lo, hi = int(cand[i]), int(rel_lo[i]), int(rel_hi[i])
+            if stamp[i] != old_stamp[i]:
                 jobs.append((s, lo, lo, hi, True))
                 continue
-            if lo > old_lo[s]:  # oldest entries dropped: windows using them go (a prefix)
+            if lo > old_lo[i]:  # oldest entries dropped: windows using them go (a prefix)
                 self.seg.drop_head(s, int(np.searchsorted(self.seg.view(s, "start"), lo)))
-            if hi > old_hi[s]:  # entries appended: windows ending in them
-                first = max(lo, int(old_hi[s]) - self.length + 1)
+            if hi > old_hi[i]:  # entries appended: windows ending in them
+                first = max(lo, int(old_hi[i]) - self.length + 1)
                 jobs.append((s, first, max(lo, first - self.burn_in), hi, False))
         if jobs:
             self._windows_of(jobs)
-        self._seen(index)
+        self._count()
 
     def _windows_of(self, jobs: list[tuple[int, int, int, int, bool]]) -> None:
         """For each job ``(slot, first, ctx, hi, replace)``: the slot's windows whose first learning

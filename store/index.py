@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from replaystore.store.segments import Segments
+from replaystore.store.segments import Segments, grown
 
 StreamKey = int | str
+_TOUCHED_KEPT = 64  # changes whose touched streams the index remembers for followers
 
 COLUMNS = {"rows": np.dtype(np.int64), "steps": np.dtype(np.int64), "resets": np.dtype(np.bool_)}
 
@@ -56,6 +57,7 @@ class StreamIndex:
         self.seg = seg
         self.version = 0
         self.stamp = np.zeros(seg.slots, dtype=np.int64)
+        self._touched: list[tuple[int, np.ndarray]] = []  # (version, slots changed by it), the latest few
         self.slot_of: dict[StreamKey, int] = {k: i for i, k in enumerate(keys)}
         self._set_order(keys)
 
@@ -103,18 +105,22 @@ class StreamIndex:
         fresh = [k for k in (keys if keys is not None else new_keys or []) if k not in self.slot_of]
         self.slot_of.update((k, self.seg.slots + i) for i, k in enumerate(fresh))
         self.seg.add_slots(len(fresh))
-        self.stamp = np.r_[self.stamp, np.zeros(self.seg.slots - len(self.stamp), dtype=np.int64)]
+        self.stamp = grown(self.stamp, self.seg.slots, 0)
+        touched = [np.arange(self.seg.slots - len(fresh), self.seg.slots, dtype=np.int64)]
         if removed:
             slot, rows, _, _ = self._group(removed)
+            touched.append(slot)
             for s, lo, hi in _runs(slot):
                 if not self._remove(s, rows[lo:hi]):
                     return False
         if added:
             slot, rows, steps, resets = self._group(added)
+            touched.append(slot)
             for s, lo, hi in _runs(slot):
                 if s < 0:
                     return False
                 self._add(s, rows[lo:hi], steps[lo:hi], resets[lo:hi])  # type: ignore[index]
+        self._touched = [*self._touched[-(_TOUCHED_KEPT - 1):], (self.version, np.unique(np.concatenate(touched)))]
         if keys is None:
             self._extend_order(new_keys or [])
             return True
@@ -125,12 +131,21 @@ class StreamIndex:
         self._set_order(list(keys))
         return True
 
+    def touched_since(self, version: int) -> np.ndarray | None:
+        """Slots whose entries changed after ``version`` (None: not known that far back)."""
+        if version == self.version:
+            return np.zeros(0, dtype=np.int64)
+        if not self._touched or self._touched[0][0] > version + 1:
+            return None
+        return np.unique(np.concatenate([t for v, t in self._touched if v > version]))
+
     def _extend_order(self, new_keys: list[StreamKey]) -> None:
         slots = np.array([self.slot_of[k] for k in new_keys], dtype=np.int64)
         self._lookup.update((k, len(self.keys) + i) for i, k in enumerate(new_keys))
-        self.keys = self.keys + new_keys
-        self.order = np.r_[self.order, slots]
-        self.gid_of_slot = np.r_[self.gid_of_slot, np.full(self.seg.slots - len(self.gid_of_slot), -1, np.int64)]
+        self.keys.extend(new_keys)
+        self.order = grown(self.order, len(self.order) + len(slots), 0)
+        self.order[len(self.order) - len(slots):] = slots
+        self.gid_of_slot = grown(self.gid_of_slot, self.seg.slots, -1)
         self.gid_of_slot[slots] = np.arange(len(self.keys) - len(new_keys), len(self.keys), dtype=np.int64)
         self._dense = self._bounds = None
 
@@ -173,8 +188,8 @@ class StreamIndex:
             self.seg.append(s, {"rows": rows, "steps": steps, "resets": resets})
             return
         old = {c: self.seg.view(s, c) for c in COLUMNS}
-        merged = {"rows": np.r_[old["rows"], rows], "steps": np.r_[old["steps"], steps],
-                  "resets": np.r_[old["resets"], resets]}
+        merged = {"rows": np.concatenate((old["rows"], rows)), "steps": np.concatenate((old["steps"], steps)),
+                  "resets": np.concatenate((old["resets"], resets))}
         order = np.lexsort((merged["rows"], merged["steps"]))
         self._rewrite(s, {c: a[order] for c, a in merged.items()})
 

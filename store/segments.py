@@ -52,8 +52,10 @@ class Segments:
 
     def add_slots(self, count: int) -> None:
         """``count`` new empty slots, numbered after the existing ones."""
-        fill = np.full(count, self.top, dtype=np.int64)
-        self.lo, self.hi, self.end, self.origin = (np.r_[a, fill] for a in (self.lo, self.hi, self.end, self.origin))
+        if count:
+            n = self.slots + count
+            self.lo, self.hi, self.end, self.origin = (grown(a, n, self.top)
+                                                       for a in (self.lo, self.hi, self.end, self.origin))
 
     def count(self, slot: int) -> int:
         return int(self.hi[slot] - self.lo[slot])
@@ -135,3 +137,20 @@ class Segments:
         self.lo, self.hi = new_lo, new_lo + counts
         self.end = self.hi.copy()
         self.top = len(idx)
+
+
+def grown(a: np.ndarray, n: int, fill: int) -> np.ndarray:
+    """``a`` extended to length ``n`` with ``fill`` (``a`` itself when long enough).
+
+    Amortised O(added): the result is the start of a buffer with room to double, which
+    later calls fill in place. So ``a`` must be an array its caller owns outright (no other
+    live view of its buffer beyond ``len(a)``) or an earlier result of this function."""
+    if len(a) >= n:
+        return a
+    base = a.base
+    if not (isinstance(base, np.ndarray) and base.ndim == 1 and base.dtype == a.dtype and len(base) >= n
+            and a.strides == base.strides and a.ctypes.data == base.ctypes.data):
+        base = np.empty(max(n, 2 * len(a), 16), dtype=a.dtype)
+        base[:len(a)] = a
+    base[len(a):n] = fill
+    return base[:n]

@@ -258,7 +258,8 @@ class TableReader:
     # -- stream index -----------------------------------------------------------------
     @property
     def index(self) -> StreamIndex:
-        """The (stream, step) index of visible rows, built on first use after a change."""
+        """The (stream, step) index of visible rows: built on first use, then followed across
+        changes by :meth:`sync` at the cost of the change (:meth:`_follow_index`)."""
         if self._index is None:
             parts = []
             for frag, v in zip(self.fragments, self.vis_from, strict=True):
@@ -271,25 +272,26 @@ class TableReader:
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray,
                       datas: dict[tuple[int, str], FragmentData]) -> bool:
         """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream
-        index (cost: fragments + rows changed; see StreamIndex.apply). False where a rebuild is
-        due instead: the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``),
-        or the index arrays of rows
-        that left the view can no longer be read (their fragment was reclaimed)."""
+        index: the row-id intervals that appeared or left (appends, eviction; compaction
+        replaces fragments without changing them), and the new stream order. Cost: fragments
+        + rows changed (see StreamIndex.apply for what a stream's update costs).
+
+        False, and the index is rebuilt on next use, where that is cheaper or the only way:
+        the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
+        index arrays of rows that left the view can no longer be read (their fragment was
+        reclaimed before this reader saw them go); the change contradicts the index."""
         assert self._index is not None
         old = _intervals(frags, vis_from)
         new = _intervals(self.fragments, self.vis_from)
-        added, removed, changed = [], [], 0
-        try:
-            for frag, lo, hi in _subtract(new, old):
-                added.append(self._piece(self.data(frag), frag, lo, hi, steps=True))
-                changed += hi - lo
-            for frag, lo, hi in _subtract(old, new):
-                data = datas.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
-                removed.append(self._piece(data, frag, lo, hi, steps=False))
-                changed += hi - lo
-        except StaleReadError:
-            return False
+        appeared, left = _subtract(new, old), _subtract(old, new)
+        changed = sum(hi - lo for _, lo, hi in appeared + left)
         if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
+            return False
+        try:
+            added = [self._piece(self.data(frag), frag, lo, hi, steps=True) for frag, lo, hi in appeared]
+            removed = [self._piece(datas.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag),
+                                   frag, lo, hi, steps=False) for frag, lo, hi in left]
+        except StaleReadError:
             return False
         if len(frags) <= len(self.fragments) and all(a is b for a, b in zip(frags, self.fragments, strict=False)):
             # visible fragments only appended: the stream order only grows (cost: new fragments)

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+from replaystore.schemas import transitions
 from replaystore.store import StreamIndex, open_store
 from replaystore.store.segments import Segments
-from support.indexops import KEYS, Scenario, ops
+from support.indexops import KEYS, Scenario, batch, ops
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _counter = itertools.count()
@@ -113,3 +114,27 @@ def test_segments_match_a_list_model(ops: list[Any], initial: list[int]) -> None
         at, counts = seg.positions(order)
         assert seg.cols["v"][at].tolist() == [v for t in order for v in model[t]]
         assert counts.tolist() == [len(model[t]) for t in order]
+
+
+def test_large_change_rebuilds_and_small_change_follows(new_url: Callable[[], str]) -> None:
+    """Over a quarter of the rows and more than 64k changed: rebuilt (a new index object);
+    then a small change is followed again; both answer as a fresh build."""
+    url = new_url()
+    st = open_store(url, transitions(2, actions=2), mode="w")
+    reader = open_store(url, mode="r")
+    with st.writer() as w:
+        w.append(batch(100, 0), stream=0)
+        w.commit()
+        reader.refresh()
+        first = reader.default.reader.index
+        w.append(batch(70_000, 1), stream=[1, 2] * 35_000, step=np.repeat(np.arange(35_000), 2))
+        w.commit()
+        reader.refresh()
+        second = reader.default.reader.index
+        assert second is not first
+        assert_same_index(second, open_store(url, mode="r").default.reader.index)
+        w.append(batch(10, 2), stream=0)
+        w.commit()
+        reader.refresh()
+        assert reader.default.reader.index is second
+        assert_same_index(second, open_store(url, mode="r").default.reader.index)
