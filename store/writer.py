@@ -28,6 +28,7 @@ StreamKey = int | str
 COMPACT_FANIN = 8
 MAX_FRAGMENT_ROWS = 1 << 20
 TRASH_GRACE_NS = 30 * 10**9
+MERGE_FETCH_THREADS = 8
 
 
 @dataclass
@@ -455,11 +456,13 @@ class Writer:
         return merges
 
     def _schedule_merge(self) -> None:
-        """Start the next due merge on the writer's compaction thread, unless one is running."""
-        if self._merging is not None:
-            if not self._merging.done():
-                return
-            self._collect_merge()
+        """Start the next due merge on the writer's compaction thread.
+
+        A merge still running from the previous commit is waited for first, so compaction
+        runs at most one commit behind and picks the same runs as merging inside each
+        commit would (skipping instead would let runs grow past the tiers under load).
+        """
+        self._collect_merge(wait=True)
         job = self._next_merge()
         if job is None:
             return
@@ -490,9 +493,14 @@ class Writer:
         name = self._new_name()
         path = layout.fragment_dir(self.id, table, name)
         try:
+            datas = [FragmentData(self.storage, schema, f) for f in run]
+            if self.storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
+                names = [spec.name for spec in schema.zarr_layout()] + list(layout.INDEX_ARRAYS)
+                with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:
+                    for _ in pool.map(lambda job: job[0].array(job[1]), [(d, n) for d in datas for n in names]):
+                        pass
             cols, codes, steps, resets = [], [], [], []
-            for f in run:
-                data = FragmentData(self.storage, schema, f)
+            for f, data in zip(run, datas, strict=True):
                 cols.append(data.columns())
                 remap = np.array([code_of[k] for k in f.streams], dtype=STREAM_CODE)
                 codes.append(remap[data.array("_stream")])
