@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.store.index import StreamIndex
@@ -166,14 +167,14 @@ class StreamWindows:
     def __len__(self) -> int:
         return int(self.cum[-1]) if len(self.cum) else 0
 
-    def pick(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def pick(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Windows number ``k`` (in draw order): ``(dense stream id, buffer position of the first
-        real step in the index's columns, pad, slot)``."""
+        real step in the index's columns, pad)``."""
         g = np.searchsorted(self.cum, k, side="right")
         slot = self.index.order[g]
         at = self.seg.lo[slot] + (k - self.first[g])
         start = self.seg.cols["start"][at] + self.index.seg.origin[slot]
-        return g, start, self.seg.cols["pad"][at], slot
+        return g, start, self.seg.cols["pad"][at]
 
     def dense(self) -> Windows:
         """Every window in draw order, as positions of the index's dense views."""
@@ -233,7 +234,7 @@ class SequenceSampler(StoreSampler):
         if not len(w):
             raise self._empty(f"windows of {self.burn_in} + {self.length} steps")
         cols = w.index.seg.cols
-        gid, start, pad, _ = w.pick(self.rng.integers(0, len(w), size=self.batch_size))
+        gid, start, pad = w.pick(self.rng.integers(0, len(w), size=self.batch_size))
         offset = np.arange(self.window, dtype=np.int64)
         real = offset[None, :] >= pad[:, None]
         pos = np.where(real, start[:, None] + offset[None, :] - pad[:, None], start[:, None])
