@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +38,12 @@ class _Pending:
     steps: np.ndarray
     resets: np.ndarray
     meta: dict[str, Any]
+
+
+def _own(cols: Columns) -> Columns:
+    """``cols`` with private copies of its arrays: validated arrays may be the caller's own
+    buffers (or views of its tensors), which it is free to reuse before the commit."""
+    return replace(cols, arrays={k: v.copy() for k, v in cols.arrays.items()})
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ class Writer:
         for name, (cols, keys, resets) in tables.items():
             steps = self._steps(name, keys, step, new_last)
             meta = dict(cols.meta)
-            staged[name] = _Pending(cols, keys, steps, resets, meta)
+            staged[name] = _Pending(_own(cols), keys, steps, resets, meta)
         for name, p in staged.items():
             self._pending[name].append(p)
         self._last_step.update(new_last)

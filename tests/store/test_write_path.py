@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import torch
 import zarr
 from replaystore.schemas import dqn
 from replaystore.store import layout, records
@@ -124,3 +127,23 @@ def test_compact_respects_the_fragment_cap_of_a_capped_store(fast_backend: Backe
         w.compact()
     fragments = st.table("records").reader.fragments
     assert all(f.rows <= 12 for f in fragments) and len(fragments) == 2 and len(st) == 24
+
+
+def test_append_keeps_its_own_copy_of_the_callers_buffers(fast_backend: Backend) -> None:
+    """A collector that refills its numpy buffers (or the tensors over them) between appends
+    stores what it appended, not what the buffers hold at commit time."""
+    rng = np.random.default_rng(5)
+    st = fast_backend.open(DQN)
+    first = dataclasses.asdict(dqn_batch(rng, 4, extra=0))
+    want = {k: np.array(v) for k, v in first.items() if isinstance(v, np.ndarray)}
+    with st.writer() as w:
+        w.append(first | {"obs": torch.from_numpy(first["obs"])}, stream=0)
+        first["obs"][...] = -1.0  # refill in place
+        first["rewards"][...] = 7.0
+        first["legal_ids"][...] = 0
+        w.append(first, stream=0)
+    got = st.read(np.arange(8))
+    for name in ("obs", "rewards"):
+        np.testing.assert_array_equal(got[name][:4], want[name])
+        np.testing.assert_array_equal(got[name][4:], first[name])
+    np.testing.assert_array_equal(got["legal_ids"][:len(want["legal_ids"])], want["legal_ids"])
