@@ -13,8 +13,9 @@ timed minibatch a second writer commits 1,000 records; four kinds of commit:
 - ``episodes``: on a store of 200-step episodes, each its own stream (50k streams at 10M),
   the commit holds 5 new episodes.
 
-Printed per kind: median ``refresh()`` and ``sample()`` (which brings the stream index and the
-sampler's windows up to date) in microseconds, at both sizes, and the ratio big / small.
+Printed per kind: median ``refresh()`` and ``sample()`` (which brings the sampler's windows up
+to date; ``refresh()`` updates the stream index) in microseconds, at both sizes (taking turns),
+and the ratio big / small of refresh + sample.
 """
 
 from __future__ import annotations
@@ -69,15 +70,18 @@ def transitions_batch(n: int) -> dict[str, np.ndarray]:
             "next_obs": rng.standard_normal((n, 4), dtype=np.float32), "terminated": np.zeros(n, bool)}
 
 
-def live(path: str, kind: str, reps: int) -> tuple[float, float]:
-    """Median seconds of ``(refresh, sample)`` right after each of ``reps`` commits."""
-    st = open_store(path, mode="r")
-    s = SequenceSampler(st, length=SLICE, burn_in=0, batch_size=SLICES, seed=0)
-    s.sample()
+def live(paths: list[str], kind: str, reps: int) -> list[tuple[float, float]]:
+    """Per store, median seconds of ``(refresh, sample)`` right after each of ``reps`` commits;
+    the stores take turns (one commit + minibatch each), so machine noise hits them alike."""
     b, eb = transitions_batch(LIVE_COMMIT), transitions_batch(EPISODE)
-    times = []
-    with open_store(path, mode="a").writer() as w:
-        for i in range(reps):
+    runs = []
+    for path in paths:
+        st = open_store(path, mode="r")
+        s = SequenceSampler(st, length=SLICE, burn_in=0, batch_size=SLICES, seed=0)
+        s.sample()
+        runs.append((st, s, open_store(path, mode="a").writer(), []))
+    for i in range(reps):
+        for st, s, w, times in runs:
             if kind == "episodes":  # keys never used before: past every key of earlier runs
                 for j in range(LIVE_COMMIT // EPISODE):
                     w.append(eb, stream=10**9 + len(st) + j, step=STEPS, reset=STEPS == 0)
@@ -89,7 +93,10 @@ def live(path: str, kind: str, reps: int) -> tuple[float, float]:
             t1 = time.perf_counter()
             s.sample()
             times.append((t1 - t0, time.perf_counter() - t1))
-    return tuple(float(np.median([t[j] for t in times])) for j in range(2))  # type: ignore[return-value]
+    for _, _, w, _ in runs:
+        w.close()
+    return [(float(np.median([t[0] for t in times])), float(np.median([t[1] for t in times])))
+            for _, _, _, times in runs]
 
 
 def main() -> int:
@@ -109,10 +116,9 @@ def main() -> int:
     paths[args.small, "new stream"], paths[args.big, "new stream"] = paths[args.small, "append"], paths[args.big, "append"]
     print(f"{'commit kind':<12} {'refresh big/small us':>22} {'sample big/small us':>24} {'ratio':>7}")
     for kind in KINDS:
-        rs, ss = live(paths[args.small, kind], kind, args.reps)
-        rb, sb = live(paths[args.big, kind], kind, args.reps)
+        (rs, ss), (rb, sb) = live([paths[args.small, kind], paths[args.big, kind]], kind, args.reps)
         print(f"{kind:<12} {rb * 1e6:>10,.0f} / {rs * 1e6:>9,.0f} {sb * 1e6:>12,.0f} / {ss * 1e6:>9,.0f} "
-              f"{sb / ss:>7.2f}", flush=True)
+              f"{(rb + sb) / (rs + ss):>7.2f}", flush=True)
     return 0
 
 
