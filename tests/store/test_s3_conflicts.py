@@ -3,11 +3,12 @@
 AWS S3 answers a conditional PUT (``If-None-Match: *``) with 412 when the key exists
 and with 409 ConditionalRequestConflict while another conditional write to the same key
 is in flight; FsspecStorage retries 409 with backoff until the answer is 200 or 412.
-moto (the loopback server) never answers 409: it checks and writes each PUT in one go
-(``test_racing_creates_on_moto`` shows the race resolving there with no 409). The 409
-path runs through ``support.s3proxy.conflicting_s3``, a loopback proxy in front of moto
-that answers 409 exactly when S3 would (a conditional PUT of a key while another is in
-flight), holding each conditional PUT briefly so that racing clients overlap.
+moto (the loopback server) never answers 409, and its check-then-write of a conditional
+PUT is not atomic: two racing creates of one key can both get 200 there (seen once in a
+few hundred races), so races are tested only through ``support.s3proxy.conflicting_s3``,
+a loopback proxy in front of moto that answers 409 exactly when S3 would (a conditional
+PUT of a key while another is in flight), holding each conditional PUT briefly so that
+racing clients overlap.
 """
 
 from __future__ import annotations
@@ -59,13 +60,6 @@ def _check_one_winner(url: str, options: dict[str, Any], keys: list[str], result
     storage = open_storage(url, options)
     owner = {k: r["tag"] for r in results for k in r["won"]}
     assert {k: storage.read(k).decode() for k in keys} == owner  # the winner's bytes are what is stored
-
-
-def test_racing_creates_on_moto(s3_server: S3Server) -> None:
-    url = s3_server.url(f"race-{uuid.uuid4().hex}")
-    keys = [f"k/{i:03d}" for i in range(KEYS)]
-    results = _race("create-racer", RACERS, url=url, storage_options=s3_server.storage_options, keys=keys)
-    _check_one_winner(url, s3_server.storage_options, keys, results)
 
 
 def test_racing_creates_retry_409_until_one_wins(s3_server: S3Server) -> None:
