@@ -4,13 +4,17 @@ Across processes: child A (spawned) samples k minibatches (prioritized: with pri
 updates derived from each batch; prioritized and reservoir: ingesting a commit of its
 own before each draw, the prioritized table evicting), calls ``save()``, commits once
 more, then records m minibatches. Child B (another spawn) reopens the store, constructs
-the sampler with ``resume=True`` and records m minibatches. They must be identical.
+the sampler with ``resume=True`` and records m minibatches. They must be identical. Both on a
+local store and on S3 (moto on loopback), each child with its own storage client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from typing import Any
+import uuid
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -29,34 +33,48 @@ from support.loaderref import (
     resume_priorities,
     same_batches,
 )
+from support.s3 import moto_s3
 
 CHILD_TIMEOUT_S = 180
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory: pytest.TempPathFactory) -> str:
+class Resumed(NamedTuple):
+    root: str  # where the children's results are
+    base: str  # where the stores are (a directory or an s3:// prefix)
+    options: dict[str, Any] | None
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def resumed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Resumed]:
+    """Children A then B (each a fresh spawned process with its own storage client) on a local
+    store, or on S3 (moto on loopback)."""
     root = str(tmp_path_factory.mktemp("resume"))
-    resume_prepare(root)
-    ctx = mp.get_context("spawn")
-    for role in ("A", "B"):  # B starts after A has exited: a fresh process that only has the store
-        proc = ctx.Process(target=resume_children, args=(role, root))
-        proc.start()
-        proc.join(CHILD_TIMEOUT_S)
-        assert proc.exitcode == 0, f"child {role} failed with exit code {proc.exitcode}"
-    return root
+    with contextlib.ExitStack() as stack:
+        base, options = root, None
+        if request.param == "s3":
+            server = stack.enter_context(moto_s3("replaystore-resume"))
+            base, options = server.url(f"resume-{uuid.uuid4().hex}"), server.storage_options
+        resume_prepare(base, options)
+        ctx = mp.get_context("spawn")
+        for role in ("A", "B"):  # B starts after A has exited: a fresh process that only has the store
+            proc = ctx.Process(target=resume_children, args=(role, root, base, options))
+            proc.start()
+            proc.join(CHILD_TIMEOUT_S)
+            assert proc.exitcode == 0, f"child {role} failed with exit code {proc.exitcode}"
+        yield Resumed(root, base, options)
 
 
 @pytest.mark.parametrize("kind", RESUME_KINDS)
-def test_resume_across_processes(resumed: str, kind: str) -> None:
-    a = load_result(resumed, kind, "A")
-    b = load_result(resumed, kind, "B")
+def test_resume_across_processes(resumed: Resumed, kind: str) -> None:
+    a = load_result(resumed.root, kind, "A")
+    b = load_result(resumed.root, kind, "B")
     assert a.meta == b.meta and a.meta["batches_drawn"] == RESUME_K + RESUME_M
     assert sorted(a.arrays) == sorted(b.arrays)
     assert len({k.split("/")[0] for k in a.arrays}) == RESUME_M
     for key in a.arrays:
         assert a.arrays[key].dtype == b.arrays[key].dtype and np.array_equal(a.arrays[key], b.arrays[key]), key
     # the state really was restored: a sampler started afresh draws something else
-    st = open_store(f"{resumed}/{kind}", mode="r")
+    st = open_store(f"{resumed.base}/{kind}", mode="r", storage_options=resumed.options)
     fresh = make_sampler(kind, st, resume=False)
     fresh_rows = [fresh.sample().rows for _ in range(RESUME_M)]
     assert any(not np.array_equal(r, a.arrays[f"{i}/indices"]) for i, r in enumerate(fresh_rows))

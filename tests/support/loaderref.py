@@ -475,11 +475,13 @@ RESUME_KINDS = ("uniform", "epoch", "sequence", "prioritized", "reservoir")
 RESUME_K, RESUME_M = 4, 6
 
 
-def resume_prepare(root: str) -> None:
-    """One probe store per sampler kind, written by the parent (writer 0)."""
+def resume_prepare(base: str, options: dict[str, Any] | None = None) -> None:
+    """One probe store per sampler kind under ``base`` (a directory or an s3:// prefix, with its
+    ``options``), written by the parent (writer 0)."""
     from replaystore.store import open_store
     for kind in RESUME_KINDS:
-        st = open_store(f"{root}/{kind}", PROBE, capacity=40 if kind == "prioritized" else None)
+        st = open_store(f"{base}/{kind}", PROBE, capacity=40 if kind == "prioritized" else None,
+                        storage_options=options)
         ref = RefStore(st.capacity)
         with st.writer() as w:
             for c in range(3):
@@ -516,13 +518,15 @@ def _ingest(st: Any, writer: Any, i: int) -> None:
     writer.commit()
 
 
-def resume_child(role: str, root: str, kind: str) -> None:
+def resume_child(role: str, root: str, kind: str, base: str | None = None,
+                 options: dict[str, Any] | None = None) -> None:
     """Role "A": k draws (with ingestion for prioritized/reservoir), save(), one more commit for
-    those, then m recorded draws. Role "B": reopen, resume=True, m recorded draws. Writes
-    ``<root>/<kind>-<role>.npz`` and ``.json`` (stream keys)."""
+    those, then m recorded draws. Role "B": reopen, resume=True, m recorded draws. The store is
+    ``<base>/<kind>`` (``base``: ``root`` by default); writes ``<root>/<kind>-<role>.npz`` and
+    ``.json`` (stream keys)."""
     from replaystore.loaders import gather
     from replaystore.store import open_store
-    st = open_store(f"{root}/{kind}")
+    st = open_store(f"{base or root}/{kind}", storage_options=options)
     sampler = make_sampler(kind, st, resume=role == "B")
     ingest = kind in ("prioritized", "reservoir")
     writer = st.writer() if role == "A" and ingest else None
@@ -554,9 +558,9 @@ def resume_child(role: str, root: str, kind: str) -> None:
         json.dump({"stream_keys": keys, "batches_drawn": sampler.batches_drawn, **extra}, f)
 
 
-def resume_children(role: str, root: str) -> None:
+def resume_children(role: str, root: str, base: str | None = None, options: dict[str, Any] | None = None) -> None:
     for kind in RESUME_KINDS:
-        resume_child(role, root, kind)
+        resume_child(role, root, kind, base, options)
 
 
 @dataclass
