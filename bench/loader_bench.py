@@ -52,18 +52,26 @@ torch==2.13.0).
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import platform
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from benchkit import (
+    ACTIONS,
+    HEADS,
+    OBS,
+    Table,
+    as_tensordict,
+    build_transitions,
+    dqn_records,
+    du,
+    interleaved,
+    main,
+    rate,
+)
 from replaystore.loaders import (
     EpochSampler,
     PrioritizedSampler,
@@ -73,10 +81,9 @@ from replaystore.loaders import (
     gather,
     make_loader,
 )
-from replaystore.schemas import dqn, transitions
+from replaystore.schemas import dqn
 from replaystore.store import open_store
 
-OBS, HEADS, ACTIONS = 64, 2, 9
 CHUNK = 10_000             # records per append and per commit when building the 1M-record store
 EPISODE = (20, 400)        # episode lengths (uniform), in steps
 SAMPLE = 256               # records per minibatch
@@ -94,60 +101,6 @@ QUICK = {"read": 200_000, "big": 1_000_000, "small": 100_000, "warm_s": 0.2, "re
 
 
 # -- data ------------------------------------------------------------------------------------
-def _csr(rng: np.random.Generator, n: int, empty: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted random legal-id sets (1..ACTIONS per record; none where ``empty``), vectorised."""
-    counts = rng.integers(1, ACTIONS + 1, n)
-    if empty is not None:
-        counts[empty] = 0
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    perm = np.argsort(rng.random((n, ACTIONS)), axis=1)
-    keep = np.arange(ACTIONS)[None, :] < counts[:, None]
-    ids = np.sort(np.where(keep, perm, ACTIONS), axis=1)
-    return ids[keep].astype(np.int64), offsets
-
-
-def dqn_records(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """A DqnBatch of ``n`` records as the producer emits it (as bench/store_bench.py builds it)."""
-    tail = rng.random(n) < 0.2
-    legal, legal_off = _csr(rng, n)
-    nxt, nxt_off = _csr(rng, n, empty=tail)
-    return {
-        "obs": rng.standard_normal((n, OBS), dtype=np.float32),
-        "next_obs": rng.standard_normal((n, OBS), dtype=np.float32),
-        "players": rng.integers(0, 2, n).astype(np.int64),
-        "actions": legal[legal_off[:-1] + rng.integers(0, np.diff(legal_off))],
-        "rewards": rng.standard_normal(n),
-        "dones": tail & (rng.random(n) < 0.7),
-        "can_bootstrap": ~tail,
-        "discounts": np.where(tail, 0.0, 0.99 ** rng.integers(1, 4, n)),
-        "masks": rng.integers(0, 2, (n, HEADS)).astype(np.float32),
-        "legal_ids": legal, "legal_offsets": legal_off,
-        "next_legal_ids": nxt, "next_legal_offsets": nxt_off,
-    }
-
-
-def _mask(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    n = len(offsets) - 1
-    mask = np.zeros((n, ACTIONS), dtype=bool)
-    mask[np.repeat(np.arange(n), np.diff(offsets)), ids] = True
-    return mask
-
-
-def as_tensordict(b: dict[str, np.ndarray], episode: np.ndarray | None = None) -> Any:
-    """The same records for TorchRL: dense fields as tensors, CSR legal ids as dense bool masks."""
-    import torch
-    from tensordict import TensorDict
-
-    n = len(b["obs"])
-    fields = {k: torch.from_numpy(v) for k, v in b.items() if "legal" not in k}
-    fields["legal_mask"] = torch.from_numpy(_mask(b["legal_ids"], b["legal_offsets"]))
-    fields["next_legal_mask"] = torch.from_numpy(_mask(b["next_legal_ids"], b["next_legal_offsets"]))
-    if episode is not None:
-        fields["episode"] = torch.from_numpy(episode)
-    return TensorDict(fields, batch_size=[n])
-
-
 def episodes_of(rng: np.random.Generator, n: int, first: int) -> np.ndarray:
     """Per-record episode ids for ``n`` consecutive records: whole episodes of EPISODE steps
     (the last one cut at ``n``), numbered from ``first``."""
@@ -156,44 +109,6 @@ def episodes_of(rng: np.random.Generator, n: int, first: int) -> np.ndarray:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def rate(fn: Callable[[], Any], seconds: float) -> float:
-    """Calls per second of ``fn`` over about ``seconds`` (at least one call)."""
-    k, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        k += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return k / dt
-
-
-def interleaved(fns: dict[str, tuple[Callable[[], Any], int | None]], cfg: dict[str, Any],
-                reps: int | None = None) -> dict[str, float]:
-    """Best calls/s of each ``(fn, torch threads)`` over ``reps`` interleaved windows, after a warm-up.
-
-    The best window, not the median: on a shared machine other processes only ever add
-    time, and every function compared gets the same treatment."""
-    import torch
-
-    default = torch.get_num_threads()
-    try:
-        for fn, threads in fns.values():
-            torch.set_num_threads(threads or default)
-            rate(fn, cfg["warm_s"])
-        runs: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(reps or cfg["reps"]):
-            for k, (fn, threads) in fns.items():
-                torch.set_num_threads(threads or default)
-                runs[k].append(rate(fn, cfg["rep_s"]))
-    finally:
-        torch.set_num_threads(default)
-    return {k: max(v) for k, v in runs.items()}
-
-
-def du(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-
-
 def prefault(table: Any = None, rb: Any = None, step: int = 1_000_000) -> None:
     """Touch every page of a table's memory maps (or a TorchRL buffer's) with one sequential pass,
     so that the timed windows measure the steady state, not first-touch page faults."""
@@ -207,39 +122,6 @@ def prefault(table: Any = None, rb: Any = None, step: int = 1_000_000) -> None:
             rb.storage.get(torch.arange(lo, min(len(rb), lo + step)))
 
 
-class Table:
-    """Rows of the result table; ``target`` is ``(">=", x)`` (higher is better) or ``("<=", x)``."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, ...]] = []
-
-    def add(self, what: str, ours: float | None, ref: float | None, unit: str,
-            target: tuple[str, float] | None = None, note: str = "") -> None:
-        def fmt(x: float | None) -> str:
-            if x is None:
-                return "-"
-            return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
-        ratio = ours / ref if ours is not None and ref else None
-        met = "-"
-        if target is not None and ratio is not None:
-            met = "yes" if (ratio >= target[1] if target[0] == ">=" else ratio <= target[1]) else "NO"
-        self.rows.append((what, fmt(ours), fmt(ref), unit, "-" if ratio is None else f"{ratio:.2f}x",
-                          "-" if target is None else f"{target[0]} {target[1]:g}x", met, note))
-        print(f"  .. {what}: ours {fmt(ours)}, reference {fmt(ref)} {unit}"
-              + (f", ratio {ratio:.2f}x" if ratio is not None else "") + (f" ({note})" if note else ""),
-              flush=True)
-
-    def print(self) -> None:
-        head = ("benchmark", "ours", "reference", "unit", "ratio", "target", "met", "notes")
-        rows = [head, *self.rows]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-        print(line(head))
-        print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        for r in self.rows:
-            print(line(r))
-
-
 # -- the 1M-record DQN store, ours and TorchRL's ------------------------------------------------------
 def build_read_stores(tmp: str, cfg: dict[str, Any], out: Table) -> tuple[Any, Any, Any, Any]:
     """``(our store, the same in one fragment, TorchRL uniform buffer, TorchRL slice buffer)``.
@@ -249,7 +131,12 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], out: Table) -> tuple[Any, A
     contiguous trajectory (its ``episode`` id) in TorchRL's slice buffer.
     """
     import torch
-    from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, SliceSampler
+    from torchrl.data import (
+        LazyMemmapStorage,
+        RandomSampler,
+        ReplayBuffer,
+        SliceSampler,
+    )
 
     n = cfg["read"]
     rng = np.random.default_rng(0)
@@ -442,27 +329,6 @@ def bench_prioritized(cfg: dict[str, Any], st: Any, uniform: dict[str, float], o
 
 
 # -- scale: 100k vs 10M records ------------------------------------------------------------------
-def build_transitions(path: str, records: int, streams: int = 16) -> float:
-    """A transitions(obs 4) store built with 1M-record commits of ``streams`` streams; seconds taken."""
-    per_commit = min(records, 1_000_000)
-    per_stream = per_commit // streams
-    rng = np.random.default_rng(2)
-    b = {"obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, per_stream).astype(np.int64),
-         "reward": rng.standard_normal(per_stream, dtype=np.float32),
-         "next_obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "terminated": rng.random(per_stream) < 0.01}
-    st = open_store(path, transitions(4, actions=3), mode="w")
-    t0 = time.perf_counter()
-    with st.writer() as w:
-        for _ in range(records // per_commit):
-            for s in range(streams):
-                w.append(b, stream=s, reset=True)  # each commit starts an episode per stream
-            w.commit()
-    assert len(st) == records
-    return time.perf_counter() - t0
-
-
 def make_sampler(kind: str, st: Any) -> Any:
     if kind == "uniform":
         return UniformSampler(st, batch_size=SAMPLE, seed=0)
@@ -519,7 +385,7 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     paths: dict[int, str] = {}
     for records in (small, big):
         path = paths[records] = os.path.join(tmp, f"tr{records}")
-        build_s = build_transitions(path, records)
+        build_s = build_transitions(path, records, reset=True)  # each commit starts an episode per stream
         st = stores[records] = open_store(path, mode="r")
         prefault(st.table("records"))
         print(f"  .. built {records:,}-record transitions(obs 4) store in {build_s:.1f} s, "
@@ -636,47 +502,15 @@ def bench_loader(cfg: dict[str, Any], st: Any, out: Table) -> None:
             None, f"information; {os.cpu_count()} cpus; workers open the store themselves")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (< 1 minute)")
-    ap.add_argument("--dir", default=None, help="where to put the temporary stores (default: system temp)")
-    args = ap.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    try:
-        import tensordict
-        import torch
-        import torchrl
-    except ImportError as exc:
-        print(f"loader_bench: needs the TorchRL peer ({exc}); pip install torchrl tensordict", file=sys.stderr)
-        return 2
-    logging.getLogger("torchrl").setLevel(logging.WARNING)
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    print(f"# {'quick' if args.quick else 'full'} run: {os.cpu_count()} cpus ({cpu}), Python "
-          f"{platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, torchrl "
-          f"{torchrl.__version__}, tensordict {tensordict.__version__}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    tmp = tempfile.mkdtemp(prefix="replaystore-loader-bench-", dir=args.dir)
-    out = Table()
-    t_start = time.perf_counter()
-    try:
-        st, st1, rb, rbs = build_read_stores(tmp, cfg, out)
-        uniform = bench_uniform(cfg, st, st1, rb, out)
-        bench_sequence(cfg, st, st1, rbs, out)
-        del st1, rb, rbs
-        bench_prioritized(cfg, st, uniform, out)
-        bench_scale(tmp, cfg, out)
-        bench_loader(cfg, st, out)
-        del st
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"# {time.perf_counter() - t_start:.0f} s; load average now "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    out.print()
-    return 0
+def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
+    st, st1, rb, rbs = build_read_stores(tmp, cfg, out)
+    uniform = bench_uniform(cfg, st, st1, rb, out)
+    bench_sequence(cfg, st, st1, rbs, out)
+    del st1, rb, rbs
+    bench_prioritized(cfg, st, uniform, out)
+    bench_scale(tmp, cfg, out)
+    bench_loader(cfg, st, out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("loader", __doc__, None, (FULL, QUICK), Table("reference", "reference"), run))

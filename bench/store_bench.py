@@ -29,23 +29,29 @@ TorchRL is a bench-only peer: ``pip install torchrl tensordict`` (keep torch==2.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from replaystore.schemas import dqn, transitions
+from benchkit import (
+    ACTIONS,
+    HEADS,
+    OBS,
+    Table,
+    as_tensordict,
+    build_transitions,
+    dqn_records,
+    du,
+    interleaved,
+    main,
+)
+from replaystore.schemas import dqn
 from replaystore.store import open_store
 
-OBS, HEADS, ACTIONS = 64, 2, 9
 BATCH = 1_000
 COMMIT_EVERY = 10_000
 SAMPLE = 256
@@ -56,90 +62,7 @@ QUICK = {"append": 50_000, "append_reps": 3, "read": 200_000, "big": 1_000_000, 
          "warm_s": 0.5, "rep_s": 0.3, "reps": 3, "lookups": 5_000}
 
 
-# -- data ------------------------------------------------------------------------------------
-def _csr(rng: np.random.Generator, n: int, empty: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted random legal-id sets (1..ACTIONS per record; none where ``empty``), vectorised."""
-    counts = rng.integers(1, ACTIONS + 1, n)
-    if empty is not None:
-        counts[empty] = 0
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    perm = np.argsort(rng.random((n, ACTIONS)), axis=1)
-    keep = np.arange(ACTIONS)[None, :] < counts[:, None]
-    ids = np.sort(np.where(keep, perm, ACTIONS), axis=1)
-    return ids[keep].astype(np.int64), offsets
-
-
-def dqn_records(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """A DqnBatch of ``n`` records as the producer emits it (cf. tests/support/batches.py)."""
-    tail = rng.random(n) < 0.2
-    legal, legal_off = _csr(rng, n)
-    nxt, nxt_off = _csr(rng, n, empty=tail)
-    return {
-        "obs": rng.standard_normal((n, OBS), dtype=np.float32),
-        "next_obs": rng.standard_normal((n, OBS), dtype=np.float32),
-        "players": rng.integers(0, 2, n).astype(np.int64),
-        "actions": legal[legal_off[:-1] + rng.integers(0, np.diff(legal_off))],
-        "rewards": rng.standard_normal(n),
-        "dones": tail & (rng.random(n) < 0.7),
-        "can_bootstrap": ~tail,
-        "discounts": np.where(tail, 0.0, 0.99 ** rng.integers(1, 4, n)),
-        "masks": rng.integers(0, 2, (n, HEADS)).astype(np.float32),
-        "legal_ids": legal, "legal_offsets": legal_off,
-        "next_legal_ids": nxt, "next_legal_offsets": nxt_off,
-    }
-
-
-def _mask(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    n = len(offsets) - 1
-    mask = np.zeros((n, ACTIONS), dtype=bool)
-    mask[np.repeat(np.arange(n), np.diff(offsets)), ids] = True
-    return mask
-
-
-def as_tensordict(b: dict[str, np.ndarray]) -> Any:
-    """The same records for TorchRL: dense fields as tensors, CSR legal ids as dense bool masks."""
-    import torch
-    from tensordict import TensorDict
-
-    n = len(b["obs"])
-    fields = {k: torch.from_numpy(v) for k, v in b.items() if "legal" not in k}
-    fields["legal_mask"] = torch.from_numpy(_mask(b["legal_ids"], b["legal_offsets"]))
-    fields["next_legal_mask"] = torch.from_numpy(_mask(b["next_legal_ids"], b["next_legal_offsets"]))
-    return TensorDict(fields, batch_size=[n])
-
-
 # -- helpers ------------------------------------------------------------------------------------
-def rate(fn: Callable[[], Any], seconds: float) -> float:
-    """Calls per second of ``fn`` over about ``seconds``."""
-    k, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        k += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return k / dt
-
-
-def interleaved(fns: dict[str, tuple[Callable[[], Any], int | None]], cfg: dict[str, Any]) -> dict[str, float]:
-    """Median calls/s of each ``(fn, torch threads)`` over ``reps`` interleaved windows, after a warm-up."""
-    import torch
-
-    default = torch.get_num_threads()
-    try:
-        for fn, threads in fns.values():
-            torch.set_num_threads(threads or default)
-            rate(fn, cfg["warm_s"])
-        runs: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(cfg["reps"]):
-            for k, (fn, threads) in fns.items():
-                torch.set_num_threads(threads or default)
-                runs[k].append(rate(fn, cfg["rep_s"]))
-    finally:
-        torch.set_num_threads(default)
-    return {k: statistics.median(v) for k, v in runs.items()}
-
-
 def drop_cache(path: str) -> None:
     """Evict a directory's (clean, fsynced) file pages from the page cache: a cold open."""
     for root, _, files in os.walk(path):
@@ -149,39 +72,6 @@ def drop_cache(path: str) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def du(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-
-
-class Table:
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, ...]] = []
-
-    def add(self, what: str, ours: float | None, peer: float | None, unit: str, target: float | None = None,
-            note: str = "") -> None:
-        def fmt(x: float | None) -> str:
-            if x is None:
-                return "-"
-            return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
-        ratio = ours / peer if ours is not None and peer else None
-        met = "-" if target is None or ratio is None else ("yes" if ratio >= target else "NO")
-        self.rows.append((what, fmt(ours), fmt(peer), unit, "-" if ratio is None else f"{ratio:.2f}x",
-                          "-" if target is None else f">= {target:g}x", met, note))
-        print(f"  .. {what}: ours {fmt(ours)} {unit}, peer {fmt(peer)}"
-              + (f", ratio {ratio:.2f}x" if ratio is not None else "") + (f" ({note})" if note else ""),
-              flush=True)
-
-    def print(self) -> None:
-        head = ("benchmark", "ours", "TorchRL", "unit", "ratio", "target", "met", "notes")
-        rows = [head, *self.rows]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-        print(line(head))
-        print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        for r in self.rows:
-            print(line(r))
 
 
 # -- benchmarks -----------------------------------------------------------------------------------
@@ -349,7 +239,7 @@ def bench_read(cfg: dict[str, Any], st: Any, st1: Any, stc: Any, rb: Any, out: T
     # thread can be faster, so the peer gets the better of both (conservative for us).
     r = interleaved({"ours": (ours, None), "ours1": (ours1, None), "oursc": (oursc, None),
                      "ours_torch": (ours_torch, None),
-                     "peer": (peer, None), "peer_1t": (peer, 1)}, cfg)
+                     "peer": (peer, None), "peer_1t": (peer, 1)}, cfg, agg=statistics.median)
     threads = torch.get_num_threads()
     print(f"  .. TorchRL sample(): {r['peer']:,.0f} batches/s with {threads} torch threads, "
           f"{r['peer_1t']:,.0f} with 1; using the better", flush=True)
@@ -363,27 +253,6 @@ def bench_read(cfg: dict[str, Any], st: Any, st1: Any, stc: Any, rb: Any, out: T
             "same records, one commit")
     out.add("  same, 10k-commit store, + torch.from_numpy per field", r["ours_torch"], r["peer"], "batches/s",
             None, "tensor output, as the peer returns")
-
-
-def build_transitions(path: str, records: int, streams: int = 16) -> float:
-    """A transitions(obs 4) store built with 1M-record commits of ``streams`` streams; seconds taken."""
-    per_commit = min(records, 1_000_000)
-    per_stream = per_commit // streams
-    rng = np.random.default_rng(2)
-    b = {"obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, per_stream).astype(np.int64),
-         "reward": rng.standard_normal(per_stream, dtype=np.float32),
-         "next_obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "terminated": rng.random(per_stream) < 0.01}
-    st = open_store(path, transitions(4, actions=3), mode="w")
-    t0 = time.perf_counter()
-    with st.writer() as w:
-        for _ in range(records // per_commit):
-            for s in range(streams):
-                w.append(b, stream=s)
-            w.commit()
-    assert len(st) == records
-    return time.perf_counter() - t0
 
 
 def bench_open_lookup(tmp: str, cfg: dict[str, Any], out: Table) -> None:
@@ -443,47 +312,16 @@ def bench_open_lookup(tmp: str, cfg: dict[str, Any], out: Table) -> None:
             f"{small:,} rows: {sm['lookup256'] * 1e6:.3g} us; ratio {b['lookup256'] / sm['lookup256']:.2f}x")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (< 1 minute)")
-    ap.add_argument("--dir", default=None, help="where to put the temporary stores (default: system temp)")
-    args = ap.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    try:
-        import tensordict
-        import torch
-        import torchrl
-    except ImportError as exc:
-        print(f"store_bench: needs the TorchRL peer ({exc}); pip install torchrl tensordict", file=sys.stderr)
-        return 2
-    logging.getLogger("torchrl").setLevel(logging.WARNING)
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    print(f"# {'quick' if args.quick else 'full'} run: {os.cpu_count()} cpus ({cpu}), Python "
-          f"{platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, torchrl "
-          f"{torchrl.__version__}, tensordict {tensordict.__version__}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    tmp = tempfile.mkdtemp(prefix="replaystore-bench-", dir=args.dir)
-    out = Table()
-    t_start = time.perf_counter()
-    try:
-        rng = np.random.default_rng(0)
-        batches = [dqn_records(rng, BATCH) for _ in range(32)]
-        tds = [as_tensordict(b) for b in batches]
-        bench_append(tmp, cfg, batches, tds, out)
-        st, st1, stc, rb = build_read_stores(tmp, cfg, batches, tds, out)
-        bench_read(cfg, st, st1, stc, rb, out)
-        del st, st1, stc, rb
-        bench_open_lookup(tmp, cfg, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"# {time.perf_counter() - t_start:.0f} s; load average now "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    out.print()
-    return 0
+def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
+    rng = np.random.default_rng(0)
+    batches = [dqn_records(rng, BATCH) for _ in range(32)]
+    tds = [as_tensordict(b) for b in batches]
+    bench_append(tmp, cfg, batches, tds, out)
+    st, st1, stc, rb = build_read_stores(tmp, cfg, batches, tds, out)
+    bench_read(cfg, st, st1, stc, rb, out)
+    del st, st1, stc, rb
+    bench_open_lookup(tmp, cfg, out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("store", __doc__, None, (FULL, QUICK), Table("TorchRL", "peer"), run))
