@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,16 +37,21 @@ def _commit_records(backend: Backend, writer: int) -> list[dict]:
     return [records.decode(n, storage.read(f"{layout.commits_dir(writer)}/{n}")) for n in names]
 
 
+def _commit_each(w: Any, rng: np.random.Generator, commits: int, records: int, streams: int) -> list[Any]:
+    """``commits`` DQN batches of ``records``, one commit each, round-robin over ``streams``."""
+    batches = []
+    for i in range(commits):
+        batches.append(dqn_batch(rng, records, extra=0))
+        w.append(batches[-1], stream=i % streams)
+        w.commit()
+    return batches
+
+
 def test_background_merges_keep_records_dense_ordered_and_readable(fast_backend: Backend) -> None:
     rng = np.random.default_rng(3)
     st = fast_backend.open(DQN)
     w = st.writer()
-    batches = []
-    for i in range(70):
-        b = dqn_batch(rng, 3, extra=0)
-        w.append(b, stream=i % 4)
-        w.commit()
-        batches.append(b)
+    batches = _commit_each(w, rng, commits=70, records=3, streams=4)
     w.close()
     bodies = _commit_records(fast_backend, w.id)
     assert [b["seq"] for b in bodies] == list(range(len(bodies)))  # no gap a reader would stop at
@@ -95,12 +101,7 @@ def test_compact_merges_a_writers_fragments_up_to_the_size_cap(fast_backend: Bac
     rng = np.random.default_rng(5)
     st = fast_backend.open(DQN)
     w = st.writer()
-    batches = []
-    for i in range(30):
-        b = dqn_batch(rng, 4, extra=0)
-        w.append(b, stream=i % 3)
-        w.commit()
-        batches.append(b)
+    batches = _commit_each(w, rng, commits=30, records=4, streams=3)
     pending = dqn_batch(rng, 2, extra=0)
     w.append(pending, stream=0)
     assert len(st.table("records").reader.fragments) > 1
