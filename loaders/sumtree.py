@@ -7,6 +7,9 @@ import numpy as np
 # Levels with at most this many nodes are recomputed whole (one strided add per level) on
 # every update: cheaper than the four gather/scatter calls of the sparse path per level.
 DENSE_TOP = 1024
+# ``find`` starts at the level of this many nodes (or the leaves, if fewer): one searchsorted
+# over that level's prefix sums replaces the ~4 numpy calls of each level above it.
+SEARCH_TOP = 1024
 
 
 class SumTree:
@@ -17,13 +20,17 @@ class SumTree:
     numpy operations per tree level (the per-call overhead, not the batch size,
     dominates at minibatch sizes, so the loops below keep the calls per level minimal).
     Every internal node is always ``tree[2i] + tree[2i+1]`` recomputed from its children,
-    so the tree's values do not depend on the order or batching of updates.
+    so the tree's values do not depend on the order or batching of updates. ``find``
+    starts below the root: it searches the prefix sums of the level of ``top`` nodes
+    (cached until the next ``set``), then descends the binary levels under it.
     """
 
     def __init__(self, size: int) -> None:
         self.size = 1 << max(int(size) - 1, 1).bit_length()
         self.levels = self.size.bit_length() - 1
         self.tree = np.zeros(2 * self.size, dtype=np.float64)
+        self.top = min(SEARCH_TOP, self.size)
+        self._prefix: np.ndarray | None = None  # exclusive prefix sums of the top level, None: stale
 
     @property
     def total(self) -> float:
@@ -46,6 +53,7 @@ class SumTree:
             return
         tree = self.tree
         tree[self.size + leaves] = values
+        self._prefix = None
         if leaves.size * 8 >= self.size:  # a large share of the leaves: rebuild every level whole
             self._recompute(self.size >> 1)
             return
@@ -65,8 +73,15 @@ class SumTree:
         """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
         t = np.array(targets, dtype=np.float64)  # a copy: reduced in place below
         tree = self.tree
-        node = np.ones(len(t), dtype=np.int64)
-        for _ in range(self.levels):
+        top = self.top
+        if self._prefix is None:
+            self._prefix = np.zeros(top)
+            np.cumsum(tree[top:2 * top - 1], out=self._prefix[1:])
+        # count of the top nodes passed (prefix sum <= t): at most top-1, so slack stays in the last
+        node = np.searchsorted(self._prefix[1:], t, side="right")
+        t -= self._prefix.take(node)
+        node += top
+        for _ in range(self.levels - top.bit_length() + 1):
             node <<= 1  # the left child
             lv = tree.take(node)
             go_right = t >= lv
