@@ -46,7 +46,8 @@ class CrashConfig:
     streams: int  # streams per writer
     max_after: int  # kill after the child reported K commits, K uniform in 0..max_after, ...
     spread: float  # ... at a uniform instant within `spread` x its mean commit time after that report
-    targets: tuple[int, ...] = ()  # K values drawn half of the time (the commits just before a compaction)
+    targets: tuple[int, ...] = ()  # K values drawn in a share of the trials (the commits just before a compaction)
+    target_share: float = 0.5
     trials_per_store: int = 50
     lanes: int = 2
     new_writer_commits: int = 2
@@ -94,7 +95,8 @@ def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
     K and the instant are drawn from ``rng``; the instant is scaled by the commit time the
     child showed, so a loaded machine delays the kills rather than changing what they hit.
     """
-    after = rng.choice(cfg.targets) if cfg.targets and rng.random() < 0.5 else rng.randint(0, cfg.max_after)
+    after = (rng.choice(cfg.targets) if cfg.targets and rng.random() < cfg.target_share
+             else rng.randint(0, cfg.max_after))
     fraction = rng.random() * cfg.spread
     out = Killed(tag)
     with Child("crash-writer", url=url, storage_options=options, seed=cfg.seed, tag=tag,
@@ -360,8 +362,10 @@ def test_sigkill_during_compaction_and_eviction(tmp_path: Path) -> None:
 # dead writer's evicted fragments
 S3_CAPACITY = CrashConfig(trials=4, seed=4242, capacity=32, max_records=1, max_appends=1, streams=2, max_after=10,
                           spread=2.5, targets=(7,), trials_per_store=2, preload=32)
+# most soak kills aim at the compacting commit: at half, 2 of 30 kills landed mid-merge (too few to rely on)
 S3_CAPACITY_SLOW = CrashConfig(trials=30, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
-                               max_after=10, spread=2.5, targets=(7,), trials_per_store=15, preload=32)
+                               max_after=10, spread=2.5, targets=(7,), target_share=0.9, trials_per_store=15,
+                               preload=32)
 
 
 def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
