@@ -1,0 +1,84 @@
+"""The ``slow`` marker's selection (tests/support/slow_selection.py), checked on real pytest runs of a
+tiny test file in a subprocess: deselected by default, run under ``CI=true``, ``--run-slow`` or ``-m``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+TINY = '''
+import pytest
+
+def test_fast():
+    pass
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 2])
+def test_heavy(n):
+    pass
+
+@pytest.mark.slow
+class TestSoak:
+    def test_soak(self):
+        pass
+'''
+
+INI = "[pytest]\nmarkers =\n    slow: heavier soak and fault runs\naddopts = --strict-markers\n"
+
+
+def run_tiny(tmp_path: Path, *args: str, ci: str | None = None) -> tuple[int, str]:
+    """Run pytest on :data:`TINY` with the plugin loaded; its exit status and verbose output."""
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_tiny.py").write_text(TINY)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if ci is not None:
+        env["CI"] = ci
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "support.slow_selection", "-p", "no:cacheprovider",
+                           "-v", "-rA", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def ran(output: str) -> set[str]:
+    """Names of the tests the run reported a result for (any outcome)."""
+    return set(re.findall(r"test_tiny\.py::(\S+) (?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", output))
+
+
+ALL = {"test_fast", "test_heavy[1]", "test_heavy[2]", "TestSoak::test_soak"}
+
+
+@pytest.mark.parametrize("ci", [None, "", "false", "0", "no"])
+def test_slow_tests_are_deselected_by_default(tmp_path: Path, ci: str | None) -> None:
+    rc, out = run_tiny(tmp_path, ci=ci)
+    assert rc == 0, out
+    assert ran(out) == {"test_fast"}, out  # the slow ones are neither passed nor skipped
+    assert "SKIPPED" not in out and "1 passed, 3 deselected" in out, out
+    assert "3 slow tests deselected" in out and "--run-slow" in out and "CI=true" in out, out
+
+
+@pytest.mark.parametrize("ci", ["true", "TRUE", "1", "yes"])
+def test_ci_runs_slow_tests(tmp_path: Path, ci: str) -> None:
+    rc, out = run_tiny(tmp_path, ci=ci)
+    assert rc == 0, out
+    assert ran(out) == ALL and "4 passed" in out and "deselected" not in out, out
+
+
+def test_run_slow_option_runs_them(tmp_path: Path) -> None:
+    rc, out = run_tiny(tmp_path, "--run-slow")
+    assert rc == 0, out
+    assert ran(out) == ALL and "4 passed" in out and "deselected" not in out, out
+
+
+@pytest.mark.parametrize(("expr", "want"), [("slow", ALL - {"test_fast"}), ("not slow", {"test_fast"})])
+def test_explicit_marker_expression_decides(tmp_path: Path, expr: str, want: set[str]) -> None:
+    rc, out = run_tiny(tmp_path, "-m", expr)
+    assert rc == 0, out
+    assert ran(out) == want, out
+    assert "slow tests deselected" not in out, out  # -m did the selecting, the plugin stayed out of it
