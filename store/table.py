@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from replaystore.errors import RowError, StaleReadError
+from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.fragment import Fragment, FragmentData
 from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
+from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
+from replaystore.store.vmap import available as contiguous_views_available
 
 
 class TableReader:
@@ -21,9 +24,14 @@ class TableReader:
 
     Rows are addressed by stable row ids (``writer << 40 | local row``); positions
     ``0 .. len-1`` enumerate visible rows in row-id order for uniform sampling.
+
+    On local storage (where the platform allows, and unless ``contiguous=False``) reads
+    gather through :class:`~replaystore.store.spans.Layout` views in which all visible
+    fragments of an array form one ndarray; elsewhere they gather per fragment.
     """
 
-    def __init__(self, storage: Storage, log: CommitLog, name: str, schema: Schema, capacity: int | None) -> None:
+    def __init__(self, storage: Storage, log: CommitLog, name: str, schema: Schema, capacity: int | None,
+                 contiguous: bool = True) -> None:
         self.storage = storage
         self.log = log
         self.name = name
@@ -36,6 +44,14 @@ class TableReader:
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
                         for off, names in schema.offsets_groups.items()]
+        # contiguous views: the record arrays share one layout, each CSR group's values another
+        self._layouts: dict[str, Layout] = {}
+        if contiguous and contiguous_views_available() and storage.local_path("") is not None:
+            specs = schema.zarr_layout()
+            self._layouts["records"] = Layout(storage, schema, [s for s in specs if s.role != "values"])
+            for off, names in schema.offsets_groups.items():
+                self._layouts[off] = Layout(storage, schema, [s for s in specs if s.role == "values" and s.name in names])
+        self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
         self.sync()
 
     # -- visibility -----------------------------------------------------------------
@@ -63,6 +79,10 @@ class TableReader:
         self._base = self.first_ids + self.vis_from - self.cum[:-1]
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
+        # base row of each visible fragment per layout, and each fragment's value count per CSR group
+        self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
+        self._nnz = {off: np.array([f.nnz[off] for f in self.fragments], dtype=np.int64)
+                     for off in self.schema.offsets_groups}
         if prev is not None and self._index is not None and not self._follow_index(*prev):
             self._index = None
 
@@ -156,18 +176,23 @@ class TableReader:
     def read(self, rows: Any) -> dict[str, np.ndarray]:
         """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets.
 
-        Hot path (docs/PERFORMANCE.md): rows are grouped by fragment once; each field costs
-        one ``take`` per fragment touched, plus one permutation back to the requested order
-        when more than one fragment is touched. Ragged values are gathered through CSR
-        offsets computed for all rows at once.
+        Hot path (docs/PERFORMANCE.md): with contiguous views, one ``take`` per array
+        whatever the number of fragments. Otherwise rows are grouped by fragment once; each
+        field costs one ``take`` per fragment touched, plus one permutation back to the
+        requested order when more than one fragment is touched. Ragged values are gathered
+        through CSR offsets computed for all rows at once.
         """
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         frag_i, local = self.locate(rows)
         n = len(rows)
         if n == 0:
             return self._empty()
+        if self._layouts:
+            shifts = {off: self._bases[off][frag_i] for off, _ in self._ragged}
+            return self._gather(lambda name: self._layout_of[name].array(name), self._bases["records"][frag_i] + local,
+                                shifts, frag_i)
         if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
-            return self._read_one(self.data(self.fragments[int(frag_i[0])]), local)
+            return self._gather(self.data(self.fragments[int(frag_i[0])]).array, local, None, frag_i)
         order = np.argsort(frag_i, kind="stable")
         sorted_i = frag_i[order]
         cuts = (np.flatnonzero(sorted_i[1:] != sorted_i[:-1]) + 1).tolist()
@@ -207,24 +232,37 @@ class TableReader:
                     out[name] = buf.take(perm)
         return out
 
-    def _read_one(self, data: FragmentData, loc: np.ndarray) -> dict[str, np.ndarray]:
-        """Records at local offsets ``loc`` of one fragment, in that order."""
+    def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray, shifts: dict[str, np.ndarray] | None,
+                frag_i: np.ndarray) -> dict[str, np.ndarray]:
+        """Records at rows ``loc`` of ``array(name)`` for every array, in that order.
+
+        ``array`` is one fragment's arrays (``shifts`` None) or the contiguous views, where
+        ``shifts[offsets]`` is the base row of each record's fragment in that group's values.
+        """
         out: dict[str, np.ndarray] = {}
         for name, _, _ in self._dense:
-            out[name] = data.array(name).take(loc, axis=0)
+            out[name] = array(name).take(loc, axis=0)
         if self._ragged:
             pairs = loc[:, None] + _PAIR
             for off_name, values in self._ragged:
-                bounds = data.array(off_name).take(pairs)
+                bounds = array(off_name).take(pairs)
                 starts = bounds[:, 0]
                 counts = bounds[:, 1] - starts
+                if shifts is not None and len(loc) and (
+                        counts.min() < 0 or starts.min() < 0 or np.any(bounds[:, 1] > self._nnz[off_name][frag_i])):
+                    # a view gathers outside the fragment's values instead of raising: check first
+                    bad = (counts < 0) | (starts < 0) | (bounds[:, 1] > self._nnz[off_name][frag_i])
+                    frag = self.fragments[int(frag_i[np.argmax(bad)])]
+                    raise CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
                 new_offsets = np.zeros(len(loc) + 1, dtype=np.int64)
                 np.cumsum(counts, out=new_offsets[1:])
-                value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(
-                    starts - new_offsets[:-1], counts)
+                first = starts - new_offsets[:-1]
+                if shifts is not None:
+                    first += shifts[off_name]
+                value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(first, counts)
                 out[off_name] = new_offsets
                 for name, _ in values:
-                    out[name] = data.array(name).take(value_index)
+                    out[name] = array(name).take(value_index)
         return out
 
     def _empty(self) -> dict[str, np.ndarray]:

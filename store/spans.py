@@ -1,0 +1,123 @@
+"""A table's visible fragments side by side, per array: rows of any fragment are rows of one ndarray.
+
+Arrays that count the same rows share a layout (a :class:`Layout`): the record arrays
+(dense fields and CSR offsets), and the values arrays of each CSR group. A layout gives
+each fragment a base row, a multiple of a unit chosen so that ``base * row_bytes`` is
+page-aligned for every array in it; each array's chunk file is mapped at its fragment's
+base inside one reserved address range (store/vmap.py). A fragment's local row ``r``
+is then row ``base + r`` of the array's view, whatever the fragment count.
+
+Layouts follow the visible fragments: departed fragments are unmapped, new ones are
+placed after the last and mapped on first use, and everything is laid out afresh when
+the reserved space runs out. Not thread-safe: :meth:`Layout.place` must not run while a
+gather from the same layout is in flight (the reader's ``sync`` and reads already have
+that rule).
+"""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+
+from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.schemas import Schema
+from replaystore.schemas.layout import ArraySpec
+from replaystore.store.fragment import Fragment, shape_of
+from replaystore.store.storage import Storage
+from replaystore.store.vmap import PAGE, AddressRange
+from replaystore.store.zarrio import chunk_path
+
+FragKey = tuple[int, str]
+
+
+def _key(frag: Fragment) -> FragKey:
+    return frag.writer, frag.name
+
+
+def _row_bytes(spec: ArraySpec) -> int:
+    return np.dtype(spec.dtype).itemsize * math.prod(spec.trailing_shape)
+
+
+class Layout:
+    """Arrays of one table that count the same rows, laid out over the visible fragments."""
+
+    def __init__(self, storage: Storage, schema: Schema, specs: list[ArraySpec]) -> None:
+        self.storage = storage
+        self.schema = schema
+        self.specs = {s.name: s for s in specs}
+        self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, rb) for s in specs if (rb := _row_bytes(s))))
+        self._frags: dict[FragKey, Fragment] = {}
+        self._base: dict[FragKey, int] = {}
+        self._top = 0
+        self._cap = 0
+        self._ranges: dict[str, AddressRange] = {}
+        self._views: dict[str, np.ndarray] = {}
+        self._mapped: dict[str, set[FragKey]] = {}
+
+    def _rows(self, frag: Fragment, name: str) -> int:
+        return shape_of(frag, self.schema, self.specs[name])[0]
+
+    def _slot(self, frag: Fragment) -> int:
+        rows = max([1, *(self._rows(frag, n) for n in self.specs)])
+        return -(-rows // self.unit) * self.unit
+
+    def place(self, frags: list[Fragment]) -> np.ndarray:
+        """Lay out ``frags`` (the visible fragments, in the reader's order); their base rows."""
+        live = {_key(f) for f in frags}
+        new = [f for f in frags if _key(f) not in self._base]
+        if self._top + sum(self._slot(f) for f in new) > self._cap:
+            # start afresh in new ranges; the old ones stay whole until their last view is gone
+            self._frags, self._base, self._top = {}, {}, 0
+            self._ranges, self._views, self._mapped = {}, {}, {}
+            self._cap = max(2 * sum(self._slot(f) for f in frags), 16 * self.unit)
+            new = frags
+        for k in [k for k in self._base if k not in live]:
+            self._drop(k)
+        for f in new:
+            self._frags[_key(f)] = f
+            self._base[_key(f)] = self._top
+            self._top += self._slot(f)
+        if new:
+            self._views = {}  # views are (re)built with their pending mappings on first use
+        return np.array([self._base[_key(f)] for f in frags], dtype=np.int64)
+
+    def _drop(self, k: FragKey) -> None:
+        frag, base = self._frags.pop(k), self._base.pop(k)
+        for name, mapped in self._mapped.items():
+            if k in mapped:
+                rb = _row_bytes(self.specs[name])
+                self._ranges[name].release(base * rb, self._rows(frag, name) * rb)
+                mapped.discard(k)
+
+    def array(self, name: str) -> np.ndarray:
+        """The view of array ``name``; every placed fragment's rows are mapped at their base."""
+        view = self._views.get(name)
+        if view is not None:
+            return view
+        spec = self.specs[name]
+        rb = _row_bytes(spec)
+        if not rb:  # nothing to map: rows of zero bytes
+            view = self._views[name] = np.empty((self._cap, *spec.trailing_shape), dtype=spec.dtype)
+            return view
+        rng = self._ranges.get(name)
+        if rng is None:
+            rng = self._ranges[name] = AddressRange(self._cap * rb)
+        mapped = self._mapped.setdefault(name, set())
+        for k, frag in self._frags.items():
+            nbytes = self._rows(frag, name) * rb
+            if k in mapped or not nbytes:
+                continue
+            cpath = chunk_path(f"{frag.path}/{name}", 1 + len(spec.trailing_shape))
+            path = self.storage.local_path(cpath)
+            assert path is not None  # layouts exist only on storage with local files
+            try:
+                rng.map_file(self._base[k] * rb, path, nbytes)
+            except FileNotFoundError:
+                raise StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view "
+                                     "was taken (call refresh()), or the store is damaged (run replaystore verify)"
+                                     ) from None
+            except EOFError as exc:
+                raise CorruptObjectError(cpath, str(exc)) from None
+            mapped.add(k)
+        view = self._views[name] = rng.view(np.dtype(spec.dtype), spec.trailing_shape)
+        return view

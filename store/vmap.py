@@ -1,0 +1,107 @@
+"""Files mapped side by side into one reserved address range, read as one ndarray.
+
+A table's fragments each hold every column in its own file. Mapping each fragment's
+file of one column at an aligned offset inside one reserved range makes the rows of
+all fragments rows of a single array, so a gather over many fragments is one
+``take`` instead of one per fragment (docs/PERFORMANCE.md, "Read").
+
+POSIX only (Linux, macOS; 64-bit): ``mmap(2)`` with ``MAP_FIXED`` through ctypes,
+because Python's :mod:`mmap` cannot place a mapping. :func:`available` says whether
+this platform has it; callers fall back to per-fragment reads where it does not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import weakref
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+_PROT_NONE = 0
+_MAP_FIXED = 0x10  # the same value on Linux, macOS and the BSDs
+
+_libc: ctypes.CDLL | None = None
+if sys.platform in ("linux", "darwin") and ctypes.sizeof(ctypes.c_void_p) == 8:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_int64]
+    _libc.munmap.restype = ctypes.c_int
+    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def available() -> bool:
+    """Whether this platform can place file mappings in a reserved range."""
+    return _libc is not None
+
+
+def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int) -> int:
+    assert _libc is not None
+    got = _libc.mmap(addr, length, prot, flags, fd, 0)
+    if got in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {length} bytes failed: {os.strerror(err)}")
+    return int(got)
+
+
+def _reserve_at(addr: int | None, length: int) -> int:
+    """An inaccessible anonymous mapping (address space only; no memory is committed)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_FIXED if addr is not None else 0)
+    return _mmap(addr, length, _PROT_NONE, flags, -1)
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class AddressRange:
+    """``length`` bytes of reserved address space in which files are mapped read-only.
+
+    The range is unmapped once neither it nor any array from :meth:`view` is referenced, so
+    a view never outlives its memory; parts released by :meth:`release` must not be read.
+    """
+
+    def __init__(self, length: int) -> None:
+        self.length = _round_up(max(length, PAGE), PAGE)
+        self.address = _reserve_at(None, self.length)
+        self._buf = (ctypes.c_char * self.length).from_address(self.address)
+        weakref.finalize(self._buf, _unmap, self.address, self.length)
+
+    def map_file(self, offset: int, path: str, nbytes: int) -> None:
+        """Map the first ``nbytes`` of the file at ``path`` at ``offset`` (a multiple of PAGE).
+
+        FileNotFoundError if it is gone; EOFError if it is shorter than ``nbytes`` (reading
+        a mapping past the end of its file would kill the process with SIGBUS).
+        """
+        if offset % PAGE or offset < 0 or offset + nbytes > self.length:
+            raise ValueError(f"mapping [{offset}, {offset + nbytes}) is not a page-aligned part of the range")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size < nbytes:
+                raise EOFError(f"{size} bytes, expected at least {nbytes}")
+            _mmap(self.address + offset, _round_up(nbytes, PAGE), mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd)
+        finally:
+            os.close(fd)
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Unmap what was mapped at ``offset`` and reserve the space again."""
+        _reserve_at(self.address + offset, _round_up(nbytes, PAGE))
+
+    def view(self, dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
+        """The whole range as an array of rows of ``trailing`` shape (rows never mapped must not be read)."""
+        row_bytes = dtype.itemsize * int(np.prod(trailing))
+        if row_bytes == 0:
+            return np.empty((0, *trailing), dtype=dtype)
+        arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]
+        return arr.view(dtype).reshape(-1, *trailing)
+
+
+def _unmap(address: int, length: int) -> None:
+    assert _libc is not None
+    _libc.munmap(address, length)

@@ -1,0 +1,159 @@
+"""Contiguous views (store/spans.py, store/vmap.py): every fragment of an array mapped side by side
+in one address range, so a read is one gather per array. Checked against the per-fragment read
+over random multi-fragment histories, and on damaged or reclaimed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.schemas import dqn
+from replaystore.store import layout, open_store
+from replaystore.store.table import TableReader
+from replaystore.store.vmap import PAGE, AddressRange, available
+from support.batches import dqn_batch
+from support.storecheck import assert_same
+
+DQN = dqn(16, 2, actions=9)
+
+pytestmark = pytest.mark.skipif(not available(), reason="contiguous views need POSIX mmap placement")
+
+
+def _per_fragment(st) -> TableReader:
+    """A second reader of the same committed view that gathers fragment by fragment."""
+    r = st.table("records").reader
+    return TableReader(r.storage, r.log, r.name, r.schema, r.capacity, contiguous=False)
+
+
+OPS = st.lists(st.one_of(st.tuples(st.just("commit"), st.integers(1, 40)), st.just(("compact",)),
+                         st.just(("read",))), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, capacity=st.sampled_from([None, 30, 150]), seed=st.integers(0, 2**16))
+def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.TempPathFactory, ops: list[tuple],
+                                                      capacity: int | None, seed: int) -> None:
+    url = str(tmp_path_factory.mktemp("contig") / "st")
+    rng = np.random.default_rng(seed)
+    st_w = open_store(url, DQN, mode="w", capacity=capacity)
+    reader = open_store(url, mode="r")
+    w = st_w.writer()
+    for i, op in enumerate([*ops, ("read",)]):
+        if op[0] == "commit":
+            w.append(dqn_batch(rng, op[1], extra=0), stream=i % 3)
+            w.commit()
+        elif op[0] == "compact":
+            w.compact()
+        else:
+            reader.refresh()
+            table = reader.table("records")
+            ids = table.row_ids()
+            assert table.reader._layouts  # local store: the contiguous path is the one under test
+            rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
+            assert_same(table.read(rows), _per_fragment(reader).read(rows), f"op {i}")
+    w.close()
+
+
+def test_views_stay_valid_and_correct_across_relayouts(tmp_path: Path) -> None:
+    """Many small fragments outgrow the reserved space (the layout starts afresh in new ranges)
+    while compaction and eviction remove fragments (their part of the range is unmapped). A
+    view of an old layout stays whole until it is dropped."""
+    rng = np.random.default_rng(1)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=400)
+    reader = open_store(url, mode="r")
+    w = st.writer()
+    table = reader.table("records")
+    lay = table.reader._layouts["records"]
+    relayouts = 0
+    old_view = old_rows = old_obs = np.empty(0)
+    for i in range(80):
+        w.append(dqn_batch(rng, 7, extra=0), stream=i % 4)
+        w.commit()
+        before = lay._ranges.get("obs")
+        reader.refresh()
+        rows = table.row_ids()
+        assert_same(table.read(rows), _per_fragment(reader).read(rows), f"commit {i}")
+        if before is not None and lay._ranges.get("obs") is not before:
+            relayouts += 1
+            assert np.array_equal(old_view.take(old_rows, axis=0), old_obs)
+        old_view = lay.array("obs")
+        frag_i, local = table.reader.locate(rows)
+        old_rows = table.reader._bases["records"][frag_i] + local
+        old_obs = table.read(rows)["obs"]
+    w.close()
+    assert relayouts >= 2
+
+
+def test_a_short_chunk_file_is_a_typed_error_not_a_crash(tmp_path: Path) -> None:
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    with st.writer() as w:
+        w.append(dqn_batch(np.random.default_rng(0), 50, extra=0), stream=0)
+    frag = st.table("records").reader.fragments[0]
+    chunk = tmp_path / "st" / frag.path / "obs" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[: PAGE // 2])
+    reader = open_store(url, mode="r")
+    with pytest.raises(CorruptObjectError) as exc:
+        reader.read([0])
+    assert exc.value.path == f"{frag.path}/obs/c/0/0"
+
+
+def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> None:
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    with st.writer() as w:
+        w.append(dqn_batch(np.random.default_rng(0), 50, extra=0), stream=0)
+    frag = st.table("records").reader.fragments[0]
+    chunk = tmp_path / "st" / frag.path / "legal_offsets" / "c" / "0"
+    offsets = np.frombuffer(chunk.read_bytes()[:-4], dtype="<i8").copy()
+    offsets[10] = 1 << 40  # far past the values, and past the mapped range
+    chunk.write_bytes(offsets.tobytes() + b"crc!")
+    reader = open_store(url, mode="r")
+    assert reader.read([3])["legal_ids"].size  # rows whose offsets are intact still read
+    with pytest.raises(CorruptObjectError) as exc:
+        reader.read([9])
+    assert exc.value.path == f"{frag.path}/legal_offsets"
+
+
+def test_a_reader_that_missed_a_reclaim_gets_stale_read_error(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=10)
+    w = st.writer()
+    w.append(dqn_batch(rng, 10, extra=0), stream=0)
+    w.commit()
+    stale = open_store(url, mode="r")  # sees the first fragment, has mapped nothing yet
+    for _ in range(4):
+        w.append(dqn_batch(rng, 10, extra=0), stream=0)
+        w.commit()
+    w.close()
+    assert not (tmp_path / "st" / layout.writer_dir(w.id) / "data" / "records" / layout.fragment_name(0)).exists()
+    with pytest.raises(StaleReadError, match="refresh"):
+        stale.read(np.arange(10))
+    stale.refresh()
+    assert len(stale.read(stale.row_ids())["obs"]) == 10
+
+
+def test_address_range_maps_files_at_page_offsets(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(np.arange(5, dtype="<i8").tobytes())
+    b.write_bytes(np.arange(100, 103, dtype="<i8").tobytes() + b"crc!")
+    rng = AddressRange(4 * PAGE)
+    rng.map_file(0, str(a), 40)
+    rng.map_file(2 * PAGE, str(b), 24)
+    view = rng.view(np.dtype("<i8"), ())
+    base_b = 2 * PAGE // 8
+    assert view[[4, 0, base_b + 2, base_b]].tolist() == [4, 0, 102, 100]
+    rng.release(0, 40)  # reserved again; b stays mapped
+    assert view[base_b + 1] == 101
+    with pytest.raises(ValueError, match="page-aligned"):
+        rng.map_file(100, str(a), 40)
+    with pytest.raises(EOFError):
+        rng.map_file(PAGE, str(a), 41)
+    with pytest.raises(FileNotFoundError):
+        rng.map_file(PAGE, str(tmp_path / "missing"), 8)
