@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.schemas import Columns, Schema
-from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store import layout
-from replaystore.store.storage import Buffer, Storage
-from replaystore.store.zarrio import array_objects, group_object, read_array
+from replaystore.store.storage import Storage
+from replaystore.store.zarrio import read_array
 
 STREAM_CODE = np.dtype(np.int32)
 STEP = np.dtype(np.int64)
@@ -61,42 +60,6 @@ def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]
     if spec.role == "offsets":
         return (frag.rows + 1,)
     return (frag.nnz[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
-
-
-def write_fragment(storage: Storage, writer: int, table: str, name: str, row_start: int, parts: list[Columns],
-                   stream_codes: np.ndarray, steps: np.ndarray, resets: np.ndarray,
-                   streams: list[int | str], commits: list[tuple[int, int, int]]) -> tuple[Fragment, list[str]]:
-    """Write one fragment holding the records of ``parts`` in order, durably; returns it and
-    every object path written.
-
-    Dense and ragged-value arrays are written straight from the parts' buffers (no
-    concatenated copy); only CSR offsets are rebuilt (shifted per part). ``commits`` is
-    the descriptor's ``parts`` list.
-    """
-    schema = parts[0].schema
-    rows = sum(p.num_records for p in parts)
-    offsets: dict[str, np.ndarray] = {}
-    for off_name in schema.offsets_groups:
-        pieces = [np.zeros(1, dtype=OFFSETS_DTYPE)]
-        shift = 0
-        for p in parts:
-            off = p.arrays[off_name]
-            pieces.append(off[1:] - (int(off[0]) - shift))
-            shift += int(off[-1]) - int(off[0])
-        offsets[off_name] = np.concatenate(pieces).astype(OFFSETS_DTYPE, copy=False)
-    frag = Fragment(writer, table, name, row_start, rows, {k: int(v[-1]) for k, v in offsets.items()},
-                    streams, commits)
-    objects: dict[str, list[Buffer]] = {}
-    for spec in schema.zarr_layout():
-        pieces = [offsets[spec.name]] if spec.role == "offsets" else [p.arrays[spec.name] for p in parts]
-        objects.update(array_objects(f"{frag.path}/{spec.name}", np.dtype(spec.dtype),
-                                     shape_of(frag, schema, spec), pieces))
-    for arr_name, arr, dtype in (("_stream", stream_codes, STREAM_CODE), ("_step", steps, STEP),
-                                 ("_reset", resets, RESET)):
-        objects.update(array_objects(f"{frag.path}/{arr_name}", dtype, (rows,), [arr.astype(dtype, copy=False)]))
-    objects.update(group_object(frag.path, {"replaystore": frag.to_dict()}))
-    storage.write_objects(objects)
-    return frag, list(objects)
 
 
 class FragmentData:

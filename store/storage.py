@@ -10,12 +10,13 @@ to the store root.
 from __future__ import annotations
 
 import abc
+import ctypes
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,6 +41,37 @@ class ObjectInfo:
 
 Buffer = bytes | memoryview | np.ndarray
 """Bytes to write: ``bytes``, or any C-contiguous buffer (a uint8 view of an array)."""
+
+
+class ObjectStream:
+    """A data object written piece by piece (appended to, truncated back), completed and made
+    durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
+    copies of the pieces in memory (object stores write the object whole at completion)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = 0
+        self._pieces: list[bytes] = []
+
+    def write(self, pieces: Sequence[Buffer]) -> None:
+        """Append ``pieces`` (copied or written out now: the caller may reuse its buffers)."""
+        for piece in pieces:
+            data = bytes(piece)
+            self._pieces.append(data)
+            self.size += len(data)
+
+    def truncate(self, size: int) -> None:
+        """Cut the object back to its first ``size`` bytes."""
+        data = self.data()[:size]
+        self._pieces, self.size = [data], len(data)
+
+    def data(self) -> bytes:
+        """Everything written so far."""
+        return b"".join(self._pieces)
+
+    def close(self) -> None:
+        """Release the stream's resources (after completion, or to abandon it)."""
+        self._pieces = []
 
 
 class Storage(abc.ABC):
@@ -83,12 +115,20 @@ class Storage(abc.ABC):
     def sync_dirs(self, paths: list[str]) -> None:
         """Make the directory entries of written ``paths`` durable (local filesystems only)."""
 
-    def write_objects(self, objects: Mapping[str, Sequence[Buffer]]) -> None:
-        """Write data objects, each the concatenation of its buffers; all of them (and their
-        directory entries) are durable when this returns. This default writes one after another."""
+    def open_stream(self, path: str) -> ObjectStream:
+        """A data object to be written piece by piece, complete only once passed to
+        :meth:`write_objects`. This default keeps copies of the pieces in memory."""
+        return ObjectStream(path)
+
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
+        """Write data objects, each the concatenation of its buffers, and complete ``streams``
+        (each holding what was written to it); all of them (and their directory entries) are
+        durable when this returns. This default writes one after another."""
         for path, parts in objects.items():
             self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
-        self.sync_dirs(list(objects))
+        for stream in streams:
+            self.write(stream.path, stream.data())
+        self.sync_dirs([*objects, *(s.path for s in streams)])
 
     def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The first ``prod(shape)`` items of an object as an array (memory-mapped where possible)."""
@@ -151,12 +191,80 @@ def _raise_open_file_limit() -> None:
         pass
 
 
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+
+
+def _writeback_starter() -> Callable[[int, int, int], None] | None:
+    """``sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)`` through libc (Linux; not in
+    Python's ``os``), or None where there is none. A hint: the fsync at completion reports errors."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, nbytes: int) -> None:
+        fn(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)
+
+    return start
+
+
+_START_WRITEBACK = _writeback_starter()
+
+
+class _FileStream(ObjectStream):
+    """A local file written as the pieces come; the disk starts writing each piece back at once
+    (``sync_file_range``), so the fsync at completion has little left to wait for."""
+
+    def __init__(self, storage: LocalStorage, path: str) -> None:
+        super().__init__(path)
+        full = storage._p(path)
+        directory = os.path.dirname(full)
+        storage._makedirs(directory)
+        self.fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        storage._entry_made(directory)
+
+    def write(self, pieces: Sequence[Buffer]) -> None:
+        start = self.size
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+                self.size += n
+        if _START_WRITEBACK is not None and self.size > start:
+            _START_WRITEBACK(self.fd, start, self.size - start)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+    def data(self) -> bytes:
+        return os.pread(self.fd, self.size, 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class LocalStorage(Storage):
-    """A directory on a local filesystem. Commit records use link(2) for create-if-absent."""
+    """A directory on a local filesystem. Commit records use link(2) for create-if-absent.
+
+    Durability of directory entries: a handle fsyncs a directory when it created an entry in
+    it since its last fsync of it started (``_dirty``), or when a directory on the way to a
+    written object is not known to have a durable entry in its parent (``_durable``: those
+    whose parent this handle fsynced after seeing them). The store root and the levels above
+    a fragment are therefore fsynced once per handle, not on every commit.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.url = self.root
+        self._dir_lock = threading.Lock()
+        self._dirty: dict[str, int] = {}  # directory -> entries created in it not yet covered by an fsync of it
+        self._durable: set[str] = {self.root}  # directories whose entry in their parent is durable
         _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
@@ -173,49 +281,103 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
 
+    def _entry_made(self, directory: str) -> None:
+        """Note that an entry was just created in ``directory`` (after creating it: see _unsynced)."""
+        with self._dir_lock:
+            self._dirty[directory] = self._dirty.get(directory, 0) + 1
+
+    def _makedirs(self, directory: str) -> None:
+        """``os.makedirs(directory, exist_ok=True)``, noting each directory it creates in its parent."""
+        if os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        if parent != directory:
+            self._makedirs(parent)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:  # made concurrently: its entry counts as unknown (not in _durable)
+            if not os.path.isdir(directory):
+                raise
+            return
+        self._entry_made(parent)
+
+    def _unsynced(self, paths: Iterable[str]) -> list[tuple[str, int, list[str]]]:
+        """The directories to fsync so that every entry from the root down to each of ``paths``
+        is durable: ``(directory, its dirty count now, its children to remember as durable)``.
+
+        Counts are read after the entries were created, so an fsync that starts later covers
+        them; an entry created concurrently after the read keeps its directory dirty.
+        """
+        need: dict[str, list[str]] = {}
+        with self._dir_lock:
+            for path in paths:
+                d = os.path.dirname(self._p(path))
+                while True:
+                    if d in self._dirty:
+                        need.setdefault(d, [])
+                    if d == self.root or not d.startswith(self.root + os.sep):
+                        break
+                    parent = os.path.dirname(d)
+                    if d not in self._durable and parent not in self._dirty:
+                        need.setdefault(parent, []).append(d)  # an existing directory of unknown durability
+                    d = parent
+            return [(d, self._dirty.get(d, 0), children) for d, children in need.items()]
+
+    def _synced(self, directory: str, count: int, children: list[str]) -> None:
+        """Record a completed fsync of ``directory`` that started after ``count`` entries were noted."""
+        with self._dir_lock:
+            left = self._dirty.get(directory, 0) - count
+            if left > 0:
+                self._dirty[directory] = left
+            else:
+                self._dirty.pop(directory, None)
+            self._durable.update(children)
+
     def _write_synced(self, full: str, data: bytes | memoryview) -> None:
         with open(full, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        self._entry_made(os.path.dirname(full))
 
     def write(self, path: str, data: bytes | memoryview) -> None:
         full = self._p(path)
-        directory = os.path.dirname(full)
-        os.makedirs(directory, exist_ok=True)
+        self._makedirs(os.path.dirname(full))
         self._write_synced(full, data)
 
-    def write_objects(self, objects: Mapping[str, Sequence[Buffer]]) -> None:
-        """Write each file and hand its fsync to a thread pool at once (the disk writes it back
-        while the next files are written), then fsync the directories from theirs up to the root
-        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
-        where one after another paid a commit each. Nothing is referenced before this returns."""
+    def open_stream(self, path: str) -> ObjectStream:
+        return _FileStream(self, path)
+
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
+        """Hand each stream's fsync to a thread pool, write each object and hand its fsync over
+        at once (the disk writes it back while the next ones are written), then fsync the
+        directories whose entries are not yet durable (see the class) the same way; returns
+        when every fsync has. Concurrent fsyncs share journal commits, where one after another
+        paid a commit each. Nothing is referenced before this returns."""
         pool = self._fsync_pool()
         files: list[Any] = []
-        dir_fds: list[int] = []
         syncs: list[Future[None]] = []
-        dirs: set[str] = set()
         try:
+            for stream in streams:
+                if not isinstance(stream, _FileStream):
+                    raise StorageError(f"{stream.path}: not a stream of this local storage")
+                syncs.append(pool.submit(os.fsync, stream.fd))
             for path, parts in objects.items():
                 full = self._p(path)
                 directory = os.path.dirname(full)
-                if directory not in dirs:
-                    os.makedirs(directory, exist_ok=True)
-                    dirs.update(self._chain(directory))
+                self._makedirs(directory)
                 f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
                 files.append(f)
+                self._entry_made(directory)
                 f.writelines(parts)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
-            for directory in dirs:
-                dir_fds.append(os.open(directory, os.O_RDONLY))
-                syncs.append(pool.submit(os.fsync, dir_fds[-1]))
+            for job in self._unsynced([*objects, *(s.path for s in streams)]):
+                syncs.append(pool.submit(self._sync_path, *job))
         finally:
             wait(syncs)  # every fsync ends before any descriptor is closed
             for f in files:
                 f.close()
-            for fd in dir_fds:
-                os.close(fd)
         for sync in syncs:
             sync.result()  # raises the first error
 
@@ -230,30 +392,31 @@ class LocalStorage(Storage):
                 cls._pool = (os.getpid(), ThreadPoolExecutor(cls.FSYNC_THREADS, thread_name_prefix="replaystore-fsync"))
             return cls._pool[1]
 
-    def _chain(self, directory: str) -> list[str]:
-        """``directory`` and every directory above it up to the store root, deepest first."""
-        out = [directory]
-        while directory != self.root and directory.startswith(self.root + os.sep):
-            directory = os.path.dirname(directory)
-            out.append(directory)
-        return out
+    def _sync_entries(self, paths: Iterable[str]) -> None:
+        """fsync, concurrently, the directories that make the entries of ``paths`` durable (see the class)."""
+        jobs = self._unsynced(paths)
+        for _ in self._fsync_pool().map(lambda job: self._sync_path(*job), jobs):
+            pass
+
+    def _sync_path(self, directory: str, count: int, children: list[str]) -> None:
+        self._fsync_dir(directory)
+        self._synced(directory, count, children)
 
     def sync_dirs(self, paths: list[str]) -> None:
-        """fsync the directories holding ``paths`` and those above them up to the root (once each).
+        """Make the directory entries of written ``paths`` durable: their directories and the
+        directories above them up to the root, where this handle has not already (see the class).
 
         A write may have created directories (a fragment's, its arrays'): the entry of each new
         directory lives in its parent, so the parents must be synced too, or a power loss after
         the commit record is durable could still lose the data it references.
         """
-        dirs = {d for p in paths for d in self._chain(os.path.dirname(self._p(p)))}
-        for directory in sorted(dirs, key=lambda d: (-d.count(os.sep), d)):
-            self._fsync_dir(directory)
+        self._sync_entries(paths)
 
     def create(self, path: str, data: bytes) -> bool:
         full = self._p(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
-        os.makedirs(directory, exist_ok=True)
+        self._makedirs(directory)
         if new_root:  # the store's own directory entry
             self._fsync_dir(os.path.dirname(self.root))
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
@@ -266,8 +429,7 @@ class LocalStorage(Storage):
         finally:
             os.unlink(tmp)
             # the record's entry, and those of directories made for it (concurrently, as in write_objects)
-            for _ in self._fsync_pool().map(self._fsync_dir, self._chain(directory)):
-                pass
+            self._sync_entries([path])
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._p(path))
@@ -284,6 +446,8 @@ class LocalStorage(Storage):
         full = self._p(path)
         if os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
+            with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
+                self._durable = {d for d in self._durable if d != full and not d.startswith(full + os.sep)}
         else:
             try:
                 os.unlink(full)

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +19,8 @@ from replaystore.errors import ReadOnlyError, StaleReadError, StepOrderError, St
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, records
-from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, write_fragment
+from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData
+from replaystore.store.staging import StagedFragment
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store
@@ -33,17 +34,19 @@ MERGE_FETCH_THREADS = 8
 
 @dataclass
 class _Pending:
-    cols: Columns
-    keys: list[StreamKey]  # one per record
-    steps: np.ndarray
-    resets: np.ndarray
+    """One append of a table: its records are in the table's staged fragment."""
+
+    rows: int
     meta: dict[str, Any]
 
 
-def _own(cols: Columns) -> Columns:
-    """``cols`` with private copies of its arrays: validated arrays may be the caller's own
-    buffers (or views of its tensors), which it is free to reuse before the commit."""
-    return replace(cols, arrays={k: v.copy() for k, v in cols.arrays.items()})
+def _codes(keys: list[StreamKey]) -> tuple[np.ndarray, list[StreamKey]]:
+    """Each record's index into the distinct ``keys`` (in order of appearance), and those keys."""
+    uniq = list(dict.fromkeys(keys))
+    if len(uniq) <= 1:
+        return np.zeros(len(keys), dtype=STREAM_CODE), uniq
+    code_of = {k: i for i, k in enumerate(uniq)}
+    return np.fromiter((code_of[k] for k in keys), dtype=STREAM_CODE, count=len(keys)), uniq
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Writer:
         self.next_row = dict.fromkeys(store.schemas, 0)
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
         self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
+        self._staged: dict[str, StagedFragment] = {}  # per table: the fragment the pending appends are in
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # the step/done bookkeeping as of the last commit, restored by discard()
@@ -137,23 +141,39 @@ class Writer:
         (``final_obs`` + ``terminated``) appends as one stream starting with a reset;
         a ``[T, B]`` Rollout appends as B streams (``stream``: one key per slot).
         A batch matching several tables (e.g. a DeepCfrBatch) is split between them.
-        Nothing is buffered if anything is invalid.
+        Nothing is buffered if anything is invalid. The records go to the table's staged
+        fragment now (its files, on local storage): the caller may reuse its buffers at once.
         """
         self._check_open()
         self._fresh = False
         done_updates: dict[tuple[str, StreamKey], bool] = {}
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
-        staged: dict[str, _Pending] = {}
         new_last: dict[tuple[str, StreamKey], int] = {}
-        for name, (cols, keys, resets) in tables.items():
-            steps = self._steps(name, keys, step, new_last)
-            meta = dict(cols.meta)
-            staged[name] = _Pending(_own(cols), keys, steps, resets, meta)
-        for name, p in staged.items():
-            self._pending[name].append(p)
+        steps = {name: self._steps(name, keys, step, new_last) for name, (_, keys, _) in tables.items()}
+        added: list[tuple[StagedFragment, Any]] = []
+        try:
+            for name, (cols, keys, resets) in tables.items():
+                frag = self._stage(name)
+                mark = frag.mark()
+                frag.add(cols, *_codes(keys), steps[name], resets)  # all or nothing
+                added.append((frag, mark))
+        except BaseException:
+            for frag, mark in reversed(added):
+                frag.rollback(mark)
+            raise
+        for name, (cols, _, _) in tables.items():
+            self._pending[name].append(_Pending(len(cols), dict(cols.meta)))
         self._last_step.update(new_last)
         self._last_done.update(done_updates)
-        return sum(len(p.cols) for p in staged.values())
+        return sum(len(cols) for cols, _, _ in tables.values())
+
+    def _stage(self, table: str) -> StagedFragment:
+        """The table's staged fragment, opened (named) by the first append after a commit."""
+        frag = self._staged.get(table)
+        if frag is None:
+            frag = self._staged[table] = StagedFragment(self.storage, self.store.schemas[table], self.id, table,
+                                                        self._new_name(), self.next_row[table])
+        return frag
 
     def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
                  done_updates: dict[tuple[str, StreamKey], bool],
@@ -299,14 +319,13 @@ class Writer:
             for table, pending in self._pending.items():
                 change: dict[str, Any] = {}
                 if pending:
-                    frag = self._write(table, self.next_row[table], pending,
-                                       [(seq, now, sum(len(p.cols) for p in pending))])
+                    frag = self._staged[table].finish([(seq, now, sum(p.rows for p in pending))])
                     new_frags[table] = frag
                     lo = frag.row_start
                     appends = []
                     for p in pending:
-                        appends.append({"rows": [lo, lo + len(p.cols)], "meta": p.meta})
-                        lo += len(p.cols)
+                        appends.append({"rows": [lo, lo + p.rows], "meta": p.meta})
+                        lo += p.rows
                     change.update({"add": [frag.to_dict()], "appends": appends})
                     rows[table] = (frag.first_id, frag.first_id + frag.rows)
                 if retired.get(table):
@@ -323,6 +342,12 @@ class Writer:
                 self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
         for pending in self._pending.values():
             pending.clear()
+        staged, self._staged = self._staged, {}
+        for table, frag in staged.items():
+            if table in new_frags:
+                frag.close()
+            else:  # opened by an append that failed: nothing of it is pending
+                frag.abort()
         self._committed = (dict(self._last_step), dict(self._last_done))
         self.store.refresh()
         self._reclaim()
@@ -336,20 +361,6 @@ class Writer:
 
     def _new_name(self) -> str:
         return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
-
-    def _write(self, table: str, row_start: int, pending: list[_Pending],
-               parts: list[tuple[int, int, int]]) -> Fragment:
-        uniq = list(dict.fromkeys(k for p in pending for k in dict.fromkeys(p.keys)))
-        code_of = {k: i for i, k in enumerate(uniq)}
-        codes = np.concatenate([np.full(len(p.keys), code_of[p.keys[0]], dtype=STREAM_CODE)
-                                if len(p.keys) and p.keys.count(p.keys[0]) == len(p.keys)
-                                else np.fromiter((code_of[k] for k in p.keys), dtype=STREAM_CODE, count=len(p.keys))
-                                for p in pending])
-        steps = np.concatenate([p.steps for p in pending])
-        resets = np.concatenate([p.resets for p in pending])
-        frag, _ = write_fragment(self.storage, self.id, table, self._new_name(), row_start,
-                                 [p.cols for p in pending], codes, steps, resets, uniq, parts)
-        return frag
 
     # -- retention and compaction --------------------------------------------------------------
     def _grace(self, capacity: int) -> int:
@@ -494,10 +505,7 @@ class Writer:
         meanwhile is abandoned and its merged objects deleted: nothing references them.
         """
         schema = self.store.schemas[table]
-        streams = list(dict.fromkeys(k for f in run for k in f.streams))
-        code_of = {k: i for i, k in enumerate(streams)}
-        name = self._new_name()
-        path = layout.fragment_dir(self.id, table, name)
+        staged = StagedFragment(self.storage, schema, self.id, table, self._new_name(), run[0].row_start)
         try:
             datas = [FragmentData(self.storage, schema, f) for f in run]
             if self.storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
@@ -505,23 +513,20 @@ class Writer:
                 with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:
                     for _ in pool.map(lambda job: job[0].array(job[1]), [(d, n) for d in datas for n in names]):
                         pass
-            cols, codes, steps, resets = [], [], [], []
             for f, data in zip(run, datas, strict=True):
-                cols.append(data.columns())
-                remap = np.array([code_of[k] for k in f.streams], dtype=STREAM_CODE)
-                codes.append(remap[data.array("_stream")])
-                steps.append(data.array("_step"))
-                resets.append(data.array("_reset"))
-            merged, _ = write_fragment(self.storage, self.id, table, name, run[0].row_start, cols,
-                                       np.concatenate(codes), np.concatenate(steps), np.concatenate(resets),
-                                       streams, [p for f in run for p in f.parts])
-        except StaleReadError:  # part of the run was evicted and reclaimed while it was read
-            self.storage.delete(path)
-            return False
+                staged.add(data.columns(), data.array("_stream"), f.streams, data.array("_step"),
+                           data.array("_reset"))
+            merged = staged.finish([p for f in run for p in f.parts])
+        except BaseException as exc:
+            staged.abort()
+            if isinstance(exc, StaleReadError):  # part of the run was evicted and reclaimed while it was read
+                return False
+            raise
+        staged.close()
         with self._lock:
             live = {f.name for f in self.fragments[table]}
             if not all(f.name in live for f in run):
-                self.storage.delete(path)
+                self.storage.delete(staged.path)
                 return False
             seq, now = self.seq, self._now()
             body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
@@ -558,6 +563,9 @@ class Writer:
         """Drop everything appended since the last commit (and the steps those appends took)."""
         for pending in self._pending.values():
             pending.clear()
+        staged, self._staged = list(self._staged.values()), {}
+        for frag in staged:
+            frag.abort()
         self._last_step, self._last_done = dict(self._committed[0]), dict(self._committed[1])
 
     def close(self) -> None:

@@ -10,13 +10,12 @@ zarr-python reads the same arrays unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import google_crc32c
 import numpy as np
 
 from replaystore.errors import StaleReadError
-from replaystore.store.storage import Buffer, Storage
+from replaystore.store.storage import Buffer, ObjectStream, Storage
 
 CRC_BYTES = 4
 
@@ -44,30 +43,62 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...]) -> dict:
     }
 
 
-def chunk_buffers(pieces: Sequence[np.ndarray]) -> list[Buffer]:
-    """The chunk object of an array that is ``pieces`` concatenated along axis 0, as buffers to
-    write one after another (no copy of the data): the pieces' little-endian bytes, then the
-    4-byte CRC32C of all of them."""
-    out: list[Buffer] = []
-    crc = 0
-    for piece in pieces:
+def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
+    """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`)."""
+    return {f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape)).encode()]}
+
+
+def _raw(piece: np.ndarray) -> np.ndarray:
+    """``piece``'s little-endian C-order bytes as a flat uint8 array (a view where it already is)."""
+    return np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
+
+
+class ChunkWriter:
+    """The chunk object of an array written piece by piece along axis 0: each piece's bytes go
+    to storage as it comes (:meth:`Storage.open_stream`), the CRC32C of all of them is
+    extended on the way and appended by :meth:`finish`. The object is opened by the first
+    non-empty piece: an array of length 0 has none."""
+
+    def __init__(self, storage: Storage, array_path: str, ndim: int) -> None:
+        self.storage = storage
+        self.path = chunk_path(array_path, ndim)
+        self.stream: ObjectStream | None = None
+        self.size = 0  # data bytes (without the checksum)
+        self.crc = 0
+
+    def append(self, piece: np.ndarray) -> None:
         if not piece.size:
-            continue
-        raw = np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
-        crc = google_crc32c.extend(crc, raw)
-        out.append(raw)
-    out.append(np.uint32(crc).astype("<u4").tobytes())
-    return out
+            return
+        raw = _raw(piece)
+        if self.stream is None:
+            self.stream = self.storage.open_stream(self.path)
+        self.stream.write([raw])
+        self.size += raw.size
+        self.crc = google_crc32c.extend(self.crc, raw)
 
+    def mark(self) -> tuple[int, int]:
+        """The state to :meth:`rollback` to."""
+        return self.size, self.crc
 
-def array_objects(path: str, dtype: np.dtype, shape: tuple[int, ...],
-                  pieces: Sequence[np.ndarray]) -> dict[str, list[Buffer]]:
-    """The objects of a Zarr v3 array at ``path`` holding ``pieces`` concatenated along axis 0."""
-    objects: dict[str, list[Buffer]] = {
-        f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape)).encode()]}
-    if shape[0]:
-        objects[chunk_path(path, len(shape))] = chunk_buffers(pieces)
-    return objects
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Forget what was appended after ``mark``."""
+        self.size, self.crc = mark
+        if self.stream is not None and self.stream.size != self.size:
+            self.stream.truncate(self.size)
+
+    def finish(self) -> ObjectStream | None:
+        """The chunk object, its checksum written after the data (again, after a failed
+        completion); None for an empty array. Completed by ``Storage.write_objects``."""
+        if self.stream is None:
+            return None
+        if self.stream.size != self.size:
+            self.stream.truncate(self.size)
+        self.stream.write([np.uint32(self.crc).astype("<u4").tobytes()])
+        return self.stream
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
 
 
 def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:

@@ -1,0 +1,128 @@
+"""Fragments being written: records go to the chunk objects as they are added; ``finish`` makes
+the fragment complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
+
+A writer adds each appended batch to its table's open fragment at ``append`` (on local
+storage the bytes reach the files, and the disk starts writing them back, long before the
+commit), so its commit only writes the checksums and ``zarr.json`` objects and waits for
+the fsyncs. Nothing references an open fragment's objects until a commit record does: a
+crash leaves unreferenced objects, which vacuum removes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from replaystore.errors import StoreError
+from replaystore.schemas import Columns, Schema
+from replaystore.schemas.fields import OFFSETS_DTYPE
+from replaystore.store import layout
+from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
+from replaystore.store.storage import Buffer, Storage
+from replaystore.store.zarrio import ChunkWriter, array_object, group_object
+
+StreamKey = int | str
+_INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
+Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
+
+
+class StagedFragment:
+    """One fragment of writer ``writer``'s table, open for adding records in order."""
+
+    def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int) -> None:
+        self.storage = storage
+        self.schema = schema
+        self.writer, self.table, self.name, self.row_start = writer, table, name, row_start
+        self.path = layout.fragment_dir(writer, table, name)
+        self.rows = 0
+        self.nnz = dict.fromkeys(schema.offsets_groups, 0)
+        self.streams: list[StreamKey] = []
+        self._code: dict[StreamKey, int] = {}
+        self._specs = schema.zarr_layout()
+        ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(_INDEX_DTYPES, 1)
+        self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d) for n, d in ndims.items()}
+        self.broken = False  # a failed add could not be undone: only abort() is left
+
+    def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
+            resets: np.ndarray) -> None:
+        """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``. All or nothing:
+        a failure undoes the partial add (or, if even that fails, marks the fragment broken)."""
+        self._check()
+        mark = self.mark()
+        try:
+            remap = np.array([self._stream_code(k) for k in streams], dtype=STREAM_CODE)
+            for spec in self._specs:
+                chunk = self._chunks[spec.name]
+                if spec.role == "offsets":
+                    off = cols.arrays[spec.name]
+                    if not chunk.size:
+                        chunk.append(np.zeros(1, dtype=OFFSETS_DTYPE))
+                    chunk.append((off[1:] - (int(off[0]) - self.nnz[spec.name])).astype(OFFSETS_DTYPE, copy=False))
+                    self.nnz[spec.name] += int(off[-1]) - int(off[0])
+                else:
+                    chunk.append(cols.arrays[spec.name])
+            self._chunks["_stream"].append(remap[codes] if len(remap) else codes.astype(STREAM_CODE))
+            self._chunks["_step"].append(steps.astype(STEP, copy=False))
+            self._chunks["_reset"].append(resets.astype(RESET, copy=False))
+            self.rows += cols.num_records
+        except BaseException:
+            self.rollback(mark)
+            raise
+
+    def _stream_code(self, key: StreamKey) -> int:
+        code = self._code.get(key)
+        if code is None:
+            code = self._code[key] = len(self.streams)
+            self.streams.append(key)
+        return code
+
+    def mark(self) -> Mark:
+        """The state to :meth:`rollback` to."""
+        return self.rows, dict(self.nnz), len(self.streams), {n: c.mark() for n, c in self._chunks.items()}
+
+    def rollback(self, mark: Mark) -> None:
+        """Forget every record added after ``mark``."""
+        rows, nnz, streams, chunks = mark
+        try:
+            for name, chunk in self._chunks.items():
+                chunk.rollback(chunks[name])
+        except BaseException:
+            self.broken = True
+            raise
+        self.rows, self.nnz = rows, nnz
+        for key in self.streams[streams:]:
+            del self._code[key]
+        del self.streams[streams:]
+
+    def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
+        """Write the checksums and metadata and make every object durable; returns the fragment
+        (``parts``: its descriptor's). May be called again after a failure, with new parts."""
+        self._check()
+        frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),
+                        list(self.streams), parts)
+        objects: dict[str, list[Buffer]] = {}
+        for spec in self._specs:
+            objects.update(array_object(f"{self.path}/{spec.name}", np.dtype(spec.dtype),
+                                        shape_of(frag, self.schema, spec)))
+        for name, dtype in _INDEX_DTYPES.items():
+            objects.update(array_object(f"{self.path}/{name}", dtype, (self.rows,)))
+        objects.update(group_object(self.path, {"replaystore": frag.to_dict()}))
+        streams = [s for s in (c.finish() for c in self._chunks.values()) if s is not None]
+        self.storage.write_objects(objects, streams)
+        return frag
+
+    def close(self) -> None:
+        """Release the open objects (after :meth:`finish`)."""
+        for chunk in self._chunks.values():
+            chunk.close()
+
+    def abort(self) -> None:
+        """Release and delete everything written: nothing references it."""
+        self.close()
+        self.storage.delete(self.path)
+
+    def _check(self) -> None:
+        if self.broken:
+            raise StoreError(f"{self.path}: a failed append could not be undone; discard() the pending appends")
+
