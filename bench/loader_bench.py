@@ -4,7 +4,7 @@
     python bench/loader_bench.py --quick    # smaller sizes (< 1 minute)
 
 Prints one table: our figure, the reference figure, the ratio and the target from
-issue 4 ("Performance"). What is measured (docs/perf_loaders_draft.md has the details):
+issue 4 ("Performance"). What is measured (docs/PERFORMANCE.md, "Loaders", has the details):
 
 1. uniform: 256 records, every field of ``dqn(observation_size=64, heads=2, actions=9)``,
    from a 1M-record store: ``UniformSampler.sample()`` + ``gather(table, request)`` (the
