@@ -10,13 +10,12 @@ to the store root.
 from __future__ import annotations
 
 import abc
-import ctypes
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -191,50 +190,26 @@ def _raise_open_file_limit() -> None:
         pass
 
 
-SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
-
-
-def _writeback_starter() -> Callable[[int, int, int], None] | None:
-    """``sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)`` through libc (Linux; not in
-    Python's ``os``), or None where there is none. A hint: the fsync at completion reports errors."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-
-    def start(fd: int, offset: int, nbytes: int) -> None:
-        fn(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)
-
-    return start
-
-
-_START_WRITEBACK = _writeback_starter()
-
-
 class _FileStream(ObjectStream):
-    """A local file written as the pieces come; the disk starts writing each piece back at once
-    (``sync_file_range``), so the fsync at completion has little left to wait for."""
+    """A local file written as the pieces come (into the page cache; the fsync at completion
+    writes it back). Starting writeback early (``sync_file_range``) measured slower here:
+    the caller then allocates blocks and submits I/O piece by piece (docs/PERFORMANCE.md)."""
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
         full = storage._p(path)
         directory = os.path.dirname(full)
         storage._makedirs(directory)
-        self.fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         storage._entry_made(directory)
 
     def write(self, pieces: Sequence[Buffer]) -> None:
-        start = self.size
         for piece in pieces:
             view = memoryview(piece).cast("B")
             while view:
-                n = os.write(self.fd, view)
+                n = os.pwrite(self.fd, view, self.size)
                 view = view[n:]
                 self.size += n
-        if _START_WRITEBACK is not None and self.size > start:
-            _START_WRITEBACK(self.fd, start, self.size - start)
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
