@@ -11,7 +11,9 @@ Roles:
   in groups given by :func:`crash_plan` (local or, with ``storage_options``, S3 through
   its own s3fs client); prints ``ready`` after opening the store,
   ``w <writer id>`` after registering, and ``c <commits> <batches>`` after each
-  ``commit()`` returned. Runs until killed.
+  ``commit()`` returned. Runs until killed. With ``hold_merge``, its first compaction
+  (merge) stops once the merged fragment's data are durable, before its commit record
+  is created: it prints ``m`` and blocks there, for the parent to kill it mid-merge.
 - ``stream-writer``: appends :func:`stream_batch` batches to streams ``w<i>-<j>`` with
   many commits, then closes and prints a JSON summary.
 - ``reader``: loops ``refresh()`` + random reads, checking every record it reads
@@ -38,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -140,14 +143,42 @@ def write_planned(st: Any, seed: int, tag: str, max_records: int, max_appends: i
     return w.id
 
 
+_say_lock = threading.Lock()  # the compaction thread reports too: whole lines only
+
+
 def _say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    with _say_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name prefix (store/writer.py)
+
+
+def hold_merges(storage: Any) -> None:
+    """Stop the first merge between its data and its record: once a ``write_objects`` called
+    from the writer's compaction thread returned (the merged fragment is durable, no record
+    names it yet), print ``m`` and block that thread until the process is killed.
+
+    A test-only wrapper on this process's storage object; the writer's commits (main thread)
+    write as usual until they wait for the held merge.
+    """
+    write = storage.write_objects
+
+    def write_then_hold(*args: Any, **kwargs: Any) -> None:
+        write(*args, **kwargs)
+        if threading.current_thread().name.startswith(COMPACT_THREAD):
+            _say("m")
+            threading.Event().wait()  # never set: only the parent's SIGKILL ends this
+
+    storage.write_objects = write_then_hold
 
 
 def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, hold_merge: bool = False) -> None:
     st = open_store(url, mode="a", storage_options=storage_options)
+    if hold_merge:
+        hold_merges(st.storage)
     _say("ready")
     write_planned(st, seed, tag, max_records, max_appends, streams, CRASH_MAX_BATCHES, report=_say)
     _say("exhausted")  # never reached in practice: the parent kills it first

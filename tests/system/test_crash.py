@@ -1,5 +1,8 @@
 """Crash safety: a writer child process is SIGKILLed at random instants; reopening must show
-exactly the committed records, bit for bit, and a new writer must be able to go on.
+exactly the committed records, bit for bit, and a new writer must be able to go on. In the
+compaction runs, every ``merge_every``-th child instead holds its first merge between the
+merged data and its record (``support.procs.hold_merges``) and is killed right there, so a
+mid-merge kill is certain rather than a matter of timing.
 
 The parent never trusts the child's word alone: it regenerates every batch from its seed
 and checks the store against the commit records *and* against what the child reported
@@ -48,6 +51,7 @@ class CrashConfig:
     spread: float  # ... at a uniform instant within `spread` x its mean commit time after that report
     targets: tuple[int, ...] = ()  # K values drawn in a share of the trials (the commits just before a compaction)
     target_share: float = 0.5
+    merge_every: int = 0  # every n-th trial (0: none) kills the child on its held merge instead of at random
     trials_per_store: int = 50
     lanes: int = 2
     new_writer_commits: int = 2
@@ -73,10 +77,13 @@ class Killed:
     writer: int | None = None
     commits: int = 0  # commit() calls that returned
     batches: int = 0
+    merge_held: bool = False  # it reported a merge held between its data and its record
 
     def take(self, line: str) -> None:
         kind, *vals = line.split()
-        if kind == "w":
+        if kind == "m":
+            self.merge_held = True
+        elif kind == "w":
             self.writer = int(vals[0])
         elif kind == "c":
             assert int(vals[0]) == self.commits + 1, f"commit reports out of order: {line!r}"
@@ -88,9 +95,15 @@ class Killed:
 DEFAULT_COMMIT_S = 0.05
 
 
+def held_trial(cfg: CrashConfig, trial: int) -> bool:
+    """Whether trial ``trial`` kills its child on the held merge (every ``merge_every``-th)."""
+    return cfg.merge_every > 0 and trial % cfg.merge_every == cfg.merge_every - 1
+
+
 def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
-                 options: dict[str, Any] | None = None) -> Killed:
-    """Run a crash-writer; SIGKILL it at a random instant after its K-th reported commit.
+                 options: dict[str, Any] | None = None, hold_merge: bool = False) -> Killed:
+    """Run a crash-writer; SIGKILL it at a random instant after its K-th reported commit or,
+    with ``hold_merge``, as soon as it reports its first merge held before its record.
 
     K and the instant are drawn from ``rng``; the instant is scaled by the commit time the
     child showed, so a loaded machine delays the kills rather than changing what they hit.
@@ -100,16 +113,19 @@ def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
     fraction = rng.random() * cfg.spread
     out = Killed(tag)
     with Child("crash-writer", url=url, storage_options=options, seed=cfg.seed, tag=tag,
-               max_records=cfg.max_records, max_appends=cfg.max_appends, streams=cfg.streams) as child:
+               max_records=cfg.max_records, max_appends=cfg.max_appends, streams=cfg.streams,
+               hold_merge=hold_merge) as child:
         first = child.readline(START_TIMEOUT_S)
         assert first == "ready", f"crash-writer did not start ({first!r}):\n{child.stderr()}"
         start = time.monotonic()
-        while out.commits < after:  # bounded waits on the child's reports
+        while not out.merge_held if hold_merge else out.commits < after:  # bounded waits on the child's reports
             line = child.readline(START_TIMEOUT_S)
-            assert line is not None, f"crash-writer stopped reporting:\n{child.stderr()}"
+            assert line is not None, (
+                f"crash-writer stopped reporting{' before holding a merge' if hold_merge else ''}:\n{child.stderr()}")
             out.take(line)
-        mean = (time.monotonic() - start) / after if after else DEFAULT_COMMIT_S
-        time.sleep(fraction * mean)  # the fault injection: a random instant to kill at, not a synchronisation
+        if not hold_merge:
+            mean = (time.monotonic() - start) / after if after else DEFAULT_COMMIT_S
+            time.sleep(fraction * mean)  # the fault injection: a random instant to kill at, not a synchronisation
         rc = child.proc.poll()
         assert rc is None, f"crash-writer ended by itself (rc {rc}):\n{child.stderr()}"
         child.proc.send_signal(signal.SIGKILL)
@@ -134,6 +150,9 @@ class Seen:
     commits: int = 0
     compactions: int = 0
     tags: dict[str, int] = field(default_factory=dict)  # append commits per writer tag
+
+
+HELD = "held merge: "  # prefix of the kill statistics of the trials killed on a held merge
 
 
 def concat_records(sch, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -279,23 +298,27 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
             if cfg.preload:
                 write_planned(st, cfg.seed, f"pre{t}", cfg.max_records, cfg.max_appends, cfg.streams, cfg.preload)
                 ledger.bounds[f"pre{t}"] = (cfg.preload, cfg.preload)
-        killed = run_and_kill(url, cfg, f"c{t}", rng, options)
+        hold = held_trial(cfg, t)
+        killed = run_and_kill(url, cfg, f"c{t}", rng, options, hold_merge=hold)
         ledger.bounds[killed.tag] = (killed.commits, killed.commits + 1)
         seen, commits = check_store(url, cfg, ledger, options)
-        # what the kill interrupted, for the efficacy checks in the tests
+        # what the kill interrupted, for the efficacy checks in the tests (held-merge kills apart)
+        kill: Counter = Counter()
         stats["trials"] += 1
-        stats["reported commits"] += killed.commits
-        stats["trials with a commit"] += killed.commits > 0
-        stats["in-flight commit landed"] += seen.tags.get(killed.tag, 0) > killed.commits
+        stats["held-merge trials"] += hold
+        kill["reported commits"] += killed.commits
+        kill["trials with a commit"] += killed.commits > 0
+        kill["in-flight commit landed"] += seen.tags.get(killed.tag, 0) > killed.commits
         if killed.writer is not None:
             left = leftovers(url, cfg, killed.writer, commits, options)
-            stats.update(left)
+            kill.update(left)
             # vacuum removes what the dead writer left (it is dead: no threshold needed) and nothing committed
             report = open_store(url, mode="a", storage_options=options).vacuum(older_than_s=0)
             stats["vacuumed units"] += len(report.deleted)
             if left["killed mid-commit (uncommitted fragment left)"] or left["killed mid-create (.tmp- left)"]:
                 assert report.deleted, left
             assert sum(leftovers(url, cfg, killed.writer, commits, options).values()) == 0
+        stats.update({f"{HELD if hold else ''}{k}": v for k, v in kill.items()})
         # a new writer can append and commit after the crash, and the next open sees it
         tag = f"p{t}"
         write_planned(open_store(url, mode="a", storage_options=options), cfg.seed, tag, cfg.max_records,
@@ -338,10 +361,18 @@ def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
 
 
-# one batch of 1-2 records per commit: a writer's 8th commit compacts (half the kills aim at it);
-# capacity 128 fills after about a dozen trials, then eviction and reclaim run in every commit
+# one batch of 1-2 records per commit: a writer compacts from its 8th commit on (half the random kills
+# aim at it, every 10th trial is killed on its held merge); capacity 128 fills after about a dozen
+# trials, then eviction and reclaim run in every commit
 SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,
-                   spread=2.5, targets=(7,), trials_per_store=60)
+                   spread=2.5, targets=(7,), trials_per_store=60, merge_every=10)
+
+
+def check_held_merges(stats: Counter, cfg: CrashConfig) -> None:
+    """Every held-merge trial left its merged fragment without a record, and vacuum removed it."""
+    held = cfg.trials // cfg.merge_every
+    assert held > 0 and stats["held-merge trials"] == held, stats
+    assert stats[HELD + "killed mid-compaction (merged fragment left)"] == held, stats
 
 
 @pytest.mark.slow
@@ -352,20 +383,22 @@ def test_sigkill_during_compaction_and_eviction(tmp_path: Path) -> None:
     assert stats["trials"] == SLOW.trials
     assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
     assert stats["full stores"] >= SLOW.trials // 2, stats  # eviction was running in most trials
+    # the random kills hit commits; the held ones, merges (certainly, not by timing)
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
-    assert stats["killed mid-compaction (merged fragment left)"] > 0, stats
+    check_held_merges(stats, SLOW)
 
 
 # the same on S3 (each child its own s3fs client, the loopback moto server): a store created full
 # (a first writer's 32 one-record commits, compacted in 8s), so every commit of the killed child
-# evicts, reclaims, and its 8th compacts (half the kills aim at it); the new writer reclaims the
-# dead writer's evicted fragments
-S3_CAPACITY = CrashConfig(trials=4, seed=4242, capacity=32, max_records=1, max_appends=1, streams=2, max_after=10,
-                          spread=2.5, targets=(7,), trials_per_store=2, preload=32)
-# most soak kills aim at the compacting commit: at half, 2 of 30 kills landed mid-merge (too few to rely on)
+# evicts, reclaims, and its 8th compacts (half the random kills aim at it; every 2nd (default run) or
+# 5th (soak) trial is killed on that merge, held between its data and its record); the new writer
+# reclaims the dead writer's evicted fragments. The default run: one random and one held trial.
+S3_CAPACITY = CrashConfig(trials=2, seed=4242, capacity=32, max_records=1, max_appends=1, streams=2, max_after=10,
+                          spread=2.5, targets=(7,), trials_per_store=1, preload=32, merge_every=2)
+# random kills alone (even 90% aimed at the merging commit) missed every merge in an estimated 1 soak run in 20
 S3_CAPACITY_SLOW = CrashConfig(trials=30, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
-                               max_after=10, spread=2.5, targets=(7,), target_share=0.9, trials_per_store=15,
-                               preload=32)
+                               max_after=10, spread=2.5, targets=(7,), trials_per_store=15, preload=32,
+                               merge_every=5)
 
 
 def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
@@ -374,6 +407,7 @@ def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
     assert stats["trials"] == cfg.trials
     assert stats["full stores"] == cfg.trials, stats  # created full: eviction ran in every trial
     assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
+    check_held_merges(stats, cfg)
     return stats
 
 
@@ -385,7 +419,6 @@ def test_sigkill_during_s3_eviction_and_compaction(s3_server: Any) -> None:
 def test_sigkill_during_s3_eviction_and_compaction_soak(s3_server: Any) -> None:
     stats = _s3_capacity_run(s3_server, S3_CAPACITY_SLOW)
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
-    assert stats["killed mid-compaction (merged fragment left)"] > 0, stats
 
 
 # -- damaged commit records ---------------------------------------------------------------------------
