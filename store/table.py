@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -189,8 +190,13 @@ class TableReader:
             return self._empty()
         if self._layouts:
             shifts = {off: self._bases[off][frag_i] for off, _ in self._ragged}
-            return self._gather(lambda name: self._layout_of[name].array(name), self._bases["records"][frag_i] + local,
-                                shifts, frag_i)
+            try:
+                return self._gather(lambda name: self._layout_of[name].array(name),
+                                    self._bases["records"][frag_i] + local, shifts, frag_i)
+            except OSError as exc:  # address space refused (e.g. ulimit -v): gather per fragment from now on
+                warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
+                              RuntimeWarning, stacklevel=2)
+                self._layouts, self._layout_of, self._bases = {}, {}, {}
         if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
             return self._gather(self.data(self.fragments[int(frag_i[0])]).array, local, None, frag_i)
         order = np.argsort(frag_i, kind="stable")
