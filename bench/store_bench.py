@@ -2,6 +2,7 @@
 
     python bench/store_bench.py            # full sizes (~70 s on 2 cores)
     python bench/store_bench.py --quick    # smaller sizes (~20 s)
+    python bench/store_bench.py --append-only   # section 1 alone (with --quick: smaller)
 
 Prints one table: our figure, the peer's figure, the ratio (higher is better for us)
 and the target from issue 3. What is measured (docs/PERFORMANCE.md has the details):
@@ -324,5 +325,14 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     bench_open_lookup(tmp, cfg, out)
 
 
+def run_append(tmp: str, cfg: dict[str, Any], out: Table) -> None:
+    rng = np.random.default_rng(0)
+    batches = [dqn_records(rng, BATCH) for _ in range(32)]
+    bench_append(tmp, cfg, batches, [as_tensordict(b) for b in batches], out)
+
+
 if __name__ == "__main__":
-    sys.exit(main("store", __doc__, None, (FULL, QUICK), Table("TorchRL", "peer"), run))
+    args = sys.argv[1:]
+    append_only = "--append-only" in args
+    args = [a for a in args if a != "--append-only"]
+    sys.exit(main("store", __doc__, args, (FULL, QUICK), Table("TorchRL", "peer"), run_append if append_only else run))

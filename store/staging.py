@@ -10,6 +10,7 @@ crash leaves unreferenced objects, which vacuum removes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +26,8 @@ from replaystore.store.zarrio import ChunkWriter, array_object, group_object
 StreamKey = int | str
 _INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
+RESTAGE_AFTER_S = 60.0
+"""A staged fragment idle for longer is copied to a fresh one at its commit (see :meth:`StagedFragment.stale`)."""
 
 
 class StagedFragment:
@@ -43,6 +46,7 @@ class StagedFragment:
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(_INDEX_DTYPES, 1)
         self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left
+        self._written = time.monotonic()  # when records were last added
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
@@ -66,6 +70,7 @@ class StagedFragment:
             self._chunks["_step"].append(steps.astype(STEP, copy=False))
             self._chunks["_reset"].append(resets.astype(RESET, copy=False))
             self.rows += cols.num_records
+            self._written = time.monotonic()
         except BaseException:
             self.rollback(mark)
             raise
@@ -94,6 +99,29 @@ class StagedFragment:
         for key in self.streams[streams:]:
             del self._code[key]
         del self.streams[streams:]
+
+    def stale(self) -> bool:
+        """Whether no records were added for RESTAGE_AFTER_S. Vacuum judges a fragment directory
+        by its objects' newest modification time (docs/FORMAT.md, "Vacuum"); objects written long
+        before the commit could look abandoned to it, so such a fragment is committed as a
+        fresh copy (:meth:`copy`) instead."""
+        return time.monotonic() - self._written > RESTAGE_AFTER_S
+
+    def copy(self, name: str) -> StagedFragment:
+        """The same records staged afresh under ``name`` (new objects); this one is aborted.
+        The data are read back through the open objects, so they survive a deletion meanwhile."""
+        self._check()
+        new = StagedFragment(self.storage, self.schema, self.writer, self.table, name, self.row_start)
+        try:
+            for key, chunk in self._chunks.items():
+                if chunk.stream is not None and chunk.size:
+                    new._chunks[key].copy_from(chunk)
+        except BaseException:
+            new.abort()
+            raise
+        new.rows, new.nnz, new.streams, new._code = self.rows, dict(self.nnz), list(self.streams), dict(self._code)
+        self.abort()
+        return new
 
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
         """Write the checksums and metadata and make every object durable; returns the fragment

@@ -319,6 +319,8 @@ class Writer:
             for table, pending in self._pending.items():
                 change: dict[str, Any] = {}
                 if pending:
+                    if self._staged[table].stale():  # see StagedFragment.stale: vacuum must not take it
+                        self._staged[table] = self._staged[table].copy(self._new_name())
                     frag = self._staged[table].finish([(seq, now, sum(p.rows for p in pending))])
                     new_frags[table] = frag
                     lo = frag.row_start

@@ -76,6 +76,14 @@ class ChunkWriter:
         self.size += raw.size
         self.crc = google_crc32c.extend(self.crc, raw)
 
+    def copy_from(self, other: ChunkWriter) -> None:
+        """Append the data ``other`` holds (not its checksum), read back from its object."""
+        assert other.stream is not None and self.stream is None
+        data = memoryview(other.stream.data())[:other.size]
+        self.stream = self.storage.open_stream(self.path)
+        self.stream.write([data])
+        self.size, self.crc = other.size, other.crc
+
     def mark(self) -> tuple[int, int]:
         """The state to :meth:`rollback` to."""
         return self.size, self.crc

@@ -173,3 +173,32 @@ def test_local_storage_fsyncs_a_directory_again_only_after_new_entries(tmp_path)
     assert storage.read("a/c/three") == b"3" and storage.read("a/b/two") == b"2"
     other = LocalStorage(root)  # a new handle knows nothing: it fsyncs every level above once
     assert {d: c for d, _, c in other._unsynced(["a/b/one"])} == {root: [a], a: [ab]}
+
+
+def test_an_idle_staged_fragment_is_committed_as_a_fresh_copy(tmp_path) -> None:  # noqa: ANN001
+    """Vacuum may take the objects of a fragment staged long before its commit (their times are
+    old): the commit then copies the records, read back through the still open objects, to a
+    fresh fragment, which it references instead."""
+    from replaystore.store import open_store
+    from replaystore.store.staging import RESTAGE_AFTER_S
+    from replaystore.store.verify import verify
+
+    rng = np.random.default_rng(5)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN)
+    w = st.writer()
+    first = dqn_batch(rng, 5, extra=0)
+    w.append(first, stream=0)
+    w.commit()
+    batch = dqn_batch(rng, 7, extra=0)
+    w.append(batch, stream=1)
+    staged = w._staged["records"]
+    staged._written -= RESTAGE_AFTER_S + 1  # as if appended a while ago
+    report = open_store(url, mode="a").vacuum(older_than_s=0)  # takes the staged objects (too small a threshold)
+    assert [u.path for u in report.deleted] == [staged.path]
+    w.commit()
+    w.close()
+    frags = st.table("records").reader.fragments
+    assert staged.name not in {f.name for f in frags} and frags[-1].rows == 7
+    assert_same(st.read(st.row_ids()), columns_of(DQN, [first, batch]))
+    assert verify(open_store(url, mode="r")) == []
