@@ -118,7 +118,7 @@ def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
         first = child.readline(START_TIMEOUT_S)
         assert first == "ready", f"crash-writer did not start ({first!r}):\n{child.stderr()}"
         start = time.monotonic()
-        while not out.merge_held if hold_merge else out.commits < after:  # bounded waits on the child's reports
+        while (not out.merge_held) if hold_merge else (out.commits < after):  # bounded waits on the child's reports
             line = child.readline(START_TIMEOUT_S)
             assert line is not None, (
                 f"crash-writer stopped reporting{' before holding a merge' if hold_merge else ''}:\n{child.stderr()}")
