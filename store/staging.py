@@ -1,16 +1,15 @@
-"""Fragments being written: records go to the chunk objects as they are added; ``finish`` makes
-the fragment complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
+"""Fragments being written: records are added in order, ``finish`` makes the fragment
+complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
 
-A writer adds each appended batch to its table's open fragment at ``append`` (on local
-storage the bytes reach the files, and the disk starts writing them back, long before the
-commit), so its commit only writes the checksums and ``zarr.json`` objects and waits for
-the fsyncs. Nothing references an open fragment's objects until a commit record does: a
-crash leaves unreferenced objects, which vacuum removes.
+A writer adds each appended batch to its table's staged fragment at ``append``, buffered
+(copies: the caller may reuse its buffers; the files are written at the commit). A merge
+stages unbuffered: each input's arrays go from their memory maps straight to the files.
+Nothing references a staged fragment's objects until a commit record does: a crash leaves
+unreferenced objects, which vacuum removes.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,16 +25,17 @@ from replaystore.store.zarrio import ChunkWriter, array_object, group_object
 StreamKey = int | str
 _INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
-RESTAGE_AFTER_S = 60.0
-"""A staged fragment idle for longer is copied to a fresh one at its commit (see :meth:`StagedFragment.stale`)."""
 
 
 class StagedFragment:
-    """One fragment of writer ``writer``'s table, open for adding records in order."""
+    """One fragment of writer ``writer``'s table, open for adding records in order (``buffered``:
+    see the module)."""
 
-    def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int) -> None:
+    def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int,
+                 buffered: bool = False) -> None:
         self.storage = storage
         self.schema = schema
+        self.buffered = buffered
         self.writer, self.table, self.name, self.row_start = writer, table, name, row_start
         self.path = layout.fragment_dir(writer, table, name)
         self.rows = 0
@@ -44,9 +44,8 @@ class StagedFragment:
         self._code: dict[StreamKey, int] = {}
         self._specs = schema.zarr_layout()
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(_INDEX_DTYPES, 1)
-        self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d) for n, d in ndims.items()}
+        self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left
-        self._written = time.monotonic()  # when records were last added
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
@@ -70,7 +69,6 @@ class StagedFragment:
             self._chunks["_step"].append(steps.astype(STEP, copy=False))
             self._chunks["_reset"].append(resets.astype(RESET, copy=False))
             self.rows += cols.num_records
-            self._written = time.monotonic()
         except BaseException:
             self.rollback(mark)
             raise
@@ -100,29 +98,6 @@ class StagedFragment:
             del self._code[key]
         del self.streams[streams:]
 
-    def stale(self) -> bool:
-        """Whether no records were added for RESTAGE_AFTER_S. Vacuum judges a fragment directory
-        by its objects' newest modification time (docs/FORMAT.md, "Vacuum"); objects written long
-        before the commit could look abandoned to it, so such a fragment is committed as a
-        fresh copy (:meth:`copy`) instead."""
-        return time.monotonic() - self._written > RESTAGE_AFTER_S
-
-    def copy(self, name: str) -> StagedFragment:
-        """The same records staged afresh under ``name`` (new objects); this one is aborted.
-        The data are read back through the open objects, so they survive a deletion meanwhile."""
-        self._check()
-        new = StagedFragment(self.storage, self.schema, self.writer, self.table, name, self.row_start)
-        try:
-            for key, chunk in self._chunks.items():
-                if chunk.stream is not None and chunk.size:
-                    new._chunks[key].copy_from(chunk)
-        except BaseException:
-            new.abort()
-            raise
-        new.rows, new.nnz, new.streams, new._code = self.rows, dict(self.nnz), list(self.streams), dict(self._code)
-        self.abort()
-        return new
-
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
         """Write the checksums and metadata and make every object durable; returns the fragment
         (``parts``: its descriptor's). May be called again after a failure, with new parts."""
@@ -148,7 +123,8 @@ class StagedFragment:
     def abort(self) -> None:
         """Release and delete everything written: nothing references it."""
         self.close()
-        self.storage.delete(self.path)
+        if not self.buffered:  # a buffered one wrote nothing before finish()
+            self.storage.delete(self.path)
 
     def _check(self) -> None:
         if self.broken:

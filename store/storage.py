@@ -45,7 +45,8 @@ Buffer = bytes | memoryview | np.ndarray
 class ObjectStream:
     """A data object written piece by piece (appended to, truncated back), completed and made
     durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
-    copies of the pieces in memory (object stores write the object whole at completion)."""
+    copies of the pieces in memory and the object is written whole at completion (a buffered
+    stream; :meth:`Storage.open_stream` may instead write the pieces as they come)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -67,6 +68,10 @@ class ObjectStream:
     def data(self) -> bytes:
         """Everything written so far."""
         return b"".join(self._pieces)
+
+    def pieces(self) -> list[bytes]:
+        """Everything written so far, as the pieces kept (a buffered stream's)."""
+        return self._pieces
 
     def close(self) -> None:
         """Release the stream's resources (after completion, or to abandon it)."""
@@ -116,7 +121,7 @@ class Storage(abc.ABC):
 
     def open_stream(self, path: str) -> ObjectStream:
         """A data object to be written piece by piece, complete only once passed to
-        :meth:`write_objects`. This default keeps copies of the pieces in memory."""
+        :meth:`write_objects`. This default is buffered (copies of the pieces in memory)."""
         return ObjectStream(path)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
@@ -192,8 +197,7 @@ def _raise_open_file_limit() -> None:
 
 class _FileStream(ObjectStream):
     """A local file written as the pieces come (into the page cache; the fsync at completion
-    writes it back). Starting writeback early (``sync_file_range``) measured slower here:
-    the caller then allocates blocks and submits I/O piece by piece (docs/PERFORMANCE.md)."""
+    writes it back): for writing from memory maps (merges) without a copy."""
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
@@ -214,9 +218,6 @@ class _FileStream(ObjectStream):
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
         self.size = size
-
-    def data(self) -> bytes:
-        return os.pread(self.fd, self.size, 0)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -324,20 +325,22 @@ class LocalStorage(Storage):
         return _FileStream(self, path)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
-        """Hand each stream's fsync to a thread pool, write each object and hand its fsync over
-        at once (the disk writes it back while the next ones are written), then fsync the
-        directories whose entries are not yet durable (see the class) the same way; returns
-        when every fsync has. Concurrent fsyncs share journal commits, where one after another
-        paid a commit each. Nothing is referenced before this returns."""
+        """Hand each file stream's fsync to a thread pool, write each buffered stream and object
+        and hand its fsync over at once (the disk writes it back while the next ones are
+        written), then fsync the directories whose entries are not yet durable (see the class)
+        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
+        where one after another paid a commit each. Nothing is referenced before this returns."""
         pool = self._fsync_pool()
         files: list[Any] = []
         syncs: list[Future[None]] = []
-        try:
-            for stream in streams:
-                if not isinstance(stream, _FileStream):
-                    raise StorageError(f"{stream.path}: not a stream of this local storage")
+        whole: list[tuple[str, Sequence[Buffer]]] = []
+        for stream in streams:
+            if isinstance(stream, _FileStream):
                 syncs.append(pool.submit(os.fsync, stream.fd))
-            for path, parts in objects.items():
+            else:
+                whole.append((stream.path, stream.pieces()))
+        try:
+            for path, parts in [*whole, *objects.items()]:
                 full = self._p(path)
                 directory = os.path.dirname(full)
                 self._makedirs(directory)

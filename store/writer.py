@@ -141,8 +141,8 @@ class Writer:
         (``final_obs`` + ``terminated``) appends as one stream starting with a reset;
         a ``[T, B]`` Rollout appends as B streams (``stream``: one key per slot).
         A batch matching several tables (e.g. a DeepCfrBatch) is split between them.
-        Nothing is buffered if anything is invalid. The records go to the table's staged
-        fragment now (its files, on local storage): the caller may reuse its buffers at once.
+        Nothing is buffered if anything is invalid. The records are copied into the table's
+        staged fragment: the caller may reuse its buffers at once.
         """
         self._check_open()
         self._fresh = False
@@ -172,7 +172,7 @@ class Writer:
         frag = self._staged.get(table)
         if frag is None:
             frag = self._staged[table] = StagedFragment(self.storage, self.store.schemas[table], self.id, table,
-                                                        self._new_name(), self.next_row[table])
+                                                        self._new_name(), self.next_row[table], buffered=True)
         return frag
 
     def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
@@ -319,8 +319,6 @@ class Writer:
             for table, pending in self._pending.items():
                 change: dict[str, Any] = {}
                 if pending:
-                    if self._staged[table].stale():  # see StagedFragment.stale: vacuum must not take it
-                        self._staged[table] = self._staged[table].copy(self._new_name())
                     frag = self._staged[table].finish([(seq, now, sum(p.rows for p in pending))])
                     new_frags[table] = frag
                     lo = frag.row_start

@@ -54,14 +54,16 @@ def _raw(piece: np.ndarray) -> np.ndarray:
 
 
 class ChunkWriter:
-    """The chunk object of an array written piece by piece along axis 0: each piece's bytes go
-    to storage as it comes (:meth:`Storage.open_stream`), the CRC32C of all of them is
-    extended on the way and appended by :meth:`finish`. The object is opened by the first
-    non-empty piece: an array of length 0 has none."""
+    """The chunk object of an array written piece by piece along axis 0: each piece's bytes are
+    kept (``buffered``: copies, written at completion) or go to storage as they come
+    (:meth:`Storage.open_stream`); the CRC32C of all of them is extended on the way and
+    appended by :meth:`finish`. The object is opened by the first non-empty piece: an array
+    of length 0 has none."""
 
-    def __init__(self, storage: Storage, array_path: str, ndim: int) -> None:
+    def __init__(self, storage: Storage, array_path: str, ndim: int, buffered: bool = False) -> None:
         self.storage = storage
         self.path = chunk_path(array_path, ndim)
+        self.buffered = buffered
         self.stream: ObjectStream | None = None
         self.size = 0  # data bytes (without the checksum)
         self.crc = 0
@@ -71,18 +73,10 @@ class ChunkWriter:
             return
         raw = _raw(piece)
         if self.stream is None:
-            self.stream = self.storage.open_stream(self.path)
+            self.stream = ObjectStream(self.path) if self.buffered else self.storage.open_stream(self.path)
         self.stream.write([raw])
         self.size += raw.size
         self.crc = google_crc32c.extend(self.crc, raw)
-
-    def copy_from(self, other: ChunkWriter) -> None:
-        """Append the data ``other`` holds (not its checksum), read back from its object."""
-        assert other.stream is not None and self.stream is None
-        data = memoryview(other.stream.data())[:other.size]
-        self.stream = self.storage.open_stream(self.path)
-        self.stream.write([data])
-        self.size, self.crc = other.size, other.crc
 
     def mark(self) -> tuple[int, int]:
         """The state to :meth:`rollback` to."""

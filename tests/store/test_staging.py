@@ -1,7 +1,7 @@
-"""Appends are written to a staged fragment as they come (store/staging.py): the committed
-fragment is a plain Zarr v3 group holding exactly the committed records; failed, discarded
-and crashed appends leave nothing visible; local storage fsyncs only directories whose
-entries are not yet durable."""
+"""Fragments are staged record batch by record batch (store/staging.py; appends buffered, merges
+straight to the files): the committed fragment is a plain Zarr v3 group holding exactly the
+added records; failed, discarded and crashed appends leave nothing; local storage fsyncs only
+directories whose entries are not yet durable."""
 
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ def _check_chunks(storage, frag, schema) -> None:  # noqa: ANN001 - test helper
             assert len(raw) == arr.nbytes + CRC_BYTES
 
 
-def test_a_fragment_staged_in_several_adds_holds_them_concatenated(fast_backend: Backend) -> None:
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_fragment_staged_in_several_adds_holds_them_concatenated(fast_backend: Backend, buffered: bool) -> None:
     rng = np.random.default_rng(0)
     storage = fast_backend.storage()
     batches = [dqn_batch(rng, n, extra=0) for n in (5, 1, 7)]
-    staged = StagedFragment(storage, DQN, 0, "records", "f0000000000", 0)
+    staged = StagedFragment(storage, DQN, 0, "records", "f0000000000", 0, buffered)
     start = 0
     for i, b in enumerate(batches):
         cols = DQN.validate(b)
@@ -67,11 +68,12 @@ def test_a_fragment_staged_in_several_adds_holds_them_concatenated(fast_backend:
         assert group.attrs["replaystore"] == frag.to_dict()
 
 
-def test_rollback_and_a_failed_add_leave_the_fragment_as_it_was(fast_backend: Backend) -> None:
+@pytest.mark.parametrize("buffered", [False, True])
+def test_rollback_and_a_failed_add_leave_the_fragment_as_it_was(fast_backend: Backend, buffered: bool) -> None:
     rng = np.random.default_rng(1)
     storage = fast_backend.storage()
     first, second = DQN.validate(dqn_batch(rng, 4, extra=0)), DQN.validate(dqn_batch(rng, 6, extra=0))
-    staged = StagedFragment(storage, DQN, 0, "records", "f0000000000", 0)
+    staged = StagedFragment(storage, DQN, 0, "records", "f0000000000", 0, buffered)
     staged.add(first, np.zeros(4, np.int32), [7], *_index(4))
     mark = staged.mark()
     staged.add(second, np.zeros(6, np.int32), [8], *_index(6, 4))
@@ -104,15 +106,14 @@ def test_finish_again_after_a_failed_commit_rewrites_checksums_and_descriptor(fa
     _check_chunks(storage, frag, DQN)
 
 
-def test_discard_removes_the_staged_objects(fast_backend: Backend) -> None:
+def test_appends_write_nothing_before_the_commit_and_discard_drops_them(fast_backend: Backend) -> None:
     rng = np.random.default_rng(3)
     st = fast_backend.open(DQN)
     storage = fast_backend.storage()
     data = f"{layout.writer_dir(0)}/data/records"
     with st.writer() as w:
         w.append(dqn_batch(rng, 5, extra=0), stream=0)
-        if fast_backend.kind == "local":  # written as appends come (object stores: at the commit)
-            assert storage.list(data)
+        assert storage.list(data) == []
         w.discard()
         assert storage.list(data) == []
         batch = dqn_batch(rng, 3, extra=0)
@@ -121,7 +122,7 @@ def test_discard_removes_the_staged_objects(fast_backend: Backend) -> None:
     assert_same(st.read(st.row_ids()), columns_of(DQN, [batch]))
 
 
-def test_a_writer_killed_between_append_and_commit_leaves_only_vacuumable_garbage(tmp_path) -> None:  # noqa: ANN001
+def test_a_writer_killed_between_append_and_commit_leaves_nothing_behind(tmp_path) -> None:  # noqa: ANN001
     url = str(tmp_path / "st")
     child = textwrap.dedent(f"""
         import os
@@ -144,10 +145,8 @@ def test_a_writer_killed_between_append_and_commit_leaves_only_vacuumable_garbag
     st = open_store(url, mode="a")
     assert len(st) == 6
     data = f"{layout.writer_dir(0)}/data/records"
-    assert len(os.listdir(os.path.join(url, data))) == 2  # the committed fragment and the staged one
-    report = st.vacuum(older_than_s=0)
-    assert [u.kind for u in report.deleted] == ["fragment"]
-    assert len(os.listdir(os.path.join(url, data))) == 1 and len(open_store(url, mode="r")) == 6
+    assert len(os.listdir(os.path.join(url, data))) == 1  # the committed fragment only
+    assert st.vacuum(older_than_s=0).deleted == []
 
 
 def test_local_storage_fsyncs_a_directory_again_only_after_new_entries(tmp_path) -> None:  # noqa: ANN001
@@ -173,32 +172,3 @@ def test_local_storage_fsyncs_a_directory_again_only_after_new_entries(tmp_path)
     assert storage.read("a/c/three") == b"3" and storage.read("a/b/two") == b"2"
     other = LocalStorage(root)  # a new handle knows nothing: it fsyncs every level above once
     assert {d: c for d, _, c in other._unsynced(["a/b/one"])} == {root: [a], a: [ab]}
-
-
-def test_an_idle_staged_fragment_is_committed_as_a_fresh_copy(tmp_path) -> None:  # noqa: ANN001
-    """Vacuum may take the objects of a fragment staged long before its commit (their times are
-    old): the commit then copies the records, read back through the still open objects, to a
-    fresh fragment, which it references instead."""
-    from replaystore.store import open_store
-    from replaystore.store.staging import RESTAGE_AFTER_S
-    from replaystore.store.verify import verify
-
-    rng = np.random.default_rng(5)
-    url = str(tmp_path / "st")
-    st = open_store(url, DQN)
-    w = st.writer()
-    first = dqn_batch(rng, 5, extra=0)
-    w.append(first, stream=0)
-    w.commit()
-    batch = dqn_batch(rng, 7, extra=0)
-    w.append(batch, stream=1)
-    staged = w._staged["records"]
-    staged._written -= RESTAGE_AFTER_S + 1  # as if appended a while ago
-    report = open_store(url, mode="a").vacuum(older_than_s=0)  # takes the staged objects (too small a threshold)
-    assert [u.path for u in report.deleted] == [staged.path]
-    w.commit()
-    w.close()
-    frags = st.table("records").reader.fragments
-    assert staged.name not in {f.name for f in frags} and frags[-1].rows == 7
-    assert_same(st.read(st.row_ids()), columns_of(DQN, [first, batch]))
-    assert verify(open_store(url, mode="r")) == []
