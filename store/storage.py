@@ -425,7 +425,10 @@ class LocalStorage(Storage):
         if os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
             with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
-                self._durable = {d for d in self._durable if d != full and not d.startswith(full + os.sep)}
+                gone = [d for d in (*self._durable, *self._dirty) if d == full or d.startswith(full + os.sep)]
+                self._durable.difference_update(gone)
+                for d in gone:
+                    self._dirty.pop(d, None)
         else:
             try:
                 os.unlink(full)

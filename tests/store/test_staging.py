@@ -172,3 +172,19 @@ def test_local_storage_fsyncs_a_directory_again_only_after_new_entries(tmp_path)
     assert storage.read("a/c/three") == b"3" and storage.read("a/b/two") == b"2"
     other = LocalStorage(root)  # a new handle knows nothing: it fsyncs every level above once
     assert {d: c for d, _, c in other._unsynced(["a/b/one"])} == {root: [a], a: [ab]}
+
+
+def test_deleting_a_directory_forgets_what_local_storage_knew_about_it(tmp_path) -> None:  # noqa: ANN001
+    storage = LocalStorage(str(tmp_path / "root"))
+    stream = storage.open_stream("a/b/c/one")  # dirties a/b/c, a/b, a and the root
+    stream.write([b"1"])
+    stream.close()
+    storage.delete("a/b")  # abandoned before completion: nothing under a/b is tracked any more
+    b = os.path.join(storage.root, "a", "b")
+    assert not any(d == b or d.startswith(b + os.sep) for d in (*storage._dirty, *storage._durable))
+    storage.write_objects({"a/b/c/two": [b"2"]})  # made again: every new entry fsynced with it
+    assert not [d for d in storage._dirty if d.startswith(storage.root)]  # (the root's parent: never synced)
+    a = os.path.join(storage.root, "a")  # directories it made count as durable after one more parent fsync
+    assert {d: c for d, _, c in storage._unsynced(["a/b/c/two"])} == {
+        b: [os.path.join(b, "c")], a: [b], storage.root: [a]}
+    assert storage.read("a/b/c/two") == b"2"
