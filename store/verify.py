@@ -83,11 +83,15 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
     ``progress`` is called with the number of fragments checked so far.
     """
     problems: list[Problem] = []
-    for path in [layout.MANIFEST] + [layout.writer_record(w) for w in store.log.writers]:
+    # a writer directory with neither its record nor a commit is a registration killed before its
+    # record was created: a crash leftover, not damage (its commits would need the record first)
+    registered = [w for w in store.log.writers
+                  if store.storage.exists(layout.writer_record(w)) or store.storage.list(layout.commits_dir(w))]
+    for path in [layout.MANIFEST] + [layout.writer_record(w) for w in registered]:
         p = _check_record(store, path)
         if p:
             problems.append(p)
-    for w in sorted(store.log.writers):
+    for w in sorted(registered):
         for name in store.storage.list(layout.commits_dir(w)):
             p = _check_record(store, f"{layout.commits_dir(w)}/{name}")
             if p:

@@ -173,3 +173,22 @@ def test_empty_fragment_directories_of_a_killed_writer_go(tmp_path) -> None:
     assert [u.path for u in st.vacuum(older_than_s=0).deleted] == [ORPHAN]
     assert not os.path.exists(backend.storage().local_path(ORPHAN))
     _assert_intact(backend, batches)
+
+
+def test_a_registration_killed_before_its_record_is_a_leftover_not_damage(backend: Backend) -> None:
+    """A writer killed while registering leaves ``writers/<W>/`` holding only a create's temporary
+    object; once vacuum took that, an empty directory may stay (local disk). Neither is damage:
+    verify passes and new writers register. A writer with commits but no record is damage."""
+    _committed_store(backend)
+    storage = backend.storage()
+    storage.write(f"{layout.writer_dir(7)}/.tmp-0123456789abcdef", b'{"body": {"wri')
+    st = backend.open(mode="a")
+    assert verify(st) == []
+    assert {u.kind for u in st.vacuum(older_than_s=0).deleted} == {"temporary"}
+    assert verify(backend.open(mode="r")) == []
+    with backend.open(mode="a").writer() as w:
+        w.append(dqn_batch(np.random.default_rng(5), 3, extra=0), stream=9)
+    assert verify(backend.open(mode="r")) == []
+    storage.delete(layout.writer_record(0))
+    problems = verify(backend.open(mode="r"))
+    assert [p.path for p in problems] == [layout.writer_record(0)]
