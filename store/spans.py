@@ -9,9 +9,9 @@ is then row ``base + r`` of the array's view, whatever the fragment count.
 
 Layouts follow the visible fragments: departed fragments are unmapped, new ones are
 placed after the last and mapped on first use, and everything is laid out afresh when
-the reserved space runs out. Not thread-safe: :meth:`Layout.place` must not run while a
-gather from the same layout is in flight (the reader's ``sync`` and reads already have
-that rule).
+the reserved space runs out. Parts of a range where nothing is mapped read as zeros, so
+a wrong index (damaged offsets; a read racing the reader's ``sync``, which is not
+supported) can return wrong rows but never kill the process.
 """
 
 from __future__ import annotations

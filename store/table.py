@@ -82,8 +82,10 @@ class TableReader:
         self._data = {k: v for k, v in self._data.items() if k in live}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
+        self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
         self._nnz = {off: np.array([f.nnz[off] for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
+        self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
         if prev is not None and self._index is not None and not self._follow_index(*prev):
             self._index = None
 
@@ -189,14 +191,16 @@ class TableReader:
         if n == 0:
             return self._empty()
         if self._layouts:
-            shifts = {off: self._bases[off][frag_i] for off, _ in self._ragged}
             try:
-                return self._gather(lambda name: self._layout_of[name].array(name),
-                                    self._bases["records"][frag_i] + local, shifts, frag_i)
+                if self._views is None:
+                    self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
             except OSError as exc:  # address space refused (e.g. ulimit -v): gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
                               RuntimeWarning, stacklevel=2)
                 self._layouts, self._layout_of, self._bases = {}, {}, {}
+            else:
+                return self._gather(self._views.__getitem__, self._bases["records"][frag_i] + local,
+                                    {off: self._bases[off][frag_i] for off, _ in self._ragged}, frag_i)
         if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
             return self._gather(self.data(self.fragments[int(frag_i[0])]).array, local, None, frag_i)
         order = np.argsort(frag_i, kind="stable")
@@ -238,8 +242,8 @@ class TableReader:
                     out[name] = buf.take(perm)
         return out
 
-    def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray, shifts: dict[str, np.ndarray] | None,
-                frag_i: np.ndarray) -> dict[str, np.ndarray]:
+    def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray,
+                shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray) -> dict[str, np.ndarray]:
         """Records at rows ``loc`` of ``array(name)`` for every array, in that order.
 
         ``array`` is one fragment's arrays (``shifts`` None) or the contiguous views, where
@@ -254,12 +258,8 @@ class TableReader:
                 bounds = array(off_name).take(pairs)
                 starts = bounds[:, 0]
                 counts = bounds[:, 1] - starts
-                if shifts is not None and len(loc) and (
-                        counts.min() < 0 or starts.min() < 0 or np.any(bounds[:, 1] > self._nnz[off_name][frag_i])):
-                    # a view gathers outside the fragment's values instead of raising: check first
-                    bad = (counts < 0) | (starts < 0) | (bounds[:, 1] > self._nnz[off_name][frag_i])
-                    frag = self.fragments[int(frag_i[np.argmax(bad)])]
-                    raise CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
+                if counts.min() < 0 or bounds.max() > self._max_nnz[off_name]:
+                    raise self._bad_offsets(off_name, bounds, frag_i)  # (and no huge allocation below)
                 new_offsets = np.zeros(len(loc) + 1, dtype=np.int64)
                 np.cumsum(counts, out=new_offsets[1:])
                 first = starts - new_offsets[:-1]
@@ -267,9 +267,22 @@ class TableReader:
                     first += shifts[off_name]
                 value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(first, counts)
                 out[off_name] = new_offsets
-                for name, _ in values:
-                    out[name] = array(name).take(value_index)
+                try:
+                    for name, _ in values:
+                        out[name] = array(name).take(value_index)
+                except IndexError:  # values beyond the array
+                    raise self._bad_offsets(off_name, bounds, frag_i) from None
         return out
+
+    def _bad_offsets(self, off_name: str, bounds: np.ndarray, frag_i: np.ndarray) -> CorruptObjectError:
+        """The error for a gather whose offsets ``bounds`` point outside their fragment's values.
+
+        Reads check only what keeps a gather bounded (no negative count, no end beyond the
+        largest fragment's values); offsets damaged within that range read wrong values, as
+        any damaged data would: ``replaystore verify`` finds them by checksum."""
+        bad = (bounds[:, 1] < bounds[:, 0]) | (bounds[:, 0] < 0) | (bounds[:, 1] > self._nnz[off_name][frag_i])
+        frag = self.fragments[int(frag_i[np.argmax(bad)])]
+        return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
 
     def _empty(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in self._dense}

@@ -21,7 +21,6 @@ import weakref
 import numpy as np
 
 PAGE = mmap.PAGESIZE
-_PROT_NONE = 0
 _MAP_FIXED = 0x10  # the same value on Linux, macOS and the BSDs
 
 _libc: ctypes.CDLL | None = None
@@ -50,9 +49,10 @@ def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int) -> int:
 
 
 def _reserve_at(addr: int | None, length: int) -> int:
-    """An inaccessible anonymous mapping (address space only; no memory is committed)."""
+    """A read-only anonymous mapping: address space that reads as zeros (no memory is committed;
+    a read faults in the shared zero page), so a stray index never kills the process."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_FIXED if addr is not None else 0)
-    return _mmap(addr, length, _PROT_NONE, flags, -1)
+    return _mmap(addr, length, mmap.PROT_READ, flags, -1)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -63,7 +63,8 @@ class AddressRange:
     """``length`` bytes of reserved address space in which files are mapped read-only.
 
     The range is unmapped once neither it nor any array from :meth:`view` is referenced, so
-    a view never outlives its memory; parts released by :meth:`release` must not be read.
+    a view never outlives its memory. Parts not mapped (or released by :meth:`release`) read
+    as zeros.
     """
 
     def __init__(self, length: int) -> None:
@@ -94,7 +95,7 @@ class AddressRange:
         _reserve_at(self.address + offset, _round_up(nbytes, PAGE))
 
     def view(self, dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
-        """The whole range as an array of rows of ``trailing`` shape (rows never mapped must not be read)."""
+        """The whole range as an array of rows of ``trailing`` shape (rows not mapped read as zeros)."""
         row_bytes = dtype.itemsize * int(np.prod(trailing))
         if row_bytes == 0:
             return np.empty((0, *trailing), dtype=dtype)
