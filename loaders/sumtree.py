@@ -89,7 +89,7 @@ class SumTree:
             node += go_right
         leaf = node - self.size
         # floating-point slack can land on a zero leaf at the far right: step back to a positive one
-        bad = tree[node] <= 0
+        bad = tree.take(node) <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)
             leaf[bad] = positive[np.minimum(np.searchsorted(positive, leaf[bad]), len(positive) - 1)]

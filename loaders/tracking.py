@@ -208,6 +208,10 @@ class RowSlots:
         rows = np.asarray(rows, dtype=np.int64)
         if not len(self.lo):
             return np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=bool)
+        if len(self.lo) == 1:  # one segment (e.g. one writer's rows): no search
+            lo, hi = int(self.lo[0]), int(self.hi[0])
+            found = (rows >= lo) & (rows < hi)
+            return np.where(found, rows + (int(self.first[0]) - lo), 0), found
         i = np.searchsorted(self.lo, rows, side="right") - 1
         ic = np.maximum(i, 0)
         found = (i >= 0) & (rows < self.hi[ic])
