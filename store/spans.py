@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.errors import CorruptObjectError
 from replaystore.schemas import Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store.fragment import Fragment, shape_of
 from replaystore.store.storage import Storage
 from replaystore.store.vmap import PAGE, AddressRange
-from replaystore.store.zarrio import chunk_path
+from replaystore.store.zarrio import chunk_path, missing_chunk
 
 FragKey = tuple[int, str]
 
@@ -113,9 +113,7 @@ class Layout:
             try:
                 rng.map_file(self._base[k] * rb, path, nbytes)
             except FileNotFoundError:
-                raise StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view "
-                                     "was taken (call refresh()), or the store is damaged (run replaystore verify)"
-                                     ) from None
+                raise missing_chunk(cpath) from None
             except EOFError as exc:
                 raise CorruptObjectError(cpath, str(exc)) from None
             mapped.add(k)

@@ -71,7 +71,9 @@ class AddressRange:
         self.length = _round_up(max(length, PAGE), PAGE)
         self.address = _reserve_at(None, self.length)
         self._buf = (ctypes.c_char * self.length).from_address(self.address)
-        weakref.finalize(self._buf, _unmap, self.address, self.length)
+        # not at interpreter exit: the process unmaps everything then, and an array still in use
+        # by a later exit handler must not lose its memory first
+        weakref.finalize(self._buf, _unmap, self.address, self.length).atexit = False
 
     def map_file(self, offset: int, path: str, nbytes: int) -> None:
         """Map the first ``nbytes`` of the file at ``path`` at ``offset`` (a multiple of PAGE).

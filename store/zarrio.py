@@ -117,9 +117,14 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
     try:
         return storage.read_array(cpath, dtype, shape)
     except FileNotFoundError:
-        # a live commit referenced it, so it was reclaimed after this reader's view was taken
-        raise StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view was "
-                             "taken (call refresh()), or the store is damaged (run replaystore verify)") from None
+        raise missing_chunk(cpath) from None
+
+
+def missing_chunk(cpath: str) -> StaleReadError:
+    """The error for a chunk a live commit referenced that is gone: reclaimed after the
+    reader's view was taken."""
+    return StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view was "
+                          "taken (call refresh()), or the store is damaged (run replaystore verify)")
 
 
 def verify_chunk(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
