@@ -45,7 +45,7 @@ class Layout:
         self.storage = storage
         self.schema = schema
         self.specs = {s.name: s for s in specs}
-        self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, rb) for s in specs if (rb := _row_bytes(s))))
+        self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, _row_bytes(s)) for s in specs))
         self._frags: dict[FragKey, Fragment] = {}
         self._base: dict[FragKey, int] = {}
         self._top = 0
@@ -96,9 +96,6 @@ class Layout:
             return view
         spec = self.specs[name]
         rb = _row_bytes(spec)
-        if not rb:  # nothing to map: rows of zero bytes
-            view = self._views[name] = np.empty((self._cap, *spec.trailing_shape), dtype=spec.dtype)
-            return view
         rng = self._ranges.get(name)
         if rng is None:
             rng = self._ranges[name] = AddressRange(self._cap * rb)

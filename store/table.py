@@ -258,7 +258,7 @@ class TableReader:
                 bounds = array(off_name).take(pairs)
                 starts = bounds[:, 0]
                 counts = bounds[:, 1] - starts
-                if counts.min() < 0 or bounds.max() > self._max_nnz[off_name]:
+                if counts.min() < 0 or bounds.min() < 0 or bounds.max() > self._max_nnz[off_name]:
                     raise self._bad_offsets(off_name, bounds, frag_i)  # (and no huge allocation below)
                 new_offsets = np.zeros(len(loc) + 1, dtype=np.int64)
                 np.cumsum(counts, out=new_offsets[1:])
@@ -267,19 +267,16 @@ class TableReader:
                     first += shifts[off_name]
                 value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(first, counts)
                 out[off_name] = new_offsets
-                try:
-                    for name, _ in values:
-                        out[name] = array(name).take(value_index)
-                except IndexError:  # values beyond the array
-                    raise self._bad_offsets(off_name, bounds, frag_i) from None
+                for name, _ in values:
+                    out[name] = array(name).take(value_index)
         return out
 
     def _bad_offsets(self, off_name: str, bounds: np.ndarray, frag_i: np.ndarray) -> CorruptObjectError:
         """The error for a gather whose offsets ``bounds`` point outside their fragment's values.
 
-        Reads check only what keeps a gather bounded (no negative count, no end beyond the
-        largest fragment's values); offsets damaged within that range read wrong values, as
-        any damaged data would: ``replaystore verify`` finds them by checksum."""
+        Reads check only what keeps a gather bounded (no negative offset or count, no end
+        beyond the largest fragment's values); offsets damaged within that range read wrong
+        values, as any damaged data would: ``replaystore verify`` finds them by checksum."""
         bad = (bounds[:, 1] < bounds[:, 0]) | (bounds[:, 0] < 0) | (bounds[:, 1] > self._nnz[off_name][frag_i])
         frag = self.fragments[int(frag_i[np.argmax(bad)])]
         return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")

@@ -98,9 +98,7 @@ class AddressRange:
 
     def view(self, dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
         """The whole range as an array of rows of ``trailing`` shape (rows not mapped read as zeros)."""
-        row_bytes = dtype.itemsize * int(np.prod(trailing))
-        if row_bytes == 0:
-            return np.empty((0, *trailing), dtype=dtype)
+        row_bytes = dtype.itemsize * int(np.prod(trailing))  # > 0: schema shapes are positive
         arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]
         return arr.view(dtype).reshape(-1, *trailing)
 

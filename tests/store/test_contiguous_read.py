@@ -115,12 +115,14 @@ def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> 
     chunk = tmp_path / "st" / frag.path / "legal_offsets" / "c" / "0"
     offsets = np.frombuffer(chunk.read_bytes()[:-4], dtype="<i8").copy()
     offsets[10] = 1 << 40  # far past the values, and past the mapped range
+    offsets[20] = -(1 << 20)  # negative: would wrap around the view
     chunk.write_bytes(offsets.tobytes() + b"crc!")
     reader = open_store(url, mode="r")
     assert reader.read([3])["legal_ids"].size  # rows whose offsets are intact still read
-    with pytest.raises(CorruptObjectError) as exc:
-        reader.read([9])
-    assert exc.value.path == f"{frag.path}/legal_offsets"
+    for row in (9, 10, 19, 20):  # each damaged offset ends one record and starts the next
+        with pytest.raises(CorruptObjectError) as exc:
+            reader.read([row])
+        assert exc.value.path == f"{frag.path}/legal_offsets"
 
 
 def test_a_reader_that_missed_a_reclaim_gets_stale_read_error(tmp_path: Path) -> None:
