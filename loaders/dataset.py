@@ -81,10 +81,11 @@ def gather(table: Table, request: Request) -> dict[str, Any]:
     for sequences, over the flattened ``[batch, window]`` slots).
     """
     rows = np.asarray(request.rows, dtype=np.int64)
-    real = rows >= 0
-    data = table.read(rows[real])
-    if request.sequence or not real.all():
-        data = _pad_sequences(table.schema, data, real, rows.shape)
+    if request.sequence or (rows.size and np.minimum.reduce(rows, axis=None) < 0):
+        real = rows >= 0  # padding slots (-1) read nothing
+        data = _pad_sequences(table.schema, table.read(rows[real]), real, rows.shape)
+    else:
+        data = table.read(rows)
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys

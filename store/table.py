@@ -78,10 +78,13 @@ class TableReader:
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
         self._edges = np.stack((self.first_ids + self.vis_from, self.ends), axis=1).reshape(-1)
         self._base = self.first_ids + self.vis_from - self.cum[:-1]
+        self._cum_ends = self.cum[1:]
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
+        # a visible row id plus its fragment's shift is its row in the record arrays' views
+        self._view_shift = self._bases["records"] - self.first_ids if self._layouts else None
         self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
         self._nnz = {off: np.array([f.nnz[off] for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
@@ -147,11 +150,12 @@ class TableReader:
     def rows_at(self, positions: np.ndarray) -> np.ndarray:
         """Row ids of visible positions (``0 <= p < len``), vectorised."""
         positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+        # one reduction checks both bounds: a negative position is huge as unsigned
+        if positions.size and _max(positions.view(np.uint64)) >= len(self):
             raise RowError(f"table {self.name!r}: positions must lie in [0, {len(self)})")
         if len(self.fragments) == 1:  # fast path: one visible fragment
             return positions + int(self.first_ids[0] + self.vis_from[0])
-        return positions + self._base[np.searchsorted(self.cum[1:], positions, side="right")]
+        return positions + self._base[self._cum_ends.searchsorted(positions, side="right")]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(fragment index, local offset)`` of visible row ids; RowError for any other id."""
@@ -160,13 +164,17 @@ class TableReader:
             local = rows - int(self.first_ids[0])
             if local.min() >= self.vis_from[0] and local.max() < self.ends[0] - self.first_ids[0]:
                 return np.zeros(rows.shape, dtype=np.int64), local
-        j = np.searchsorted(self._edges, rows, side="right")  # odd: inside fragment j // 2
-        if not np.all(j & 1):
+        ic = self._fragment_of(rows)
+        return ic, rows - self.first_ids[ic]
+
+    def _fragment_of(self, rows: np.ndarray) -> np.ndarray:
+        """The visible fragment index of each of ``rows`` (int64); RowError for any other id."""
+        j = self._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
+        if rows.size and not _and(j) & 1:  # all odd iff the AND of all has bit 0
             bad = rows[(j & 1) == 0][:5].tolist()
             raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
-        ic = j >> 1
-        local = rows - self.first_ids[ic]
-        return ic, local
+        j >>= 1
+        return j
 
     # -- data -----------------------------------------------------------------------
     def data(self, frag: Fragment) -> FragmentData:
@@ -186,9 +194,7 @@ class TableReader:
         through CSR offsets computed for all rows at once.
         """
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        frag_i, local = self.locate(rows)
-        n = len(rows)
-        if n == 0:
+        if not len(rows):
             return self._empty()
         if self._layouts:
             try:
@@ -197,10 +203,13 @@ class TableReader:
             except OSError as exc:  # address space refused (e.g. ulimit -v): gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
                               RuntimeWarning, stacklevel=2)
-                self._layouts, self._layout_of, self._bases = {}, {}, {}
+                self._layouts, self._layout_of, self._bases, self._view_shift = {}, {}, {}, None
             else:
-                return self._gather(self._views.__getitem__, self._bases["records"][frag_i] + local,
+                frag_i = self._fragment_of(rows)
+                return self._gather(self._views.__getitem__, rows + self._view_shift[frag_i],
                                     {off: self._bases[off][frag_i] for off, _ in self._ragged}, frag_i)
+        frag_i, local = self.locate(rows)
+        n = len(rows)
         if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
             return self._gather(self.data(self.fragments[int(frag_i[0])]).array, local, None, frag_i)
         order = np.argsort(frag_i, kind="stable")
@@ -253,31 +262,38 @@ class TableReader:
         for name, _, _ in self._dense:
             out[name] = array(name).take(loc, axis=0)
         if self._ragged:
-            pairs = loc[:, None] + _PAIR
+            # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
+            # as much as the work; docs/PERFORMANCE.md, "Read path, session 4")
+            loc1 = loc + 1
             for off_name, values in self._ragged:
-                bounds = array(off_name).take(pairs)
-                starts = bounds[:, 0]
-                counts = bounds[:, 1] - starts
-                if counts.min() < 0 or bounds.min() < 0 or bounds.max() > self._max_nnz[off_name]:
-                    raise self._bad_offsets(off_name, bounds, frag_i)  # (and no huge allocation below)
-                new_offsets = np.zeros(len(loc) + 1, dtype=np.int64)
-                np.cumsum(counts, out=new_offsets[1:])
-                first = starts - new_offsets[:-1]
+                offsets = array(off_name)
+                starts, ends = offsets.take(loc), offsets.take(loc1)
+                top = self._max_nnz[off_name]  # as unsigned, a negative offset is above it too
+                if _max(starts.view(np.uint64)) > top or _max(ends.view(np.uint64)) > top:
+                    raise self._bad_offsets(off_name, starts, ends, frag_i)
+                counts = ends - starts
+                cum = _cumsum(counts)
+                first = ends - cum  # each record's first value index, less its place in the output
                 if shifts is not None:
                     first += shifts[off_name]
-                value_index = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(first, counts)
-                out[off_name] = new_offsets
+                try:
+                    value_index = np.repeat(first, counts)  # (bounded: every count <= top)
+                except ValueError:  # a negative count
+                    raise self._bad_offsets(off_name, starts, ends, frag_i) from None
+                value_index += np.arange(len(value_index), dtype=np.int64)
+                out[off_name] = np.concatenate((_ZERO, cum))
                 for name, _ in values:
                     out[name] = array(name).take(value_index)
         return out
 
-    def _bad_offsets(self, off_name: str, bounds: np.ndarray, frag_i: np.ndarray) -> CorruptObjectError:
-        """The error for a gather whose offsets ``bounds`` point outside their fragment's values.
+    def _bad_offsets(self, off_name: str, starts: np.ndarray, ends: np.ndarray,
+                     frag_i: np.ndarray) -> CorruptObjectError:
+        """The error for a gather whose offsets ``starts``/``ends`` point outside their fragment's values.
 
         Reads check only what keeps a gather bounded (no negative offset or count, no end
         beyond the largest fragment's values); offsets damaged within that range read wrong
         values, as any damaged data would: ``replaystore verify`` finds them by checksum."""
-        bad = (bounds[:, 1] < bounds[:, 0]) | (bounds[:, 0] < 0) | (bounds[:, 1] > self._nnz[off_name][frag_i])
+        bad = (ends < starts) | (starts < 0) | (ends > self._nnz[off_name][frag_i])
         frag = self.fragments[int(frag_i[np.argmax(bad)])]
         return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
 
@@ -370,6 +386,9 @@ _REBUILD_MIN = 1 << 16
 
 _PAIR = np.array([0, 1], dtype=np.int64)
 """Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
+
+_ZERO = np.zeros(1, dtype=np.int64)
+_max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
 
 
 def _intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:
