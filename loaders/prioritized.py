@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -73,13 +74,16 @@ class PrioritizedSampler(StoreSampler):
         # stratified: one target per equal slice of the mass, searched in ascending order (the
         # descents then walk the tree in memory order: ~15% faster than shuffled targets), and
         # handed out in the random order ``order``
-        targets = (np.arange(b) + self.rng.random(b)) * (total / b)
-        targets[-1] = min(targets[-1], np.nextafter(total, 0))  # ascending: only the last can round up
+        targets = self.rng.random(b)
+        targets += np.arange(b)
+        targets *= total / b
+        targets[-1] = min(targets[-1], math.nextafter(total, 0))  # ascending: only the last can round up
         slots = self.tree.find(targets).take(order)
-        rows = self.slots.row_of[slots]
-        probs = self.tree.leaves()[slots] / total
-        weights = (len(self.slots) * probs) ** (-self.beta)
-        weights /= weights.max()
+        rows = self.slots.row_of.take(slots)
+        # (N * P(i))^-beta / max_j (N * P(j))^-beta = (p_min / p_i)^beta, p: the leaves' p^alpha
+        values = self.tree.leaves().take(slots)
+        weights = np.minimum.reduce(values) / values
+        weights **= self.beta
         self.batches_drawn += 1
         return Request(rows, {"weights": weights.astype(np.float32)})
 

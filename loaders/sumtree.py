@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 
-# Levels with at most this many nodes are recomputed whole (one strided add per level) on
-# every update: cheaper than the four gather/scatter calls of the sparse path per level.
-DENSE_TOP = 1024
 # ``find`` starts at the level of this many nodes (or the leaves, if fewer): one searchsorted
-# over that level's prefix sums replaces the ~4 numpy calls of each level above it.
+# over that level's prefix sums replaces the ~4 numpy calls of each level above it. Levels
+# above it are not kept: the total is the last of those prefix sums. ``set`` recomputes the
+# top level whole (one strided add, cheaper than the sparse path's four calls).
 SEARCH_TOP = 1024
+
+_accumulate = np.add.accumulate
 
 
 class SumTree:
     """Leaf values (priorities^alpha) in a complete binary tree stored as one array.
 
-    ``tree[1]`` is the total; node i has children 2i and 2i+1; leaves live at
-    ``tree[size + leaf]``. Every operation handles a whole batch of leaves with a few
-    numpy operations per tree level (the per-call overhead, not the batch size,
-    dominates at minibatch sizes, so the loops below keep the calls per level minimal).
-    Every internal node is always ``tree[2i] + tree[2i+1]`` recomputed from its children,
-    so the tree's values do not depend on the order or batching of updates. ``find``
-    starts below the root: it searches the prefix sums of the level of ``top`` nodes
-    (cached until the next ``set``), then descends the binary levels under it.
+    Node i has children 2i and 2i+1; leaves live at ``tree[size + leaf]``; the nodes kept
+    are those of the level of ``top`` nodes (``tree[top:2 * top]``) and below. Every
+    operation handles a whole batch of leaves with a few numpy operations per tree level
+    (the per-call overhead, not the batch size, dominates at minibatch sizes, so the loops
+    below keep the calls per level minimal). Every kept internal node is always
+    ``tree[2i] + tree[2i+1]`` recomputed from its children, so the tree's values do not
+    depend on the order or batching of updates. ``find`` searches the running sums of the
+    top level (cached until the next ``set``; their last is the total), then descends the
+    binary levels under it.
     """
 
     def __init__(self, size: int) -> None:
@@ -30,19 +32,27 @@ class SumTree:
         self.levels = self.size.bit_length() - 1
         self.tree = np.zeros(2 * self.size, dtype=np.float64)
         self.top = min(SEARCH_TOP, self.size)
-        self._prefix: np.ndarray | None = None  # exclusive prefix sums of the top level, None: stale
+        self._prefix: np.ndarray | None = None  # running sums of the top level from 0; None: stale
 
     @property
     def total(self) -> float:
-        return float(self.tree[1])
+        return float(self._prefixes()[-1])
 
     def leaves(self) -> np.ndarray:
         return self.tree[self.size:]
 
+    def _prefixes(self) -> np.ndarray:
+        """``[0, p_1, ..., p_top]``: running sums of the top level (``p_top`` is the total)."""
+        if self._prefix is None:
+            top = self.top
+            self._prefix = np.zeros(top + 1)
+            _accumulate(self.tree[top:2 * top], out=self._prefix[1:])
+        return self._prefix
+
     def _recompute(self, lo: int) -> None:
-        """Recompute every node of the levels ``lo`` (a power of two: its first node) up to the root."""
+        """Recompute every node of the levels from ``lo`` (a power of two: its first node) up to the top."""
         tree = self.tree
-        while lo >= 1:
+        while lo >= self.top:
             np.add(tree[2 * lo:4 * lo:2], tree[2 * lo + 1:4 * lo:2], out=tree[lo:2 * lo])
             lo >>= 1
 
@@ -62,7 +72,7 @@ class SumTree:
         pairs = tree.reshape(-1, 2)  # row i = (tree[2i], tree[2i+1]): the children of node i
         nodes = (leaves + self.size) >> 1
         lo = self.size >> 1
-        while lo > DENSE_TOP:
+        while lo > self.top:
             c = pairs.take(nodes, axis=0)
             tree.put(nodes, c[:, 0] + c[:, 1])
             nodes >>= 1
@@ -74,12 +84,10 @@ class SumTree:
         t = np.array(targets, dtype=np.float64)  # a copy: reduced in place below
         tree = self.tree
         top = self.top
-        if self._prefix is None:
-            self._prefix = np.zeros(top)
-            np.cumsum(tree[top:2 * top - 1], out=self._prefix[1:])
+        prefix = self._prefixes()
         # count of the top nodes passed (prefix sum <= t): at most top-1, so slack stays in the last
-        node = np.searchsorted(self._prefix[1:], t, side="right")
-        t -= self._prefix.take(node)
+        node = prefix[1:top].searchsorted(t, side="right")
+        t -= prefix.take(node)
         node += top
         for _ in range(self.levels - top.bit_length() + 1):
             node <<= 1  # the left child

@@ -23,7 +23,13 @@ class UniformSampler(StoreSampler):
         n = self.candidate_count()
         if n == 0:
             raise self._empty()
-        rows = self.candidate_rows(self.rng.integers(0, n, size=self.batch_size))
+        # floor(u * n), u uniform on the 2^-53 grid of [0, 1): the bias is below n / 2^53 (no
+        # concern under 2^40 rows), at half the cost of Generator.integers at minibatch sizes
+        positions = self.rng.random(self.batch_size)
+        positions *= n
+        picks = positions.astype(np.int64)
+        np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
+        rows = self.candidate_rows(picks)
         self.batches_drawn += 1
         return Request(rows)
 

@@ -277,7 +277,7 @@ class TableReader:
                 if shifts is not None:
                     first += shifts[off_name]
                 try:
-                    value_index = np.repeat(first, counts)  # (bounded: every count <= top)
+                    value_index = first.repeat(counts)  # (bounded: every count <= top)
                 except ValueError:  # a negative count
                     raise self._bad_offsets(off_name, starts, ends, frag_i) from None
                 value_index += np.arange(len(value_index), dtype=np.int64)
