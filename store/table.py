@@ -76,9 +76,15 @@ class TableReader:
         self.cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
-        self._edges = np.stack((self.first_ids + self.vis_from, self.ends), axis=1).reshape(-1)
-        self._base = self.first_ids + self.vis_from - self.cum[:-1]
+        firsts = self.first_ids + self.vis_from
+        self._edges = np.stack((firsts, self.ends), axis=1).reshape(-1)
+        self._base = firsts - self.cum[:-1]
         self._cum_ends = self.cum[1:]
+        # where the visible rows are one run of row ids (one writer, nothing evicted between its
+        # fragments), position p is row id p + the run's first: no search
+        self._run_start = int(firsts[0]) if len(firsts) else 0
+        if not np.array_equal(firsts[1:], self.ends[:-1]):
+            self._run_start = None
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
@@ -153,8 +159,8 @@ class TableReader:
         # one reduction checks both bounds: a negative position is huge as unsigned
         if positions.size and _max(positions.view(np.uint64)) >= len(self):
             raise RowError(f"table {self.name!r}: positions must lie in [0, {len(self)})")
-        if len(self.fragments) == 1:  # fast path: one visible fragment
-            return positions + int(self.first_ids[0] + self.vis_from[0])
+        if self._run_start is not None:
+            return positions + self._run_start
         return positions + self._base[self._cum_ends.searchsorted(positions, side="right")]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

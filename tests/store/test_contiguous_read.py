@@ -56,6 +56,7 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
             table = reader.table("records")
             ids = table.row_ids()
             assert table.reader._layouts  # local store: the contiguous path is the one under test
+            np.testing.assert_array_equal(table.rows_at(np.arange(len(ids))), ids)  # positions, one run of ids
             rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
             assert_same(table.read(rows), _per_fragment(reader).read(rows), f"op {i}")
     w.close()
