@@ -20,7 +20,8 @@ class EmptyStoreError(ReplayStoreError):
 
 @dataclass
 class Request:
-    """One minibatch to gather: row ids (``-1`` marks padding) and per-sample sampler outputs."""
+    """One minibatch to gather: row ids (``-1`` marks padding, in ``sequence`` requests only) and
+    per-sample sampler outputs."""
 
     rows: np.ndarray
     outputs: dict[str, np.ndarray] = field(default_factory=dict)

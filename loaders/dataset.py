@@ -81,10 +81,10 @@ def gather(table: Table, request: Request) -> dict[str, Any]:
     for sequences, over the flattened ``[batch, window]`` slots).
     """
     rows = np.asarray(request.rows, dtype=np.int64)
-    if request.sequence or (rows.size and np.minimum.reduce(rows, axis=None) < 0):
+    if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
         data = _pad_sequences(table.schema, table.read(rows[real]), real, rows.shape)
-    else:
+    else:  # only sequence windows are padded
         data = table.read(rows)
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:

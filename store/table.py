@@ -89,8 +89,11 @@ class TableReader:
         self._data = {k: v for k, v in self._data.items() if k in live}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
-        # a visible row id plus its fragment's shift is its row in the record arrays' views
-        self._view_shift = self._bases["records"] - self.first_ids if self._layouts else None
+        # per visible fragment: what a row id plus it is in the record arrays' views, and the base
+        # row of its values in each CSR group's views (one gather per read fetches them all)
+        self._view_shift = (np.stack([self._bases["records"] - self.first_ids,
+                                      *(self._bases[off] for off, _ in self._ragged)], axis=1)
+                            if self._layouts else None)
         self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
         self._nnz = {off: np.array([f.nnz[off] for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
@@ -212,8 +215,9 @@ class TableReader:
                 self._layouts, self._layout_of, self._bases, self._view_shift = {}, {}, {}, None
             else:
                 frag_i = self._fragment_of(rows)
-                return self._gather(self._views.__getitem__, rows + self._view_shift[frag_i],
-                                    {off: self._bases[off][frag_i] for off, _ in self._ragged}, frag_i)
+                shift = self._view_shift.take(frag_i, axis=0)
+                return self._gather(self._views.__getitem__, rows + shift[:, 0],
+                                    {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i)
         frag_i, local = self.locate(rows)
         n = len(rows)
         if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
