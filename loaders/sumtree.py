@@ -16,22 +16,24 @@ _accumulate = np.add.accumulate
 class SumTree:
     """Leaf values (priorities^alpha) in a complete binary tree stored as one array.
 
-    Node i has children 2i and 2i+1; leaves live at ``tree[size + leaf]``; the nodes kept
-    are those of the level of ``top`` nodes (``tree[top:2 * top]``) and below. Every
-    operation handles a whole batch of leaves with a few numpy operations per tree level
-    (the per-call overhead, not the batch size, dominates at minibatch sizes, so the loops
-    below keep the calls per level minimal). Every kept internal node is always
-    ``tree[2i] + tree[2i+1]`` recomputed from its children, so the tree's values do not
-    depend on the order or batching of updates. ``find`` searches the running sums of the
-    top level (cached until the next ``set``; their last is the total), then descends the
-    binary levels under it.
+    Node i has children 2i and 2i+1; leaves live at ``tree[size + leaf]``. The nodes kept
+    are those from the level of ``top`` nodes (``tree[top:2 * top]``) down to the level of
+    *quads*, one node per four leaves (``tree[size // 4 + q]`` = the pairwise sum of leaves
+    4q..4q+3); the level between quads and leaves is not kept: ``find`` resolves a quad's
+    four leaves with three running sums, cheaper than two more levels. Every kept node is
+    always the pairwise sum of what is under it, recomputed from it, so no value depends on
+    the order or batching of updates. ``find`` searches the running sums of the top level
+    (cached until the next ``set``; their last is the total), then descends the binary
+    levels under it. Every operation handles a whole batch of leaves with a few numpy
+    calls per level: the per-call overhead, not the batch size, dominates at minibatch
+    sizes (docs/PERFORMANCE.md, "Loaders").
     """
 
     def __init__(self, size: int) -> None:
-        self.size = 1 << max(int(size) - 1, 1).bit_length()
-        self.levels = self.size.bit_length() - 1
+        self.size = max(1 << max(int(size) - 1, 1).bit_length(), 4)
+        self.quads = self.size >> 2
         self.tree = np.zeros(2 * self.size, dtype=np.float64)
-        self.top = min(SEARCH_TOP, self.size)
+        self.top = min(SEARCH_TOP, self.quads)
         self._prefix: np.ndarray | None = None  # running sums of the top level from 0; None: stale
 
     @property
@@ -49,9 +51,16 @@ class SumTree:
             _accumulate(self.tree[top:2 * top], out=self._prefix[1:])
         return self._prefix
 
+    def _quad_sums(self, leaves: np.ndarray) -> np.ndarray:
+        """Pairwise sums of rows of four leaves (``leaves``: shape ``(k, 4)``)."""
+        return (leaves[:, 0] + leaves[:, 1]) + (leaves[:, 2] + leaves[:, 3])
+
     def _recompute(self, lo: int) -> None:
         """Recompute every node of the levels from ``lo`` (a power of two: its first node) up to the top."""
         tree = self.tree
+        if lo == self.quads:
+            tree[lo:2 * lo] = self._quad_sums(self.leaves().reshape(-1, 4))
+            lo >>= 1
         while lo >= self.top:
             np.add(tree[2 * lo:4 * lo:2], tree[2 * lo + 1:4 * lo:2], out=tree[lo:2 * lo])
             lo >>= 1
@@ -65,19 +74,24 @@ class SumTree:
         tree[self.size + leaves] = values
         self._prefix = None
         if leaves.size * 8 >= self.size:  # a large share of the leaves: rebuild every level whole
-            self._recompute(self.size >> 1)
+            self._recompute(self.quads)
             return
-        # sparse levels: only the ancestors of the changed leaves (duplicate nodes are harmless:
-        # every copy writes the same sum of the same children)
+        # sparse levels: only the ancestors of the changed leaves (a node listed twice is written
+        # twice with the same sum of the same children: harmless)
+        quad = leaves >> 2
+        nodes = quad + self.quads
+        tree.put(nodes, self._quad_sums(self.leaves().reshape(-1, 4).take(quad, axis=0)))
         pairs = tree.reshape(-1, 2)  # row i = (tree[2i], tree[2i+1]): the children of node i
-        nodes = (leaves + self.size) >> 1
-        lo = self.size >> 1
+        lo = self.quads
         while lo > self.top:
-            c = pairs.take(nodes, axis=0)
-            tree.put(nodes, c[:, 0] + c[:, 1])
             nodes >>= 1
             lo >>= 1
-        self._recompute(lo)
+            if lo == self.top:  # recomputed whole below
+                break
+            c = pairs.take(nodes, axis=0)
+            tree.put(nodes, c[:, 0] + c[:, 1])
+        if lo == self.top and self.top < self.quads:
+            self._recompute(lo)
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
@@ -89,15 +103,24 @@ class SumTree:
         node = prefix[1:top].searchsorted(t, side="right")
         t -= prefix.take(node)
         node += top
-        for _ in range(self.levels - top.bit_length() + 1):
+        for _ in range(self.quads.bit_length() - top.bit_length()):
             node <<= 1  # the left child
             lv = tree.take(node)
             go_right = t >= lv
             np.putmask(t, go_right, t - lv)  # t -= lv where going right (cheaper than where=)
             node += go_right
-        leaf = node - self.size
+        # the quad's leaf: how many of its first three running sums are <= t
+        node -= self.quads
+        four = self.leaves().reshape(-1, 4).take(node, axis=0)
+        run = four[:, 0].copy()
+        leaf = (t >= run).astype(np.int64)
+        run += four[:, 1]
+        leaf += t >= run
+        run += four[:, 2]
+        leaf += t >= run
+        leaf += node << 2
         # floating-point slack can land on a zero leaf at the far right: step back to a positive one
-        bad = tree.take(node) <= 0
+        bad = self.leaves().take(leaf) <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)
             leaf[bad] = positive[np.minimum(np.searchsorted(positive, leaf[bad]), len(positive) - 1)]
