@@ -1,0 +1,240 @@
+"""Append design ceilings: what a durable commit every 10k records can cost, by object layout.
+
+    python bench/append_designs_bench.py            # 200k records (~30 s on 2 cores)
+    python bench/append_designs_bench.py --quick    # 50k records
+
+Issue 3 asks for append >= 1x TorchRL ``LazyMemmapStorage.extend`` with a durable commit
+every 10k records; the store measures ~0.2x (docs/PERFORMANCE.md, "Append"). This bench
+measures the *floor* of the alternatives, with no format code, no validation and no
+index: the same bytes per commit as the store writes for DQN records (13 columns + the
+3 stream/step/reset arrays), each commit made durable and then published by a commit
+record created as the store creates it (temporary file, fsync, ``link``, directory
+fsync). Rows, each against the peer in the same run:
+
+- ours: the store itself (``Writer.append`` + ``commit``), as in bench/store_bench.py;
+- fragment per commit: a new directory tree per commit, one file per array in its own
+  directories, plus each array's metadata file (the format today: a Zarr group per commit);
+- chunk per commit: one new file per array per commit in directories that exist (an
+  open segment whose arrays gain one chunk object per commit);
+- in-place segment: each array's file of an open segment extended in place and
+  ``fdatasync``ed (committed bytes never rewritten; not a whole-object replacement);
+- one file per commit: every column of the commit in a single object (not one Zarr
+  array per column).
+
+File fsyncs run on a pool of 8 threads, as the store does. TorchRL does not fsync.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main
+from replaystore.schemas import dqn
+from replaystore.store import open_store
+
+BATCH = 1_000
+COMMIT_EVERY = 10_000
+FULL = {"records": 200_000, "reps": 5}
+QUICK = {"records": 50_000, "reps": 3}
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit_record(root: str, seq: int) -> None:
+    """Create ``commits/<seq>.json`` the way the store does: temporary file, fsync, link, dir fsync."""
+    final = os.path.join(root, "commits", f"{seq:010d}.json")
+    tmp = os.path.join(root, "commits", f".tmp-{seq}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b'{"body": {"seq": %d}, "crc32c": 0}' % seq)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.link(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+    os.unlink(tmp)
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_payloads(batches: list[dict[str, np.ndarray]]) -> list[list[bytes]]:
+    """Per commit, the bytes of each of its 16 arrays (fields + stream codes, steps, resets)."""
+    per_commit = COMMIT_EVERY // BATCH
+    out = []
+    for c in range(len(batches) // per_commit):
+        group = batches[c * per_commit:(c + 1) * per_commit]
+        cols = [b"".join(np.ascontiguousarray(b[k]).tobytes() for b in group) for k in group[0]]
+        rows = sum(len(b["obs"]) for b in group)
+        cols += [np.zeros(rows, np.int32).tobytes(), np.arange(rows, dtype=np.int64).tobytes(),
+                 np.zeros(rows, bool).tobytes()]
+        out.append(cols)
+    return out
+
+
+class Designs:
+    """The four layouts, each writing ``commits`` (cycled) ``n // COMMIT_EVERY`` times under ``root``."""
+
+    def __init__(self, root: str, commits: list[list[bytes]], n: int) -> None:
+        self.root, self.commits, self.count = root, commits, n // COMMIT_EVERY
+        self.pool = ThreadPoolExecutor(8)
+        self.arrays = len(commits[0])
+
+    def _fresh(self) -> str:
+        shutil.rmtree(self.root, ignore_errors=True)
+        os.makedirs(os.path.join(self.root, "commits"))
+        return self.root
+
+    def _timed(self, body: Callable[[int], None]) -> float:
+        t0 = time.perf_counter()
+        for c in range(self.count):
+            body(c)
+            _commit_record(self.root, c)
+        return self.count * COMMIT_EVERY / (time.perf_counter() - t0)
+
+    def fragment_per_commit(self) -> float:
+        root = self._fresh()
+
+        def body(c: int) -> None:
+            cols = self.commits[c % len(self.commits)]
+            frag = os.path.join(root, "data", f"f{c:010d}")
+            dirs = [os.path.join(frag, f"a{a}", "c") for a in range(self.arrays)]
+            for d in dirs:
+                os.makedirs(d)
+
+            def one(a: int) -> None:
+                _write_new(os.path.join(dirs[a], "0"), cols[a])
+                _write_new(os.path.join(frag, f"a{a}", "zarr.json"), b"{}" * 200)
+            list(self.pool.map(one, range(self.arrays)))
+            list(self.pool.map(_fsync_dir, [*dirs, *(os.path.dirname(d) for d in dirs), frag,
+                                            os.path.dirname(frag)]))
+        return self._timed(body)
+
+    def chunk_per_commit(self) -> float:
+        root = self._fresh()
+        dirs = [os.path.join(root, f"a{a}", "c") for a in range(self.arrays)]
+        for d in dirs:
+            os.makedirs(d)
+
+        def body(c: int) -> None:
+            cols = self.commits[c % len(self.commits)]
+
+            def one(a: int) -> None:
+                _write_new(os.path.join(dirs[a], str(c)), cols[a])
+                _fsync_dir(dirs[a])
+            list(self.pool.map(one, range(self.arrays)))
+        return self._timed(body)
+
+    def in_place_segment(self) -> float:
+        root = self._fresh()
+        fds = [os.open(os.path.join(root, f"a{a}"), os.O_WRONLY | os.O_CREAT, 0o644) for a in range(self.arrays)]
+        _fsync_dir(root)
+        offsets = [0] * self.arrays
+
+        def body(c: int) -> None:
+            cols = self.commits[c % len(self.commits)]
+
+            def one(a: int) -> None:
+                os.pwrite(fds[a], cols[a], offsets[a])
+                os.fdatasync(fds[a])
+            list(self.pool.map(one, range(self.arrays)))
+            for a in range(self.arrays):
+                offsets[a] += len(cols[a])
+        try:
+            return self._timed(body)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def one_file_per_commit(self) -> float:
+        root = self._fresh()
+        data = os.path.join(root, "data")
+        os.makedirs(data)
+
+        def body(c: int) -> None:
+            _write_new(os.path.join(data, str(c)), b"".join(self.commits[c % len(self.commits)]))
+            _fsync_dir(data)
+        return self._timed(body)
+
+
+def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
+    import torch
+    from torchrl.data import LazyMemmapStorage, ReplayBuffer
+
+    n = cfg["records"]
+    rng = np.random.default_rng(0)
+    batches = [dqn_records(rng, BATCH) for _ in range(20)]
+    tds = [as_tensordict(b) for b in batches]
+    designs = Designs(os.path.join(tmp, "designs"), commit_payloads(batches), n)
+    schema = dqn(OBS, HEADS, actions=ACTIONS)
+
+    def ours() -> float:
+        path = os.path.join(tmp, "store")
+        st = open_store(path, schema, mode="w")
+        t0 = time.perf_counter()
+        with st.writer() as w:
+            for j in range(n // BATCH):
+                w.append(batches[j % len(batches)], stream=j % 8)
+                if (j + 1) * BATCH % COMMIT_EVERY == 0:
+                    w.commit()
+        rate = n / (time.perf_counter() - t0)
+        shutil.rmtree(path)
+        return rate
+
+    def peer() -> float:
+        scratch = os.path.join(tmp, "trl")
+        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch), batch_size=256)
+        t0 = time.perf_counter()
+        for j in range(n // BATCH):
+            rb.extend(tds[j % len(tds)])
+        rate = n / (time.perf_counter() - t0)
+        del rb
+        shutil.rmtree(scratch)
+        return rate
+
+    runs: dict[str, Callable[[], float]] = {
+        "ours": ours, "peer": peer, "fragment": designs.fragment_per_commit, "chunk": designs.chunk_per_commit,
+        "in_place": designs.in_place_segment, "one_file": designs.one_file_per_commit}
+    got: dict[str, list[float]] = {k: [] for k in runs}
+    torch.set_num_threads(1)  # the peer's better setting on this 2-core machine (bench/store_bench.py)
+    for _ in range(cfg["reps"]):  # interleaved: every variant sees the same machine state
+        for k, fn in runs.items():
+            got[k].append(fn())
+    med = {k: statistics.median(v) for k, v in got.items()}
+    peer_rate = med["peer"]
+    per_commit = sum(len(c) for c in designs.commits[0]) / 2**20
+    note = f"median of {cfg['reps']}; {per_commit:.1f} MiB per commit"
+    out.add(f"store append, {n:,} records, commit every {COMMIT_EVERY:,}", med["ours"], peer_rate, "rows/s", 1.0,
+            note + "; the store (validation, staging, index arrays, compaction)")
+    out.add("  floor: fragment per commit (today's layout)", med["fragment"], peer_rate, "rows/s", None,
+            f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files per commit")
+    out.add("  floor: chunk per commit in an open segment", med["chunk"], peer_rate, "rows/s", None,
+            f"{designs.arrays} new files per commit in existing directories")
+    out.add("  floor: open segment extended in place", med["in_place"], peer_rate, "rows/s", None,
+            f"{designs.arrays} files, pwrite + fdatasync each commit")
+    out.add("  floor: one file per commit", med["one_file"], peer_rate, "rows/s", None,
+            "all columns in one object: not one Zarr array per column")
+
+
+if __name__ == "__main__":
+    sys.exit(main("append-designs", __doc__, None, (FULL, QUICK), Table("TorchRL", "peer"), run))
