@@ -2,7 +2,7 @@
 
 from replaystore.loaders.base import EmptyStoreError, Request, StoreSampler
 from replaystore.loaders.buffer import ReplayBuffer
-from replaystore.loaders.dataset import StoreDataset, gather, make_loader
+from replaystore.loaders.dataset import StoreDataset, StoreLoader, WorkerBatch, gather, make_loader
 from replaystore.loaders.episodes import iter_episodes
 from replaystore.loaders.masks import legal_mask
 from replaystore.loaders.prioritized import PrioritizedSampler
@@ -19,8 +19,10 @@ __all__ = [
     "ReservoirSampler",
     "SequenceSampler",
     "StoreDataset",
+    "StoreLoader",
     "StoreSampler",
     "UniformSampler",
+    "WorkerBatch",
     "gather",
     "iter_episodes",
     "legal_mask",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -49,37 +50,30 @@ def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
             for k, v in arrays.items()}
 
 
-def pack(batch: dict[str, Any]) -> dict[str, Any]:
-    """The batch with its tensors copied into views of one block of memory (other values pass through).
+class WorkerBatch:
+    """A minibatch gathered in a DataLoader worker, on its way to the main process as numpy arrays.
 
-    A DataLoader worker hands every tensor storage to the main process as a shared-memory
-    segment of its own; one storage per minibatch instead of one per field makes that
-    hand-over several times cheaper (docs/PERFORMANCE.md, Loaders). Values, dtypes and
-    shapes are unchanged.
+    Pickled through the worker's pipe, a 256-record DQN batch costs ~70 µs (dump + load);
+    torch tensors would instead each be moved to a new shared-memory segment per batch
+    (~600 µs even when packed into one; docs/PERFORMANCE.md, "DataLoader workers"). The
+    main process makes the tensors: :class:`StoreLoader` does, or the DataLoader's
+    pin-memory thread through :meth:`pin_memory`.
     """
-    tensors = [(k, v) for k, v in batch.items() if isinstance(v, torch.Tensor)]
-    sizes = [v.numel() * v.element_size() for _, v in tensors]
-    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum([-(-n // _ALIGN) * _ALIGN for n in sizes], out=starts[1:])
-    block = torch.empty(int(starts[-1]), dtype=torch.uint8)
-    raw = block.numpy()
-    out = dict(batch)
-    for (k, v), lo, n in zip(tensors, starts.tolist(), sizes, strict=False):
-        # a plain numpy byte copy: no torch kernels (and no intra-op threads) run in the worker
-        raw[lo:lo + n] = np.ascontiguousarray(v.numpy()).reshape(-1).view(np.uint8)
-        out[k] = block[lo:lo + n].view(v.dtype).view(v.shape)
-    return out
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: dict[str, Any]) -> None:
+        self.arrays = arrays
+
+    def tensors(self) -> dict[str, Any]:
+        return to_tensors(self.arrays)
+
+    def pin_memory(self) -> dict[str, Any]:
+        return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in self.tensors().items()}
 
 
-_ALIGN = 64  # byte alignment of each tensor in a packed block
-
-
-def gather(table: Table, request: Request) -> dict[str, Any]:
-    """The minibatch for ``request``: schema fields, ``indices`` and the sampler's outputs, as tensors.
-
-    Ragged fields come out as CSR of just these rows (values + offsets rebased to 0;
-    for sequences, over the flattened ``[batch, window]`` slots).
-    """
+def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
+    """:func:`gather`'s minibatch as numpy arrays (``stream_keys`` as a list)."""
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
@@ -89,7 +83,16 @@ def gather(table: Table, request: Request) -> dict[str, Any]:
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys
-    return to_tensors(batch)
+    return batch
+
+
+def gather(table: Table, request: Request) -> dict[str, Any]:
+    """The minibatch for ``request``: schema fields, ``indices`` and the sampler's outputs, as tensors.
+
+    Ragged fields come out as CSR of just these rows (values + offsets rebased to 0;
+    for sequences, over the flattened ``[batch, window]`` slots).
+    """
+    return to_tensors(gather_arrays(table, request))
 
 
 class StoreDataset(Dataset):
@@ -97,7 +100,8 @@ class StoreDataset(Dataset):
 
     Each process opens the store itself (read-only) on first use, so DataLoader
     workers never share an opened store across fork or spawn. A request naming rows
-    this process does not see yet refreshes the store once and retries.
+    this process does not see yet refreshes the store once and retries. In a worker an
+    item is a :class:`WorkerBatch` (numpy arrays); :func:`make_loader` turns it into tensors.
     """
 
     def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -113,19 +117,19 @@ class StoreDataset(Dataset):
             self._pid = os.getpid()
         return self._store.table(self.table_name)
 
-    def __getitems__(self, request: Request) -> dict[str, Any]:
+    def __getitems__(self, request: Request) -> dict[str, Any] | WorkerBatch:
+        """The minibatch as tensors; in a DataLoader worker, as a :class:`WorkerBatch`."""
         table = self._table()
         try:
-            batch = gather(table, request)
+            batch = gather_arrays(table, request)
         except (RowError, StaleReadError):  # this process's view lags the sampler's: catch up once
             assert self._store is not None
             self._store.refresh()
             try:
-                batch = gather(table, request)
+                batch = gather_arrays(table, request)
             except RowError as exc:
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
-        # in a worker the batch crosses to the main process: one shared-memory segment, not one per field
-        return pack(batch) if get_worker_info() is not None else batch
+        return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
 
     def __getitem__(self, request: Request) -> dict[str, Any]:
         return self.__getitems__(request)
@@ -138,8 +142,17 @@ def _first(batch: Any) -> Any:
     return batch
 
 
+class StoreLoader(DataLoader):
+    """The DataLoader of :func:`make_loader`: batches that workers sent as :class:`WorkerBatch`
+    come out as mappings of tensors, like those gathered in the main process."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in super().__iter__():
+            yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+
+
 def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_memory: bool = False,
-                **kwargs: Any) -> DataLoader:
+                **kwargs: Any) -> StoreLoader:
     """A torch DataLoader yielding minibatches (mappings of tensors) for ``sampler``.
 
     Sampling runs in the main process (priority updates reach the next draw, up to
@@ -151,5 +164,5 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                      collate_fn=_first, **kwargs)
+    return StoreLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+                       collate_fn=_first, **kwargs)

@@ -22,7 +22,9 @@ from replaystore.loaders import (
     PrioritizedSampler,
     ReservoirSampler,
     SequenceSampler,
+    StoreDataset,
     UniformSampler,
+    WorkerBatch,
     gather,
     legal_mask,
     make_loader,
@@ -163,6 +165,22 @@ def test_spawn_workers_give_the_same_batches(source: Source, kind: str) -> None:
     same_batches(got, direct(kind, st))
     for b in got:
         check_structure(kind, b, source)
+
+
+def test_workers_send_numpy_arrays_and_the_loader_makes_the_tensors(source: Source) -> None:
+    """A worker's batch crosses as a WorkerBatch of numpy arrays (pickled through the pipe, no
+    shared-memory segment per batch); make_loader's StoreLoader yields tensors from it, and a
+    plain DataLoader over StoreDataset hands the WorkerBatch over for ``tensors()``."""
+    st = source.store
+    plain = torch.utils.data.DataLoader(StoreDataset(st.url, "records"), batch_sampler=sampler_for("sequence", st),
+                                        num_workers=1, collate_fn=lambda b: b, multiprocessing_context="fork")
+    raw = list(plain)
+    assert all(isinstance(b, WorkerBatch) for b in raw)
+    assert all(isinstance(v, np.ndarray) for b in raw for k, v in b.arrays.items() if k != "stream_keys")
+    same_batches([b.tensors() for b in raw], direct("sequence", st))
+    loaded = list(make_loader(st, sampler_for("sequence", st), num_workers=1, multiprocessing_context="fork"))
+    assert all(isinstance(b["obs"], torch.Tensor) for b in loaded)
+    same_batches(loaded, direct("sequence", st))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
