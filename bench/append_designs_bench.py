@@ -36,9 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main
+from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main, store_append_rate
 from replaystore.schemas import dqn
-from replaystore.store import open_store
 
 BATCH = 1_000
 COMMIT_EVERY = 10_000
@@ -189,17 +188,7 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     schema = dqn(OBS, HEADS, actions=ACTIONS)
 
     def ours() -> float:
-        path = os.path.join(tmp, "store")
-        st = open_store(path, schema, mode="w")
-        t0 = time.perf_counter()
-        with st.writer() as w:
-            for j in range(n // BATCH):
-                w.append(batches[j % len(batches)], stream=j % 8)
-                if (j + 1) * BATCH % COMMIT_EVERY == 0:
-                    w.commit()
-        rate = n / (time.perf_counter() - t0)
-        shutil.rmtree(path)
-        return rate
+        return store_append_rate(os.path.join(tmp, "store"), schema, batches, n, COMMIT_EVERY)
 
     def peer() -> float:
         scratch = os.path.join(tmp, "trl")

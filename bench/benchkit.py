@@ -104,6 +104,30 @@ def build_transitions(path: str, records: int, streams: int = 16, reset: bool = 
 
 
 # -- timing ----------------------------------------------------------------------------------
+def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_every: int | None) -> None:
+    """``n`` records from ``batches`` (cycled, all of one size) over 8 streams through writer ``w``,
+    a commit every ``commit_every`` records (None: at close)."""
+    size = len(batches[0]["obs"])
+    for j in range(n // size):
+        w.append(batches[j % len(batches)], stream=j % 8)
+        if commit_every and (j + 1) * size % commit_every == 0:
+            w.commit()
+
+
+def store_append_rate(path: str, schema: Any, batches: list[dict[str, np.ndarray]], n: int,
+                      commit_every: int) -> float:
+    """Records/s of :func:`append_all` into a new store at ``path`` (the writer's close, which waits
+    for its last merge, included); the store is deleted afterwards."""
+    st = open_store(path, schema, mode="w")
+    t0 = time.perf_counter()
+    with st.writer() as w:
+        append_all(w, batches, n, commit_every)
+    dt = time.perf_counter() - t0
+    assert len(st) == n
+    shutil.rmtree(path)
+    return n / dt
+
+
 def rate(fn: Callable[[], Any], seconds: float) -> float:
     """Calls per second of ``fn`` over about ``seconds`` (at least one call)."""
     k, t0 = 0, time.perf_counter()

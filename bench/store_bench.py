@@ -43,12 +43,14 @@ from benchkit import (
     HEADS,
     OBS,
     Table,
+    append_all,
     as_tensordict,
     build_transitions,
     dqn_records,
     du,
     interleaved,
     main,
+    store_append_rate,
 )
 from replaystore.schemas import dqn
 from replaystore.store import open_store
@@ -86,18 +88,7 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
     schema = dqn(OBS, HEADS, actions=ACTIONS)
 
     def ours(i: int) -> float:
-        path = os.path.join(tmp, f"append{i}")
-        st = open_store(path, schema, mode="w")
-        t0 = time.perf_counter()
-        with st.writer() as w:
-            for j in range(n // BATCH):
-                w.append(batches[j % len(batches)], stream=j % 8)
-                if (j + 1) * BATCH % COMMIT_EVERY == 0:
-                    w.commit()
-        dt = time.perf_counter() - t0
-        assert len(st) == n
-        shutil.rmtree(path)
-        return n / dt
+        return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, n, COMMIT_EVERY)
 
     def peer(i: int, threads: int) -> float:
         torch.set_num_threads(threads)
@@ -155,14 +146,6 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             "rows/s", None, "no format, no index: the durable-write floor of this disk")
 
 
-def _append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_every: int | None) -> None:
-    """``n`` records from ``batches`` (cycled) over 8 streams, a commit every ``commit_every`` (None: at close)."""
-    for j in range(n // BATCH):
-        w.append(batches[j % len(batches)], stream=j % 8)
-        if commit_every and (j + 1) * BATCH % commit_every == 0:
-            w.commit()
-
-
 def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarray]], tds: list[Any],
                       out: Table) -> tuple[Any, Any, Any, Any]:
     import torch
@@ -175,7 +158,7 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     st = open_store(path, schema, mode="w")
     t0 = time.perf_counter()
     with st.writer() as w:
-        _append_all(w, batches, n, COMMIT_EVERY)
+        append_all(w, batches, n, COMMIT_EVERY)
     ours_build = n / (time.perf_counter() - t0)
     rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=os.path.join(tmp, "trl_read")),
                       sampler=RandomSampler(), batch_size=SAMPLE)
@@ -195,7 +178,7 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     pathc = os.path.join(tmp, "read10kc")
     stc = open_store(pathc, schema, mode="w")
     with stc.writer() as w:
-        _append_all(w, batches, n, COMMIT_EVERY)
+        append_all(w, batches, n, COMMIT_EVERY)
         t0 = time.perf_counter()
         merges = w.compact()
         compact_s = time.perf_counter() - t0
@@ -206,7 +189,7 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     path1 = os.path.join(tmp, "read1")
     st1 = open_store(path1, schema, mode="w")
     with st1.writer() as w:
-        _append_all(w, batches, n, None)
+        append_all(w, batches, n, None)
     assert len(st) == len(st1) == len(stc) == len(rb) == n
     return open_store(path, mode="r"), open_store(path1, mode="r"), open_store(pathc, mode="r"), rb
 
