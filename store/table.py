@@ -160,7 +160,7 @@ class TableReader:
         """Row ids of visible positions (``0 <= p < len``), vectorised."""
         positions = np.asarray(positions, dtype=np.int64)
         # one reduction checks both bounds: a negative position is huge as unsigned
-        if positions.size and _max(positions.view(np.uint64)) >= len(self):
+        if positions.size and _max(positions.view(np.uint64), axis=None) >= len(self):
             raise RowError(f"table {self.name!r}: positions must lie in [0, {len(self)})")
         if self._run_start is not None:
             return positions + self._run_start
@@ -179,7 +179,7 @@ class TableReader:
     def _fragment_of(self, rows: np.ndarray) -> np.ndarray:
         """The visible fragment index of each of ``rows`` (int64); RowError for any other id."""
         j = self._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
-        if rows.size and not _and(j) & 1:  # all odd iff the AND of all has bit 0
+        if rows.size and not _and(j, axis=None) & 1:  # all odd iff the AND of all has bit 0
             bad = rows[(j & 1) == 0][:5].tolist()
             raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
         j >>= 1
@@ -273,7 +273,7 @@ class TableReader:
             out[name] = array(name).take(loc, axis=0)
         if self._ragged:
             # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
-            # as much as the work; docs/PERFORMANCE.md, "Read path, session 4")
+            # as much as the work; docs/PERFORMANCE.md, "Read path and sampler fixed costs")
             loc1 = loc + 1
             for off_name, values in self._ragged:
                 offsets = array(off_name)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store
 from replaystore.store.fragment import Fragment
@@ -205,3 +205,25 @@ def test_a_refused_address_space_falls_back_to_per_fragment_reads(tmp_path: Path
     out = subprocess.run([sys.executable, "-c", _LIMITED_READER, url, str(tmp_path / "obs.npy")],
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_positions_and_rows_of_any_shape(tmp_path: Path) -> None:
+    """rows_at/locate check every entry of a 2-d array (one reduction over all of it), as for 1-d."""
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    rng = np.random.default_rng(0)
+    with st.writer() as w:
+        for _ in range(3):
+            w.append(dqn_batch(rng, 7, extra=0), stream=0)
+            w.commit()
+    reader = open_store(url, mode="r").table("records").reader
+    pos = np.arange(12).reshape(3, 4)
+    rows = reader.rows_at(pos)
+    np.testing.assert_array_equal(rows, reader.row_ids()[:12].reshape(3, 4))
+    frag, local = reader.locate(rows)
+    assert frag.shape == local.shape == (3, 4)
+    for bad in ([[0, -1]], [[0, len(reader)]]):
+        with pytest.raises(RowError):
+            reader.rows_at(np.array(bad))
+    with pytest.raises(RowError):
+        reader.locate(np.array([[0, 1 << 41]]))
