@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# ``find`` starts at the level of this many nodes (or the leaves, if fewer): one searchsorted
+# ``find`` starts at the level of this many nodes (or the quads', if fewer): one searchsorted
 # over that level's prefix sums replaces the ~4 numpy calls of each level above it. Levels
 # above it are not kept: the total is the last of those prefix sums. ``set`` recomputes the
 # top level whole (one strided add, cheaper than the sparse path's four calls).
@@ -83,15 +83,12 @@ class SumTree:
         tree.put(nodes, self._quad_sums(self.leaves().reshape(-1, 4).take(quad, axis=0)))
         pairs = tree.reshape(-1, 2)  # row i = (tree[2i], tree[2i+1]): the children of node i
         lo = self.quads
-        while lo > self.top:
+        while (lo := lo >> 1) > self.top:  # the levels between the quads and the top
             nodes >>= 1
-            lo >>= 1
-            if lo == self.top:  # recomputed whole below
-                break
             c = pairs.take(nodes, axis=0)
             tree.put(nodes, c[:, 0] + c[:, 1])
-        if lo == self.top and self.top < self.quads:
-            self._recompute(lo)
+        if self.top < self.quads:
+            self._recompute(self.top)  # the top level, whole
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
