@@ -80,7 +80,7 @@ class PrioritizedSampler(StoreSampler):
         targets[-1] = min(targets[-1], math.nextafter(total, 0))  # ascending: only the last can round up
         slots = self.tree.find(targets).take(order)
         rows = self.slots.row_of.take(slots)
-        # (N * P(i))^-beta / max_j (N * P(j))^-beta = (p_min / p_i)^beta, p: the leaves' p^alpha
+        # (N * P(i))^-beta / max_j (N * P(j))^-beta = (v_min / v_i)^beta, v: the leaf values p^alpha
         values = self.tree.leaves().take(slots)
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
