@@ -117,10 +117,12 @@ def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> 
     offsets = np.frombuffer(chunk.read_bytes()[:-4], dtype="<i8").copy()
     offsets[10] = 1 << 40  # far past the values, and past the mapped range
     offsets[20] = -(1 << 20)  # negative: would wrap around the view
+    assert offsets[30] > 0
+    offsets[31] = offsets[30] - 1  # in range, but record 30 would end before it starts
     chunk.write_bytes(offsets.tobytes() + b"crc!")
     reader = open_store(url, mode="r")
     assert reader.read([3])["legal_ids"].size  # rows whose offsets are intact still read
-    for row in (9, 10, 19, 20):  # each damaged offset ends one record and starts the next
+    for row in (9, 10, 19, 20, 30):  # each damaged offset ends one record and starts the next
         with pytest.raises(CorruptObjectError) as exc:
             reader.read([row])
         assert exc.value.path == f"{frag.path}/legal_offsets"
