@@ -1,4 +1,5 @@
-"""Fragments: the immutable Zarr groups holding a run of one writer's records of one table."""
+"""Fragments: runs of one writer's records of one table, each in its own immutable Zarr group
+or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Segments")."""
 
 from __future__ import annotations
 
@@ -19,11 +20,39 @@ RESET = np.dtype(np.bool_)
 
 
 @dataclass(frozen=True)
+class SegmentRef:
+    """Where a segment-backed fragment's records lie in its segment (docs/FORMAT.md, "Segments").
+
+    Its records are rows ``[row, row + rows)`` of the segment's record arrays; CSR offsets
+    are the segment's (absolute in its values arrays), its values start at ``values[offsets]``.
+    ``crc32c`` holds, per array, the CRC32C of the bytes each part of the fragment wrote.
+    """
+
+    name: str
+    row: int
+    values: dict[str, int]
+    capacity: int  # the segment arrays' rows
+    value_capacity: dict[str, int]  # the segment's values arrays' lengths, per offsets array
+    crc32c: dict[str, list[int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "row": self.row, "values": self.values,
+                "capacity": {"rows": self.capacity, "values": self.value_capacity}, "crc32c": self.crc32c}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SegmentRef:
+        cap = d["capacity"]
+        return cls(d["name"], d["row"], dict(d["values"]), cap["rows"], dict(cap["values"]),
+                   {k: list(v) for k, v in d["crc32c"].items()})
+
+
+@dataclass(frozen=True)
 class Fragment:
     """A committed fragment, as its commit record describes it.
 
     ``parts`` lists ``(seq, time_ns, rows)`` of the commits whose records it holds,
     in row order; compaction concatenates them, so eviction order survives it.
+    ``segment`` is set when the records lie in a segment's arrays, not in arrays of their own.
     """
 
     writer: int
@@ -34,23 +63,33 @@ class Fragment:
     nnz: dict[str, int]
     streams: list[int | str]
     parts: list[tuple[int, int, int]]
+    segment: SegmentRef | None = None
 
     @property
     def path(self) -> str:
-        return layout.fragment_dir(self.writer, self.table, self.name)
+        """The directory of the Zarr group holding the records (the segment's, if segment-backed)."""
+        return layout.fragment_dir(self.writer, self.table, self.segment.name if self.segment else self.name)
+
+    def value_end(self, offsets: str) -> int:
+        """The end of this fragment's values in its values arrays (CSR group ``offsets``)."""
+        return self.nnz[offsets] + (self.segment.values[offsets] if self.segment else 0)
 
     @property
     def first_id(self) -> int:
         return layout.row_id(self.writer, self.row_start)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "row_start": self.row_start, "rows": self.rows, "nnz": self.nnz,
-                "streams": self.streams, "parts": [list(p) for p in self.parts]}
+        d = {"name": self.name, "row_start": self.row_start, "rows": self.rows, "nnz": self.nnz,
+             "streams": self.streams, "parts": [list(p) for p in self.parts]}
+        if self.segment is not None:
+            d["segment"] = self.segment.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, writer: int, table: str, d: dict[str, Any]) -> Fragment:
+        seg = SegmentRef.from_dict(d["segment"]) if "segment" in d else None
         return cls(writer, table, d["name"], d["row_start"], d["rows"], dict(d["nnz"]), list(d["streams"]),
-                   [tuple(p) for p in d["parts"]])  # type: ignore[misc]
+                   [tuple(p) for p in d["parts"]], seg)  # type: ignore[misc]
 
 
 def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]:
@@ -70,6 +109,7 @@ class FragmentData:
         self.schema = schema
         self.frag = frag
         self._specs = {s.name: s for s in schema.zarr_layout()}
+        self._values = {n: off for off, names in schema.offsets_groups.items() for n in names}
         self._arrays: dict[str, np.ndarray] = {}
 
     def array(self, name: str) -> np.ndarray:
@@ -84,7 +124,14 @@ class FragmentData:
             # A plain ndarray view of the np.memmap (it keeps the map alive through ``.base``):
             # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
-            arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
+            seg = self.frag.segment
+            if seg is None:
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
+            elif name in self._values:  # values: the segment's, up to this fragment's end
+                shape = (self.frag.value_end(self._values[name]),)
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
+            else:  # rows [row, row + rows) of the segment's array (offsets: one more)
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, seg.row))
             self._arrays[name] = arr
         return arr
 

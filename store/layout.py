@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 FORMAT_NAME = "replaystore"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written into new stores' manifests (segments, docs/FORMAT.md); readers also read version 1."""
+READ_VERSIONS = (1, 2)
 MANIFEST = "replaystore.json"
 WRITERS = "writers"
 STATE = "state"
@@ -34,6 +36,10 @@ def fragment_dir(writer: int, table: str, name: str) -> str:
 
 def fragment_name(seq: int) -> str:
     return f"f{seq:010d}"
+
+
+def segment_name(seq: int) -> str:
+    return f"s{seq:010d}"
 
 
 def state_dir(slot: str) -> str:

@@ -27,11 +27,12 @@ from replaystore.store.storage import Storage
 from replaystore.store.vmap import PAGE, AddressRange
 from replaystore.store.zarrio import chunk_path, missing_chunk
 
-FragKey = tuple[int, str]
+UnitKey = tuple[int, str]
+"""A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it."""
 
 
-def _key(frag: Fragment) -> FragKey:
-    return frag.writer, frag.name
+def _key(frag: Fragment) -> UnitKey:
+    return frag.writer, frag.segment.name if frag.segment else frag.name
 
 
 def _row_bytes(spec: ArraySpec) -> int:
@@ -39,23 +40,39 @@ def _row_bytes(spec: ArraySpec) -> int:
 
 
 class Layout:
-    """Arrays of one table that count the same rows, laid out over the visible fragments."""
+    """Arrays of one table that count the same rows, laid out over the visible fragments.
+
+    The unit placed and mapped is a fragment's group or, for segment-backed fragments
+    (docs/FORMAT.md, "Segments"), their segment, mapped whole: a segment's chunk files
+    have their full size from the start, so records committed to it later need no new mapping.
+    """
 
     def __init__(self, storage: Storage, schema: Schema, specs: list[ArraySpec]) -> None:
         self.storage = storage
         self.schema = schema
         self.specs = {s.name: s for s in specs}
+        self.values_of = next((schema.field(s.name).offsets for s in specs if s.role == "values"), None)
         self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, _row_bytes(s)) for s in specs))
-        self._frags: dict[FragKey, Fragment] = {}
-        self._base: dict[FragKey, int] = {}
+        self._units: dict[UnitKey, Fragment] = {}  # a fragment of each placed unit
+        self._base: dict[UnitKey, int] = {}
         self._top = 0
         self._cap = 0
         self._ranges: dict[str, AddressRange] = {}
         self._views: dict[str, np.ndarray] = {}
-        self._mapped: dict[str, set[FragKey]] = {}
+        self._mapped: dict[str, set[UnitKey]] = {}
 
     def _rows(self, frag: Fragment, name: str) -> int:
-        return shape_of(frag, self.schema, self.specs[name])[0]
+        """Rows of array ``name`` in ``frag``'s unit."""
+        seg = frag.segment
+        if seg is None:
+            return shape_of(frag, self.schema, self.specs[name])[0]
+        if self.values_of is not None:
+            return seg.value_capacity[self.values_of]
+        return seg.capacity + (self.specs[name].role == "offsets")
+
+    def _first(self, frag: Fragment) -> int:
+        """``frag``'s first row in its unit's arrays of this layout."""
+        return frag.segment.row if frag.segment is not None and self.values_of is None else 0
 
     def _slot(self, frag: Fragment) -> int:
         rows = max([1, *(self._rows(frag, n) for n in self.specs)])
@@ -63,26 +80,28 @@ class Layout:
 
     def place(self, frags: list[Fragment]) -> np.ndarray:
         """Lay out ``frags`` (the visible fragments, in the reader's order); their base rows."""
-        live = {_key(f) for f in frags}
-        new = [f for f in frags if _key(f) not in self._base]
-        if self._top + sum(self._slot(f) for f in new) > self._cap:
+        units: dict[UnitKey, Fragment] = {}
+        for f in frags:
+            units.setdefault(_key(f), f)
+        new = [(k, f) for k, f in units.items() if k not in self._base]
+        if self._top + sum(self._slot(f) for _, f in new) > self._cap:
             # start afresh in new ranges; the old ones stay whole until their last view is gone
-            self._frags, self._base, self._top = {}, {}, 0
+            self._units, self._base, self._top = {}, {}, 0
             self._ranges, self._views, self._mapped = {}, {}, {}
-            self._cap = max(2 * sum(self._slot(f) for f in frags), 16 * self.unit)
-            new = frags
-        for k in [k for k in self._base if k not in live]:
+            self._cap = max(2 * sum(self._slot(f) for f in units.values()), 16 * self.unit)
+            new = list(units.items())
+        for k in [k for k in self._base if k not in units]:
             self._drop(k)
-        for f in new:
-            self._frags[_key(f)] = f
-            self._base[_key(f)] = self._top
+        for k, f in new:
+            self._units[k] = f
+            self._base[k] = self._top
             self._top += self._slot(f)
         if new:
             self._views = {}  # views are (re)built with their pending mappings on first use
-        return np.array([self._base[_key(f)] for f in frags], dtype=np.int64)
+        return np.array([self._base[_key(f)] + self._first(f) for f in frags], dtype=np.int64)
 
-    def _drop(self, k: FragKey) -> None:
-        frag, base = self._frags.pop(k), self._base.pop(k)
+    def _drop(self, k: UnitKey) -> None:
+        frag, base = self._units.pop(k), self._base.pop(k)
         for name, mapped in self._mapped.items():
             if k in mapped:
                 rb = _row_bytes(self.specs[name])
@@ -90,7 +109,7 @@ class Layout:
                 mapped.discard(k)
 
     def array(self, name: str) -> np.ndarray:
-        """The view of array ``name``; every placed fragment's rows are mapped at their base."""
+        """The view of array ``name``; every placed unit's rows are mapped at their base."""
         view = self._views.get(name)
         if view is not None:
             return view
@@ -100,7 +119,7 @@ class Layout:
         if rng is None:
             rng = self._ranges[name] = AddressRange(self._cap * rb)
         mapped = self._mapped.setdefault(name, set())
-        for k, frag in self._frags.items():
+        for k, frag in self._units.items():
             nbytes = self._rows(frag, name) * rb
             if k in mapped or not nbytes:
                 continue

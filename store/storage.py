@@ -134,16 +134,16 @@ class Storage(abc.ABC):
             self.write(stream.path, stream.data())
         self.sync_dirs([*objects, *(s.path for s in streams)])
 
-    def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """The first ``prod(shape)`` items of an object as an array (memory-mapped where possible)."""
+    def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """``prod(shape)`` items of an object from byte ``offset`` as an array (memory-mapped where possible)."""
         count = int(np.prod(shape))
         if count == 0:
             return np.zeros(shape, dtype=dtype)
         local = self.local_path(path)
         if local is not None:
-            return np.memmap(local, dtype=dtype, mode="r", shape=shape)
+            return np.memmap(local, dtype=dtype, mode="r", shape=shape, offset=offset)
         data = self.read(path)
-        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+        return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def total_size(self, prefix: str = "") -> int:
         """Bytes stored under ``prefix`` (recursively)."""
@@ -323,6 +323,28 @@ class LocalStorage(Storage):
 
     def open_stream(self, path: str) -> ObjectStream:
         return _FileStream(self, path)
+
+    def create_sized(self, path: str, size: int) -> int:
+        """Create the file ``path`` (it must not exist) of ``size`` bytes that read as zeros (sparse
+        where the filesystem allows) and return a read-write descriptor of it. Durable, with its
+        directory entries, once :meth:`sync_dirs` of it returns."""
+        full = self._p(path)
+        directory = os.path.dirname(full)
+        self._makedirs(directory)
+        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            self._entry_made(directory)
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def sync_files(self, fds: Sequence[int]) -> None:
+        """``fdatasync`` the descriptors concurrently (the pool that syncs fragments); returns when all have."""
+        for _ in self._fsync_pool().map(os.fdatasync, fds):
+            pass
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
         """Hand each file stream's fsync to a thread pool, write each buffered stream and object

@@ -318,9 +318,9 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     body = records.decode(layout.MANIFEST, data)
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{storage.url}: not a replaystore store")
-    if body.get("format_version") != layout.FORMAT_VERSION:
+    if body.get("format_version") not in layout.READ_VERSIONS:
         raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
-                                 f"replaystore reads version {layout.FORMAT_VERSION}")
+                                 f"replaystore reads versions {layout.READ_VERSIONS}")
     return body
 
 

@@ -95,7 +95,8 @@ class TableReader:
                                       *(self._bases[off] for off, _ in self._ragged)], axis=1)
                             if self._layouts else None)
         self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
-        self._nnz = {off: np.array([f.nnz[off] for f in self.fragments], dtype=np.int64)
+        # where each fragment's values end in its values arrays (a segment's are shared)
+        self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
         self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
         if prev is not None and self._index is not None and not self._follow_index(*prev):

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import google_crc32c
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
@@ -45,7 +46,81 @@ def _fragment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dty
     yield "_reset", RESET, (frag.rows,)
 
 
+def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...], str]]:
+    """Each array of ``frag``'s segment: name, dtype, stored shape and role."""
+    schema = store.schemas[frag.table]
+    seg = frag.segment
+    assert seg is not None
+    for spec in schema.zarr_layout():
+        if spec.role == "dense":
+            yield spec.name, np.dtype(spec.dtype), (seg.capacity, *spec.trailing_shape), "dense"
+        elif spec.role == "offsets":
+            yield spec.name, np.dtype(spec.dtype), (seg.capacity + 1,), "offsets"
+        else:
+            off = schema.field(spec.name).offsets
+            yield spec.name, np.dtype(spec.dtype), (seg.value_capacity[off],), off  # type: ignore[index]
+    for name, dtype in (("_stream", STREAM_CODE), ("_step", STEP), ("_reset", RESET)):
+        yield name, dtype, (seg.capacity,), "dense"
+
+
+def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
+    """A segment-backed fragment: its segment's arrays have their declared shapes, the bytes
+    each of its parts wrote match their CRC32C, its CSR offsets are consistent."""
+    problems: list[Problem] = []
+    storage = store.storage
+    seg = frag.segment
+    assert seg is not None
+    bounds: dict[str, np.ndarray] = {}  # per offsets array: the value index at each part boundary
+    arrays = list(_segment_arrays(store, frag))
+    arrays.sort(key=lambda a: a[3] not in ("dense", "offsets"))  # offsets before the values they bound
+    for name, dtype, shape, role in arrays:
+        base = f"{frag.path}/{name}"
+        cpath = chunk_path(base, len(shape))
+        item = int(np.prod(shape[1:])) * dtype.itemsize
+        try:
+            meta = json.loads(storage.read(f"{base}/zarr.json"))
+            if meta.get("shape") != list(shape):
+                problems.append(Problem(f"{base}/zarr.json", f"shape {meta.get('shape')}, expected {list(shape)}"))
+                continue
+            size = storage.size(cpath)
+        except FileNotFoundError as exc:
+            problems.append(Problem(cpath if "zarr.json" not in str(exc) else f"{base}/zarr.json", "missing"))
+            continue
+        except ValueError:
+            problems.append(Problem(f"{base}/zarr.json", "not valid JSON"))
+            continue
+        if size != shape[0] * item:
+            problems.append(Problem(cpath, f"size {size} bytes, expected {shape[0] * item}"))
+            continue
+        rows = np.cumsum([0] + [p[2] for p in frag.parts])
+        if role == "dense":
+            cuts = (seg.row + rows) * item
+        elif role == "offsets":
+            offsets = storage.read_array(cpath, dtype, (frag.rows + 1,), seg.row * item)
+            lo, hi = seg.values[name], seg.values[name] + frag.nnz[name]
+            if offsets[0] != lo or np.any(np.diff(offsets) < 0) or offsets[-1] != hi:
+                problems.append(Problem(cpath, f"CSR offsets of rows [{seg.row}, {seg.row + frag.rows}) are not "
+                                               f"non-decreasing from {lo} to {hi}"))
+                continue
+            bounds[name] = np.asarray(offsets[rows])
+            cuts = (seg.row + 1 + rows) * item  # a fragment writes the entries after its rows' first
+        elif role in bounds:
+            cuts = bounds[role] * item
+        else:
+            continue  # its offsets are damaged (reported above)
+        data = storage.read_array(cpath, np.dtype(np.uint8), (int(cuts[-1] - cuts[0]),), int(cuts[0])) \
+            if cuts[-1] > cuts[0] else np.zeros(0, np.uint8)
+        for k, crc in enumerate(seg.crc32c.get(name, [])):
+            piece = data[int(cuts[k] - cuts[0]):int(cuts[k + 1] - cuts[0])]
+            if google_crc32c.value(piece.tobytes()) != crc:
+                problems.append(Problem(cpath, f"crc32c checksum mismatch in the bytes [{cuts[k]}, {cuts[k + 1]}) "
+                                               f"of the commit of part {k} of fragment {frag.name}"))
+    return problems
+
+
 def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
+    if frag.segment is not None:
+        return _check_segment_fragment(store, frag)
     problems: list[Problem] = []
     storage = store.storage
     schema = store.schemas[frag.table]

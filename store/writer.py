@@ -20,7 +20,9 @@ from replaystore.schemas import Columns, episode_columns, rollout_columns, valid
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, records
 from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData
+from replaystore.store.segment import VALUES_PER_ROW, Segment
 from replaystore.store.staging import StagedFragment
+from replaystore.store.storage import LocalStorage
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store
@@ -105,6 +107,11 @@ class Writer:
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
         self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
         self._staged: dict[str, StagedFragment] = {}  # per table: the fragment the pending appends are in
+        # format 2 on local storage without capacity: appends go to open segments instead (store/segment.py)
+        self._segmented = (isinstance(self.storage, LocalStorage) and store.capacity is None
+                           and store.manifest["format_version"] >= 2)
+        self._open: dict[str, Segment] = {}  # per table: the segment appends go to
+        self._filling: dict[str, list[Segment]] = {t: [] for t in store.schemas}  # the pending appends' segments
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # the step/done bookkeeping as of the last commit, restored by discard()
@@ -150,12 +157,13 @@ class Writer:
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
         new_last: dict[tuple[str, StreamKey], int] = {}
         steps = {name: self._steps(name, keys, step, new_last) for name, (_, keys, _) in tables.items()}
-        added: list[tuple[StagedFragment, Any]] = []
+        added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
             for name, (cols, keys, resets) in tables.items():
-                frag = self._stage(name)
+                codes, streams = _codes(keys)
+                frag = self._segment(name, cols, streams) if self._segmented else self._stage(name)
                 mark = frag.mark()
-                frag.add(cols, *_codes(keys), steps[name], resets)  # all or nothing
+                frag.add(cols, codes, streams, steps[name], resets)  # all or nothing
                 added.append((frag, mark))
         except BaseException:
             for frag, mark in reversed(added):
@@ -174,6 +182,26 @@ class Writer:
             frag = self._staged[table] = StagedFragment(self.storage, self.store.schemas[table], self.id, table,
                                                         self._new_name(), self.next_row[table], buffered=True)
         return frag
+
+    def _segment(self, table: str, cols: Columns, streams: list[StreamKey]) -> Segment:
+        """The table's open segment, if ``cols`` fit in it; else a new one (the old one is sealed)."""
+        nnz = {off: int(cols.arrays[off][-1]) - int(cols.arrays[off][0]) for off in cols.schema.offsets_groups}
+        seg = self._open.get(table)
+        if seg is None or not seg.fits(len(cols), nnz, streams):
+            if seg is not None:
+                seg.sealed = True
+            filling = self._filling[table]
+            capacity = max(self._max_rows(), len(cols))
+            values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(len(cols), 1)))
+                      for off, v in nnz.items()}
+            seg = Segment(self.storage, self.store.schemas[table], self.id, table,  # type: ignore[arg-type]
+                          layout.segment_name(next(self._names)),
+                          self.next_row[table] + sum(s.pending for s in filling), capacity, values)
+            self._open[table] = seg
+        filling = self._filling[table]
+        if not filling or filling[-1] is not seg:
+            filling.append(seg)
+        return seg
 
     def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
                  done_updates: dict[tuple[str, StreamKey], bool],
@@ -314,29 +342,29 @@ class Writer:
             seq, now = self.seq, self._now()
             body: dict[str, Any] = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "append",
                                     "metadata": meta_doc, "tables": {}}
-            new_frags: dict[str, Fragment] = {}
+            new_frags: dict[str, list[Fragment]] = {}
             retired = self._retire()
             for table, pending in self._pending.items():
                 change: dict[str, Any] = {}
                 if pending:
-                    frag = self._staged[table].finish([(seq, now, sum(p.rows for p in pending))])
-                    new_frags[table] = frag
-                    lo = frag.row_start
+                    frags = new_frags[table] = self._finish(table, seq, now, sum(p.rows for p in pending))
+                    lo = frags[0].row_start
                     appends = []
                     for p in pending:
                         appends.append({"rows": [lo, lo + p.rows], "meta": p.meta})
                         lo += p.rows
-                    change.update({"add": [frag.to_dict()], "appends": appends})
-                    rows[table] = (frag.first_id, frag.first_id + frag.rows)
+                    change.update({"add": [f.to_dict() for f in frags], "appends": appends})
+                    rows[table] = (frags[0].first_id, frags[-1].first_id + frags[-1].rows)
                 if retired.get(table):
                     change["remove"] = [f.name for f in retired[table]]
                 if change:
                     body["tables"][table] = change
             self._create_record(seq, body)
             self.seq += 1
-            for table, frag in new_frags.items():
-                self.fragments[table].append(frag)
-                self.next_row[table] += frag.rows
+            for table, frags in new_frags.items():
+                self.fragments[table] += frags
+                self.next_row[table] += sum(f.rows for f in frags)
+                self._committed_segments(table)
             for table, frags in retired.items():
                 gone = {f.name for f in frags}
                 self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
@@ -353,6 +381,23 @@ class Writer:
         self._reclaim()
         self._schedule_merge()
         return CommitResult(self.id, seq, rows)
+
+    def _finish(self, table: str, seq: int, now: int, rows: int) -> list[Fragment]:
+        """The table's pending records as durable fragments (not yet referenced): its staged
+        fragment, or a fragment per segment holding pending records."""
+        if not self._segmented:
+            return [self._staged[table].finish([(seq, now, rows)])]
+        segs = [s for s in self._filling[table] if s.pending]
+        self.storage.sync_files([fd for s in segs for fd in s.dirty_fds()])  # type: ignore[attr-defined]
+        return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
+
+    def _committed_segments(self, table: str) -> None:
+        """The table's pending segment records were committed: sealed segments are done."""
+        for seg in self._filling[table]:
+            seg.advance()
+            if seg is not self._open.get(table):
+                seg.close()
+        self._filling[table] = []
 
     def _create_record(self, seq: int, body: dict[str, Any]) -> None:
         if not self.storage.create(layout.commit_record(self.id, seq), records.encode(body)):
@@ -422,8 +467,8 @@ class Writer:
             run: list[Fragment] = []
             total = 0
             for f in reversed(frags):
-                if f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
-                    break
+                if f.segment is not None or f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
+                    break  # (segment-backed fragments are never rewritten: their segment is large)
                 if run and f.rows > total:
                     # size-tiered: an older fragment joins only if the newer ones at least match it,
                     # so every merge at least doubles a record's fragment and each record is
@@ -459,7 +504,7 @@ class Writer:
             for f in frags:
                 run = runs[-1]
                 adjacent = bool(run) and run[-1].row_start + run[-1].rows == f.row_start
-                if f.name not in visible or f.rows >= max_rows:
+                if f.name not in visible or f.rows >= max_rows or f.segment is not None:
                     runs.append([])
                     continue
                 if not adjacent or sum(g.rows for g in run) + f.rows > max_rows:
@@ -566,6 +611,15 @@ class Writer:
         staged, self._staged = list(self._staged.values()), {}
         for frag in staged:
             frag.abort()
+        for table, segs in self._filling.items():
+            for seg in segs:
+                seg.discard()
+                if not seg.committed:  # opened by these appends: nothing references it
+                    seg.close()
+                    self.storage.delete(seg.path)
+                    if self._open.get(table) is seg:
+                        del self._open[table]
+            self._filling[table] = []
         self._last_step, self._last_done = dict(self._committed[0]), dict(self._committed[1])
 
     def close(self) -> None:
@@ -578,8 +632,14 @@ class Writer:
         if not self.closed:
             self.commit()
             self.closed = True
+            self._close_segments()
             self._finish_merges(drain=True)
             self.store.refresh()
+
+    def _close_segments(self) -> None:
+        for seg in self._open.values():
+            seg.close()
+        self._open = {}
 
     def __enter__(self) -> Writer:
         return self
@@ -590,6 +650,7 @@ class Writer:
         else:
             self.discard()
             self.closed = True
+            self._close_segments()
             # the running merge is waited for, but its error must not mask the one propagating
             with contextlib.suppress(Exception):
                 self._finish_merges(drain=False)

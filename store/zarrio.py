@@ -28,7 +28,11 @@ def chunk_path(array_path: str, ndim: int) -> str:
     return f"{array_path}/c/" + "/".join(["0"] * ndim)
 
 
-def array_metadata(dtype: np.dtype, shape: tuple[int, ...]) -> dict:
+def array_metadata(dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict:
+    """A Zarr v3 array's metadata: one chunk covering the array; ``bytes`` then (with ``checksum``) ``crc32c``."""
+    codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if checksum:
+        codecs.append({"name": "crc32c"})
     fill: bool | int | float = False if dtype == np.bool_ else (0.0 if dtype.kind == "f" else 0)
     return {
         "zarr_format": 3,
@@ -38,17 +42,17 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...]) -> dict:
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(shape[0], 1), *shape[1:]]}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill,
-        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+        "codecs": codecs,
         "attributes": {},
     }
 
 
-def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
+def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict[str, list[Buffer]]:
     """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`)."""
-    return {f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape)).encode()]}
+    return {f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape, checksum)).encode()]}
 
 
-def _raw(piece: np.ndarray) -> np.ndarray:
+def raw_bytes(piece: np.ndarray) -> np.ndarray:
     """``piece``'s little-endian C-order bytes as a flat uint8 array (a view where it already is)."""
     return np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
 
@@ -71,7 +75,7 @@ class ChunkWriter:
     def append(self, piece: np.ndarray) -> None:
         if not piece.size:
             return
-        raw = _raw(piece)
+        raw = raw_bytes(piece)
         if self.stream is None:
             self.stream = ObjectStream(self.path) if self.buffered else self.storage.open_stream(self.path)
         self.stream.write([raw])
@@ -109,13 +113,14 @@ def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
                                               "attributes": attributes}).encode()]}
 
 
-def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The array's data, memory-mapped where the backend allows (checksum not verified)."""
+def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0) -> np.ndarray:
+    """Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows
+    (checksum not verified)."""
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
     try:
-        return storage.read_array(cpath, dtype, shape)
+        return storage.read_array(cpath, dtype, shape, first * (int(np.prod(shape[1:])) * dtype.itemsize))
     except FileNotFoundError:
         raise missing_chunk(cpath) from None
 

@@ -1,0 +1,221 @@
+"""Open segments (format 2, local storage): a writer's arrays created once, filled in place.
+
+A segment is a Zarr group like a fragment's, but its arrays are created at a fixed
+capacity when the segment opens (chunk files of full size that read as zeros) and its
+writer adds records at their place as they are appended. Each commit makes the bytes
+added since the last one durable (``fdatasync``) and describes them as a segment-backed
+fragment (docs/FORMAT.md, "Segments"); committed bytes are never written again. A commit
+therefore costs one ``fdatasync`` per array instead of a new directory tree per fragment,
+and a segment never needs compaction. Appends start the write-back of what they wrote
+(Linux ``sync_file_range``) so that a commit mostly waits for its last append's bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import google_crc32c
+import numpy as np
+
+from replaystore.schemas import Columns, Schema
+from replaystore.schemas.fields import OFFSETS_DTYPE
+from replaystore.store import layout
+from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, SegmentRef
+from replaystore.store.storage import LocalStorage
+from replaystore.store.zarrio import array_object, chunk_path, group_object, raw_bytes
+
+StreamKey = int | str
+MAX_STREAMS = 4096
+"""Stream keys one segment may hold: every commit record repeats the segment's key list."""
+VALUES_PER_ROW = 8
+"""The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
+_INDEX = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
+Mark = tuple[int, dict[str, int], int, dict[str, int]]
+
+_sync_file_range: Callable[[int, int, int, int], int] | None = None
+if sys.platform == "linux":
+    _libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(_libc, "sync_file_range"):
+        _sync_file_range = _libc.sync_file_range
+        _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset + nbytes)`` of ``fd`` back now, without
+    waiting (Linux); durability still comes only from the commit's ``fdatasync``."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+class _Array:
+    """One array of an open segment: its file, where the next bytes go, and the pending CRC."""
+
+    def __init__(self, fd: int, item_bytes: int, first: int) -> None:
+        self.fd = fd
+        self.item_bytes = item_bytes  # bytes per row (records), per entry (offsets) or per value
+        self.end = first * item_bytes  # where the next bytes go
+        self.committed = self.end
+        self.crc = 0  # of the bytes written since the last commit
+
+    def write(self, piece: np.ndarray) -> None:
+        raw = raw_bytes(piece)
+        view = memoryview(raw)
+        pos = self.end
+        while view:
+            n = os.pwrite(self.fd, view, pos)
+            view, pos = view[n:], pos + n
+        start_writeback(self.fd, self.end, raw.size)
+        self.crc = google_crc32c.extend(self.crc, raw)
+        self.end = pos
+
+
+class Segment:
+    """Writer ``writer``'s open segment ``name`` of one table: ``capacity`` rows and
+    ``value_capacity[offsets]`` values per CSR group, its local rows starting at ``row_start``."""
+
+    def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str, row_start: int,
+                 capacity: int, value_capacity: dict[str, int]) -> None:
+        self.storage, self.schema = storage, schema
+        self.writer, self.table, self.name, self.row_start = writer, table, name, row_start
+        self.capacity, self.value_capacity = capacity, dict(value_capacity)
+        self.path = layout.fragment_dir(writer, table, name)
+        self.rows = 0  # added, committed or not
+        self.committed = 0
+        self.nnz = dict.fromkeys(schema.offsets_groups, 0)  # values added per CSR group
+        self.committed_nnz = dict(self.nnz)
+        self._committed_streams = 0
+        self.streams: list[StreamKey] = []
+        self._code: dict[StreamKey, int] = {}
+        self.sealed = False  # no more records go here
+        self._specs = schema.zarr_layout()
+        self._arrays: dict[str, _Array] = {}
+        shapes: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        for spec in self._specs:
+            dtype = np.dtype(spec.dtype)
+            if spec.role == "dense":
+                shapes[spec.name] = dtype, (capacity, *spec.trailing_shape)
+            elif spec.role == "offsets":
+                shapes[spec.name] = dtype, (capacity + 1,)
+            else:
+                shapes[spec.name] = dtype, (value_capacity[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
+        for name_, dtype in _INDEX.items():
+            shapes[name_] = dtype, (capacity,)
+        objects = group_object(self.path, {"replaystore": {"segment": name, "writer": writer, "table": table,
+                                                           "row_start": row_start}})
+        for array, (dtype, shape) in shapes.items():
+            objects.update(array_object(f"{self.path}/{array}", dtype, shape, checksum=False))
+        chunks = []
+        try:
+            for array, (dtype, shape) in shapes.items():
+                cpath = chunk_path(f"{self.path}/{array}", len(shape))
+                fd = storage.create_sized(cpath, int(np.prod(shape)) * dtype.itemsize)
+                item = int(np.prod(shape[1:])) * dtype.itemsize
+                self._arrays[array] = _Array(fd, item, 1 if array in schema.offsets_groups else 0)
+                chunks.append(cpath)
+            storage.write_objects(objects)
+            storage.sync_dirs(chunks)
+        except BaseException:
+            self.close()
+            storage.delete(self.path)
+            raise
+
+    def fits(self, rows: int, nnz: dict[str, int], streams: Sequence[StreamKey]) -> bool:
+        """Whether records of these sizes and stream keys can be added."""
+        if self.sealed or self.rows + rows > self.capacity:
+            return False
+        if any(self.nnz[k] + v > self.value_capacity[k] for k, v in nnz.items()):
+            return False
+        return len(self.streams) + sum(k not in self._code for k in set(streams)) <= MAX_STREAMS
+
+    def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
+            resets: np.ndarray) -> None:
+        """Write ``cols``' records at their place (the caller checked :meth:`fits`); record i
+        belongs to stream ``streams[codes[i]]``. All or nothing: a failure forgets the partial
+        add (nothing committed is ever touched)."""
+        mark = self.mark()
+        try:
+            self._add(cols, codes, streams, steps, resets)
+        except BaseException:
+            self.rollback(mark)
+            raise
+
+    def _add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
+             resets: np.ndarray) -> None:
+        remap = np.array([self._stream_code(k) for k in streams], dtype=STREAM_CODE)
+        for spec in self._specs:
+            arr = self._arrays[spec.name]
+            if spec.role == "offsets":
+                off = cols.arrays[spec.name]
+                arr.write((off[1:] - (int(off[0]) - self.nnz[spec.name])).astype(OFFSETS_DTYPE, copy=False))
+                self.nnz[spec.name] += int(off[-1]) - int(off[0])
+            elif cols.arrays[spec.name].size:
+                arr.write(cols.arrays[spec.name])
+        self._arrays["_stream"].write(remap[codes] if len(remap) else codes.astype(STREAM_CODE))
+        self._arrays["_step"].write(steps.astype(STEP, copy=False))
+        self._arrays["_reset"].write(resets.astype(RESET, copy=False))
+        self.rows += cols.num_records
+
+    def _stream_code(self, key: StreamKey) -> int:
+        code = self._code.get(key)
+        if code is None:
+            code = self._code[key] = len(self.streams)
+            self.streams.append(key)
+        return code
+
+    def mark(self) -> Mark:
+        """The state to :meth:`rollback` to."""
+        return self.rows, dict(self.nnz), len(self.streams), {n: a.end for n, a in self._arrays.items()}
+
+    def rollback(self, mark: Mark) -> None:
+        """Forget the records added after ``mark`` (their bytes stay, beyond what any commit names)."""
+        rows, nnz, streams, ends = mark
+        self.rows, self.nnz = rows, nnz
+        for key in self.streams[streams:]:
+            del self._code[key]
+        del self.streams[streams:]
+        for name, arr in self._arrays.items():
+            if arr.end != ends[name]:
+                arr.end = ends[name]
+                arr.crc = 0 if arr.end == arr.committed else self._crc_of(arr, arr.committed, arr.end)
+
+    def discard(self) -> None:
+        """Forget every record added since the last commit."""
+        self.rollback((self.committed, dict(self.committed_nnz), self._committed_streams,
+                       {n: a.committed for n, a in self._arrays.items()}))
+
+    @staticmethod
+    def _crc_of(arr: _Array, start: int, end: int) -> int:
+        return google_crc32c.value(os.pread(arr.fd, end - start, start))
+
+    @property
+    def pending(self) -> int:
+        return self.rows - self.committed
+
+    def dirty_fds(self) -> list[int]:
+        """The files written since the last commit: ``fdatasync`` them to make the pending records durable."""
+        return [a.fd for a in self._arrays.values() if a.end != a.committed]
+
+    def fragment(self, name: str, parts: list[tuple[int, int, int]]) -> Fragment:
+        """The pending records as the fragment ``name`` (its :meth:`dirty_fds` synced first; :meth:`advance` once committed)."""
+        ref = SegmentRef(self.name, self.committed, dict(self.committed_nnz), self.capacity,
+                         dict(self.value_capacity), {n: [a.crc] for n, a in self._arrays.items()})
+        nnz = {k: self.nnz[k] - self.committed_nnz[k] for k in self.nnz}
+        return Fragment(self.writer, self.table, name, self.row_start + self.committed, self.pending, nnz,
+                        list(self.streams), parts, ref)
+
+    def advance(self) -> None:
+        """The pending records were committed."""
+        self.committed, self.committed_nnz = self.rows, dict(self.nnz)
+        self._committed_streams = len(self.streams)
+        for arr in self._arrays.values():
+            arr.committed, arr.crc = arr.end, 0
+
+    def close(self) -> None:
+        for arr in self._arrays.values():
+            if arr.fd >= 0:
+                os.close(arr.fd)
+                arr.fd = -1
