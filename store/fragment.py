@@ -92,6 +92,24 @@ class Fragment:
                    [tuple(p) for p in d["parts"]], seg)  # type: ignore[misc]
 
 
+def coalesce(run: list[Fragment], name: str) -> Fragment | None:
+    """One fragment ``name`` describing the adjacent segment-backed fragments ``run`` of one
+    segment (no data moves: a metadata-only merge); None if they are not such a run."""
+    first, last = run[0], run[-1]
+    if any(f.segment is None or f.segment.name != first.segment.name for f in run):  # type: ignore[union-attr]
+        return None
+    if any(a.row_start + a.rows != b.row_start for a, b in zip(run, run[1:])):
+        return None
+    seg = first.segment
+    assert seg is not None
+    crc = {k: [c for f in run for c in f.segment.crc32c[k]] for k in seg.crc32c}  # type: ignore[union-attr]
+    ref = SegmentRef(seg.name, seg.row, dict(seg.values), seg.capacity, dict(seg.value_capacity), crc)
+    nnz = {k: sum(f.nnz[k] for f in run) for k in first.nnz}
+    # a segment's stream codes are the segment's: the last fragment's key list holds every earlier one
+    return Fragment(first.writer, first.table, name, first.row_start, sum(f.rows for f in run), nnz,
+                    list(last.streams), [p for f in run for p in f.parts], ref)
+
+
 def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]:
     """The stored shape of one of ``frag``'s arrays."""
     if spec.role == "dense":

@@ -78,9 +78,9 @@ def _unit_of(path: str) -> tuple[str, str] | None:
 
 
 def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
-    """Fragment directories the live log lists, and removed ones -> the commit record removing them."""
-    live = {f"{layout.fragment_dir(w.writer, t, name)}" for w in store.log.writers.values()
-            for t, frags in w.fragments.items() for name in frags}
+    """Fragment directories the live log lists (a segment-backed fragment's: its segment's), and
+    removed ones -> the commit record removing them."""
+    live = {f.path for w in store.log.writers.values() for frags in w.fragments.values() for f in frags.values()}
     removed = {}
     for c in store.log.commits:
         for t, change in c.body.get("tables", {}).items():

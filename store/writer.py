@@ -19,7 +19,7 @@ from replaystore.errors import ReadOnlyError, StaleReadError, StepOrderError, St
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, records
-from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData
+from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, coalesce
 from replaystore.store.segment import VALUES_PER_ROW, Segment
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import LocalStorage
@@ -387,7 +387,7 @@ class Writer:
         fragment, or a fragment per segment holding pending records."""
         if not self._segmented:
             return [self._staged[table].finish([(seq, now, rows)])]
-        segs = [s for s in self._filling[table] if s.pending]
+        segs = [s for s in self._filling[table] if s.pending] or self._filling[table][-1:]  # (empty appends)
         self.storage.sync_files([fd for s in segs for fd in s.dirty_fds()])  # type: ignore[attr-defined]
         return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
 
@@ -459,29 +459,44 @@ class Writer:
         return {f.name for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0 and f.writer == self.id}
 
     def _next_merge(self) -> tuple[str, list[Fragment]] | None:
-        """This writer's trailing run of small fragments due for a merge (tiered: fan-in 8), if any."""
-        max_rows = self._max_rows()
+        """This writer's trailing run of small fragments due for a merge (tiered: fan-in 8), or of
+        segment-backed fragments of one segment due to be described as one, if any."""
         with self._lock:
             fragments = {t: list(frags) for t, frags in self.fragments.items()}
         for table, frags in fragments.items():
-            run: list[Fragment] = []
-            total = 0
-            for f in reversed(frags):
-                if f.segment is not None or f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
-                    break  # (segment-backed fragments are never rewritten: their segment is large)
-                if run and f.rows > total:
-                    # size-tiered: an older fragment joins only if the newer ones at least match it,
-                    # so every merge at least doubles a record's fragment and each record is
-                    # rewritten O(log n) times (re-merging one growing fragment was O(n) per record)
-                    break
-                run.insert(0, f)
-                total += f.rows
+            run = self._segment_run(frags) if frags and frags[-1].segment is not None else self._tiered_run(frags)
             if len(run) < COMPACT_FANIN:
                 continue
             visible = self._fully_visible(table)
             if all(f.name in visible for f in run):
                 return table, run
         return None
+
+    @staticmethod
+    def _segment_run(frags: list[Fragment]) -> list[Fragment]:
+        """The trailing fragments in the last fragment's segment (merging them moves no data)."""
+        seg = frags[-1].segment
+        n = 1
+        while n < len(frags) and frags[-1 - n].segment is not None and frags[-1 - n].segment.name == seg.name:  # type: ignore[union-attr]
+            n += 1
+        return frags[-n:]
+
+    def _tiered_run(self, frags: list[Fragment]) -> list[Fragment]:
+        """The trailing run of small fragments a merge would rewrite (size-tiered)."""
+        max_rows = self._max_rows()
+        run: list[Fragment] = []
+        total = 0
+        for f in reversed(frags):
+            if f.segment is not None or f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
+                break
+            if run and f.rows > total:
+                # size-tiered: an older fragment joins only if the newer ones at least match it,
+                # so every merge at least doubles a record's fragment and each record is
+                # rewritten O(log n) times (re-merging one growing fragment was O(n) per record)
+                break
+            run.insert(0, f)
+            total += f.rows
+        return run
 
     def compact(self) -> int:
         """Merge this writer's committed fragments into as few as the fragment size cap allows
@@ -504,10 +519,13 @@ class Writer:
             for f in frags:
                 run = runs[-1]
                 adjacent = bool(run) and run[-1].row_start + run[-1].rows == f.row_start
-                if f.name not in visible or f.rows >= max_rows or f.segment is not None:
+                if f.name not in visible or (f.rows >= max_rows and f.segment is None):
                     runs.append([])
                     continue
-                if not adjacent or sum(g.rows for g in run) + f.rows > max_rows:
+                same = not run or (run[-1].segment is None) == (f.segment is None) and (
+                    f.segment is None or run[-1].segment.name == f.segment.name)  # type: ignore[union-attr]
+                big = f.segment is None and sum(g.rows for g in run) + f.rows > max_rows
+                if not adjacent or not same or big:
                     runs.append([f])
                 else:
                     run.append(f)
@@ -549,6 +567,9 @@ class Writer:
         records stay gapless and in time order. A run whose fragments were retired (evicted)
         meanwhile is abandoned and its merged objects deleted: nothing references them.
         """
+        merged = coalesce(run, self._new_name())
+        if merged is not None:
+            return self._publish_merge(table, run, merged, None)
         schema = self.store.schemas[table]
         staged = StagedFragment(self.storage, schema, self.id, table, self._new_name(), run[0].row_start)
         try:
@@ -568,10 +589,16 @@ class Writer:
                 return False
             raise
         staged.close()
+        return self._publish_merge(table, run, merged, staged.path)
+
+    def _publish_merge(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
+        """Publish ``merged`` in place of ``run`` with a ``compact`` commit record (True), or abandon
+        it (False; its objects at ``path`` deleted) if part of ``run`` was retired meanwhile."""
         with self._lock:
             live = {f.name for f in self.fragments[table]}
             if not all(f.name in live for f in run):
-                self.storage.delete(staged.path)
+                if path is not None:
+                    self.storage.delete(path)
                 return False
             seq, now = self.seq, self._now()
             body = {"writer": self.id, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
@@ -581,7 +608,8 @@ class Writer:
             gone = {f.name for f in run}
             self.fragments[table] = sorted([f for f in self.fragments[table] if f.name not in gone] + [merged],
                                            key=lambda f: f.row_start)
-            self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
+            if path is not None:  # (a coalesced run's records stay where they are)
+                self._trash += [(now + TRASH_GRACE_NS, f) for f in run]
         return True
 
     def _finish_merges(self, drain: bool) -> None:
