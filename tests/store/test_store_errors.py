@@ -130,7 +130,7 @@ def test_bad_schema_argument(backend: Backend) -> None:
             backend.open(bad)
 
 
-@pytest.mark.parametrize("version", [2, 999, 0, "1", None])
+@pytest.mark.parametrize("version", [3, 999, 0, "1", None])
 def test_unknown_format_version(backend: Backend, version: object) -> None:
     body = {"format": "replaystore", "format_version": version, "tables": {"records": SCHEMA.to_dict()},
             "capacity": None, "created_ns": 1}

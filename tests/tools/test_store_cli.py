@@ -33,7 +33,7 @@ def store_url(tmp_path_factory):
 def test_info_names_schema_records_streams_writers_capacity_size_version(store_url):
     r = run("info", store_url)
     assert r.returncode == 0, r.stderr
-    for needle in ("format version  1", "capacity        10000", "writers         1", "120 records",
+    for needle in ("format version  2", "capacity        10000", "writers         1", "120 records",
                    "3 streams", "size on disk", "dqn (version 1)", "legal_ids"):
         assert needle in r.stdout
 
@@ -43,18 +43,22 @@ def test_verify_passes_on_an_intact_store(store_url):
     assert r.returncode == 0 and r.stdout.startswith("ok:")
 
 
-def test_verify_names_a_damaged_chunk(tmp_path):
+@pytest.mark.parametrize("capacity", [None, 1000], ids=["segment", "fragment"])
+def test_verify_names_a_damaged_chunk(tmp_path, capacity):
     url = str(tmp_path / "s")
-    st = open_store(url, dqn(16, 2, actions=9))
+    st = open_store(url, dqn(16, 2, actions=9), capacity=capacity)
     with st.writer() as w:
         w.append(dqn_batch(np.random.default_rng(1), 30, extra=0))
-    chunk = tmp_path / "s/writers/000000/data/records/f0000000000/rewards/c/0"
+    (frag,) = st.table("records").reader.fragments
+    assert (frag.segment is not None) == (capacity is None)  # an uncapped local store's records are in a segment
+    name = f"{frag.path.rsplit('/', 1)[-1]}/rewards/c/0"
+    chunk = tmp_path / "s" / frag.path / "rewards/c/0"
     data = bytearray(chunk.read_bytes())
     data[3] ^= 0x40
     chunk.write_bytes(bytes(data))
     r = run("verify", url)
     assert r.returncode == 1
-    assert "f0000000000/rewards/c/0" in r.stdout and "crc32c" in r.stdout
+    assert name in r.stdout and "crc32c" in r.stdout
     chunk.write_bytes(bytes(data[:10]))
     r = run("verify", url)
     assert r.returncode == 1 and "size 10 bytes" in r.stdout
