@@ -114,12 +114,14 @@ def test_a_short_chunk_file_is_a_typed_error_not_a_crash(tmp_path: Path) -> None
 def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> None:
     url, frag = _one_fragment(tmp_path)
     chunk = tmp_path / "st" / frag.path / "legal_offsets" / "c" / "0"
-    offsets = np.frombuffer(chunk.read_bytes()[:-4], dtype="<i8").copy()
+    first = frag.segment.row if frag.segment else 0  # the fragment's entries in its segment's offsets
+    offsets = np.memmap(chunk, dtype="<i8", mode="r+", shape=(frag.rows + 1,), offset=8 * first)
     offsets[10] = 1 << 40  # far past the values, and past the mapped range
     offsets[20] = -(1 << 20)  # negative: would wrap around the view
     assert offsets[30] > 0
     offsets[31] = offsets[30] - 1  # in range, but record 30 would end before it starts
-    chunk.write_bytes(offsets.tobytes() + b"crc!")
+    offsets.flush()
+    del offsets
     reader = open_store(url, mode="r")
     assert reader.read([3])["legal_ids"].size  # rows whose offsets are intact still read
     for row in (9, 10, 19, 20, 30):  # each damaged offset ends one record and starts the next
