@@ -1,0 +1,217 @@
+"""Format 2 segments (docs/FORMAT.md, "Segments"): an uncapped store on local disk puts a
+writer's commits into one open segment per table, written in place and never rewritten.
+
+The store suite (tests/store/test_store_suite.py) runs everything else on segments too (its
+local backend is uncapped); here: what is particular to them. The crash runs
+(tests/system/test_crash.py) kill writers in the middle of segment appends and commits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from replaystore.schemas import dqn
+from replaystore.store import layout, open_store, records
+from replaystore.store import writer as writer_module
+from replaystore.store.segment import MAX_STREAMS
+from replaystore.store.verify import verify
+from support.batches import dqn_batch
+from support.storecheck import assert_same, columns_of
+
+DQN = dqn(16, 2, actions=9)
+
+
+def _fragments(st):  # noqa: ANN001, ANN202
+    st.refresh()
+    return st.table("records").reader.fragments
+
+
+def test_commits_share_one_segment_and_a_reader_follows_it_as_it_grows(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    w = st.writer()
+    batches = [dqn_batch(rng, 7, extra=0)]
+    w.append(batches[0], stream="a")
+    w.commit()
+    reader = open_store(url, mode="r")
+    assert_same(reader.read(reader.row_ids()), columns_of(DQN, batches))  # maps the segment once
+    for i in range(5):
+        batches.append(dqn_batch(rng, 3 + i, extra=0))
+        w.append(batches[-1], stream="ab"[i % 2])
+        w.commit()
+    reader.refresh()
+    assert_same(reader.read(reader.row_ids()), columns_of(DQN, batches))
+    assert reader.rows("b")[1].tolist() == list(range(4 + 6))  # steps 0.. of stream b: 4 + 6 records
+    frags = _fragments(st)
+    assert len({f.segment.name for f in frags}) == 1 and len(frags) == 6
+    rows = [(f.segment.row, f.rows) for f in frags]
+    assert all(a + n == b for (a, n), (b, _) in zip(rows, rows[1:], strict=False))  # adjacent, in order
+    seg = frags[0].segment
+    chunk = tmp_path / "st" / frags[0].path / "obs" / "c" / "0" / "0"
+    assert chunk.stat().st_size == seg.capacity * 16 * 4  # created at full length, never grown
+    g = zarr.open_group(str(tmp_path / "st" / frags[0].path), mode="r")
+    n = sum(f.rows for f in frags)
+    assert np.array_equal(g["obs"][:n], reader.read(reader.row_ids())["obs"])
+    assert not g["obs"][n:n + 8].any()  # past the commits: zeros (nothing written there)
+    w.close()
+    assert verify(open_store(url, mode="r")) == []
+
+
+def test_discarded_and_failed_appends_leave_committed_bytes_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    kept = [dqn_batch(rng, 5, extra=0)]
+    with st.writer() as w:
+        w.append(kept[0], stream=0)
+        w.commit()
+        w.append(dqn_batch(rng, 9, extra=0), stream=0)  # written into the segment, then discarded
+        w.discard()
+        bad = dict(vars(dqn_batch(rng, 4, extra=0)))
+        bad["rewards"] = np.full(4, np.nan)  # rejected before anything is written
+        with pytest.raises(Exception, match="rewards"):
+            w.append(bad, stream=0)
+        kept.append(dqn_batch(rng, 6, extra=0))
+        w.append(kept[1], stream=0)  # takes the discarded records' place
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, kept))
+    assert st.row_ids().tolist() == list(range(11)) and st.rows(0)[1].tolist() == list(range(11))
+    assert verify(st) == []
+
+
+def test_an_append_that_does_not_fit_opens_a_new_segment_in_the_same_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "MAX_FRAGMENT_ROWS", 16)  # segments of 16 rows, 8 x 16 values
+    rng = np.random.default_rng(2)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    batches = []
+    with st.writer() as w:
+        for n in (10, 5, 4):  # the third no longer fits in 16 rows: a second segment, same commit
+            batches.append(dqn_batch(rng, n, extra=0))
+            w.append(batches[-1], stream="x")
+        result = w.commit()
+        batches.append(dqn_batch(rng, 40, extra=0))  # larger than a segment: one of its own size
+        w.append(batches[-1], stream="x")
+    assert result.rows == {"records": (0, 19)}
+    body = records.decode("r", (tmp_path / "st" / layout.commit_record(0, 0)).read_bytes())
+    added = body["tables"]["records"]["add"]
+    assert [(d["segment"]["name"], d["segment"]["row"], d["rows"]) for d in added] == [
+        ("s0000000000", 0, 15), ("s0000000001", 0, 4)]
+    assert [a["rows"] for a in body["tables"]["records"]["appends"]] == [[0, 10], [10, 15], [15, 19]]
+    st = open_store(url, mode="r")
+    assert len({f.segment.name for f in st.table("records").reader.fragments}) == 3
+    assert st.table("records").reader.fragments[-1].segment.capacity == 40
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert st.rows("x")[1].tolist() == list(range(59))
+    assert verify(st) == []
+
+
+def test_values_and_stream_keys_beyond_a_segment_open_the_next(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "MAX_FRAGMENT_ROWS", 64)
+    rng = np.random.default_rng(3)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    batches = [dqn_batch(rng, 8, extra=0)]
+    with st.writer() as w:
+        w.append(batches[0], stream=0)
+        w.commit()
+        dense = dqn_batch(rng, 4, extra=0)
+        ids = np.tile(np.arange(9), 4 * 20)[: 4 * 180]  # 180 legal ids a record: more values than fit
+        dense.legal_ids, dense.legal_offsets = ids, np.arange(5) * 180
+        batches.append(dense)
+        w.append(dense, stream=0)
+        w.commit()
+        many = dqn_batch(rng, 3, extra=0)
+        batches.append(many)
+        w.append(many, stream=[f"k{i}" for i in range(3)])
+    frags = open_store(url, mode="r").table("records").reader.fragments
+    assert [f.segment.name for f in frags] == ["s0000000000", "s0000000002", "s0000000002"]
+    keys = np.arange(MAX_STREAMS + 1)  # more keys than a segment may hold: each batch its own segment
+    st = open_store(url, mode="a")
+    with st.writer() as w:
+        batch = dqn_batch(rng, len(keys) - 1, extra=0)
+        w.append(batch, stream=keys[:-1])
+        w.append(dqn_batch(rng, 1, extra=0), stream=keys[-1:])
+        batches += [batch]
+    segs = {f.segment.name for f in open_store(url, mode="r").table("records").reader.fragments if f.writer == 1}
+    assert len(segs) == 2
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()[: 15]), columns_of(DQN, batches[:3]))
+    assert verify(st) == []
+
+
+def test_many_commits_coalesce_without_moving_data(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    batches = []
+    with st.writer() as w:
+        for i in range(20):
+            batches.append(dqn_batch(rng, 3, extra=0))
+            w.append(batches[-1], stream=i % 4)
+            w.commit()
+        chunk = tmp_path / "st" / _fragments(st)[0].path / "obs" / "c" / "0" / "0"
+        mtime = chunk.stat().st_mtime_ns
+    frags = _fragments(st)
+    assert len(frags) < 8 and sum(len(f.parts) for f in frags) == 20
+    assert all(len(f.segment.crc32c["obs"]) == len(f.parts) for f in frags)
+    assert chunk.stat().st_mtime_ns == mtime  # the merges wrote commit records only
+    kinds = [c["kind"] for c in st.commits()]
+    assert kinds.count("compact") >= 2 and os.listdir(tmp_path / "st" / layout.writer_dir(0) / "data/records") == [
+        "s0000000000"]
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
+
+
+def test_verify_checks_each_commit_of_a_segment_and_ignores_what_no_commit_covers(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    w = st.writer()
+    for _ in range(3):
+        w.append(dqn_batch(rng, 4, extra=0), stream=0)
+        w.commit()
+    w.append(dqn_batch(rng, 4, extra=0), stream=0)  # pending: in the segment, covered by no commit
+    frag = _fragments(st)[-1]
+    chunk = tmp_path / "st" / frag.path / "rewards" / "c" / "0"
+    with open(chunk, "r+b") as f:  # a byte of the pending records
+        f.seek(13 * 8 + 3)
+        f.write(b"\x7f")
+    assert verify(open_store(url, mode="r")) == []
+    with open(chunk, "r+b") as f:  # a byte of the second commit's records
+        f.seek(5 * 8 + 3)
+        f.write(b"\x7f")
+    problems = verify(open_store(url, mode="r"))
+    assert len(problems) == 1 and problems[0].path == f"{frag.path}/rewards/c/0"
+    assert "crc32c" in problems[0].problem and "part 1" in problems[0].problem
+    w.discard()
+    w.close()
+
+
+def test_a_version_1_store_is_read_and_appended_to_in_version_1(tmp_path: Path) -> None:
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    manifest = records.decode("m", (tmp_path / "st" / layout.MANIFEST).read_bytes())
+    (tmp_path / "st" / layout.MANIFEST).write_bytes(records.encode({**manifest, "format_version": 1}))
+    rng = np.random.default_rng(6)
+    batches = [dqn_batch(rng, 5, extra=0), dqn_batch(rng, 3, extra=0)]
+    st = open_store(url, mode="a")
+    with st.writer() as w:
+        for b in batches:
+            w.append(b, stream=0)
+            w.commit()
+    frags = _fragments(st)
+    assert len(frags) == 2 and all(f.segment is None for f in frags)  # a fragment per commit
+    assert sorted(os.listdir(tmp_path / "st" / layout.writer_dir(0) / "data/records")) == [
+        "f0000000000", "f0000000001"]
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
