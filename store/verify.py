@@ -79,15 +79,19 @@ def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
         item = int(np.prod(shape[1:])) * dtype.itemsize
         try:
             meta = json.loads(storage.read(f"{base}/zarr.json"))
-            if meta.get("shape") != list(shape):
-                problems.append(Problem(f"{base}/zarr.json", f"shape {meta.get('shape')}, expected {list(shape)}"))
-                continue
-            size = storage.size(cpath)
-        except FileNotFoundError as exc:
-            problems.append(Problem(cpath if "zarr.json" not in str(exc) else f"{base}/zarr.json", "missing"))
+        except FileNotFoundError:
+            problems.append(Problem(f"{base}/zarr.json", "missing"))
             continue
         except ValueError:
             problems.append(Problem(f"{base}/zarr.json", "not valid JSON"))
+            continue
+        if meta.get("shape") != list(shape):
+            problems.append(Problem(f"{base}/zarr.json", f"shape {meta.get('shape')}, expected {list(shape)}"))
+            continue
+        try:
+            size = storage.size(cpath)
+        except FileNotFoundError:
+            problems.append(Problem(cpath, "missing"))
             continue
         if size != shape[0] * item:
             problems.append(Problem(cpath, f"size {size} bytes, expected {shape[0] * item}"))
@@ -114,7 +118,7 @@ def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
             piece = data[int(cuts[k] - cuts[0]):int(cuts[k + 1] - cuts[0])]
             if google_crc32c.value(piece.tobytes()) != crc:
                 problems.append(Problem(cpath, f"crc32c checksum mismatch in the bytes [{cuts[k]}, {cuts[k + 1]}) "
-                                               f"of the commit of part {k} of fragment {frag.name}"))
+                                               f"written by commit {frag.parts[k][0]} (fragment {frag.name})"))
     return problems
 
 

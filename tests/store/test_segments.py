@@ -191,7 +191,7 @@ def test_verify_checks_each_commit_of_a_segment_and_ignores_what_no_commit_cover
         f.write(b"\x7f")
     problems = verify(open_store(url, mode="r"))
     assert len(problems) == 1 and problems[0].path == f"{frag.path}/rewards/c/0"
-    assert "crc32c" in problems[0].problem and "part 1" in problems[0].problem
+    assert "crc32c" in problems[0].problem and "commit 1 " in problems[0].problem
     w.discard()
     w.close()
 
