@@ -30,6 +30,8 @@ from replaystore.store.zarrio import array_object, chunk_path, group_object, raw
 StreamKey = int | str
 MAX_STREAMS = 4096
 """Stream keys one segment may hold: every commit record repeats the segment's key list."""
+WRITEBACK_BYTES = 1 << 18
+"""Written bytes of an array after which an append starts their write-back."""
 VALUES_PER_ROW = 8
 """The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
 _INDEX = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
@@ -60,6 +62,7 @@ class _Array:
         self.end = first * item_bytes  # where the next bytes go
         self.committed = self.end
         self.crc = 0  # of the bytes written since the last commit
+        self.written_back = self.end  # write-back started up to here
 
     def write(self, piece: np.ndarray) -> None:
         raw = raw_bytes(piece)
@@ -68,9 +71,11 @@ class _Array:
         while view:
             n = os.pwrite(self.fd, view, pos)
             view, pos = view[n:], pos + n
-        start_writeback(self.fd, self.end, raw.size)
         self.crc = google_crc32c.extend(self.crc, raw)
         self.end = pos
+        if pos - self.written_back >= WRITEBACK_BYTES:  # (a call per small write costs more than it saves)
+            start_writeback(self.fd, self.written_back, pos - self.written_back)
+            self.written_back = pos
 
 
 class Segment:
@@ -180,6 +185,7 @@ class Segment:
         for name, arr in self._arrays.items():
             if arr.end != ends[name]:
                 arr.end = ends[name]
+                arr.written_back = min(arr.written_back, arr.end)
                 arr.crc = 0 if arr.end == arr.committed else self._crc_of(arr, arr.committed, arr.end)
 
     def discard(self) -> None:
@@ -212,7 +218,7 @@ class Segment:
         self.committed, self.committed_nnz = self.rows, dict(self.nnz)
         self._committed_streams = len(self.streams)
         for arr in self._arrays.values():
-            arr.committed, arr.crc = arr.end, 0
+            arr.committed, arr.crc, arr.written_back = arr.end, 0, arr.end
 
     def close(self) -> None:
         for arr in self._arrays.values():

@@ -41,6 +41,8 @@ class TableReader:
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
+        # the view the index describes, where the current one differs: followed on next use
+        self._index_view: tuple[list[Fragment], np.ndarray, dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
@@ -61,7 +63,8 @@ class TableReader:
         if self._version == self.log.version:
             return
         self._version = self.log.version
-        prev = (self.fragments, self.vis_from, self._data) if self._index is not None else None
+        if self._index is not None and self._index_view is None:
+            self._index_view = (self.fragments, self.vis_from, self._data)
         frags = self.log.fragments(self.name)
         vis_from = np.zeros(len(frags), dtype=np.int64)
         if self.capacity is not None:
@@ -99,8 +102,6 @@ class TableReader:
         self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
         self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
-        if prev is not None and self._index is not None and not self._follow_index(*prev):
-            self._index = None
 
     def _evict(self, frags: list[Fragment]) -> np.ndarray:
         """Per fragment, the local offset from which its rows are among the newest ``capacity``."""
@@ -340,7 +341,12 @@ class TableReader:
     @property
     def index(self) -> StreamIndex:
         """The (stream, step) index of visible rows: built on first use, then followed across
-        changes by :meth:`sync` at the cost of the change (:meth:`_follow_index`)."""
+        the changes :meth:`sync` saw since, at the cost of the change (:meth:`_follow_index`),
+        when next used (a writer that only appends never pays for it)."""
+        if self._index_view is not None:
+            view, self._index_view = self._index_view, None
+            if not self._follow_index(*view):
+                self._index = None
         if self._index is None:
             parts = []
             for frag, v in zip(self.fragments, self.vis_from, strict=True):

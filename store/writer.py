@@ -286,12 +286,12 @@ class Writer:
     def _steps(self, table: str, keys: list[StreamKey], step: Any,
                staged: dict[tuple[str, StreamKey], int]) -> np.ndarray:
         n = len(keys)
-        key_arr = np.array(keys, dtype=object)
         uniq = list(dict.fromkeys(keys))
+        key_arr = np.array(keys, dtype=object) if len(uniq) > 1 else None
         if step is None:
             steps = np.empty(n, dtype=np.int64)
             for k in uniq:
-                pos = np.flatnonzero(key_arr == k) if len(uniq) > 1 else np.arange(n)
+                pos = np.arange(n) if key_arr is None else np.flatnonzero(key_arr == k)
                 last = self._known_last(table, k, staged)
                 start = 0 if last is None else last + 1
                 steps[pos] = np.arange(start, start + len(pos))
@@ -307,7 +307,7 @@ class Writer:
                 raise StepOrderError("step", f"{n} integer steps", f"{steps.dtype} of shape {steps.shape}")
             steps = steps.astype(np.int64)
         for k in uniq:
-            pos = np.flatnonzero(key_arr == k) if len(uniq) > 1 else np.arange(n)
+            pos = np.arange(n) if key_arr is None else np.flatnonzero(key_arr == k)
             s = steps[pos]
             if len(s) > 1 and np.any(np.diff(s) <= 0):
                 i = int(np.flatnonzero(np.diff(s) <= 0)[0])
