@@ -460,6 +460,18 @@ class LocalStorage(Storage):
     def size(self, path: str) -> int:
         return os.path.getsize(self._p(path))
 
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes the files under ``prefix`` occupy on disk (allocated blocks: a segment's chunk
+        files are sparse past what was written)."""
+        total = 0
+        for directory, _, files in os.walk(self._p(prefix)):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(directory, name)).st_blocks * 512
+                except FileNotFoundError:  # deleted meanwhile
+                    pass
+        return total
+
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(self._p(path))
 
