@@ -30,7 +30,7 @@ from replaystore.store.zarrio import array_object, chunk_path, group_object, raw
 StreamKey = int | str
 MAX_STREAMS = 4096
 """Stream keys one segment may hold: every commit record repeats the segment's key list."""
-WRITEBACK_BYTES = 1 << 18
+WRITEBACK_BYTES = 1 << 20
 """Written bytes of an array after which an append starts their write-back."""
 VALUES_PER_ROW = 8
 """The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
