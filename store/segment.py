@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import google_crc32c
 import numpy as np
 
+from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
@@ -200,6 +201,14 @@ class Segment:
     @property
     def pending(self) -> int:
         return self.rows - self.committed
+
+    def check_present(self) -> None:
+        """StoreError if the segment's files were deleted while open (a vacuum whose threshold is
+        shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum"): committing
+        would reference data that is gone."""
+        if any(os.fstat(a.fd).st_nlink == 0 for a in self._arrays.values()):
+            raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "
+                             "a threshold shorter than the writer's pause?); discard() them")
 
     def dirty_fds(self) -> list[int]:
         """The files written since the last commit: ``fdatasync`` them to make the pending records durable."""

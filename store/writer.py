@@ -389,6 +389,8 @@ class Writer:
             return [self._staged[table].finish([(seq, now, rows)])]
         segs = [s for s in self._filling[table] if s.pending] or self._filling[table][-1:]  # (empty appends)
         self.storage.sync_files([fd for s in segs for fd in s.dirty_fds()])  # type: ignore[attr-defined]
+        for seg in segs:
+            seg.check_present()
         return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
 
     def _committed_segments(self, table: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store, records
 from replaystore.store import writer as writer_module
@@ -74,7 +75,7 @@ def test_discarded_and_failed_appends_leave_committed_bytes_alone(tmp_path: Path
         w.discard()
         bad = dict(vars(dqn_batch(rng, 4, extra=0)))
         bad["rewards"] = np.full(4, np.nan)  # rejected before anything is written
-        with pytest.raises(Exception, match="rewards"):
+        with pytest.raises(NonFiniteError, match="rewards"):
             w.append(bad, stream=0)
         kept.append(dqn_batch(rng, 6, extra=0))
         w.append(kept[1], stream=0)  # takes the discarded records' place
@@ -214,4 +215,24 @@ def test_a_version_1_store_is_read_and_appended_to_in_version_1(tmp_path: Path) 
         "f0000000000", "f0000000001"]
     st = open_store(url, mode="r")
     assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
+
+
+def test_a_commit_into_a_segment_deleted_meanwhile_fails_instead_of_publishing_it(tmp_path: Path) -> None:
+    """A vacuum with a threshold shorter than a writer's pause may delete a segment that no commit
+    references yet; the commit must then fail, not reference data that is gone."""
+    rng = np.random.default_rng(7)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w")
+    w = st.writer()
+    w.append(dqn_batch(rng, 4, extra=0), stream=0)
+    assert [u.kind for u in open_store(url, mode="a").vacuum(older_than_s=0).deleted] == ["fragment"]
+    with pytest.raises(StoreError, match="deleted while"):
+        w.commit()
+    w.discard()
+    batch = dqn_batch(rng, 3, extra=0)
+    w.append(batch, stream=0)  # a new segment
+    w.close()
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, [batch]))
     assert verify(st) == []
