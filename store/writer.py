@@ -86,7 +86,17 @@ def _keys(stream: Any, n: int) -> list[StreamKey]:
         return [_key(values)] * n
     if len(values) != n:
         raise StreamKeyError("stream", f"{n} per-record stream keys", f"{len(values)}")
+    if getattr(stream, "ndim", 0) == 1 and stream.dtype.kind in "iuU":  # tolist() gave ints or strs
+        return values
     return [_key(v) for v in values]
+
+
+def _groups(codes: np.ndarray, count: int) -> list[np.ndarray]:
+    """The positions of each code ``0 .. count - 1`` in ``codes``, ascending."""
+    if count <= 1:
+        return [np.arange(len(codes))] * count
+    order = np.argsort(codes, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(codes, minlength=count))[:-1])
 
 
 class Writer:
@@ -156,11 +166,12 @@ class Writer:
         done_updates: dict[tuple[str, StreamKey], bool] = {}
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
         new_last: dict[tuple[str, StreamKey], int] = {}
-        steps = {name: self._steps(name, keys, step, new_last) for name, (_, keys, _) in tables.items()}
+        coded = {name: _codes(keys) for name, (_, keys, _) in tables.items()}
+        steps = {name: self._steps(name, *coded[name], step, new_last) for name in tables}
         added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
-            for name, (cols, keys, resets) in tables.items():
-                codes, streams = _codes(keys)
+            for name, (cols, _, resets) in tables.items():
+                codes, streams = coded[name]
                 frag = self._segment(name, cols, streams) if self._segmented else self._stage(name)
                 mark = frag.mark()
                 frag.add(cols, codes, streams, steps[name], resets)  # all or nothing
@@ -283,15 +294,14 @@ class Writer:
             self._last_step[(table, key)] = last
         return last
 
-    def _steps(self, table: str, keys: list[StreamKey], step: Any,
+    def _steps(self, table: str, codes: np.ndarray, uniq: list[StreamKey], step: Any,
                staged: dict[tuple[str, StreamKey], int]) -> np.ndarray:
-        n = len(keys)
-        uniq = list(dict.fromkeys(keys))
-        key_arr = np.array(keys, dtype=object) if len(uniq) > 1 else None
+        """Each record's step (``codes``: its index into the batch's stream keys ``uniq``)."""
+        n = len(codes)
+        groups = _groups(codes, len(uniq))
         if step is None:
             steps = np.empty(n, dtype=np.int64)
-            for k in uniq:
-                pos = np.arange(n) if key_arr is None else np.flatnonzero(key_arr == k)
+            for k, pos in zip(uniq, groups, strict=True):
                 last = self._known_last(table, k, staged)
                 start = 0 if last is None else last + 1
                 steps[pos] = np.arange(start, start + len(pos))
@@ -306,8 +316,7 @@ class Writer:
             if steps.dtype.kind not in "iu" or steps.shape != (n,):
                 raise StepOrderError("step", f"{n} integer steps", f"{steps.dtype} of shape {steps.shape}")
             steps = steps.astype(np.int64)
-        for k in uniq:
-            pos = np.arange(n) if key_arr is None else np.flatnonzero(key_arr == k)
+        for k, pos in zip(uniq, groups, strict=True):
             s = steps[pos]
             if len(s) > 1 and np.any(np.diff(s) <= 0):
                 i = int(np.flatnonzero(np.diff(s) <= 0)[0])
