@@ -4,20 +4,22 @@
     python bench/append_designs_bench.py --quick    # 50k records
 
 Issue 3 asks for append >= 1x TorchRL ``LazyMemmapStorage.extend`` with a durable commit
-every 10k records; the store measures ~0.2x (docs/PERFORMANCE.md, "Append"). This bench
-measures the *floor* of the alternatives, with no format code, no validation and no
-index: the same bytes per commit as the store writes for DQN records (13 columns + the
+every 10k records; the store measured ~0.2x with a fragment per commit and 0.65-0.73x with
+the open segments of format 2, which the store now uses on local disk (docs/PERFORMANCE.md,
+"Format 2: open segments"). This bench measures the *floor* of the layouts, with no format
+code, no validation and no index: the same bytes per commit as the store writes for DQN records (13 columns + the
 3 stream/step/reset arrays), each commit made durable and then published by a commit
 record created as the store creates it (temporary file, fsync, ``link``, directory
 fsync). Rows, each against the peer in the same run:
 
 - ours: the store itself (``Writer.append`` + ``commit``), as in bench/store_bench.py;
 - fragment per commit: a new directory tree per commit, one file per array in its own
-  directories, plus each array's metadata file (the format today: a Zarr group per commit);
+  directories, plus each array's metadata file (format 1, and format 2 for capped stores and
+  object storage: a Zarr group per commit);
 - chunk per commit: one new file per array per commit in directories that exist (an
   open segment whose arrays gain one chunk object per commit);
 - in-place segment: each array's file of an open segment extended in place and
-  ``fdatasync``ed (committed bytes never rewritten; not a whole-object replacement);
+  ``fdatasync``ed (committed bytes never rewritten; format 2 on local disk);
 - one file per commit: every column of the commit in a single object (not one Zarr
   array per column).
 
@@ -214,12 +216,12 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     per_commit = sum(len(c) for c in designs.commits[0]) / 2**20
     note = f"median of {cfg['reps']}; {per_commit:.1f} MiB per commit"
     out.add(f"store append, {n:,} records, commit every {COMMIT_EVERY:,}", med["ours"], peer_rate, "rows/s", 1.0,
-            note + "; the store (validation, staging, index arrays, compaction)")
-    out.add("  floor: fragment per commit (today's layout)", med["fragment"], peer_rate, "rows/s", None,
+            note + "; the store (validation, index arrays, an open segment)")
+    out.add("  floor: fragment per commit (format 1; capped stores)", med["fragment"], peer_rate, "rows/s", None,
             f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files per commit")
     out.add("  floor: chunk per commit in an open segment", med["chunk"], peer_rate, "rows/s", None,
             f"{designs.arrays} new files per commit in existing directories")
-    out.add("  floor: open segment extended in place", med["in_place"], peer_rate, "rows/s", None,
+    out.add("  floor: open segment extended in place (format 2)", med["in_place"], peer_rate, "rows/s", None,
             f"{designs.arrays} files, pwrite + fdatasync each commit")
     out.add("  floor: one file per commit", med["one_file"], peer_rate, "rows/s", None,
             "all columns in one object: not one Zarr array per column")
