@@ -3,6 +3,8 @@ or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Seg
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,39 @@ from replaystore.store.zarrio import read_array
 STREAM_CODE = np.dtype(np.int32)
 STEP = np.dtype(np.int64)
 RESET = np.dtype(np.bool_)
+INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
+"""The dtypes of the index arrays every fragment and segment holds beside the schema's."""
+
+
+class StreamKeys:
+    """The stream keys of records being written and their ``_stream`` codes (in order of first use)."""
+
+    def __init__(self) -> None:
+        self.keys: list[int | str] = []
+        self._code: dict[int | str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._code
+
+    def codes(self, keys: Sequence[int | str]) -> np.ndarray:
+        """The code of each of ``keys``; keys not seen before get the next codes."""
+        out = np.empty(len(keys), dtype=STREAM_CODE)
+        for i, key in enumerate(keys):
+            code = self._code.get(key)
+            if code is None:
+                code = self._code[key] = len(self.keys)
+                self.keys.append(key)
+            out[i] = code
+        return out
+
+    def truncate(self, count: int) -> None:
+        """Forget every key after the first ``count``."""
+        for key in self.keys[count:]:
+            del self._code[key]
+        del self.keys[count:]
 
 
 @dataclass(frozen=True)
@@ -98,7 +133,7 @@ def coalesce(run: list[Fragment], name: str) -> Fragment | None:
     first, last = run[0], run[-1]
     if any(f.segment is None or f.segment.name != first.segment.name for f in run):  # type: ignore[union-attr]
         return None
-    if any(a.row_start + a.rows != b.row_start for a, b in zip(run, run[1:])):
+    if any(a.row_start + a.rows != b.row_start for a, b in itertools.pairwise(run)):
         return None
     seg = first.segment
     assert seg is not None
@@ -134,7 +169,7 @@ class FragmentData:
         arr = self._arrays.get(name)
         if arr is None:
             if name in layout.INDEX_ARRAYS:
-                dtype = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}[name]
+                dtype = INDEX_DTYPES[name]
                 shape: tuple[int, ...] = (self.frag.rows,)
             else:
                 spec = self._specs[name]

@@ -24,7 +24,7 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
-from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, SegmentRef
+from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, SegmentRef, StreamKeys
 from replaystore.store.storage import LocalStorage
 from replaystore.store.zarrio import array_object, chunk_path, group_object, raw_bytes
 
@@ -35,7 +35,6 @@ WRITEBACK_BYTES = 1 << 20
 """Written bytes of an array after which an append starts their write-back."""
 VALUES_PER_ROW = 8
 """The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
-_INDEX = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 Mark = tuple[int, dict[str, int], int, dict[str, int]]
 
 _sync_file_range: Callable[[int, int, int, int], int] | None = None
@@ -57,10 +56,9 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 class _Array:
     """One array of an open segment: its file, where the next bytes go, and the pending CRC."""
 
-    def __init__(self, fd: int, item_bytes: int, first: int) -> None:
+    def __init__(self, fd: int, first: int) -> None:
         self.fd = fd
-        self.item_bytes = item_bytes  # bytes per row (records), per entry (offsets) or per value
-        self.end = first * item_bytes  # where the next bytes go
+        self.end = first  # where the next bytes go
         self.committed = self.end
         self.crc = 0  # of the bytes written since the last commit
         self.written_back = self.end  # write-back started up to here
@@ -94,8 +92,7 @@ class Segment:
         self.nnz = dict.fromkeys(schema.offsets_groups, 0)  # values added per CSR group
         self.committed_nnz = dict(self.nnz)
         self._committed_streams = 0
-        self.streams: list[StreamKey] = []
-        self._code: dict[StreamKey, int] = {}
+        self.streams = StreamKeys()
         self.sealed = False  # no more records go here
         self._specs = schema.zarr_layout()
         self._arrays: dict[str, _Array] = {}
@@ -108,7 +105,7 @@ class Segment:
                 shapes[spec.name] = dtype, (capacity + 1,)
             else:
                 shapes[spec.name] = dtype, (value_capacity[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
-        for name_, dtype in _INDEX.items():
+        for name_, dtype in INDEX_DTYPES.items():
             shapes[name_] = dtype, (capacity,)
         objects = group_object(self.path, {"replaystore": {"segment": name, "writer": writer, "table": table,
                                                            "row_start": row_start}})
@@ -119,8 +116,8 @@ class Segment:
             for array, (dtype, shape) in shapes.items():
                 cpath = chunk_path(f"{self.path}/{array}", len(shape))
                 fd = storage.create_sized(cpath, int(np.prod(shape)) * dtype.itemsize)
-                item = int(np.prod(shape[1:])) * dtype.itemsize
-                self._arrays[array] = _Array(fd, item, 1 if array in schema.offsets_groups else 0)
+                # an offsets array's entry 0 is the zero it was created with: appends write entries 1, 2, ...
+                self._arrays[array] = _Array(fd, dtype.itemsize if array in schema.offsets_groups else 0)
                 chunks.append(cpath)
             storage.write_objects(objects)
             storage.sync_dirs(chunks)
@@ -135,7 +132,7 @@ class Segment:
             return False
         if any(self.nnz[k] + v > self.value_capacity[k] for k, v in nnz.items()):
             return False
-        return len(self.streams) + sum(k not in self._code for k in set(streams)) <= MAX_STREAMS
+        return len(self.streams) + sum(k not in self.streams for k in set(streams)) <= MAX_STREAMS
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
@@ -151,7 +148,7 @@ class Segment:
 
     def _add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
              resets: np.ndarray) -> None:
-        remap = np.array([self._stream_code(k) for k in streams], dtype=STREAM_CODE)
+        remap = self.streams.codes(streams)
         for spec in self._specs:
             arr = self._arrays[spec.name]
             if spec.role == "offsets":
@@ -165,13 +162,6 @@ class Segment:
         self._arrays["_reset"].write(resets.astype(RESET, copy=False))
         self.rows += cols.num_records
 
-    def _stream_code(self, key: StreamKey) -> int:
-        code = self._code.get(key)
-        if code is None:
-            code = self._code[key] = len(self.streams)
-            self.streams.append(key)
-        return code
-
     def mark(self) -> Mark:
         """The state to :meth:`rollback` to."""
         return self.rows, dict(self.nnz), len(self.streams), {n: a.end for n, a in self._arrays.items()}
@@ -180,9 +170,7 @@ class Segment:
         """Forget the records added after ``mark`` (their bytes stay, beyond what any commit names)."""
         rows, nnz, streams, ends = mark
         self.rows, self.nnz = rows, nnz
-        for key in self.streams[streams:]:
-            del self._code[key]
-        del self.streams[streams:]
+        self.streams.truncate(streams)
         for name, arr in self._arrays.items():
             if arr.end != ends[name]:
                 arr.end = ends[name]
@@ -220,7 +208,7 @@ class Segment:
                          dict(self.value_capacity), {n: [a.crc] for n, a in self._arrays.items()})
         nnz = {k: self.nnz[k] - self.committed_nnz[k] for k in self.nnz}
         return Fragment(self.writer, self.table, name, self.row_start + self.committed, self.pending, nnz,
-                        list(self.streams), parts, ref)
+                        list(self.streams.keys), parts, ref)
 
     def advance(self) -> None:
         """The pending records were committed."""

@@ -18,12 +18,11 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
-from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
+from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, StreamKeys, shape_of
 from replaystore.store.storage import Buffer, Storage
 from replaystore.store.zarrio import ChunkWriter, array_object, group_object
 
 StreamKey = int | str
-_INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 
 
@@ -40,10 +39,9 @@ class StagedFragment:
         self.path = layout.fragment_dir(writer, table, name)
         self.rows = 0
         self.nnz = dict.fromkeys(schema.offsets_groups, 0)
-        self.streams: list[StreamKey] = []
-        self._code: dict[StreamKey, int] = {}
+        self.streams = StreamKeys()
         self._specs = schema.zarr_layout()
-        ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(_INDEX_DTYPES, 1)
+        ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(INDEX_DTYPES, 1)
         self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left
 
@@ -54,7 +52,7 @@ class StagedFragment:
         self._check()
         mark = self.mark()
         try:
-            remap = np.array([self._stream_code(k) for k in streams], dtype=STREAM_CODE)
+            remap = self.streams.codes(streams)
             for spec in self._specs:
                 chunk = self._chunks[spec.name]
                 if spec.role == "offsets":
@@ -73,13 +71,6 @@ class StagedFragment:
             self.rollback(mark)
             raise
 
-    def _stream_code(self, key: StreamKey) -> int:
-        code = self._code.get(key)
-        if code is None:
-            code = self._code[key] = len(self.streams)
-            self.streams.append(key)
-        return code
-
     def mark(self) -> Mark:
         """The state to :meth:`rollback` to."""
         return self.rows, dict(self.nnz), len(self.streams), {n: c.mark() for n, c in self._chunks.items()}
@@ -94,21 +85,19 @@ class StagedFragment:
             self.broken = True
             raise
         self.rows, self.nnz = rows, nnz
-        for key in self.streams[streams:]:
-            del self._code[key]
-        del self.streams[streams:]
+        self.streams.truncate(streams)
 
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
         """Write the checksums and metadata and make every object durable; returns the fragment
         (``parts``: its descriptor's). May be called again after a failure, with new parts."""
         self._check()
         frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),
-                        list(self.streams), parts)
+                        list(self.streams.keys), parts)
         objects: dict[str, list[Buffer]] = {}
         for spec in self._specs:
             objects.update(array_object(f"{self.path}/{spec.name}", np.dtype(spec.dtype),
                                         shape_of(frag, self.schema, spec)))
-        for name, dtype in _INDEX_DTYPES.items():
+        for name, dtype in INDEX_DTYPES.items():
             objects.update(array_object(f"{self.path}/{name}", dtype, (self.rows,)))
         objects.update(group_object(self.path, {"replaystore": frag.to_dict()}))
         streams = [s for s in (c.finish() for c in self._chunks.values()) if s is not None]

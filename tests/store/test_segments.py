@@ -8,6 +8,7 @@ local backend is uncapped); here: what is particular to them. The crash runs
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import zarr
 from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store, records
+from replaystore.store.fragment import Fragment
+from replaystore.store.store import Store
 from replaystore.store import writer as writer_module
 from replaystore.store.segment import MAX_STREAMS
 from replaystore.store.verify import verify
@@ -26,7 +29,7 @@ from support.storecheck import assert_same, columns_of
 DQN = dqn(16, 2, actions=9)
 
 
-def _fragments(st):  # noqa: ANN001, ANN202
+def _fragments(st: Store) -> list[Fragment]:
     st.refresh()
     return st.table("records").reader.fragments
 
@@ -51,7 +54,7 @@ def test_commits_share_one_segment_and_a_reader_follows_it_as_it_grows(tmp_path:
     frags = _fragments(st)
     assert len({f.segment.name for f in frags}) == 1 and len(frags) == 6
     rows = [(f.segment.row, f.rows) for f in frags]
-    assert all(a + n == b for (a, n), (b, _) in zip(rows, rows[1:], strict=False))  # adjacent, in order
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(rows))  # adjacent, in order
     seg = frags[0].segment
     chunk = tmp_path / "st" / frags[0].path / "obs" / "c" / "0" / "0"
     assert chunk.stat().st_size == seg.capacity * 16 * 4  # created at full length, never grown
