@@ -118,8 +118,7 @@ class Writer:
         self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
         self._staged: dict[str, StagedFragment] = {}  # per table: the fragment the pending appends are in
         # format 2 on local storage without capacity: appends go to open segments instead (store/segment.py)
-        self._segmented = (isinstance(self.storage, LocalStorage) and store.capacity is None
-                           and store.manifest["format_version"] >= 2)
+        self._segmented = isinstance(self.storage, LocalStorage) and store.manifest["format_version"] >= 2
         self._open: dict[str, Segment] = {}  # per table: the segment appends go to
         self._filling: dict[str, list[Segment]] = {t: [] for t in store.schemas}  # the pending appends' segments
         self._last_step: dict[tuple[str, StreamKey], int] = {}
@@ -456,10 +455,26 @@ class Writer:
             self.storage.delete(frag.path)
         if cap is None:
             return
+        mine = {seg.name for seg in self._open.values()} | {seg.name for segs in self._filling.values() for seg in segs}
         for table in self.store.schemas:
-            for frag in self.store.table(table).reader.evicted_fragments(self._grace(cap)):
-                if self.storage.exists(f"{frag.path}/zarr.json"):
-                    self.storage.delete(frag.path)
+            reader = self.store.table(table).reader
+            evicted = reader.evicted_fragments(self._grace(cap))
+            gone = {(f.writer, f.name) for f in evicted}
+            segments: dict[tuple[int, str], list[Fragment]] = {}
+            for f in reader.all_fragments:
+                if f.segment is not None:
+                    segments.setdefault((f.writer, f.segment.name), []).append(f)
+            paths = {f.path for f in evicted if f.segment is None}
+            for (writer, name), backed in segments.items():
+                # a segment goes when all it backs is evicted and nobody adds to it any more: it is
+                # full, or it is this writer's and not written (docs/FORMAT.md, "Capacity and reclamation")
+                if all((f.writer, f.name) in gone for f in backed) and (
+                        max(f.segment.row + f.rows for f in backed) == backed[0].segment.capacity  # type: ignore[union-attr]
+                        or (writer == self.id and name not in mine)):
+                    paths.add(backed[0].path)
+            for path in sorted(paths):
+                if self.storage.exists(f"{path}/zarr.json"):
+                    self.storage.delete(path)
 
     def _max_rows(self) -> int:
         cap = self.store.capacity

@@ -19,7 +19,7 @@ from replaystore.store.fragment import Fragment
 from replaystore.store.table import TableReader
 from replaystore.store.vmap import PAGE, AddressRange, available
 from support.batches import dqn_batch
-from support.storecheck import assert_same
+from support.storecheck import Backend, assert_same
 
 DQN = dqn(16, 2, actions=9)
 
@@ -68,7 +68,7 @@ def test_views_stay_valid_and_correct_across_relayouts(tmp_path: Path) -> None:
     view of an old layout stays whole until it is dropped."""
     rng = np.random.default_rng(1)
     url = str(tmp_path / "st")
-    st = open_store(url, DQN, mode="w", capacity=400)
+    st = Backend(url).open_fragments(DQN, capacity=400)  # a fragment per commit (version 1), not a segment
     reader = open_store(url, mode="r")
     w = st.writer()
     table = reader.table("records")

@@ -239,3 +239,36 @@ def test_a_commit_into_a_segment_deleted_meanwhile_fails_instead_of_publishing_i
     st = open_store(url, mode="r")
     assert_same(st.read(st.row_ids()), columns_of(DQN, [batch]))
     assert verify(st) == []
+
+
+def test_a_capped_store_reclaims_full_segments_and_never_a_live_writers_open_one(tmp_path: Path) -> None:
+    """Capacity 40: segments of 10 rows. Writer A commits a few records and goes quiet, its open
+    segment not full; writer B evicts them and reclaims its own full segments, but must leave
+    A's segment alone: A may (and does) append to it again."""
+    rng = np.random.default_rng(8)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=40)
+    a = st.writer()
+    a.append(dqn_batch(rng, 3, extra=0), stream="a")
+    a.commit()
+    (seg_a,) = {f.segment.name for f in _fragments(st) if f.writer == a.id}
+    data = tmp_path / "st" / layout.writer_dir(a.id) / "data/records"
+    b = open_store(url, mode="a").writer()
+    for i in range(30):
+        b.append(dqn_batch(rng, 4, extra=0), stream="b")
+        b.commit()
+    st = open_store(url, mode="r")
+    assert len(st) == 40 and all(f.writer == b.id for f in st.table("records").reader.fragments)
+    assert os.listdir(data) == [seg_a]  # wholly evicted, but not full: A's, and A is alive
+    kept = sorted(os.listdir(tmp_path / "st" / layout.writer_dir(b.id) / "data/records"))
+    assert 0 < len(kept) <= 7  # 120 records in 12 segments of 10 rows; full and evicted ones went
+    late = dqn_batch(rng, 2, extra=0)
+    a.append(late, stream="a")  # into the same segment, after its evicted records
+    a.commit()
+    assert {f.segment.name for f in _fragments(a.store) if f.writer == a.id} == {seg_a}
+    a.close()
+    b.close()
+    st = open_store(url, mode="r")
+    rows = [r for r in st.row_ids().tolist() if r >> layout.ROW_BITS == a.id]
+    assert_same(st.read(rows), columns_of(DQN, [late]))
+    assert verify(st) == []

@@ -93,14 +93,9 @@ def test_vacuum_deletes_crash_leftovers_only_once_old_enough(backend: Backend) -
     assert len(backend.open(mode="r")) == len(columns_of(DQN, batches)) + 3
 
 
-PLAIN = 10_000
-"""A capacity that evicts nothing here: a capped store's fragments are groups of their own that
-compaction rewrites on every backend (an uncapped local store's segments merge without a copy)."""
-
-
 def test_vacuum_removes_compacted_originals_of_a_writer_that_exited_at_once(backend: Backend) -> None:
     rng = np.random.default_rng(8)
-    st = backend.open(DQN, mode="w", capacity=PLAIN)
+    st = backend.open_fragments(DQN)  # compaction rewrites fragments (a segment's merge moves nothing)
     batches = []
     with st.writer() as w:  # exits right after its compaction: the originals' 30 s grace never ran out
         for i in range(COMPACT_FANIN):
@@ -151,7 +146,7 @@ def test_age_counts_from_removal_not_from_writing(tmp_path) -> None:
     old objects no commit ever named are deleted."""
     backend = Backend(str(tmp_path / "st"))
     rng = np.random.default_rng(6)
-    st = backend.open(DQN, mode="w", capacity=PLAIN)
+    st = backend.open_fragments(DQN)  # compaction rewrites fragments (a segment's merge moves nothing)
     with st.writer() as w:
         for i in range(COMPACT_FANIN):
             w.append(dqn_batch(rng, 3, extra=0), stream=i)

@@ -156,22 +156,23 @@ COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name 
 
 
 def hold_merges(storage: Any) -> None:
-    """Stop the first merge between its data and its record: once a ``write_objects`` called
-    from the writer's compaction thread returned (the merged fragment is durable, no record
-    names it yet), print ``m`` and block that thread until the process is killed.
+    """Stop the first merge between its data and its record: when the writer's compaction
+    thread is about to create a commit record (the merged fragment's data are durable, or a
+    merge of a segment's fragments needs none), print ``m`` and block that thread until the
+    process is killed.
 
     A test-only wrapper on this process's storage object; the writer's commits (main thread)
     write as usual until they wait for the held merge.
     """
-    write = storage.write_objects
+    create = storage.create
 
-    def write_then_hold(*args: Any, **kwargs: Any) -> None:
-        write(*args, **kwargs)
+    def hold_then_create(*args: Any, **kwargs: Any) -> bool:
         if threading.current_thread().name.startswith(COMPACT_THREAD):
             _say("m")
             threading.Event().wait()  # never set: only the parent's SIGKILL ends this
+        return create(*args, **kwargs)
 
-    storage.write_objects = write_then_hold
+    storage.create = hold_then_create
 
 
 def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int,

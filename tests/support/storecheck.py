@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.columns import concat_columns
-from replaystore.store import Store, open_store
+from replaystore.store import Store, layout, open_store, records
 from replaystore.store.storage import Storage, open_storage
 
 
@@ -40,6 +40,15 @@ class Backend:
 
     def storage(self) -> Storage:
         return open_storage(self.url, self.storage_options)
+
+    def open_fragments(self, schema: Any, **kwargs: Any) -> Store:
+        """A new store whose writers write a fragment per commit on every backend (compaction
+        rewrites them): a version-1 store (docs/FORMAT.md; version 2 puts the records of local
+        stores in segments)."""
+        storage = self.open(schema, mode="w", **kwargs).storage
+        body = records.decode(layout.MANIFEST, storage.read(layout.MANIFEST))
+        storage.write(layout.MANIFEST, records.encode({**body, "format_version": 1}))
+        return self.open(mode="a")
 
 
 def columns_of(schema: Schema, batches: list[Any]) -> Columns:

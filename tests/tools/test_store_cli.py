@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from support.batches import dqn_batch
+from support.storecheck import Backend
 
 from replaystore.schemas import dqn
 from replaystore.store import open_store
@@ -43,14 +44,16 @@ def test_verify_passes_on_an_intact_store(store_url):
     assert r.returncode == 0 and r.stdout.startswith("ok:")
 
 
-@pytest.mark.parametrize("capacity", [None, 1000], ids=["segment", "fragment"])
-def test_verify_names_a_damaged_chunk(tmp_path, capacity):
+@pytest.mark.parametrize("fragments", [False, True], ids=["segment", "fragment"])
+def test_verify_names_a_damaged_chunk(tmp_path, fragments):
     url = str(tmp_path / "s")
-    st = open_store(url, dqn(16, 2, actions=9), capacity=capacity)
+    backend = Backend(url)
+    st = backend.open_fragments(dqn(16, 2, actions=9)) if fragments else backend.open(dqn(16, 2, actions=9))
     with st.writer() as w:
         w.append(dqn_batch(np.random.default_rng(1), 30, extra=0))
+    st.refresh()
     (frag,) = st.table("records").reader.fragments
-    assert (frag.segment is not None) == (capacity is None)  # an uncapped local store's records are in a segment
+    assert (frag.segment is None) == fragments  # a version-2 local store's records are in a segment
     name = f"{frag.path.rsplit('/', 1)[-1]}/rewards/c/0"
     chunk = tmp_path / "s" / frag.path / "rewards/c/0"
     data = bytearray(chunk.read_bytes())

@@ -32,7 +32,7 @@ def backend(request: pytest.FixtureRequest, tmp_path) -> Iterator[Backend]:
 
 def _garbage_store(b: Backend) -> set[str]:
     """A store whose only writer exited right after compacting, plus a crashed commit's fragment."""
-    st = b.open(dqn(16, 2, actions=9), mode="w", capacity=10_000)  # capped: compaction rewrites (no eviction here)
+    st = b.open_fragments(dqn(16, 2, actions=9))  # compaction rewrites fragments (a segment's merge moves nothing)
     rng = np.random.default_rng(1)
     with st.writer() as w:
         for i in range(COMPACT_FANIN):
