@@ -74,18 +74,22 @@ def _check_dtype(name: str, arr: np.ndarray, expected: np.dtype) -> None:
 
 
 def _check_values(field: Dense | Ragged, arr: np.ndarray) -> None:
-    if field.finite and arr.dtype.kind == "f" and arr.size:
+    if field.finite and arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
         bad = ~np.isfinite(arr)
-        if bad.any():
-            first = int(np.flatnonzero(bad.reshape(len(arr), -1).any(axis=1) if arr.ndim > 1 else bad)[0])
-            raise NonFiniteError(field.name, "finite values", f"{arr.reshape(len(arr), -1)[first].tolist()[:8]} "
-                                 f"at index {first}", "this field forbids NaN and inf")
-    if field.id_bound is not None and arr.size:
-        lo, hi = arr.min(), arr.max()
-        if lo < 0 or hi >= field.id_bound:
-            first = int(np.flatnonzero((arr < 0) | (arr >= field.id_bound))[0])
-            raise IdRangeError(field.name, f"ids in [0, {field.id_bound})",
-                               f"{arr.flat[first]} at index {first}")
+        first = int(np.flatnonzero(bad.reshape(len(arr), -1).any(axis=1) if arr.ndim > 1 else bad)[0])
+        raise NonFiniteError(field.name, "finite values", f"{arr.reshape(len(arr), -1)[first].tolist()[:8]} "
+                             f"at index {first}", "this field forbids NaN and inf")
+    if field.id_bound is not None and arr.size and _out_of_range(arr, field.id_bound):
+        first = int(np.flatnonzero((arr < 0) | (arr >= field.id_bound))[0])
+        raise IdRangeError(field.name, f"ids in [0, {field.id_bound})", f"{arr.flat[first]} at index {first}")
+
+
+def _out_of_range(arr: np.ndarray, bound: int) -> bool:
+    """Whether an integer array holds a value outside ``[0, bound)``."""
+    if arr.dtype.kind == "i" and bound <= 1 << (8 * arr.dtype.itemsize - 1):
+        # one reduction: read as unsigned, a negative id is at least 2^(bits - 1) >= bound
+        return bool(np.maximum.reduce(arr.view(arr.dtype.str.replace("i", "u")), axis=None) >= bound)
+    return bool(arr.min() < 0 or arr.max() >= bound)
 
 
 def _check_offsets(name: str, offsets: np.ndarray, records: int | None) -> None:
@@ -96,9 +100,8 @@ def _check_offsets(name: str, offsets: np.ndarray, records: int | None) -> None:
         raise OffsetsError(name, f"length {records + 1} (records + 1)", f"length {len(offsets)}")
     if offsets[0] != 0:
         raise OffsetsError(name, "offsets starting at 0", f"first offset {offsets[0]}")
-    steps = np.diff(offsets)
-    if (steps < 0).any():
-        i = int(np.flatnonzero(steps < 0)[0])
+    if (offsets[1:] < offsets[:-1]).any():
+        i = int(np.flatnonzero(offsets[1:] < offsets[:-1])[0])
         raise OffsetsError(name, "non-decreasing offsets", f"offsets[{i + 1}]={offsets[i + 1]} < "
                            f"offsets[{i}]={offsets[i]}")
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 import google_crc32c
@@ -31,7 +33,7 @@ from replaystore.store.zarrio import array_object, chunk_path, group_object, raw
 StreamKey = int | str
 MAX_STREAMS = 4096
 """Stream keys one segment may hold: every commit record repeats the segment's key list."""
-WRITEBACK_BYTES = 1 << 20
+WRITEBACK_BYTES = 1 << 18
 """Written bytes of an array after which an append starts their write-back."""
 VALUES_PER_ROW = 8
 """The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
@@ -46,11 +48,39 @@ if sys.platform == "linux":
 _SYNC_FILE_RANGE_WRITE = 2
 
 
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing ``[offset, offset + nbytes)`` of ``fd`` back now, without
-    waiting (Linux); durability still comes only from the commit's ``fdatasync``."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+class _Writeback:
+    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that
+    an append never waits for the device's queue; durability still comes only from the commit's
+    ``fdatasync``. A request for a descriptor closed meanwhile fails or starts the write-back of
+    another file's pages: either is harmless."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._requests: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def start(self, fd: int, offset: int, nbytes: int) -> None:
+        """Ask for ``[offset, offset + nbytes)`` of ``fd`` to be written back soon, without waiting."""
+        if _sync_file_range is None:
+            return
+        if self._pid != os.getpid():  # first use in this process (a forked child has no thread)
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._requests = queue.SimpleQueue()
+                    threading.Thread(target=self._run, args=(self._requests,), name="replaystore-writeback",
+                                     daemon=True).start()
+                    self._pid = os.getpid()
+        self._requests.put((fd, offset, nbytes))
+
+    @staticmethod
+    def _run(requests: queue.SimpleQueue[tuple[int, int, int]]) -> None:
+        assert _sync_file_range is not None
+        while True:
+            fd, offset, nbytes = requests.get()
+            _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+WRITEBACK = _Writeback()
 
 
 class _Array:
@@ -73,7 +103,7 @@ class _Array:
         self.crc = google_crc32c.extend(self.crc, raw)
         self.end = pos
         if pos - self.written_back >= WRITEBACK_BYTES:  # (a call per small write costs more than it saves)
-            start_writeback(self.fd, self.written_back, pos - self.written_back)
+            WRITEBACK.start(self.fd, self.written_back, pos - self.written_back)
             self.written_back = pos
 
 

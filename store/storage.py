@@ -10,12 +10,13 @@ to the store root.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -341,11 +342,6 @@ class LocalStorage(Storage):
             raise
         return fd
 
-    def sync_files(self, fds: Sequence[int]) -> None:
-        """``fdatasync`` the descriptors concurrently (the pool that syncs fragments); returns when all have."""
-        for _ in self._fsync_pool().map(os.fdatasync, fds):
-            pass
-
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
         """Hand each file stream's fsync to a thread pool, write each buffered stream and object
         and hand its fsync over at once (the disk writes it back while the next ones are
@@ -413,6 +409,12 @@ class LocalStorage(Storage):
         self._sync_entries(paths)
 
     def create(self, path: str, data: bytes) -> bool:
+        return self.create_after(path, data, ())
+
+    def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
+        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
+        (concurrently with the new file's own fsync: one journal commit can cover both) and
+        ``check()`` has returned (it may raise: then nothing is created)."""
         full = self._p(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
@@ -420,7 +422,17 @@ class LocalStorage(Storage):
         if new_root:  # the store's own directory entry
             self._fsync_dir(os.path.dirname(self.root))
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-        self._write_synced(tmp, data)
+        try:
+            syncs = [self._fsync_pool().submit(os.fdatasync, fd) for fd in fds]
+            self._write_synced(tmp, data)
+            for done in syncs:
+                done.result()
+            if check is not None:
+                check()
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         try:
             os.link(tmp, full)  # atomic, fails if the name exists
             return True

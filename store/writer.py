@@ -51,6 +51,11 @@ def _codes(keys: list[StreamKey]) -> tuple[np.ndarray, list[StreamKey]]:
     return np.fromiter((code_of[k] for k in keys), dtype=STREAM_CODE, count=len(keys)), uniq
 
 
+Coded = tuple[np.ndarray, list[StreamKey]]
+"""Stream keys of a batch's records: each record's code, an index into the distinct keys in
+order of first appearance, and those keys."""
+
+
 @dataclass(frozen=True)
 class CommitResult:
     """What one commit made visible."""
@@ -71,10 +76,32 @@ def _key(value: Any) -> StreamKey:
 
 
 def _keys(stream: Any, n: int) -> list[StreamKey]:
+    """One key per record (``stream``: a key or ``n`` keys)."""
+    values = _values(stream, n)
+    return [_key(stream)] * n if values is None else [_key(v) for v in values]
+
+
+def _stream_codes(stream: Any, n: int) -> Coded:
+    """The :data:`Coded` keys of ``n`` records (``stream``: a key or ``n`` keys); integer and
+    string arrays are coded without a Python object per record."""
+    values = _values(stream, n)
+    if values is None:
+        return np.zeros(n, dtype=STREAM_CODE), [_key(stream)] if n else []
+    if getattr(stream, "ndim", 0) == 1 and stream.dtype.kind in "iuU":
+        uniq, first, inverse = np.unique(stream, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        rank = np.empty(len(order), dtype=STREAM_CODE)
+        rank[order] = np.arange(len(order), dtype=STREAM_CODE)
+        return rank[inverse.reshape(-1)], uniq[order].tolist()
+    return _codes([_key(v) for v in values])
+
+
+def _values(stream: Any, n: int) -> list[Any] | None:
+    """``stream``'s ``n`` per-record values, or None when it is one key for every record."""
     if stream is None:
         raise StreamKeyError("stream", "a stream key (int or str) or one key per record", "None")
     if isinstance(stream, (int, str, np.integer, np.str_, bool, np.bool_)):
-        return [_key(stream)] * n
+        return None
     if hasattr(stream, "tolist"):
         values = stream.tolist()
     else:
@@ -83,12 +110,10 @@ def _keys(stream: Any, n: int) -> list[StreamKey]:
         except TypeError:  # not iterable: a scalar of the wrong type (float, object, ...)
             values = stream
     if not isinstance(values, list):  # numpy scalars and 0-d arrays: one key for every record
-        return [_key(values)] * n
+        return None
     if len(values) != n:
         raise StreamKeyError("stream", f"{n} per-record stream keys", f"{len(values)}")
-    if getattr(stream, "ndim", 0) == 1 and stream.dtype.kind in "iuU":  # tolist() gave ints or strs
-        return values
-    return [_key(v) for v in values]
+    return values
 
 
 def _groups(codes: np.ndarray, count: int) -> list[np.ndarray]:
@@ -165,12 +190,10 @@ class Writer:
         done_updates: dict[tuple[str, StreamKey], bool] = {}
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
         new_last: dict[tuple[str, StreamKey], int] = {}
-        coded = {name: _codes(keys) for name, (_, keys, _) in tables.items()}
-        steps = {name: self._steps(name, *coded[name], step, new_last) for name in tables}
+        steps = {name: self._steps(name, *coded, step, new_last) for name, (_, coded, _) in tables.items()}
         added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
-            for name, (cols, _, resets) in tables.items():
-                codes, streams = coded[name]
+            for name, (cols, (codes, streams), resets) in tables.items():
                 frag = self._segment(name, cols, streams) if self._segmented else self._stage(name)
                 mark = frag.mark()
                 frag.add(cols, codes, streams, steps[name], resets)  # all or nothing
@@ -215,7 +238,7 @@ class Writer:
 
     def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
                  done_updates: dict[tuple[str, StreamKey], bool],
-                 ) -> dict[str, tuple[Columns, list[StreamKey], np.ndarray]]:
+                 ) -> dict[str, tuple[Columns, Coded, np.ndarray]]:
         schemas = self.store.schemas
         if table is not None:
             if table not in schemas:
@@ -228,17 +251,17 @@ class Writer:
                 if isinstance(stream, (Sequence, np.ndarray)) and not isinstance(stream, str):
                     raise StreamKeyError("stream", "one stream key for a batch split across tables",
                                          "per-record keys")
-                keys = _keys(stream, len(cols))
-                out[name] = (cols, keys, self._resets(name, reset, keys))
+                coded = _stream_codes(stream, len(cols))
+                out[name] = (cols, coded, self._resets(reset, coded))
             return out
         (name, schema), = schemas.items()
         items = batch_items(batch)
         if "final_obs" in items and "truncated" in schema:
             cols = episode_columns(schema, items)
-            keys = _keys(stream, len(cols))
+            coded = _stream_codes(stream, len(cols))
             resets = np.zeros(len(cols), dtype=bool)
             resets[0] = True
-            return {name: (cols, keys, resets)}
+            return {name: (cols, coded, resets)}
         obs_field = schema.field("obs") if "obs" in schema else None
         if ("truncated" in schema and obs_field is not None and "obs" in items
                 and to_numpy("obs", items["obs"]).ndim == len(obs_field.shape) + 2):
@@ -247,7 +270,7 @@ class Writer:
             if len(set(slot_keys)) != slots:  # one key for several slots would splice their steps together
                 raise StreamKeyError("stream", f"{slots} distinct stream keys, one per environment slot",
                                      f"{stream!r}")
-            keys = [k for k in slot_keys for _ in range(steps_t)]
+            coded = np.repeat(np.arange(slots, dtype=STREAM_CODE), steps_t), slot_keys
             for b, k in enumerate(slot_keys):
                 carried = self._last_done.get((name, k))
                 # a slot's first step ever starts an episode; later rollouts carry the previous done flag
@@ -255,22 +278,20 @@ class Writer:
             done = cols.arrays["terminated"] | cols.arrays["truncated"]
             for b, k in enumerate(slot_keys):
                 done_updates[(name, k)] = bool(done[(b + 1) * steps_t - 1])
-            return {name: (cols, keys, resets)}
+            return {name: (cols, coded, resets)}
         cols = schema.validate(items)
-        keys = _keys(stream, len(cols))
-        return {name: (cols, keys, self._resets(name, reset, keys))}
+        coded = _stream_codes(stream, len(cols))
+        return {name: (cols, coded, self._resets(reset, coded))}
 
-    def _resets(self, table: str, reset: Any, keys: list[StreamKey]) -> np.ndarray:
-        n = len(keys)
+    @staticmethod
+    def _resets(reset: Any, coded: Coded) -> np.ndarray:
+        codes, uniq = coded
+        n = len(codes)
         if reset is None or reset is False:
             return np.zeros(n, dtype=bool)
-        if reset is True:
+        if reset is True:  # each stream's first record in the batch
             out = np.zeros(n, dtype=bool)
-            seen: set[StreamKey] = set()
-            for i, k in enumerate(keys):
-                if k not in seen:
-                    out[i] = True
-                    seen.add(k)
+            out[np.unique(codes, return_index=True)[1] if len(uniq) > 1 else slice(0, 1)] = True
             return out
         arr = to_numpy("reset", reset)
         if arr.dtype != np.bool_ or arr.shape != (n,):
@@ -352,10 +373,11 @@ class Writer:
                                     "metadata": meta_doc, "tables": {}}
             new_frags: dict[str, list[Fragment]] = {}
             retired = self._retire()
+            segments: list[Segment] = []  # whose pending bytes become durable with the record's file
             for table, pending in self._pending.items():
                 change: dict[str, Any] = {}
                 if pending:
-                    frags = new_frags[table] = self._finish(table, seq, now, sum(p.rows for p in pending))
+                    frags = new_frags[table] = self._finish(table, seq, now, sum(p.rows for p in pending), segments)
                     lo = frags[0].row_start
                     appends = []
                     for p in pending:
@@ -367,7 +389,7 @@ class Writer:
                     change["remove"] = [f.name for f in retired[table]]
                 if change:
                     body["tables"][table] = change
-            self._create_record(seq, body)
+            self._create_record(seq, body, segments)
             self.seq += 1
             for table, frags in new_frags.items():
                 self.fragments[table] += frags
@@ -390,15 +412,14 @@ class Writer:
         self._schedule_merge()
         return CommitResult(self.id, seq, rows)
 
-    def _finish(self, table: str, seq: int, now: int, rows: int) -> list[Fragment]:
-        """The table's pending records as durable fragments (not yet referenced): its staged
-        fragment, or a fragment per segment holding pending records."""
+    def _finish(self, table: str, seq: int, now: int, rows: int, segments: list[Segment]) -> list[Fragment]:
+        """The table's pending records as fragments (not yet referenced): its staged fragment,
+        made durable, or a fragment per segment holding pending records, whose segment is added
+        to ``segments`` (made durable by :meth:`_create_record`)."""
         if not self._segmented:
             return [self._staged[table].finish([(seq, now, rows)])]
         segs = [s for s in self._filling[table] if s.pending] or self._filling[table][-1:]  # (empty appends)
-        self.storage.sync_files([fd for s in segs for fd in s.dirty_fds()])  # type: ignore[attr-defined]
-        for seg in segs:
-            seg.check_present()
+        segments += segs
         return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
 
     def _committed_segments(self, table: str) -> None:
@@ -409,8 +430,21 @@ class Writer:
                 seg.close()
         self._filling[table] = []
 
-    def _create_record(self, seq: int, body: dict[str, Any]) -> None:
-        if not self.storage.create(layout.commit_record(self.id, seq), records.encode(body)):
+    def _create_record(self, seq: int, body: dict[str, Any], segments: Sequence[Segment] = ()) -> None:
+        """Create commit record ``seq``; the pending bytes of ``segments`` are made durable first,
+        concurrently with the record's own file, and checked present before it is published."""
+        path, data = layout.commit_record(self.id, seq), records.encode(body)
+        if segments:
+            fds = [fd for seg in segments for fd in seg.dirty_fds()]
+
+            def check() -> None:
+                for seg in segments:
+                    seg.check_present()
+
+            created = self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
+        else:
+            created = self.storage.create(path, data)
+        if not created:
             raise StoreError(f"commit record {layout.commit_record(self.id, seq)} already exists: "
                              "two writers share one writer number")
 

@@ -678,3 +678,20 @@ def test_arrow_schema_missing_a_column() -> None:
     arrow = schema.to_arrow()
     with pytest.raises(SchemaError, match="next_obs"):
         Schema.from_arrow(arrow.remove(arrow.get_field_index("next_obs")))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16])
+@pytest.mark.parametrize("bound", [1, 100, 127, 128, 200, 255])
+def test_id_range_checked_exactly_for_every_integer_width(dtype: type, bound: int) -> None:
+    """The one-reduction range check (negatives read as unsigned) and its fallback for bounds
+    beyond the signed half agree with a plain comparison for every representable value."""
+    schema = Schema("ids", [Dense("a", dtype, id_bound=bound)])
+    info = np.iinfo(dtype)
+    for v in sorted(x for x in {info.min, -100, -1, 0, bound - 1, bound, info.max} if info.min <= x <= info.max):
+        values = np.zeros(4, dtype=dtype)
+        values[2] = v
+        if 0 <= v < bound:
+            assert schema.validate({"a": values})["a"][2] == v
+        else:
+            exc = raises(IdRangeError, "a", schema.validate, {"a": values})
+            assert f"{v} at index 2" in str(exc)
