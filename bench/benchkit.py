@@ -115,15 +115,15 @@ def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_ever
 
 
 def store_append_rate(path: str, schema: Any, batches: list[dict[str, np.ndarray]], n: int,
-                      commit_every: int) -> float:
+                      commit_every: int, capacity: int | None = None) -> float:
     """Records/s of :func:`append_all` into a new store at ``path`` (the writer's close, which waits
     for its last merge, included); the store is deleted afterwards."""
-    st = open_store(path, schema, mode="w")
+    st = open_store(path, schema, mode="w", capacity=capacity)
     t0 = time.perf_counter()
     with st.writer() as w:
         append_all(w, batches, n, commit_every)
     dt = time.perf_counter() - t0
-    assert len(st) == n
+    assert len(st) == min(n, capacity or n)
     shutil.rmtree(path)
     return n / dt
 

@@ -12,7 +12,9 @@ and the target from issue 3. What is measured (docs/PERFORMANCE.md has the detai
    records (the writer's compaction runs on its background thread; the time includes
    close(), which waits for it), vs ``ReplayBuffer(LazyMemmapStorage).extend`` of the same records as a
    TensorDict (legal ids as dense ``(9,)`` bool masks: memmap storage has no ragged
-   columns). Data is pregenerated outside the timed region. TorchRL does not fsync.
+   columns). Data is pregenerated outside the timed region. TorchRL does not fsync. The same
+   again into a capped replay keeping a quarter of the records (ours evicts and reclaims
+   storage by segment; TorchRL's ring buffer overwrites in place).
 2. read: 256 random rows (every field) from a 1M-record store, sampling included, on the
    store as that writer leaves it, after ``Writer.compact()``, and written as one commit:
    ``Table.read(Table.rows_at(rng.integers(0, len, 256)))`` vs
@@ -87,18 +89,20 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
     n = cfg["append"]
     schema = dqn(OBS, HEADS, actions=ACTIONS)
 
-    def ours(i: int) -> float:
-        return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, n, COMMIT_EVERY)
+    capped = n // 4  # the capped rows: a replay keeping the newest quarter of what is appended
 
-    def peer(i: int, threads: int) -> float:
+    def ours(i: int, capacity: int | None = None) -> float:
+        return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, n, COMMIT_EVERY, capacity)
+
+    def peer(i: int, threads: int, capacity: int | None = None) -> float:
         torch.set_num_threads(threads)
         scratch = os.path.join(tmp, f"trl_append{i}_{threads}")
-        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch), batch_size=SAMPLE)
+        rb = ReplayBuffer(storage=LazyMemmapStorage(capacity or n, scratch_dir=scratch), batch_size=SAMPLE)
         t0 = time.perf_counter()
         for j in range(n // BATCH):
             rb.extend(tds[j % len(tds)])
         dt = time.perf_counter() - t0
-        assert len(rb) == n
+        assert len(rb) == (capacity or n)
         del rb
         shutil.rmtree(scratch)
         return n / dt
@@ -128,22 +132,28 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
     # can collapse (OpenMP waits on a descheduled thread), so it also runs with one thread and
     # gets the better median (conservative for us).
     default = torch.get_num_threads()
-    o, p, p1, f = [], [], [], []
+    o, p, p1, f, oc, pc, pc1 = [], [], [], [], [], [], []
     try:
         for i in range(cfg["append_reps"]):
             o.append(ours(i))
             p.append(peer(i, default))
             p1.append(peer(i, 1))
             f.append(floor(i))
+            oc.append(ours(i, capped))
+            pc.append(peer(i, default, capped))
+            pc1.append(peer(i, 1, capped))
     finally:
         torch.set_num_threads(default)
-    peer_best = max(statistics.median(p), statistics.median(p1))
-    out.add(f"append {n:,} rows, batches of {BATCH:,}, commit every {COMMIT_EVERY:,}",
-            statistics.median(o), peer_best, "rows/s", 1.0,
-            f"median of {cfg['append_reps']}; ours fsyncs every commit, TorchRL never; peer: better of "
-            f"{default} torch threads ({statistics.median(p):,.0f}) and 1 ({statistics.median(p1):,.0f})")
-    out.add("  disk ceiling: each commit's bytes as 1 file + fsync", statistics.median(f), peer_best,
+    med = statistics.median
+    peer_best = max(med(p), med(p1))
+    out.add(f"append {n:,} rows, batches of {BATCH:,}, commit every {COMMIT_EVERY:,}", med(o), peer_best,
+            "rows/s", 1.0, f"median of {cfg['append_reps']}; ours fsyncs every commit, TorchRL never; peer: "
+            f"better of {default} torch threads ({med(p):,.0f}) and 1 ({med(p1):,.0f})")
+    out.add("  disk ceiling: each commit's bytes as 1 file + fsync", med(f), peer_best,
             "rows/s", None, "no format, no index: the durable-write floor of this disk")
+    out.add(f"  the same into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)), "rows/s",
+            None, f"ours evicts and reclaims storage; TorchRL's ring buffer overwrites (better of {default} "
+            f"threads {med(pc):,.0f} and 1 {med(pc1):,.0f})")
 
 
 def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarray]], tds: list[Any],

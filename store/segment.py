@@ -109,12 +109,14 @@ class _Array:
 
 class Segment:
     """Writer ``writer``'s open segment ``name`` of one table: ``capacity`` rows and
-    ``value_capacity[offsets]`` values per CSR group, its local rows starting at ``row_start``."""
+    ``value_capacity[offsets]`` values per CSR group. ``row_start``, the writer's local row of
+    segment row 0, is set when the segment starts taking records (it may be created ahead)."""
 
-    def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str, row_start: int,
+    def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str,
                  capacity: int, value_capacity: dict[str, int]) -> None:
         self.storage, self.schema = storage, schema
-        self.writer, self.table, self.name, self.row_start = writer, table, name, row_start
+        self.writer, self.table, self.name = writer, table, name
+        self.row_start = 0
         self.capacity, self.value_capacity = capacity, dict(value_capacity)
         self.path = layout.fragment_dir(writer, table, name)
         self.rows = 0  # added, committed or not
@@ -137,20 +139,18 @@ class Segment:
                 shapes[spec.name] = dtype, (value_capacity[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
         for name_, dtype in INDEX_DTYPES.items():
             shapes[name_] = dtype, (capacity,)
-        objects = group_object(self.path, {"replaystore": {"segment": name, "writer": writer, "table": table,
-                                                           "row_start": row_start}})
+        objects = group_object(self.path, {"replaystore": {"segment": name, "writer": writer, "table": table}})
         for array, (dtype, shape) in shapes.items():
             objects.update(array_object(f"{self.path}/{array}", dtype, shape, checksum=False))
-        chunks = []
+        chunks = {array: chunk_path(f"{self.path}/{array}", len(shape)) for array, (_, shape) in shapes.items()}
         try:
-            for array, (dtype, shape) in shapes.items():
-                cpath = chunk_path(f"{self.path}/{array}", len(shape))
-                fd = storage.create_sized(cpath, int(np.prod(shape)) * dtype.itemsize)
+            fds = storage.create_sized({chunks[a]: int(np.prod(shape)) * dtype.itemsize
+                                        for a, (dtype, shape) in shapes.items()})
+            for array, cpath in chunks.items():
                 # an offsets array's entry 0 is the zero it was created with: appends write entries 1, 2, ...
-                self._arrays[array] = _Array(fd, dtype.itemsize if array in schema.offsets_groups else 0)
-                chunks.append(cpath)
+                first = shapes[array][0].itemsize if array in schema.offsets_groups else 0
+                self._arrays[array] = _Array(fds[cpath], first)
             storage.write_objects(objects)
-            storage.sync_dirs(chunks)
         except BaseException:
             self.close()
             storage.delete(self.path)
@@ -220,11 +220,15 @@ class Segment:
     def pending(self) -> int:
         return self.rows - self.committed
 
+    def present(self) -> bool:
+        """Whether none of the segment's files was deleted (by a vacuum) since it was created."""
+        return all(os.fstat(a.fd).st_nlink for a in self._arrays.values())
+
     def check_present(self) -> None:
         """StoreError if the segment's files were deleted while open (a vacuum whose threshold is
         shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum"): committing
         would reference data that is gone."""
-        if any(os.fstat(a.fd).st_nlink == 0 for a in self._arrays.values()):
+        if not self.present():
             raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "
                              "a threshold shorter than the writer's pause?); discard() them")
 

@@ -325,22 +325,30 @@ class LocalStorage(Storage):
     def open_stream(self, path: str) -> ObjectStream:
         return _FileStream(self, path)
 
-    def create_sized(self, path: str, size: int) -> int:
-        """Create the file ``path`` (it must not exist) of ``size`` bytes that read as zeros (sparse
-        where the filesystem allows) and return a read-write descriptor of it. Durable, with its
-        directory entries, once :meth:`sync_dirs` of it returns."""
-        full = self._p(path)
-        directory = os.path.dirname(full)
-        self._makedirs(directory)
-        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
+        (sparse where the filesystem allows) and return read-write descriptors of them, durable
+        with their directory entries (the files' fsyncs run concurrently, as in :meth:`write_objects`).
+        On error the files created are closed and removed."""
+        fds: dict[str, int] = {}
         try:
-            self._entry_made(directory)
-            os.ftruncate(fd, size)
-            os.fsync(fd)
+            for path, size in sizes.items():
+                full = self._p(path)
+                directory = os.path.dirname(full)
+                self._makedirs(directory)
+                fds[path] = fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self._entry_made(directory)
+                os.ftruncate(fd, size)
+            for _ in self._fsync_pool().map(os.fsync, fds.values()):
+                pass
+            self._sync_entries(list(sizes))
         except BaseException:
-            os.close(fd)
+            for path, fd in fds.items():
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._p(path))
             raise
-        return fd
+        return fds
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
         """Hand each file stream's fsync to a thread pool, write each buffered stream and object

@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -146,6 +146,9 @@ class Writer:
         self._segmented = isinstance(self.storage, LocalStorage) and store.manifest["format_version"] >= 2
         self._open: dict[str, Segment] = {}  # per table: the segment appends go to
         self._filling: dict[str, list[Segment]] = {t: [] for t in store.schemas}  # the pending appends' segments
+        self._spares: dict[str, Future[Segment]] = {}  # per table: the next segment, created ahead
+        self._io: ThreadPoolExecutor | None = None  # spares and deletions of reclaimed storage
+        self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # the step/done bookkeeping as of the last commit, restored by discard()
@@ -217,24 +220,77 @@ class Writer:
         return frag
 
     def _segment(self, table: str, cols: Columns, streams: list[StreamKey]) -> Segment:
-        """The table's open segment, if ``cols`` fit in it; else a new one (the old one is sealed)."""
+        """The table's open segment, if ``cols`` fit in it; else a new one (the old one is sealed).
+
+        Once the open segment is half full its successor is created on the writer's I/O thread
+        (a *spare*: creating a segment's files and directories durably takes ~20 ms of fsyncs),
+        so that a rollover rarely waits."""
         nnz = {off: int(cols.arrays[off][-1]) - int(cols.arrays[off][0]) for off in cols.schema.offsets_groups}
         seg = self._open.get(table)
+        rolled = False  # a full segment was left: the writer fills segments, keep a spare ready
         if seg is None or not seg.fits(len(cols), nnz, streams):
             if seg is not None:
-                seg.sealed = True
+                seg.sealed = rolled = True
             filling = self._filling[table]
-            capacity = max(self._max_rows(), len(cols))
-            values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(len(cols), 1)))
-                      for off, v in nnz.items()}
-            seg = Segment(self.storage, self.store.schemas[table], self.id, table,  # type: ignore[arg-type]
-                          layout.segment_name(next(self._names)),
-                          self.next_row[table] + sum(s.pending for s in filling), capacity, values)
+            seg = self._take_spare(table, len(cols), nnz) or self._new_segment(table, len(cols), nnz, len(cols))
+            seg.row_start = self.next_row[table] + sum(s.pending for s in filling)
             self._open[table] = seg
         filling = self._filling[table]
         if not filling or filling[-1] is not seg:
             filling.append(seg)
+        if table not in self._spares and (rolled or 2 * (seg.rows + len(cols)) >= seg.capacity or any(
+                2 * (seg.nnz[k] + v) >= seg.value_capacity[k] for k, v in nnz.items())):
+            used = {k: seg.nnz[k] + v for k, v in nnz.items()}
+            self._spares[table] = self._background(self._new_segment, table, 0, used, seg.rows + len(cols))
         return seg
+
+    def _new_segment(self, table: str, rows: int, nnz: dict[str, int], sample_rows: int) -> Segment:
+        """A new segment for at least ``rows`` rows, its values capacity sized from ``nnz`` values
+        per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments")."""
+        capacity = max(self._max_rows(), rows)
+        values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
+                  for off, v in nnz.items()}
+        return Segment(self.storage, self.store.schemas[table], self.id, table,  # type: ignore[arg-type]
+                       layout.segment_name(next(self._names)), capacity, values)
+
+    def _take_spare(self, table: str, rows: int, nnz: dict[str, int]) -> Segment | None:
+        """The table's spare segment if it holds an append of these sizes (and no vacuum deleted it)."""
+        future = self._spares.pop(table, None)
+        if future is None:
+            return None
+        try:
+            spare = future.result()
+        except Exception:  # noqa: BLE001 - the caller creates a segment now and meets the error if it persists
+            return None
+        if spare.capacity >= rows and all(spare.value_capacity[k] >= v for k, v in nnz.items()) and spare.present():
+            return spare
+        self._drop_segment(spare)
+        return None
+
+    def _drop_segment(self, seg: Segment) -> None:
+        """Close and delete a segment no commit references."""
+        seg.close()
+        self.storage.delete(seg.path)
+
+    def _background(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the writer's I/O threads (spare segments, deleting reclaimed storage)."""
+        if self._io is None:  # (two threads: a spare is not queued behind deletions)
+            self._io = ThreadPoolExecutor(2, thread_name_prefix=f"replaystore-io-{self.id}")
+        return self._io.submit(fn, *args)
+
+    def _delete_later(self, path: str, only_group: bool = False) -> None:
+        """Delete the unit at ``path`` on an I/O thread (with ``only_group``: if it still is a Zarr group)."""
+        if path in self._deleting:
+            return
+        self._deleting.add(path)
+
+        def delete() -> None:
+            try:
+                if not only_group or self.storage.exists(f"{path}/zarr.json"):
+                    self.storage.delete(path)
+            finally:
+                self._deleting.discard(path)
+        self._background(delete)
 
     def _convert(self, batch: Any, stream: Any, default_stream: bool, reset: Any, table: str | None,
                  done_updates: dict[tuple[str, StreamKey], bool],
@@ -486,7 +542,7 @@ class Writer:
                 (due if t <= now or gone else kept).append(entry)
             self._trash = kept
         for _, frag in due:
-            self.storage.delete(frag.path)
+            self._delete_later(frag.path)
         if cap is None:
             return
         mine = {seg.name for seg in self._open.values()} | {seg.name for segs in self._filling.values() for seg in segs}
@@ -507,8 +563,7 @@ class Writer:
                         or (writer == self.id and name not in mine)):
                     paths.add(backed[0].path)
             for path in sorted(paths):
-                if self.storage.exists(f"{path}/zarr.json"):
-                    self.storage.delete(path)
+                self._delete_later(path, only_group=True)
 
     def _max_rows(self) -> int:
         cap = self.store.capacity
@@ -725,9 +780,17 @@ class Writer:
             self.store.refresh()
 
     def _close_segments(self) -> None:
+        """Close the open segments, delete the spares and wait for the I/O threads' work."""
         for seg in self._open.values():
             seg.close()
         self._open = {}
+        spares, self._spares = self._spares, {}
+        for future in spares.values():
+            with contextlib.suppress(Exception):  # (a failed spare deleted what it had created)
+                self._drop_segment(future.result())
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
 
     def __enter__(self) -> Writer:
         return self
