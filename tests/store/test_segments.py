@@ -272,3 +272,38 @@ def test_a_capped_store_reclaims_full_segments_and_never_a_live_writers_open_one
     rows = [r for r in st.row_ids().tolist() if r >> layout.ROW_BITS == a.id]
     assert_same(st.read(rows), columns_of(DQN, [late]))
     assert verify(st) == []
+
+
+def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuumed(tmp_path: Path) -> None:
+    """Capacity 40: segments of 10 rows. Half full, the writer creates the next segment ahead
+    (a spare, unreferenced); a rollover takes it. A vacuum that deletes a spare makes the writer
+    create another instead of writing into unlinked files; close deletes the last spare."""
+    rng = np.random.default_rng(12)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=40)
+    data = tmp_path / "st" / layout.writer_dir(0) / "data/records"
+    batches = []
+    w = st.writer()
+
+    def put(n: int) -> None:
+        batches.append(dqn_batch(rng, n, extra=0))
+        w.append(batches[-1], stream=0)
+        w.commit()
+
+    put(6)  # 6 of 10 rows: a spare is made
+    spare = w._spares["records"].result()
+    (first,) = {f.segment.name for f in _fragments(st)}
+    assert sorted(os.listdir(data)) == sorted([first, spare.name])
+    put(6)  # rolls over into the spare
+    assert {f.segment.name for f in _fragments(st)} == {first, spare.name}
+    second = w._spares["records"].result()  # after a rollover, the next spare is made at once
+    assert open_store(url, mode="a").vacuum(older_than_s=0).deleted  # the unreferenced spare goes
+    assert not (data / second.name).exists()
+    put(6)  # does not fit: a new segment, not the vacuumed spare
+    names = {f.segment.name for f in _fragments(st)}
+    assert second.name not in names and len(names) == 3
+    w.close()
+    assert sorted(os.listdir(data)) == sorted(names)  # the last spare was deleted at close
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
