@@ -14,8 +14,8 @@ fsync). Rows, each against the peer in the same run:
 
 - ours: the store itself (``Writer.append`` + ``commit``), as in bench/store_bench.py;
 - fragment per commit: a new directory tree per commit, one file per array in its own
-  directories, plus each array's metadata file (format 1, and format 2 for capped stores and
-  object storage: a Zarr group per commit);
+  directories, plus each array's metadata file (format 1, and format 2 on object storage:
+  a Zarr group per commit);
 - chunk per commit: one new file per array per commit in directories that exist (an
   open segment whose arrays gain one chunk object per commit);
 - in-place segment: each array's file of an open segment extended in place and
@@ -217,7 +217,7 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     note = f"median of {cfg['reps']}; {per_commit:.1f} MiB per commit"
     out.add(f"store append, {n:,} records, commit every {COMMIT_EVERY:,}", med["ours"], peer_rate, "rows/s", 1.0,
             note + "; the store (validation, index arrays, an open segment)")
-    out.add("  floor: fragment per commit (format 1; capped stores)", med["fragment"], peer_rate, "rows/s", None,
+    out.add("  floor: fragment per commit (format 1)", med["fragment"], peer_rate, "rows/s", None,
             f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files per commit")
     out.add("  floor: chunk per commit in an open segment", med["chunk"], peer_rate, "rows/s", None,
             f"{designs.arrays} new files per commit in existing directories")
