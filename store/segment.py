@@ -150,7 +150,7 @@ class Segment:
                 # an offsets array's entry 0 is the zero it was created with: appends write entries 1, 2, ...
                 first = shapes[array][0].itemsize if array in schema.offsets_groups else 0
                 self._arrays[array] = _Array(fds[cpath], first)
-            storage.write_objects(objects)
+            storage.write_objects(objects, created=fds)
         except BaseException:
             self.close()
             storage.delete(self.path)

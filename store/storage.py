@@ -327,8 +327,8 @@ class LocalStorage(Storage):
 
     def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
         """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
-        (sparse where the filesystem allows) and return read-write descriptors of them, durable
-        with their directory entries (the files' fsyncs run concurrently, as in :meth:`write_objects`).
+        (sparse where the filesystem allows) and return read-write descriptors of them; durable,
+        with their directory entries, once passed to :meth:`write_objects` as ``created``.
         On error the files created are closed and removed."""
         fds: dict[str, int] = {}
         try:
@@ -339,9 +339,6 @@ class LocalStorage(Storage):
                 fds[path] = fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 self._entry_made(directory)
                 os.ftruncate(fd, size)
-            for _ in self._fsync_pool().map(os.fsync, fds.values()):
-                pass
-            self._sync_entries(list(sizes))
         except BaseException:
             for path, fd in fds.items():
                 os.close(fd)
@@ -350,15 +347,18 @@ class LocalStorage(Storage):
             raise
         return fds
 
-    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
+                      created: Mapping[str, int] | None = None) -> None:
         """Hand each file stream's fsync to a thread pool, write each buffered stream and object
         and hand its fsync over at once (the disk writes it back while the next ones are
         written), then fsync the directories whose entries are not yet durable (see the class)
         the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
-        where one after another paid a commit each. Nothing is referenced before this returns."""
+        where one after another paid a commit each. Nothing is referenced before this returns.
+        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too."""
         pool = self._fsync_pool()
         files: list[Any] = []
-        syncs: list[Future[None]] = []
+        created = created or {}
+        syncs: list[Future[None]] = [pool.submit(os.fsync, fd) for fd in created.values()]
         whole: list[tuple[str, Sequence[Buffer]]] = []
         for stream in streams:
             if isinstance(stream, _FileStream):
@@ -376,7 +376,7 @@ class LocalStorage(Storage):
                 f.writelines(parts)
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
-            for job in self._unsynced([*objects, *(s.path for s in streams)]):
+            for job in self._unsynced([*objects, *(s.path for s in streams), *created]):
                 syncs.append(pool.submit(self._sync_path, *job))
         finally:
             wait(syncs)  # every fsync ends before any descriptor is closed
