@@ -87,7 +87,7 @@ def _stream_codes(stream: Any, n: int) -> Coded:
     values = _values(stream, n)
     if values is None:
         return np.zeros(n, dtype=STREAM_CODE), [_key(stream)] if n else []
-    if getattr(stream, "ndim", 0) == 1 and stream.dtype.kind in "iuU":
+    if isinstance(stream, np.ndarray) and stream.ndim == 1 and stream.dtype.kind in "iuU":
         uniq, first, inverse = np.unique(stream, return_index=True, return_inverse=True)
         order = np.argsort(first)
         rank = np.empty(len(order), dtype=STREAM_CODE)
@@ -223,7 +223,7 @@ class Writer:
         """The table's open segment, if ``cols`` fit in it; else a new one (the old one is sealed).
 
         Once the open segment is half full its successor is created on the writer's I/O thread
-        (a *spare*: creating a segment's files and directories durably takes ~20 ms of fsyncs),
+        (a *spare*: creating a segment's files and directories durably takes ~10 ms),
         so that a rollover rarely waits."""
         nnz = {off: int(cols.arrays[off][-1]) - int(cols.arrays[off][0]) for off in cols.schema.offsets_groups}
         seg = self._open.get(table)

@@ -198,6 +198,27 @@ def test_int_and_str_streams_auto_increment(backend: Backend) -> None:
         assert not resets.any()
 
 
+def test_per_record_key_arrays_int_str_and_torch(backend: Backend) -> None:
+    """Per-record keys as numpy int and str arrays and a torch tensor (coded without a Python
+    object per record) behave like the same keys as a list: steps per stream, and with
+    ``reset=True`` a reset on each stream's first record of the append."""
+    import torch
+
+    rng = np.random.default_rng(14)
+    st = backend.open(DQN)
+    with st.writer() as w:
+        w.append(_dqn(rng, 5), stream=np.array([9, 4, 9, 9, 4], dtype=np.int32), reset=True)
+        w.append(_dqn(rng, 4), stream=np.array(["x", "y", "x", "x"]), reset=True)
+        w.append(_dqn(rng, 3), stream=torch.tensor([4, 9, 4]))
+        w.append(_dqn(rng, 2), stream=["y", 9])
+    for handle in (st, backend.open(mode="r")):
+        keys, steps, resets = handle.default.index_of(handle.row_ids())
+        assert keys.tolist() == [9, 4, 9, 9, 4, "x", "y", "x", "x", 4, 9, 4, "y", 9]
+        assert all(type(k) in (int, str) for k in keys.tolist())
+        assert steps.tolist() == [0, 0, 1, 2, 1, 0, 0, 1, 2, 2, 3, 3, 1, 4]
+        assert np.flatnonzero(resets).tolist() == [0, 1, 5, 6]
+
+
 def test_explicit_steps_runs_and_lookup(backend: Backend) -> None:
     rng = np.random.default_rng(5)
     st = backend.open(DQN)
