@@ -684,7 +684,7 @@ def test_arrow_schema_missing_a_column() -> None:
 @pytest.mark.parametrize("bound", [1, 100, 127, 128, 200, 255])
 def test_id_range_checked_exactly_for_every_integer_width(dtype: type, bound: int) -> None:
     """The one-reduction range check (negatives read as unsigned) and its fallback for bounds
-    beyond the signed half agree with a plain comparison for every representable value."""
+    beyond the signed half agree with a plain comparison at each width's edges and the bound's."""
     schema = Schema("ids", [Dense("a", dtype, id_bound=bound)])
     info = np.iinfo(dtype)
     for v in sorted(x for x in {info.min, -100, -1, 0, bound - 1, bound, info.max} if info.min <= x <= info.max):

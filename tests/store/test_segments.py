@@ -307,3 +307,27 @@ def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuume
     st = open_store(url, mode="r")
     assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
     assert verify(st) == []
+
+
+def test_a_spare_too_small_for_the_append_is_dropped_for_a_new_segment(tmp_path: Path) -> None:
+    """Segments of 10 rows (capacity 40): an append of 15 records does not fit the spare made
+    ahead, so the writer deletes the spare and opens a segment large enough for the batch."""
+    rng = np.random.default_rng(13)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=40)
+    data = tmp_path / "st" / layout.writer_dir(0) / "data/records"
+    batches = [dqn_batch(rng, 6, extra=0), dqn_batch(rng, 15, extra=0)]
+    w = st.writer()
+    w.append(batches[0], stream=0)
+    w.commit()
+    spare = w._spares["records"].result()
+    w.append(batches[1], stream=0)
+    w.commit()
+    names = {f.segment.name for f in _fragments(st)}
+    assert len(names) == 2 and spare.name not in names and not (data / spare.name).exists()
+    assert max(f.segment.capacity for f in _fragments(st)) == 15
+    w.close()
+    assert sorted(os.listdir(data)) == sorted(names)  # the spare made after the rollover went at close
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches))
+    assert verify(st) == []
