@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.tracking import inside
+from replaystore.loaders.passorder import PassOrder
+from replaystore.loaders.tracking import difference, inside
 
 
 class UniformSampler(StoreSampler):
@@ -40,7 +41,10 @@ class EpochSampler(StoreSampler):
     Every record lands in exactly one minibatch per pass, a different partition each
     pass; the last minibatch may be smaller (``drop_last=True`` drops it). Iterating
     the sampler runs one pass (``num_batches`` bounds it further); the records of a
-    pass are fixed when it starts.
+    pass are fixed when it starts. A pass's order is a uniformly random permutation
+    made from a seed drawn at its start (loaders/passorder.py: beyond 1M records it is
+    made a chunk at a time as the pass goes), so the resumable state is that seed, the
+    pass's row intervals and a count, not the order.
     """
 
     kind = "epoch"
@@ -49,36 +53,36 @@ class EpochSampler(StoreSampler):
                  **kwargs: Any) -> None:
         self.drop_last = drop_last
         self.epoch = 0
-        self._order: np.ndarray | None = None
-        self._cursor = 0
+        self._order: PassOrder | None = None
+        self._pass_rows = np.zeros((0, 2), dtype=np.int64)  # the visible row intervals at the pass's start
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _start_pass(self) -> None:
-        cand = self.candidates()
-        rows = self.table.row_ids() if cand is None else cand
+        self.tracker.poll()  # later changes count from this view
+        self._pass_rows = self.tracker.view
+        rows = self.restrict(self._pass_rows)
         if not len(rows):
             raise self._empty()
-        # shuffling the rows themselves: the same draws and result as rows[permutation(n)], without
-        # a second random-access pass over n entries (half the pass start at 10M records)
-        self._order = self.rng.permutation(rows)
-        self._cursor = 0
-        self.tracker.poll()  # later changes count from this view
+        self._order = PassOrder(rows, int(self.rng.integers(2**63)))
 
     def _prune(self) -> None:
         """Drop the rest of the pass's rows that were evicted since it started (they cannot be read).
 
-        Only when rows stopped being visible (cost: the rest of the pass); appends cost nothing.
+        Only when rows stopped being visible; appends cost nothing. A pass whose rows all
+        stay visible keeps its seeded order; otherwise the rest of the order is made and
+        filtered (cost: the rest of the pass).
         """
         change = self.tracker.poll()
-        if self._order is None or change is None or not (change.full or len(change.removed)):
+        order = self._order
+        if order is None or change is None or not (change.full or len(change.removed)):
             return
-        rest = self._order[self._cursor:]
-        alive = inside(rest, self.tracker.view)
-        if not alive.all():
-            self._order = np.concatenate([self._order[:self._cursor], rest[alive]])
+        view = self.tracker.view
+        if order.seed is not None and not len(self.restrict(difference(self._pass_rows, view))):
+            return
+        order.keep(lambda rows: inside(rows, view))
 
     def _remaining(self) -> int:
-        return 0 if self._order is None else len(self._order) - self._cursor
+        return 0 if self._order is None else len(self._order)
 
     def _exhausted(self) -> bool:
         self._prune()
@@ -96,8 +100,7 @@ class EpochSampler(StoreSampler):
         if self._exhausted():
             self._next_pass()
         assert self._order is not None
-        rows = self._order[self._cursor:self._cursor + self.batch_size]
-        self._cursor += len(rows)
+        rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
         return Request(rows)
 
@@ -120,16 +123,27 @@ class EpochSampler(StoreSampler):
         return full if self.num_batches is None else min(full, self.num_batches)
 
     def state_dict(self) -> dict[str, Any]:
+        """Besides the base state: the pass as its seed, row intervals and rows taken, or, once
+        evictions made it depart from its seed, the rows it has left."""
         state = super().state_dict()
-        state.update(epoch=self.epoch, cursor=self._cursor, drop_last=self.drop_last)
-        if self._order is not None:
-            state["order"] = self._order
+        state.update(epoch=self.epoch, drop_last=self.drop_last)
+        order = self._order
+        if order is not None and order.seed is not None:
+            state.update(pass_seed=order.seed, pass_rows=self._pass_rows, taken=order.taken)
+        elif order is not None:
+            state["rest"] = order.rest().copy()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.epoch = int(state["epoch"])
-        self._cursor = int(state["cursor"])
-        order = state.get("order")
-        self._order = None if order is None else np.asarray(order, dtype=np.int64)
+        self._order = None
+        if "pass_seed" in state:
+            self._pass_rows = np.asarray(state["pass_rows"], dtype=np.int64).reshape(-1, 2)
+            self._order = PassOrder(self.restrict(self._pass_rows), int(state["pass_seed"]))
+            self._order.take(int(state["taken"]))
+        elif "rest" in state:
+            self._order = PassOrder(np.asarray(state["rest"], dtype=np.int64), None)
+        elif state.get("order") is not None:  # saved before pass seeds: the whole order and a cursor
+            self._order = PassOrder(np.asarray(state["order"], dtype=np.int64)[int(state["cursor"]):], None)
         self.tracker.reset()
