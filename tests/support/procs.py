@@ -24,6 +24,11 @@ Roles:
   content and prints a JSON summary: the keys it won, and every exception (none expected).
 - ``register-writer``: opens the store, prints ``ready``, waits for the gate, then
   registers a writer, appends one batch and commits; prints a JSON summary.
+- ``fsize-writer``: appends and commits to a new local store while its file size limit
+  (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored) is lowered at chosen moments, so that
+  file writes and file sizing past the limit fail with ``EFBIG`` as they would on a full
+  disk; prints one JSON line per step: the errno name it raised (or null) and the
+  visible record count. Every batch is :func:`fsize_batch`.
 
 Everything a child writes is a pure function of its arguments, so the parent
 regenerates the expected records bit for bit.
@@ -31,10 +36,12 @@ regenerates the expected records bit for bit.
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import functools
 import json
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -49,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.schemas import Schema, dqn
+from replaystore.schemas import Schema, dqn, transitions
 from replaystore.store import open_store
 from support.batches import dqn_batch
 
@@ -340,6 +347,60 @@ def register_writer(url: str, storage_options: dict | None, seed: int, tag: str)
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
+FSIZE_CAPACITY = 4_000  # the fsize-writer's store: segments of capacity // 4 = 1,000 records
+
+
+def fsize_batch(start: int, n: int) -> dict[str, np.ndarray]:
+    """Records ``start .. start + n - 1`` of the fsize-writer: ``reward`` is the record number."""
+    rng = np.random.default_rng(start)
+    return {"obs": rng.random((n, 4), dtype=np.float32), "action": np.arange(start, start + n) % 3,
+            "reward": np.arange(start, start + n, dtype=np.float32),
+            "next_obs": rng.random((n, 4), dtype=np.float32), "terminated": np.zeros(n, dtype=bool)}
+
+
+def fsize_writer(url: str) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    st = open_store(url, transitions(4), mode="w", capacity=FSIZE_CAPACITY)
+    w = st.writer()
+    segment_bytes = FSIZE_CAPACITY // 4 * 16  # a segment's largest file: 1,000 records of 4 float32
+
+    def step(name: str, limit: int, fn: Any) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        try:
+            fn()
+            raised = None
+        except OSError as e:
+            raised = errno.errorcode.get(e.errno or 0, str(e.errno))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        _say(json.dumps({"step": name, "raised": raised, "visible": len(st)}))
+
+    unlimited = resource.RLIM_INFINITY
+    step("first", unlimited, lambda: (w.append(fsize_batch(0, 400), stream=1), w.commit()))
+    # the open segment gets half full: its successor (a spare) is created on an I/O thread, and
+    # cannot be (its files would end past the limit); writes into the open segment still fit
+    spare: list[BaseException | None] = []
+
+    def half() -> None:
+        w.append(fsize_batch(400, 200), stream=1)
+        spare.append(w._spares["records"].exception())  # white-box: waits for the background creation
+
+    step("half", segment_bytes - 1, half)
+    _say(json.dumps({"step": "spare", "raised": errno.errorcode[spare[0].errno]  # type: ignore[union-attr]
+                     if isinstance(spare[0], OSError) else repr(spare[0]), "visible": len(st)}))
+    # 600 more do not fit: a rollover, whose segment cannot be created either
+    step("rollover", segment_bytes - 1, lambda: w.append(fsize_batch(600, 600), stream=1))
+    step("again", segment_bytes - 1, lambda: w.append(fsize_batch(600, 100), stream=1))
+    step("recovered", unlimited, lambda: (w.append(fsize_batch(600, 600), stream=1), w.commit()))
+    # a write past the limit in the middle of an append (the new segment holds 600 records)
+    step("mid-append", 600 * 16 + 50, lambda: w.append(fsize_batch(1200, 100), stream=1))
+    step("append", unlimited, lambda: w.append(fsize_batch(1200, 100), stream=1))
+    # the commit record cannot be written: nothing becomes visible, the records stay pending
+    step("commit", 1, w.commit)
+    step("commit again", unlimited, w.commit)
+    step("close", unlimited, w.close)
+
+
 class Child:
     """A child process running one role; stdout read line-wise with deadlines, stderr kept in a file.
 
@@ -434,7 +495,7 @@ class Child:
 
 
 ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
-         "create-racer": create_racer, "register-writer": register_writer}
+         "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer}
 
 
 def main(argv: list[str]) -> None:
