@@ -1,9 +1,9 @@
 """The rows of one epoch pass in a uniformly random order, reproducible from a seed and made as needed.
 
-Up to ``IN_CACHE`` rows, the order is one ``Generator.permutation`` at the start of the
-pass. Beyond that a whole-array shuffle misses the CPU caches on nearly every row
-(~35-85 ns per row at 10M rows against ~9 ns at 100k), so the order is made a chunk
-at a time from cache-sized pieces instead:
+Up to ``IN_CACHE`` rows, the order is one in-place shuffle at the start of the pass.
+Beyond that a whole-array shuffle misses the CPU caches on nearly every row (~35-85 ns
+per row at 10M rows against ~9 ns at 100k), so the order is made a chunk at a time
+from cache-sized pieces instead:
 
 1. at the start of the pass the rows are cut into blocks of ``BLOCK`` consecutive rows
    and each block is shuffled on its own (in cache);
@@ -26,7 +26,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-IN_CACHE = 1 << 20  # up to this many rows: one permutation at the start of the pass
+# up to this many rows: one permutation at the start of the pass (measured per row, permutation vs
+# blocked: 12 vs 22 ns at 1M rows, 19 vs 24 ns at 4M, 29 vs 25 ns at 8M; docs/PERFORMANCE.md)
+IN_CACHE = 1 << 22
 BLOCK = 1 << 14     # rows per block (128 KiB of row ids: shuffled in the CPU's cache)
 CHUNK = 1 << 16     # positions made at a time beyond IN_CACHE
 

@@ -42,7 +42,7 @@ class EpochSampler(StoreSampler):
     pass; the last minibatch may be smaller (``drop_last=True`` drops it). Iterating
     the sampler runs one pass (``num_batches`` bounds it further); the records of a
     pass are fixed when it starts. A pass's order is a uniformly random permutation
-    made from a seed drawn at its start (loaders/passorder.py: beyond 1M records it is
+    made from a seed drawn at its start (loaders/passorder.py: beyond 4M records it is
     made a chunk at a time as the pass goes), so the resumable state is that seed, the
     pass's row intervals and a count, not the order.
     """
