@@ -54,7 +54,6 @@ class StoreSampler(Sampler[Request]):
         self._view_version = -1
         self._spans = np.zeros((0, 2), dtype=np.int64)  # visible subset entries: [lo, hi) into subset
         self._cum = np.zeros(1, dtype=np.int64)  # their cumulative counts
-        self._cand: tuple[int, np.ndarray] | None = None  # (log version, visible subset rows)
         self.num_batches = num_batches
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
@@ -106,18 +105,6 @@ class StoreSampler(Sampler[Request]):
         self._subset_view()
         span = np.searchsorted(self._cum[1:], positions, side="right")
         return self.subset[self._spans[span, 0] + positions - self._cum[span]]
-
-    def candidates(self) -> np.ndarray | None:
-        """The subset's visible row ids (None: the whole table); do not modify the array returned.
-
-        Cost: the subset's visible rows, once per change of the table's view.
-        """
-        if self.subset is None:
-            return None
-        self._subset_view()
-        if self._cand is None or self._cand[0] != self._view_version:
-            self._cand = (self._view_version, self.subset[expand(self._spans)])
-        return self._cand[1]
 
     def restrict(self, iv: np.ndarray) -> np.ndarray:
         """The rows the sampler draws from among row-id intervals ``iv``, ascending (cost: the result)."""
