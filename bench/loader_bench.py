@@ -37,7 +37,8 @@ issue 4 ("Performance"). What is measured (docs/PERFORMANCE.md, "Loaders", has t
    shown as information.
    4b. the same stores kept growing: another writer commits LIVE_COMMIT records before every
    minibatch, so each ``sample()`` first follows a change of the store (the sampler's
-   incremental bookkeeping); median of a few, 10M vs 100k, target 1.5x as above.
+   incremental bookkeeping); median of a few, 10M vs 100k, target 1.5x as above (the
+   reader's maps faulted in first, as in section 4).
 5. DataLoader end to end: ``make_loader(st, UniformSampler, num_workers=2)`` vs
    ``num_workers=0`` on the 1M-record store (information).
 
@@ -440,9 +441,13 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
 
 def live_costs(cfg: dict[str, Any], path: str, kind: str) -> tuple[float, float, float]:
     """Median seconds of ``(refresh, sample, sample+gather)`` right after another writer committed
-    LIVE_COMMIT records (the commit itself is not timed; a new commit before each minibatch)."""
+    LIVE_COMMIT records (the commit itself is not timed; a new commit before each minibatch).
+    The reader's maps are faulted in first, as in section 4: a learner that has run a while has
+    touched its pages (a fresh reader's first random reads at 10M records pay a page fault per
+    page touched, ~0.7 ms per minibatch here, which is not what following a commit costs)."""
     st = open_store(path, mode="r")
     tab = st.table("records")
+    prefault(tab)
     s = make_sampler(kind, st)
     s.sample()
     errs = np.random.default_rng(6).exponential(1.0, SAMPLE)
