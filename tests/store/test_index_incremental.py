@@ -138,3 +138,21 @@ def test_large_change_rebuilds_and_small_change_follows(new_url: Callable[[], st
         reader.refresh()
         assert reader.default.reader.index is second
         assert_same_index(second, open_store(url, mode="r").default.reader.index)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=hs.integers(0, 300), streams=hs.sampled_from([1, 3, 40, 70_000]), ascending=hs.booleans(),
+       dup=hs.booleans(), seed=hs.integers(0, 2**32 - 1))
+def test_build_order_is_the_lexsort_order(n: int, streams: int, ascending: bool, dup: bool, seed: int) -> None:
+    """The index build's sort (radix by stream id when row order already has each stream's steps
+    ascending, else a lexsort) gives exactly ``np.lexsort((step, sid))``, ties in row order."""
+    from replaystore.store.index import _stream_step_order
+    rng = np.random.default_rng(seed)
+    sid = rng.integers(0, streams, n).astype(np.int64)
+    step = rng.integers(0, 5 if dup else 1000, n).astype(np.int64)
+    if ascending:  # one writer's appends: steps ascend per stream in row order (equal ones with dup)
+        step = np.zeros(n, dtype=np.int64)
+        for s in np.unique(sid):
+            at = np.flatnonzero(sid == s)
+            step[at] = np.sort(rng.integers(0, 3 if dup else 10**6, len(at)))
+    assert np.array_equal(_stream_step_order(sid, step, streams), np.lexsort((step, sid)))
