@@ -40,18 +40,32 @@ def legal_windows(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray,
     """
     m = len(steps)
     pos = np.arange(m, dtype=np.int64)
-    brk = np.ones(m, dtype=bool)
-    brk[1:] = (stream_ids[1:] != stream_ids[:-1]) | (steps[1:] != steps[:-1] + 1)
-    run_starts = np.flatnonzero(brk)
-    run_id = np.cumsum(brk) - 1
-    run_start = run_starts[run_id] if m else pos
-    run_end = np.r_[run_starts[1:], m][run_id] if m else pos
-    last_reset = np.maximum.accumulate(np.where(resets, pos, -1)) if m else pos
-    ctx = np.minimum(burn_in, pos - run_start)
-    has_reset = last_reset >= pos - ctx
-    start = np.where(has_reset, last_reset, pos - burn_in)
-    ok = (run_end - pos >= length) & (has_reset | (ctx == burn_in))
-    return Windows(pos[ok], start[ok], (burn_in - (pos - start))[ok])
+    if not m:
+        return Windows(pos, pos.copy(), pos.copy())
+    # entry p starts a run: a new stream or a step gap
+    brk = np.empty(m, dtype=bool)
+    brk[0] = True
+    np.not_equal(stream_ids[1:], stream_ids[:-1], out=brk[1:])
+    brk[1:] |= np.subtract(steps[1:], steps[:-1]) != 1
+    run_start = np.where(brk, pos, 0)  # of the run holding each entry
+    np.maximum.accumulate(run_start, out=run_start)
+    last_reset = np.where(resets, pos, -1)
+    np.maximum.accumulate(last_reset, out=last_reset)
+    # the burn-in context starts at the later of pos - burn_in and the run's start, and is cut
+    # at the latest reset inside it; with no reset it must be whole
+    start = pos - burn_in
+    whole = start >= run_start
+    np.maximum(start, run_start, out=start)
+    has_reset = last_reset >= start
+    np.copyto(start, last_reset, where=has_reset)
+    # the learning steps pos .. pos + length - 1 lie in pos's run
+    ok = np.zeros(m, dtype=bool)
+    if length <= m:
+        np.equal(run_start[length - 1:], run_start[:m - length + 1], out=ok[:m - length + 1])
+    ok &= has_reset | whole
+    learn = np.flatnonzero(ok)
+    start = start[ok]
+    return Windows(learn, start, burn_in - (learn - start))
 
 
 _COLUMNS = {"learn": np.dtype(np.int64), "start": np.dtype(np.int64), "pad": np.dtype(np.int64)}
