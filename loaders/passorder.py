@@ -93,9 +93,13 @@ class PassOrder:
     def take(self, k: int) -> np.ndarray:
         """The next ``k`` rows (fewer at the end)."""
         blocks = self._blocks
-        while blocks is not None and len(self._made) - self._at < k and blocks.remaining:
-            self._made = np.concatenate([self._made[self._at:], blocks.chunk()])
-            self._at = 0
+        if blocks is not None and len(self._made) - self._at < k and blocks.remaining:
+            parts = [self._made[self._at:]]
+            have = len(parts[0])
+            while have < k and blocks.remaining:  # (one concatenation: a resume takes millions at once)
+                parts.append(blocks.chunk())
+                have += len(parts[-1])
+            self._made, self._at = np.concatenate(parts), 0
         out = self._made[self._at:self._at + k]
         self._at += len(out)
         self.taken += len(out)
