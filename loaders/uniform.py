@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.passorder import PassOrder
 from replaystore.loaders.tracking import difference, inside
@@ -35,6 +36,11 @@ class UniformSampler(StoreSampler):
         return Request(rows)
 
 
+def _fingerprint(rows: np.ndarray) -> list[int]:
+    """Row count and sum of the row ids: a resumed pass must be over the same rows."""
+    return [len(rows), int(np.add.reduce(rows, dtype=np.int64))]
+
+
 class EpochSampler(StoreSampler):
     """Passes over the visible records: each pass partitions them into shuffled minibatches.
 
@@ -55,6 +61,7 @@ class EpochSampler(StoreSampler):
         self.epoch = 0
         self._order: PassOrder | None = None
         self._pass_rows = np.zeros((0, 2), dtype=np.int64)  # the visible row intervals at the pass's start
+        self._pass_check = [0, 0]  # the pass's row count and row-id sum (_fingerprint)
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _start_pass(self) -> None:
@@ -63,6 +70,7 @@ class EpochSampler(StoreSampler):
         rows = self.restrict(self._pass_rows)
         if not len(rows):
             raise self._empty()
+        self._pass_check = _fingerprint(rows)
         self._order = PassOrder(rows, int(self.rng.integers(2**63)))
 
     def _prune(self) -> None:
@@ -123,13 +131,15 @@ class EpochSampler(StoreSampler):
         return full if self.num_batches is None else min(full, self.num_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        """Besides the base state: the pass as its seed, row intervals and rows taken, or, once
+        """Besides the base state: the pass as its seed, row intervals, row count and row-id sum
+        (checked on load: a sampler with another subset is refused) and rows taken, or, once
         evictions made it depart from its seed, the rows it has left."""
         state = super().state_dict()
         state.update(epoch=self.epoch, drop_last=self.drop_last)
         order = self._order
         if order is not None and order.seed is not None:
-            state.update(pass_seed=order.seed, pass_rows=self._pass_rows, taken=order.taken)
+            state.update(pass_seed=order.seed, pass_rows=self._pass_rows, pass_check=self._pass_check,
+                         taken=order.taken)
         elif order is not None:
             state["rest"] = order.rest().copy()
         return state
@@ -140,7 +150,12 @@ class EpochSampler(StoreSampler):
         self._order = None
         if "pass_seed" in state:
             self._pass_rows = np.asarray(state["pass_rows"], dtype=np.int64).reshape(-1, 2)
-            self._order = PassOrder(self.restrict(self._pass_rows), int(state["pass_seed"]))
+            rows = self.restrict(self._pass_rows)
+            self._pass_check = _fingerprint(rows)
+            if self._pass_check != [int(v) for v in state["pass_check"]]:
+                raise StoreError("epoch state: the saved pass was over other rows than this sampler's subset "
+                                 "selects from them (construct the sampler with the subset it was saved with)")
+            self._order = PassOrder(rows, int(state["pass_seed"]))
             self._order.take(int(state["taken"]))
         elif "rest" in state:
             self._order = PassOrder(np.asarray(state["rest"], dtype=np.int64), None)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from replaystore.errors import StoreError
 from replaystore.loaders import EpochSampler, passorder
 from replaystore.loaders.passorder import PassOrder
 from support.loaderref import Append, Harness, chi2_bound, chi2_stat
@@ -143,3 +144,19 @@ def test_epoch_pass_with_evictions_saves_its_rest_and_loads_older_states(new_url
         legacy = EpochSampler(h.store, batch_size=6, seed=7)
         legacy.load_state_dict(old)
         assert np.array_equal(np.concatenate([r.rows for r in legacy]), want)
+
+
+def test_epoch_state_loads_only_into_a_sampler_over_the_same_rows(new_url: Any) -> None:
+    h = Harness(new_url(), None)
+    _store(h, 3)
+    subset = np.arange(0, 30, 2)
+    sampler = EpochSampler(h.store, batch_size=4, seed=1, subset=subset)
+    sampler.sample()
+    state = sampler.state_dict()
+    assert state["pass_check"] == [15, int(subset.sum())]
+    for other in (np.arange(0, 30, 3), np.r_[subset[:-1], 29]):  # other rows; as many, another sum
+        with pytest.raises(StoreError, match="subset it was saved with"):
+            EpochSampler(h.store, batch_size=4, subset=other).load_state_dict(state)
+    same = EpochSampler(h.store, batch_size=4, subset=subset)
+    same.load_state_dict(state)
+    assert np.array_equal(same.sample().rows, sampler.sample().rows)
