@@ -37,15 +37,20 @@ class ReservoirSampler(StoreSampler):
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _not_offered(self, rows: np.ndarray) -> np.ndarray:
-        """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order)."""
-        writers = rows >> ROW_BITS
-        local = rows & ((1 << ROW_BITS) - 1)
-        new = np.zeros(len(rows), dtype=bool)
-        for w in np.unique(writers).tolist():
-            mine = writers == w
-            new |= mine & (local >= self.offered_upto.get(w, 0))
-            self.offered_upto[w] = max(self.offered_upto.get(w, 0), int(local[mine][-1]) + 1)
-        return rows[new]
+        """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order).
+
+        A writer's rows are a contiguous run of ascending ``rows`` (its id is the high bits), so
+        each writer costs one search, not a pass over every row."""
+        parts = [rows[:0]]
+        lo = 0
+        while lo < len(rows):
+            w = int(rows[lo]) >> ROW_BITS
+            hi = int(np.searchsorted(rows, (w + 1) << ROW_BITS))
+            upto = self.offered_upto.get(w, 0)
+            parts.append(rows[lo + int(np.searchsorted(rows[lo:hi], (w << ROW_BITS) + upto)):hi])
+            self.offered_upto[w] = max(upto, (int(rows[hi - 1]) & ((1 << ROW_BITS) - 1)) + 1)
+            lo = hi
+        return parts[-1] if len(parts) == 2 else np.concatenate(parts)
 
     def _sync(self) -> None:
         """Offer the rows that became visible; drop members that stopped being visible.
@@ -63,14 +68,14 @@ class ReservoirSampler(StoreSampler):
 
     def _offer(self, rows: np.ndarray) -> None:
         k = self.capacity
-        n = self.seen + np.arange(len(rows), dtype=np.int64)  # records offered before each one
         # free slots are filled first: n < k on an intact reservoir, and the slots of members
         # that a table capacity evicted (else a replacement index j could point past the end)
-        fill = np.arange(len(rows)) < k - len(self.members)
-        members = np.concatenate([self.members, rows[fill]])
-        later = rows[~fill]
+        free = max(k - len(self.members), 0)
+        members = np.concatenate([self.members, rows[:free]])
+        later = rows[free:]
         if len(later):
-            j = self.rng.integers(0, n[~fill] + 1)
+            # the i-th row is kept in slot j, uniform on [0, n_i] for n_i records offered before it
+            j = self.rng.integers(0, np.arange(self.seen + free, self.seen + len(rows), dtype=np.int64) + 1)
             keep = j < k
             slots, values = j[keep], later[keep]
             # the last offer to a slot wins: keep each slot's final value
