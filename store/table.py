@@ -13,7 +13,7 @@ from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.fragment import Fragment, FragmentData
-from replaystore.store.index import Piece, StreamIndex
+from replaystore.store.index import Piece, StreamIndex, StreamKey
 from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
@@ -41,6 +41,10 @@ class TableReader:
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
+        # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
+        self._listed: set[StreamKey] = set()
+        self._listed_from: set[tuple[int, str]] = set()
+        self._listed_version = -1
         # the view the index describes, where the current one differs: followed on next use
         self._index_view: tuple[list[Fragment], np.ndarray, dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
@@ -338,6 +342,19 @@ class TableReader:
         return streams, steps, resets
 
     # -- stream index -----------------------------------------------------------------
+    def lists_stream(self, key: StreamKey) -> bool:
+        """False only when no visible fragment lists stream ``key``: it then has no visible
+        records, which a writer asking for a new stream's last step learns without the
+        index. (True may still mean no visible records: keys of fragments evicted or
+        compacted since stay listed.) Cost: fragments not seen before."""
+        if self._listed_version != self._version:
+            self._listed_version = self._version
+            for f in self.fragments:
+                if (f.writer, f.name) not in self._listed_from:
+                    self._listed_from.add((f.writer, f.name))
+                    self._listed.update(f.streams)
+        return key in self._listed
+
     @property
     def index(self) -> StreamIndex:
         """The (stream, step) index of visible rows: built on first use, then followed across

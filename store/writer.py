@@ -151,8 +151,9 @@ class Writer:
         self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
-        # the step/done bookkeeping as of the last commit, restored by discard()
-        self._committed: tuple[dict[tuple[str, StreamKey], int], dict[tuple[str, StreamKey], bool]] = ({}, {})
+        # what the appends since the last commit replaced in those two maps (None: absent), so that
+        # discard() restores them at the cost of the streams appended to, not of all streams written
+        self._undo: tuple[dict[tuple[str, StreamKey], int | None], dict[tuple[str, StreamKey], bool | None]] = ({}, {})
         # commit times only move forward, even if this host's clock is behind the log's
         self._time_ns = max((c.body.get("time_ns", 0) for c in store.log.commits), default=0)
         self._fresh = False  # whether this append already refreshed the store (see _known_last)
@@ -207,8 +208,11 @@ class Writer:
             raise
         for name, (cols, _, _) in tables.items():
             self._pending[name].append(_Pending(len(cols), dict(cols.meta)))
-        self._last_step.update(new_last)
-        self._last_done.update(done_updates)
+        for undo, now, changes in zip(self._undo, (self._last_step, self._last_done), (new_last, done_updates),
+                                      strict=True):
+            for key in changes.keys() - undo.keys():
+                undo[key] = now.get(key)
+            now.update(changes)
         return sum(len(cols) for cols, _, _ in tables.values())
 
     def _stage(self, table: str) -> StagedFragment:
@@ -365,7 +369,8 @@ class Writer:
             # then repeat stored steps) or reference fragments reclaimed since (StaleReadError).
             self.store.refresh()
             self._fresh = True
-        last = self.store.table(table).reader.index.last_step(key)
+        reader = self.store.table(table).reader
+        last = reader.index.last_step(key) if reader.lists_stream(key) else None
         if last is not None:
             self._last_step[(table, key)] = last
         return last
@@ -462,7 +467,7 @@ class Writer:
                 frag.close()
             else:  # opened by an append that failed: nothing of it is pending
                 frag.abort()
-        self._committed = (dict(self._last_step), dict(self._last_done))
+        self._undo = ({}, {})
         self.store.refresh()
         self._reclaim()
         self._schedule_merge()
@@ -763,7 +768,13 @@ class Writer:
                     if self._open.get(table) is seg:
                         del self._open[table]
             self._filling[table] = []
-        self._last_step, self._last_done = dict(self._committed[0]), dict(self._committed[1])
+        for undo, now in zip(self._undo, (self._last_step, self._last_done), strict=True):
+            for key, old in undo.items():
+                if old is None:
+                    now.pop(key, None)
+                else:
+                    now[key] = old
+        self._undo = ({}, {})
 
     def close(self) -> None:
         """Commit what is pending, finish compaction and release the writer.

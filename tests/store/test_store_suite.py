@@ -304,6 +304,33 @@ def test_a_stream_handed_over_to_an_older_handle_continues_its_steps(backend: Ba
         w.append(_dqn(rng, 1), stream="k", step=9)
 
 
+def test_new_streams_get_steps_without_the_stream_index(backend: Backend) -> None:
+    """A collector appending fresh episodes (new stream keys) learns they have no stored steps
+    from the fragments' stream lists, without building or following the (stream, step) index;
+    keys that another writer did write still continue its steps."""
+    rng = np.random.default_rng(13)
+    other = backend.open(DQN)
+    with other.writer() as w:
+        w.append(_dqn(rng, 3), stream="shared")
+    st = backend.open(DQN)
+    reader = st.default.reader
+    with st.writer() as w:
+        for i in range(4):
+            w.append(_dqn(rng, 4), stream=np.repeat([f"ep{2 * i}", f"ep{2 * i + 1}"], 2), reset=True)
+            w.commit()
+        assert reader._index is None  # fresh keys never asked the index
+        assert not reader.lists_stream("ep8") and reader.lists_stream("ep0") and reader.lists_stream("shared")
+        w.append(_dqn(rng, 2), stream="shared")  # written by the other writer: its steps continue
+        w.append(_dqn(rng, 2), stream="ep1")  # this writer's own: from its cached last step
+    assert st.rows("shared")[1].tolist() == [0, 1, 2, 3, 4]
+    assert st.rows("ep1")[1].tolist() == [0, 1, 2, 3]
+    assert all(st.rows(f"ep{i}")[1].tolist() == [0, 1] for i in (0, 2, 7))
+    # the listing is a superset of the streams with visible records, never a subset
+    fresh = backend.open(mode="r").default.reader
+    for key in [*st.streams(), "never", 5]:
+        assert fresh.lists_stream(key) == (key in st.streams())
+
+
 def test_two_writers_interleave_and_readers_merge(backend: Backend) -> None:
     rng = np.random.default_rng(8)
     st_a, st_b = backend.open(DQN), backend.open(DQN)
