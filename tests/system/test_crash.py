@@ -501,6 +501,26 @@ def test_record_decoder_rejects_every_truncation() -> None:
             records.decode("x.json", data[:cut])
 
 
+def test_record_decoder_checks_every_byte_and_any_layout() -> None:
+    """Every single-bit flip anywhere in a record is caught; the canonical layout is exactly the
+    sorted, compact JSON of the whole document; other layouts of a correct document decode too."""
+    body = {"writer": 0, "seq": 7, "tables": {"records": {"streams": [5, "a,\"crc32c\":1}", 6]}}, "crc32c": 3}
+    data = records.encode(body)
+    crc = json.loads(data)["crc32c"]
+    assert data == json.dumps({"body": body, "crc32c": crc}, sort_keys=True, separators=(",", ":")).encode()
+    for i in range(len(data)):
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[i] ^= 1 << bit
+            with pytest.raises(CorruptObjectError):
+                records.decode("x.json", bytes(flipped))
+    for doc in (json.dumps({"crc32c": crc, "body": body}, indent=2), json.dumps({"body": body, "crc32c": crc})):
+        assert records.decode("x.json", doc.encode()) == body
+    wrong = json.dumps({"body": dict(body, seq=8), "crc32c": crc}, sort_keys=True, separators=(",", ":"))
+    with pytest.raises(CorruptObjectError):
+        records.decode("x.json", wrong.encode())
+
+
 # -- crash leftovers ------------------------------------------------------------------------------------
 
 def test_crash_leftovers_are_neither_shown_nor_tripped_over(tmp_path: Path) -> None:
