@@ -22,6 +22,7 @@ from replaystore.schemas import transitions
 from replaystore.store import open_store
 
 OBS, HEADS, ACTIONS = 64, 2, 9
+EPISODE = (20, 400)  # episode lengths (uniform), in steps, where records are keyed by episode
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -103,25 +104,48 @@ def build_transitions(path: str, records: int, streams: int = 16, reset: bool = 
     return time.perf_counter() - t0
 
 
+def episodes_of(rng: np.random.Generator, n: int, first: int) -> np.ndarray:
+    """Per-record episode ids for ``n`` consecutive records: whole episodes of EPISODE steps
+    (the last one cut at ``n``), numbered from ``first``."""
+    lens = rng.integers(EPISODE[0], EPISODE[1] + 1, n // EPISODE[0] + 1)
+    return (first + np.repeat(np.arange(len(lens)), lens)[:n]).astype(np.int64)
+
+
+EpisodeKeys = list[tuple[np.ndarray, np.ndarray]]
+
+
+def episode_keys(n: int, size: int, seed: int = 0) -> EpisodeKeys:
+    """Per batch of ``size`` records, ``(episode ids, resets)`` for ``n`` records keyed by episode,
+    as a collector appends them: episodes run on across batches, a reset marks each one's start."""
+    ep = episodes_of(np.random.default_rng(seed), n, 0)
+    resets = np.r_[True, ep[1:] != ep[:-1]]
+    return [(ep[lo:lo + size], resets[lo:lo + size]) for lo in range(0, n, size)]
+
+
 # -- timing ----------------------------------------------------------------------------------
-def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_every: int | None) -> None:
-    """``n`` records from ``batches`` (cycled, all of one size) over 8 streams through writer ``w``,
-    a commit every ``commit_every`` records (None: at close)."""
+def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_every: int | None,
+               keys: EpisodeKeys | None = None) -> None:
+    """``n`` records from ``batches`` (cycled, all of one size) through writer ``w``, over 8 streams
+    or, with ``keys`` (:func:`episode_keys`), keyed per record by episode; a commit every
+    ``commit_every`` records (None: at close)."""
     size = len(batches[0]["obs"])
     for j in range(n // size):
-        w.append(batches[j % len(batches)], stream=j % 8)
+        if keys is None:
+            w.append(batches[j % len(batches)], stream=j % 8)
+        else:
+            w.append(batches[j % len(batches)], stream=keys[j][0], reset=keys[j][1])
         if commit_every and (j + 1) * size % commit_every == 0:
             w.commit()
 
 
 def store_append_rate(path: str, schema: Any, batches: list[dict[str, np.ndarray]], n: int,
-                      commit_every: int, capacity: int | None = None) -> float:
+                      commit_every: int, capacity: int | None = None, keys: EpisodeKeys | None = None) -> float:
     """Records/s of :func:`append_all` into a new store at ``path`` (the writer's close, which waits
     for its last merge, included); the store is deleted afterwards."""
     st = open_store(path, schema, mode="w", capacity=capacity)
     t0 = time.perf_counter()
     with st.writer() as w:
-        append_all(w, batches, n, commit_every)
+        append_all(w, batches, n, commit_every, keys)
     dt = time.perf_counter() - t0
     assert len(st) == min(n, capacity or n)
     shutil.rmtree(path)

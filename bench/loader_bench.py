@@ -69,6 +69,7 @@ from benchkit import (
     build_transitions,
     dqn_records,
     du,
+    episodes_of,
     interleaved,
     main,
     rate,
@@ -86,7 +87,6 @@ from replaystore.schemas import dqn
 from replaystore.store import open_store
 
 CHUNK = 10_000             # records per append and per commit when building the 1M-record store
-EPISODE = (20, 400)        # episode lengths (uniform), in steps
 SAMPLE = 256               # records per minibatch
 SLICE, SLICES = 16, 16     # sequence windows: SLICES windows of SLICE steps
 RESERVOIR = 100_000        # ReservoirSampler capacity in the scale test
@@ -102,13 +102,6 @@ QUICK = {"read": 200_000, "big": 1_000_000, "small": 100_000, "warm_s": 0.2, "re
 
 
 # -- data ------------------------------------------------------------------------------------
-def episodes_of(rng: np.random.Generator, n: int, first: int) -> np.ndarray:
-    """Per-record episode ids for ``n`` consecutive records: whole episodes of EPISODE steps
-    (the last one cut at ``n``), numbered from ``first``."""
-    lens = rng.integers(EPISODE[0], EPISODE[1] + 1, n // EPISODE[0] + 1)
-    return (first + np.repeat(np.arange(len(lens)), lens)[:n]).astype(np.int64)
-
-
 # -- helpers ------------------------------------------------------------------------------------
 def prefault(table: Any = None, rb: Any = None, step: int = 1_000_000) -> None:
     """Touch every page of a table's memory maps (or a TorchRL buffer's) with one sequential pass,
