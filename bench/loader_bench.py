@@ -101,7 +101,6 @@ QUICK = {"read": 200_000, "big": 1_000_000, "small": 100_000, "warm_s": 0.2, "re
          "scale_reps": 2, "loader_s": 0.7, "live_reps": 3}
 
 
-# -- data ------------------------------------------------------------------------------------
 # -- helpers ------------------------------------------------------------------------------------
 def prefault(table: Any = None, rb: Any = None, step: int = 1_000_000) -> None:
     """Touch every page of a table's memory maps (or a TorchRL buffer's) with one sequential pass,
