@@ -10,7 +10,6 @@ import subprocess
 import sys
 import termios
 import textwrap
-import tracemalloc
 from pathlib import Path
 
 import duckdb
@@ -25,9 +24,6 @@ from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, episode
 from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.formats.common import chunk_rows
-from replaystore.tools.formats.d4rl import export_d4rl
-from replaystore.tools.formats.minari import export_minari
-from replaystore.tools.formats.parquet import export_parquet
 
 OBS = 64
 EPISODE = 100
@@ -52,13 +48,36 @@ def big_store(tmp_path_factory: pytest.TempPathFactory):
     return st
 
 
-def peak_bytes(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+def peak_bytes(store_url: str, call: str) -> int:
+    """Peak bytes held while ``call`` ran on the store: Python's (numpy's included) plus Arrow's pool.
+
+    Measured in a fresh interpreter whose tracing starts with it and is never stopped: CPython
+    3.11's ``tracemalloc.stop()`` races threads that exit meanwhile (python/cpython#128679, fixed
+    in 3.12+) and crashed this suite once; a fresh process also keeps the other tests' threads and
+    garbage out of the figure. Arrow allocates outside tracemalloc's view, hence its pool's peak.
+    """
+    script = textwrap.dedent(f"""
+        import os, tracemalloc
+        import h5py, minari, pyarrow as pa, pyarrow.dataset, pyarrow.parquet  # imported first: not the figure
+        from replaystore.store import open_store
+        from replaystore.tools.formats.d4rl import export_d4rl
+        from replaystore.tools.formats.minari import export_minari
+        from replaystore.tools.formats.parquet import export_parquet
+        st = open_store({store_url!r}, mode="r")
+        st.streams()
+        before, arrow_before = tracemalloc.get_traced_memory()[0], pa.total_allocated_bytes()
+        tracemalloc.reset_peak()
+        {call}
+        python_peak = tracemalloc.get_traced_memory()[1] - before
+        arrow_peak = pa.default_memory_pool().max_memory() - arrow_before
+        print(python_peak, arrow_peak, flush=True)
+        os._exit(0)  # no interpreter shutdown: tracing is never stopped
+    """)
+    proc = subprocess.run([sys.executable, "-X", "tracemalloc", "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    python_peak, arrow_peak = map(int, proc.stdout.split())
+    return python_peak + arrow_peak
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "minari", "d4rl"])
@@ -66,17 +85,17 @@ def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str
     data_bytes = RECORDS * OBS * 4 * 2
     rows = 1000
     chunk_bytes = rows * OBS * 4 * 2
-    out = tmp_path / "out"
+    out, url = tmp_path / "out", str(big_store.url)
     if fmt == "parquet":
-        peak = peak_bytes(lambda: export_parquet(big_store, str(out), batch_rows=rows))
+        peak = peak_bytes(url, f"export_parquet(st, {str(out)!r}, batch_rows={rows})")
         n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/**/*.parquet', hive_partitioning=true)").fetchall()
         assert n == [(RECORDS,)]
     elif fmt == "minari":
-        peak = peak_bytes(lambda: export_minari(big_store, str(out), dataset_id="big-v0", batch_rows=rows))
+        peak = peak_bytes(url, f"export_minari(st, {str(out)!r}, dataset_id='big-v0', batch_rows={rows})")
         ds = minari.MinariDataset(out / "big-v0" / "data")
         assert ds.total_steps == RECORDS and ds.total_episodes == RECORDS // EPISODE
     else:
-        peak = peak_bytes(lambda: export_d4rl(big_store, str(out), batch_rows=rows))
+        peak = peak_bytes(url, f"export_d4rl(st, {str(out)!r}, batch_rows={rows})")
         with h5py.File(out, "r") as f:
             assert f["observations"].shape == (RECORDS, OBS)
             assert int(f["terminals"][()].sum() + f["timeouts"][()].sum()) == RECORDS // EPISODE

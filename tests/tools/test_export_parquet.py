@@ -139,6 +139,29 @@ def test_odd_string_keys_round_trip(tmp_path: Path) -> None:
     assert_same_table(st.default, back.default)
 
 
+def test_more_streams_than_open_files_roll_over_to_numbered_parts(tmp_path: Path, monkeypatch) -> None:
+    """Streams written in turn past the open-file limit: each reopening starts the stream's next
+    part file, numbered so that natural order is step order, and the round trip is exact."""
+    import replaystore.tools.formats.parquet as parquet_format
+
+    monkeypatch.setattr(parquet_format, "MAX_OPEN_FILES", 2)
+    rng = np.random.default_rng(8)
+    st = open_store(str(tmp_path / "t"), transitions(2), mode="w")
+    with st.writer() as w:
+        for turn in range(12):
+            for key in ("a", "b", "c"):
+                w.append(transitions_batch(rng, 3, obs_dim=2), stream=key, reset=turn == 0)
+            w.commit()
+    report = parquet_format.export_parquet(st, str(tmp_path / "out"), batch_rows=3)
+    parts = sorted(p.name for p in (tmp_path / "out" / "stream=b").iterdir())
+    assert len(parts) == 12 and "part-11.parquet" in parts  # 3 streams through 2 slots: reopened every turn
+    assert report["files"] == 3 * 12 + 1  # and the manifest
+    steps = pa.parquet.read_table(tmp_path / "out" / "stream=b" / "part-10.parquet").column("step").to_pylist()
+    assert steps == list(range(30, 33))
+    back = import_store(str(tmp_path / "out"), str(tmp_path / "back"), "parquet")
+    assert_same_table(st.default, back.default)
+
+
 def test_capacity_gaps_and_resets_survive(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     st = open_store(str(tmp_path / "replay"), transitions(3), mode="w", capacity=120)

@@ -1,8 +1,9 @@
 """Parquet export and import: a hive-partitioned dataset, one ``stream=<key>/`` directory per stream.
 
-Export streams the table's record batches (:func:`replaystore.store.scan.scan`) into
-:func:`pyarrow.dataset.write_dataset`, so memory holds one batch per open file, whatever
-the table's size. Each file carries the replaystore schema (``replaystore.schema``) and
+Export streams the table's record batches (:func:`replaystore.store.scan.scan`) and writes
+each batch's rows of a stream as one row group of that stream's open file
+(:class:`StreamFiles`), synchronously, so memory holds one batch plus each open file's
+encoder state, whatever the table's size. Each file carries the replaystore schema (``replaystore.schema``) and
 the export description (``replaystore.export``: table, stream key type) in its Arrow
 schema metadata; ``_replaystore.json`` at the root (ignored by pyarrow.dataset and by a
 ``*.parquet`` glob) lists the tables, their schemas, the stream key types and the store's
@@ -14,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -37,6 +39,9 @@ EXPORT_KEY = b"replaystore.export"
 COMMIT_BYTES = 64 << 20
 """Import commits whenever this much data is pending, so the writer's buffer stays bounded."""
 INDEX_COLUMNS = ("row", "step", "reset")
+MAX_OPEN_FILES = 256
+"""Export keeps at most this many stream files open; the least recently written one is closed
+(its stream's next rows start the next ``part-<i>.parquet``)."""
 
 
 # -- filesystems ---------------------------------------------------------------------------------
@@ -65,6 +70,68 @@ def _natural(name: str) -> list[Any]:
 
 
 # -- export ------------------------------------------------------------------------------------------
+
+
+class StreamFiles:
+    """A hive-partitioned Parquet dataset written batch by batch: ``stream=<key>/part-<i>.parquet``.
+
+    Each batch's rows of one stream become one row group of that stream's open file, in batch
+    order, written before :meth:`write` returns (pyarrow's dataset writer queues batches without
+    bound when the source outpaces the encoder). Files hold every column but ``stream``; keys
+    are URI-encoded as hive partitioning does. Float columns skip dictionary encoding: random
+    floats do not repeat, and each open file would hold a dictionary per column.
+    """
+
+    def __init__(self, fs: pafs.FileSystem, base: str, schema: pa.Schema) -> None:
+        self._fs, self._base = fs, base
+        self._stream = schema.get_field_index("stream")
+        self._schema = schema.remove(self._stream)
+        self._dictionary = [f.name for f in self._schema if not _is_float(f.type)]
+        self._open: OrderedDict[Any, pq.ParquetWriter] = OrderedDict()
+        self._parts: dict[Any, int] = {}
+        self.paths: list[str] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        keys = pc.dictionary_encode(batch.column(self._stream))
+        codes = keys.indices.to_numpy()
+        order = np.argsort(codes, kind="stable")
+        ends = np.searchsorted(codes[order], np.arange(1, len(keys.dictionary) + 1))
+        grouped = batch.remove_column(self._stream).take(pa.array(order))
+        start = 0
+        for key, end in zip(keys.dictionary.to_pylist(), ends.tolist()):
+            self._writer(key).write_batch(grouped.slice(start, end - start))
+            start = end
+
+    def _writer(self, key: Any) -> pq.ParquetWriter:
+        writer = self._open.get(key)
+        if writer is not None:
+            self._open.move_to_end(key)
+            return writer
+        if len(self._open) >= MAX_OPEN_FILES:
+            self._open.popitem(last=False)[1].close()
+        part = self._parts.get(key, 0)
+        self._parts[key] = part + 1
+        directory = f"{self._base}/stream={quote(str(key), safe='')}"
+        self._fs.create_dir(directory, recursive=True)
+        path = f"{directory}/part-{part}.parquet"
+        writer = pq.ParquetWriter(path, self._schema, filesystem=self._fs, use_dictionary=self._dictionary)
+        self._open[key] = writer
+        self.paths.append(path)
+        return writer
+
+    def __enter__(self) -> StreamFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._open:
+            self._open.popitem(last=False)[1].close()
+
+
+def _is_float(t: pa.DataType) -> bool:
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_floating(t)
+
 
 
 def _stream_type(keys: list[Any]) -> str:
@@ -116,21 +183,11 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
         rows = chunk_rows(t.schema, batch_rows)
         bar = progress_bar(len(t), f"export {name}" if nested else "export parquet", progress)
 
-        def batches(reader: Any = reader, columns: list[str] = columns, schema: pa.Schema = schema,
-                    rows: int = rows, bar: Any = bar) -> Iterator[pa.RecordBatch]:
+        with bar, StreamFiles(fs, base, schema) as out_files:
             for b in scan(reader, columns, rows):
+                out_files.write(pa.RecordBatch.from_arrays(b.columns, schema=schema))
                 bar.update(b.num_rows)
-                yield pa.RecordBatch.from_arrays(b.columns, schema=schema)
-
-        with bar:
-            ds.write_dataset(
-                batches(), base, schema=schema, format="parquet", filesystem=fs,
-                partitioning=ds.partitioning(pa.schema([full.field("stream")]), flavor="hive"),
-                basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore",
-                use_threads=False, preserve_order=True,
-                max_partitions=max(len(keys), 1), max_open_files=256,
-                min_rows_per_group=0, max_rows_per_group=rows,
-                file_visitor=lambda written: files.append(written.path))
+        files += out_files.paths
         records += len(t)
     fs.create_dir(root, recursive=True)
     with fs.open_output_stream(f"{root}/{MANIFEST}") as f:
