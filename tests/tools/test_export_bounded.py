@@ -1,4 +1,4 @@
-"""Exports stream in bounded chunks (memory does not grow with the table) and show progress only on a terminal."""
+"""Exports and imports stream in bounded chunks (memory does not grow with the table or file); progress only on a terminal."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, episode
 from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.formats.common import chunk_rows
+from replaystore.tools.formats.parquet import export_parquet
 
 OBS = 64
 EPISODE = 100
@@ -62,7 +63,9 @@ def peak_bytes(store_url: str, call: str) -> int:
         from replaystore.store import open_store
         from replaystore.tools.formats.d4rl import export_d4rl
         from replaystore.tools.formats.minari import export_minari
-        from replaystore.tools.formats.parquet import export_parquet
+        from replaystore.tools.formats.parquet import export_parquet, import_parquet
+        from replaystore.tools.formats.minari import import_minari
+        from replaystore.tools.formats.d4rl import import_d4rl
         st = open_store({store_url!r}, mode="r")
         st.streams()
         before, arrow_before = tracemalloc.get_traced_memory()[0], pa.total_allocated_bytes()
@@ -101,6 +104,25 @@ def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str
             assert int(f["terminals"][()].sum() + f["timeouts"][()].sum()) == RECORDS // EPISODE
     # a few chunks' worth (read + converted + written), far below the table
     assert peak < 6 * chunk_bytes < data_bytes / 2, (peak, chunk_bytes, data_bytes)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "minari", "d4rl"])
+def test_import_memory_is_bounded_by_the_chunk_not_the_file(big_store, fmt: str, tmp_path: Path) -> None:
+    rows = 1000
+    chunk_bytes = rows * OBS * 4 * 2
+    src, back = tmp_path / "src", tmp_path / "back"
+    if fmt == "parquet":
+        export_parquet(big_store, str(src), batch_rows=rows)  # row groups of a chunk
+        peak = peak_bytes(str(big_store.url), f"import_parquet({str(src)!r}, {str(back)!r}, batch_rows={rows})")
+    elif fmt == "minari":
+        export_store(big_store, str(src), "minari", dataset_id="big-v0")
+        peak = peak_bytes(str(big_store.url), f"import_minari({str(src / 'big-v0')!r}, {str(back)!r})")
+    else:
+        export_store(big_store, str(src), "d4rl")
+        peak = peak_bytes(str(big_store.url), f"import_d4rl({str(src)!r}, {str(back)!r}, batch_rows={rows})")
+    assert len(open_store(str(back), mode="r")) == RECORDS
+    # a few chunks (minari: an episode of 100 records is its unit) while each source file holds far more
+    assert peak < 6 * chunk_bytes < RECORDS * OBS * 4 * 2 / 2, (peak, chunk_bytes)
 
 
 def test_default_chunk_is_sized_in_bytes() -> None:

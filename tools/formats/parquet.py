@@ -305,9 +305,11 @@ def _batches(fs: pafs.FileSystem, files: list[str], columns: list[str], rows: in
                 tables.append(pq.read_table(f, columns=columns))
         yield from pa.concat_tables(tables).sort_by("step").combine_chunks().to_batches(max_chunksize=rows)
         return
-    for path in files:
+    for path in files:  # a row group at a time: iter_batches' read-ahead held up to the whole file
         with fs.open_input_file(path) as f:
-            yield from pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns)
+            pf = pq.ParquetFile(f)
+            for group in range(pf.num_row_groups):
+                yield from pf.read_row_group(group, columns=columns).to_batches(max_chunksize=rows)
 
 
 def import_parquet(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
