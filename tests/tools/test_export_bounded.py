@@ -1,4 +1,4 @@
-"""Exports and imports stream in bounded chunks (memory does not grow with the table or file); progress only on a terminal."""
+"""Exports and imports run in bounded chunks (memory does not grow with the table); progress only on a terminal."""
 
 from __future__ import annotations
 
