@@ -3,11 +3,12 @@
 Export streams the table's record batches (:func:`replaystore.store.scan.scan`) and writes
 each batch's rows of a stream as one row group of that stream's open file
 (:class:`StreamFiles`), synchronously, so memory holds one batch plus each open file's
-encoder state, whatever the table's size. Each file carries the replaystore schema (``replaystore.schema``) and
-the export description (``replaystore.export``: table, stream key type) in its Arrow
-schema metadata; ``_replaystore.json`` at the root (ignored by pyarrow.dataset and by a
-``*.parquet`` glob) lists the tables, their schemas, the stream key types and the store's
-capacity, so import rebuilds the store exactly. Layout and guarantees: docs/EXPORT.md.
+encoder state, whatever the table's size. Each file carries the replaystore schema
+(``replaystore.schema``) and the export description (``replaystore.export``: table, stream
+key type) in its Arrow schema metadata; ``_replaystore.json`` at the root (ignored by
+pyarrow.dataset and by a ``*.parquet`` glob) lists the tables, their schemas, the stream key
+types and the store's capacity, so import rebuilds the store exactly. Layout and guarantees:
+docs/EXPORT.md.
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ class StreamFiles:
     """A hive-partitioned Parquet dataset written batch by batch: ``stream=<key>/part-<i>.parquet``.
 
     Each batch's rows of one stream become one row group of that stream's open file, in batch
-    order, written before :meth:`write` returns (pyarrow's dataset writer queues batches without
-    bound when the source outpaces the encoder). Files hold every column but ``stream``; keys
-    are URI-encoded as hive partitioning does. Float columns skip dictionary encoding: random
-    floats do not repeat, and each open file would hold a dictionary per column.
+    order, written before :meth:`write` returns (with ``pyarrow.dataset.write_dataset`` the
+    Arrow memory of an export grew with the table: docs/EXPORT.md). Files hold every column but
+    ``stream``; keys are URI-encoded as hive partitioning does. Float columns skip dictionary
+    encoding: random floats do not repeat, and each open file would hold a dictionary per
+    column.
     """
 
     def __init__(self, fs: pafs.FileSystem, base: str, schema: pa.Schema) -> None:
@@ -131,7 +133,6 @@ def _is_float(t: pa.DataType) -> bool:
     while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         t = t.value_type
     return pa.types.is_floating(t)
-
 
 
 def _stream_type(keys: list[Any]) -> str:
