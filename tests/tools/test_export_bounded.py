@@ -61,11 +61,9 @@ def peak_bytes(store_url: str, call: str) -> int:
         import os, tracemalloc
         import h5py, minari, pyarrow as pa, pyarrow.dataset, pyarrow.parquet  # imported first: not the figure
         from replaystore.store import open_store
-        from replaystore.tools.formats.d4rl import export_d4rl
-        from replaystore.tools.formats.minari import export_minari
+        from replaystore.tools.formats.d4rl import export_d4rl, import_d4rl
+        from replaystore.tools.formats.minari import export_minari, import_minari
         from replaystore.tools.formats.parquet import export_parquet, import_parquet
-        from replaystore.tools.formats.minari import import_minari
-        from replaystore.tools.formats.d4rl import import_d4rl
         st = open_store({store_url!r}, mode="r")
         st.streams()
         before, arrow_before = tracemalloc.get_traced_memory()[0], pa.total_allocated_bytes()
@@ -110,16 +108,16 @@ def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str
 def test_import_memory_is_bounded_by_the_chunk_not_the_file(big_store, fmt: str, tmp_path: Path) -> None:
     rows = 1000
     chunk_bytes = rows * OBS * 4 * 2
-    src, back = tmp_path / "src", tmp_path / "back"
+    src, back, url = tmp_path / "src", tmp_path / "back", str(big_store.url)
     if fmt == "parquet":
         export_parquet(big_store, str(src), batch_rows=rows)  # row groups of a chunk
-        peak = peak_bytes(str(big_store.url), f"import_parquet({str(src)!r}, {str(back)!r}, batch_rows={rows})")
+        peak = peak_bytes(url, f"import_parquet({str(src)!r}, {str(back)!r}, batch_rows={rows})")
     elif fmt == "minari":
         export_store(big_store, str(src), "minari", dataset_id="big-v0")
-        peak = peak_bytes(str(big_store.url), f"import_minari({str(src / 'big-v0')!r}, {str(back)!r})")
+        peak = peak_bytes(url, f"import_minari({str(src / 'big-v0')!r}, {str(back)!r})")
     else:
         export_store(big_store, str(src), "d4rl")
-        peak = peak_bytes(str(big_store.url), f"import_d4rl({str(src)!r}, {str(back)!r}, batch_rows={rows})")
+        peak = peak_bytes(url, f"import_d4rl({str(src)!r}, {str(back)!r}, batch_rows={rows})")
     assert len(open_store(str(back), mode="r")) == RECORDS
     # a few chunks (minari: an episode of 100 records is its unit) while each source file holds far more
     assert peak < 6 * chunk_bytes < RECORDS * OBS * 4 * 2 / 2, (peak, chunk_bytes)
