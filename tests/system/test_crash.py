@@ -367,7 +367,7 @@ def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
 # one batch of 1-2 records per commit: a writer compacts from its 8th commit on (half the random kills
 # aim at it, every 10th trial is killed on its held merge); eviction runs in every commit. A killed
 # child rarely fills a 32-record segment, and only full segments of other writers are reclaimed,
-# so each store starts with a first writer's 64 commits (~96 records: two full segments, evicted
+# so each store starts with a first writer's 64 commits (64-128 records: at least two full segments, evicted
 # and reclaimed by later writers; before, the count of reclaimed fragments hung on how long the
 # children happened to run)
 SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,

@@ -29,6 +29,9 @@ from replaystore.tools.formats.parquet import export_parquet
 OBS = 64
 EPISODE = 100
 RECORDS = 24_000  # 240 episodes on 4 streams; obs + next_obs alone are ~12 MB
+DATA_BYTES = RECORDS * OBS * 4 * 2
+ROWS = 1000  # the chunk the memory tests export and import in
+CHUNK_BYTES = ROWS * OBS * 4 * 2
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +86,7 @@ def peak_bytes(store_url: str, call: str) -> int:
 
 @pytest.mark.parametrize("fmt", ["parquet", "minari", "d4rl"])
 def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str, tmp_path: Path) -> None:
-    data_bytes = RECORDS * OBS * 4 * 2
-    rows = 1000
-    chunk_bytes = rows * OBS * 4 * 2
+    rows = ROWS
     out, url = tmp_path / "out", str(big_store.url)
     if fmt == "parquet":
         peak = peak_bytes(url, f"export_parquet(st, {str(out)!r}, batch_rows={rows})")
@@ -101,13 +102,12 @@ def test_export_memory_is_bounded_by_the_chunk_not_the_table(big_store, fmt: str
             assert f["observations"].shape == (RECORDS, OBS)
             assert int(f["terminals"][()].sum() + f["timeouts"][()].sum()) == RECORDS // EPISODE
     # a few chunks' worth (read + converted + written), far below the table
-    assert peak < 6 * chunk_bytes < data_bytes / 2, (peak, chunk_bytes, data_bytes)
+    assert peak < 6 * CHUNK_BYTES < DATA_BYTES / 2, (peak, CHUNK_BYTES, DATA_BYTES)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "minari", "d4rl"])
 def test_import_memory_is_bounded_by_the_chunk_not_the_file(big_store, fmt: str, tmp_path: Path) -> None:
-    rows = 1000
-    chunk_bytes = rows * OBS * 4 * 2
+    rows = ROWS
     src, back, url = tmp_path / "src", tmp_path / "back", str(big_store.url)
     if fmt == "parquet":
         export_parquet(big_store, str(src), batch_rows=rows)  # row groups of a chunk
@@ -120,7 +120,7 @@ def test_import_memory_is_bounded_by_the_chunk_not_the_file(big_store, fmt: str,
         peak = peak_bytes(url, f"import_d4rl({str(src)!r}, {str(back)!r}, batch_rows={rows})")
     assert len(open_store(str(back), mode="r")) == RECORDS
     # a few chunks (minari: an episode of 100 records is its unit) while each source file holds far more
-    assert peak < 6 * chunk_bytes < RECORDS * OBS * 4 * 2 / 2, (peak, chunk_bytes)
+    assert peak < 6 * CHUNK_BYTES < DATA_BYTES / 2, (peak, CHUNK_BYTES, DATA_BYTES)
 
 
 def test_default_chunk_is_sized_in_bytes() -> None:
