@@ -278,6 +278,7 @@ class Store:
             "format_version": self.manifest["format_version"],
             "capacity": self.capacity,
             "writers": len(self.log.writers),
+            "writers_closed": sum(self.storage.exists(layout.writer_closed(w)) for w in self.log.writers),
             "commits": len(self.log.commits),
             "bytes": self.storage.total_size(),
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +16,7 @@ import numpy as np
 from replaystore.errors import ReadOnlyError, StaleReadError, StepOrderError, StoreError, StreamKeyError
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
-from replaystore.store import layout, records
+from replaystore.store import layout, liveness, records
 from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, coalesce
 from replaystore.store.segment import VALUES_PER_ROW, Segment
 from replaystore.store.staging import StagedFragment
@@ -137,6 +135,8 @@ class Writer:
         self.store = store
         self.storage = store.storage
         self.id = self._register()
+        self._lock_fd = liveness.hold(self.storage, self.id)  # held until close (store/liveness.py)
+        self._gone: set[int] = set()  # other writers found gone: their segments are reclaimable
         self.seq = 0
         self.next_row = dict.fromkeys(store.schemas, 0)
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
@@ -149,6 +149,7 @@ class Writer:
         self._spares: dict[str, Future[Segment]] = {}  # per table: the next segment, created ahead
         self._io: ThreadPoolExecutor | None = None  # spares and deletions of reclaimed storage
         self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
+        self._deleted: set[str] = set()  # paths deleted (or found gone) by them: the log may list them forever
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # what the appends since the last commit replaced in those two maps (None: absent), so that
@@ -168,7 +169,7 @@ class Writer:
 
     def _register(self) -> int:
         n = len(self.storage.list(layout.WRITERS))
-        doc = {"host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns()}
+        doc = liveness.registration(self.storage)
         while True:
             if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
                 return n
@@ -284,7 +285,7 @@ class Writer:
 
     def _delete_later(self, path: str, only_group: bool = False) -> None:
         """Delete the unit at ``path`` on an I/O thread (with ``only_group``: if it still is a Zarr group)."""
-        if path in self._deleting:
+        if path in self._deleting or path in self._deleted:
             return
         self._deleting.add(path)
 
@@ -292,6 +293,7 @@ class Writer:
             try:
                 if not only_group or self.storage.exists(f"{path}/zarr.json"):
                     self.storage.delete(path)
+                self._deleted.add(path)
             finally:
                 self._deleting.discard(path)
         self._background(delete)
@@ -562,13 +564,20 @@ class Writer:
             paths = {f.path for f in evicted if f.segment is None}
             for (writer, name), backed in segments.items():
                 # a segment goes when all it backs is evicted and nobody adds to it any more: it is
-                # full, or it is this writer's and not written (docs/FORMAT.md, "Capacity and reclamation")
+                # full, or it is this writer's and not written, or its writer is gone
+                # (docs/FORMAT.md, "Capacity and reclamation")
                 if all((f.writer, f.name) in gone for f in backed) and (
                         max(f.segment.row + f.rows for f in backed) == backed[0].segment.capacity  # type: ignore[union-attr]
-                        or (writer == self.id and name not in mine)):
+                        or (name not in mine if writer == self.id else self._is_gone(writer))):
                     paths.add(backed[0].path)
             for path in sorted(paths):
                 self._delete_later(path, only_group=True)
+
+    def _is_gone(self, writer: int) -> bool:
+        """Whether another writer will never write again (it closed or died; store/liveness.py)."""
+        if writer not in self._gone and liveness.is_gone(self.storage, writer):
+            self._gone.add(writer)
+        return writer in self._gone
 
     def _max_rows(self) -> int:
         cap = self.store.capacity
@@ -789,6 +798,7 @@ class Writer:
             self._close_segments()
             self._finish_merges(drain=True)
             self.store.refresh()
+            self._release()
 
     def _close_segments(self) -> None:
         """Close the open segments, delete the spares and wait for the I/O threads' work."""
@@ -803,6 +813,11 @@ class Writer:
             self._io.shutdown(wait=True)
             self._io = None
 
+    def _release(self) -> None:
+        """Mark this writer closed: from now on any writer may reclaim its evicted segments."""
+        fd, self._lock_fd = self._lock_fd, None
+        liveness.release(self.storage, self.id, fd)
+
     def __enter__(self) -> Writer:
         return self
 
@@ -816,3 +831,5 @@ class Writer:
             # the running merge is waited for, but its error must not mask the one propagating
             with contextlib.suppress(Exception):
                 self._finish_merges(drain=False)
+            with contextlib.suppress(Exception):  # (nor may the closed marker's)
+                self._release()

@@ -26,7 +26,7 @@ def print_info(st: Store) -> None:
     print(f"store           {info['url']}")
     print(f"format version  {info['format_version']}")
     print(f"capacity        {info['capacity'] if info['capacity'] is not None else 'unbounded (dataset)'}")
-    print(f"writers         {info['writers']}")
+    print(f"writers         {info['writers']} ({info['writers_closed']} closed)")
     print(f"commits         {info['commits']}")
     print(f"size on disk    {_size(info['bytes'])}")
     for name, t in info["tables"].items():

@@ -491,7 +491,7 @@ def test_store_repr_and_info(backend: Backend) -> None:
     info = st.info()
     assert info["format_version"] == layout.FORMAT_VERSION and info["capacity"] == 100
     assert info["tables"]["records"]["records"] == 5 and info["tables"]["records"]["streams"] == 1
-    assert info["writers"] == 1 and info["bytes"] > 0
+    assert info["writers"] == 1 and info["writers_closed"] == 1 and info["bytes"] > 0
     assert "records" in repr(st)
 
 

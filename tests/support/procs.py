@@ -24,6 +24,9 @@ Roles:
   content and prints a JSON summary: the keys it won, and every exception (none expected).
 - ``register-writer``: opens the store, prints ``ready``, waits for the gate, then
   registers a writer, appends one batch and commits; prints a JSON summary.
+- ``idle-writer``: commits one :func:`crash_batch` to its stream, prints ``c <writer id> 1`` and
+  waits; each line on stdin makes it commit the next batch and print ``c <writer id> <batches>``;
+  at EOF it closes its writer and exits. The parent kills it, or keeps it alive, while waiting.
 - ``fsize-writer``: appends and commits to a new local store while its file size limit
   (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored) is lowered at chosen moments, so that
   file writes and file sizing past the limit fail with ``EFBIG`` as they would on a full
@@ -342,6 +345,21 @@ def register_writer(url: str, storage_options: dict | None, seed: int, tag: str)
     _say(json.dumps({"tag": tag, "writer": w.id, "rows": list(result.rows["records"])}))
 
 
+def idle_writer(url: str, seed: int, tag: str, max_records: int) -> None:
+    """Commit batch 0 of ``tag`` to stream ``tag`` and print ``c <writer id> 1``; then, per line on
+    stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit."""
+    w = open_store(url, mode="a").writer()
+    i = 0
+    while True:
+        w.append(crash_batch(seed, tag, i, max_records), stream=tag)
+        w.commit()
+        i += 1
+        _say(f"c {w.id} {i}")
+        if not sys.stdin.readline():
+            w.close()
+            return
+
+
 # -- parent side ------------------------------------------------------------------------------------
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -495,7 +513,8 @@ class Child:
 
 
 ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
-         "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer}
+         "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer,
+         "idle-writer": idle_writer}
 
 
 def main(argv: list[str]) -> None:

@@ -34,7 +34,7 @@ def store_url(tmp_path_factory):
 def test_info_names_schema_records_streams_writers_capacity_size_version(store_url):
     r = run("info", store_url)
     assert r.returncode == 0, r.stderr
-    for needle in ("format version  2", "capacity        10000", "writers         1", "120 records",
+    for needle in ("format version  2", "capacity        10000", "writers         1 (1 closed)", "120 records",
                    "3 streams", "size on disk", "dqn (version 1)", "legal_ids"):
         assert needle in r.stdout
 

@@ -1,0 +1,190 @@
+"""Reclaiming the last segment of writers that closed or died (docs/FORMAT.md, "Writer liveness").
+
+A capped replay on local disk must not keep one partial segment per writer session: a
+collector fleet that restarts often would grow storage without bound. A live writer's
+segment is never touched, whether it lives in this process or another one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+from replaystore.store import layout, liveness, open_store, records
+from replaystore.store.store import Store
+from replaystore.store.verify import verify
+from support import procs
+from support.batches import dqn_batch
+from support.storecheck import assert_same, columns_of
+
+DQN = procs.schema()  # the child writers' schema
+CAPACITY = 40  # segments of capacity // 4 = 10 rows; grace 10 records
+
+
+def _batch(rng: np.random.Generator, n: int) -> object:
+    return dqn_batch(rng, n, observation_size=procs.OBS, heads=procs.HEADS, actions=procs.ACTIONS, extra=0)
+
+
+def _segments_on_disk(root: Path) -> set[tuple[int, str]]:
+    found = set()
+    for wdir in (root / layout.WRITERS).iterdir():
+        data = wdir / "data" / "records"
+        if data.is_dir():
+            found |= {(int(wdir.name), name) for name in os.listdir(data)}
+    return found
+
+
+def _segments_retained(st: Store) -> set[tuple[int, str]]:
+    """Segments backing a fragment with a record among the newest capacity + grace."""
+    st.refresh()
+    reader = st.table("records").reader
+    evicted = {(f.writer, f.name) for f in reader.evicted_fragments(max(CAPACITY // 4, 1))}
+    return {(f.writer, f.segment.name) for f in reader.all_fragments
+            if f.segment is not None and (f.writer, f.name) not in evicted}
+
+
+def _writer_segment(st: Store, writer: int) -> str:
+    st.refresh()
+    (name,) = {f.segment.name for f in st.table("records").reader.all_fragments if f.writer == writer}
+    return name
+
+
+def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path) -> None:
+    """60 short writer sessions of 4 records each (a restarted collector): each leaves a partial
+    segment on close. Later sessions' commits reclaim every one whose records are all evicted,
+    so what stays on disk is exactly what backs the newest capacity + grace records."""
+    rng = np.random.default_rng(3)
+    url = str(tmp_path / "st")
+    open_store(url, DQN, mode="w", capacity=CAPACITY).close()
+    batches = []
+    for _ in range(60):
+        st = open_store(url, mode="a")
+        with st.writer() as w:
+            batches.append(_batch(rng, 4))
+            w.append(batches[-1], stream="collector")
+        st.close()
+    st = open_store(url, mode="r")
+    on_disk = _segments_on_disk(tmp_path / "st")
+    assert on_disk == _segments_retained(st)
+    assert len(on_disk) == 13  # 50 records in sessions of 4; without reclaiming them, 60
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches[-CAPACITY // 4:]))
+    assert verify(st) == []
+
+
+def _evict_everything(url: str, rng: np.random.Generator) -> list:
+    """One writer appending 2 x capacity records, committing every 5, then closing."""
+    batches = []
+    with open_store(url, mode="a").writer() as w:
+        for _ in range(2 * CAPACITY // 5):
+            batches.append(_batch(rng, 5))
+            w.append(batches[-1], stream="evictor")
+            w.commit()
+    return batches
+
+
+def test_a_killed_writers_segment_is_reclaimed_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    """Two writer processes commit a batch and wait. One is killed with SIGKILL (the kernel drops
+    its lock); then a third writer evicts both. The dead one's segment goes; the live one's stays,
+    and that writer goes on appending to it. Once it has closed, the next eviction reclaims it."""
+    rng = np.random.default_rng(5)
+    url = str(tmp_path / "st")
+    open_store(url, DQN, mode="w", capacity=CAPACITY).close()
+    with procs.Child("idle-writer", stdin=True, url=url, seed=1, tag="live", max_records=4) as live, \
+            procs.Child("idle-writer", stdin=True, url=url, seed=1, tag="dead", max_records=4) as dead:
+        ids = {}
+        for tag, child in (("live", live), ("dead", dead)):
+            line = child.readline(timeout=120)
+            assert line is not None and line.startswith("c "), (tag, line, child.stderr())
+            ids[tag] = int(line.split()[1])
+        dead.proc.send_signal(signal.SIGKILL)
+        assert dead.proc.wait(timeout=60) == -signal.SIGKILL
+        st = open_store(url, mode="r")
+        segs = {tag: _writer_segment(st, w) for tag, w in ids.items()}
+        root = tmp_path / "st"
+        assert {(w, segs[tag]) for tag, w in ids.items()} <= _segments_on_disk(root)
+
+        _evict_everything(url, rng)
+        on_disk = _segments_on_disk(root)
+        assert (ids["dead"], segs["dead"]) not in on_disk  # dead: its lock is free
+        assert (ids["live"], segs["live"]) in on_disk  # alive: never another writer's to delete
+        st.refresh()
+        assert not any(r >> layout.ROW_BITS in ids.values() for r in st.row_ids().tolist())
+
+        live.proc.stdin.write(b"go\n")  # type: ignore[union-attr]
+        live.proc.stdin.flush()  # type: ignore[union-attr]
+        assert live.readline(timeout=120) == f"c {ids['live']} 2", live.stderr()
+        st.refresh()
+        assert _writer_segment(st, ids["live"]) == segs["live"]  # it appended into the same segment
+        rows = [r for r in st.row_ids().tolist() if r >> layout.ROW_BITS == ids["live"]]
+        assert_same(st.read(rows), procs.crash_batch(1, "live", 1, 4))
+        live.close_stdin()
+        live.finish(timeout=120)
+
+    assert (ids["live"], segs["live"]) in _segments_on_disk(root)  # closed, but its newest records are visible
+    _evict_everything(url, rng)
+    assert _segments_on_disk(root) == _segments_retained(st)
+    assert not any(w in ids.values() for w, _ in _segments_on_disk(root))
+    assert verify(st) == []
+
+
+def _rewrite_registration(st: Store, writer: int, **changes: object) -> None:
+    """Replace a writer's registration document (a pop for a value of None)."""
+    doc = records.decode(layout.writer_record(writer), st.storage.read(layout.writer_record(writer)))
+    for key, value in changes.items():
+        if value is None:
+            doc.pop(key)
+        else:
+            doc[key] = value
+    st.storage.write(layout.writer_record(writer), records.encode(doc))
+
+
+def test_only_a_closed_writer_or_a_dead_one_of_this_host_with_a_lock_is_gone(tmp_path: Path) -> None:
+    """Three writer processes commit a batch each. ``old``'s registration is rewritten without
+    ``lock`` (a replaystore that took no lock: it may be alive), ``far``'s with another host
+    (its lock is not ours to test); both are then killed, so only the rules, not a held lock,
+    keep their segments. ``done``, registered on another host too, closes cleanly: its
+    ``closed.json`` says it is gone wherever it ran."""
+    rng = np.random.default_rng(6)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    ids = {}
+    for tag in ("old", "far", "done"):
+        with procs.Child("idle-writer", stdin=True, url=url, seed=2, tag=tag, max_records=4) as child:
+            line = child.readline(timeout=120)
+            assert line is not None and line.startswith("c "), (tag, line, child.stderr())
+            ids[tag] = int(line.split()[1])
+            if tag == "old":
+                _rewrite_registration(st, ids[tag], lock=None)
+            else:
+                _rewrite_registration(st, ids[tag], host="some-other-host")
+            if tag == "done":
+                child.close_stdin()
+                child.finish(timeout=120)
+            else:
+                child.proc.send_signal(signal.SIGKILL)
+                assert child.proc.wait(timeout=60) == -signal.SIGKILL
+    assert st.storage.exists(layout.writer_closed(ids["done"]))
+    assert not any(st.storage.exists(layout.writer_closed(ids[t])) for t in ("old", "far"))
+    segs = {tag: (w, _writer_segment(st, w)) for tag, w in ids.items()}
+    _evict_everything(url, rng)
+    on_disk = _segments_on_disk(tmp_path / "st")
+    assert segs["old"] in on_disk and segs["far"] in on_disk
+    assert segs["done"] not in on_disk
+    assert not {segs["old"], segs["far"]} & _segments_retained(st)  # kept, though wholly evicted
+    assert verify(st) == []
+
+
+def test_a_damaged_closed_marker_is_not_trusted_and_verify_names_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    with st.writer() as w:
+        w.append(_batch(rng, 3), stream="s")
+    _rewrite_registration(st, w.id, host="some-other-host")  # only the marker can tell it is gone
+    assert liveness.is_gone(st.storage, w.id)
+    marker = layout.writer_closed(w.id)
+    st.storage.write(marker, st.storage.read(marker)[:-7])
+    assert not liveness.is_gone(st.storage, w.id)
+    assert [p.path for p in verify(st)] == [marker]
