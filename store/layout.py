@@ -22,10 +22,6 @@ def writer_record(writer: int) -> str:
     return f"{writer_dir(writer)}/writer.json"
 
 
-def writer_closed(writer: int) -> str:
-    return f"{writer_dir(writer)}/closed.json"
-
-
 def commits_dir(writer: int) -> str:
     return f"{writer_dir(writer)}/commits"
 

@@ -1,13 +1,12 @@
-"""Whether a writer is gone: it will never write again (docs/FORMAT.md, "Writer liveness").
+"""Whether a writer died: its liveness lock is free (docs/FORMAT.md, "Writer liveness").
 
-A writer that closes creates ``writers/<W>/closed.json`` after its last commit. A writer
-on a local filesystem also holds an exclusive advisory lock (``flock``) on its own
-registration ``writers/<W>/writer.json`` from registering until it closes; the kernel
-drops it when the process dies, however it dies. So a writer is gone when its
-``closed.json`` exists, or when it registered on this host declaring the lock and the
-lock can be taken. Anything else (another host, a registration without ``lock``, a
-filesystem refusing locks, an unreadable document) counts as alive: being wrong that way
-only keeps storage longer.
+A writer on a local filesystem holds an exclusive advisory lock (``flock``) on its own
+registration ``writers/<W>/writer.json`` from registering until it has closed; the kernel
+drops the lock when the process dies, however it dies. A writer that closed says so in
+the log (its ``close`` record); one that was killed is known dead only this way: it
+registered on this host declaring the lock, and the lock can be taken. Anything short of
+that (another host, a registration without ``lock``, a filesystem refusing locks, an
+unreadable registration) counts as alive: being wrong that way only keeps storage longer.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def registration(storage: Storage) -> dict[str, object]:
 
 
 def hold(storage: Storage, writer: int) -> int | None:
-    """Take writer ``writer``'s lock; the descriptor to pass to :func:`release` (None: no lock).
+    """Take writer ``writer``'s lock; the descriptor to close once it has closed (None: no lock).
 
     Blocks only while another process is testing the lock (microseconds). Where the
     filesystem refuses locks none is held; testers meet the same refusal and keep
@@ -51,36 +50,19 @@ def hold(storage: Storage, writer: int) -> int | None:
     return fd
 
 
-def release(storage: Storage, writer: int, fd: int | None) -> None:
-    """Mark writer ``writer`` closed (after its last commit) and drop the lock :func:`hold` took
-    (also when the marker could not be created: the writer is done either way)."""
-    try:
-        storage.create(layout.writer_closed(writer), records.encode({"writer": writer, "time_ns": time.time_ns()}))
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _document(storage: Storage, path: str) -> dict[str, object] | None:
-    try:
-        return records.decode(path, storage.read(path))
-    except (OSError, CorruptObjectError):
-        return None
-
-
-def is_gone(storage: Storage, writer: int) -> bool:
-    """Whether writer ``writer`` closed, or died on this host holding its lock; False when unsure."""
-    if storage.exists(layout.writer_closed(writer)):
-        return _document(storage, layout.writer_closed(writer)) is not None
+def is_dead(storage: Storage, writer: int) -> bool:
+    """Whether writer ``writer`` registered on this host with a lock that nobody holds; False when unsure."""
     path = storage.local_path(layout.writer_record(writer))
-    doc = _document(storage, layout.writer_record(writer))
-    if path is None or doc is None or doc.get("lock") != LOCK or doc.get("host") != socket.gethostname():
+    if path is None:
         return False
     try:
+        doc = records.decode(layout.writer_record(writer), storage.read(layout.writer_record(writer)))
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    except (OSError, CorruptObjectError):
         return False
     try:
+        if doc.get("lock") != LOCK or doc.get("host") != socket.gethostname():
+            return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held (EWOULDBLOCK): alive; anything else: unknown, so alive
         return False

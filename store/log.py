@@ -9,6 +9,8 @@ from replaystore.store import layout, records
 from replaystore.store.fragment import Fragment
 from replaystore.store.storage import Storage
 
+CLOSE = "close"  # the kind of a writer's last record: no commit follows it (docs/FORMAT.md)
+
 
 @dataclass
 class WriterLog:
@@ -16,6 +18,7 @@ class WriterLog:
 
     writer: int
     next_seq: int = 0
+    closed: bool = False  # its ``close`` record was applied: it never writes again
     fragments: dict[str, dict[str, Fragment]] = field(default_factory=dict)  # table -> name -> fragment
 
 
@@ -52,7 +55,7 @@ class CommitLog:
 
     def _advance(self, wlog: WriterLog) -> bool:
         changed = False
-        while True:
+        while not wlog.closed:
             path = layout.commit_record(wlog.writer, wlog.next_seq)
             try:
                 data = self.storage.read(path)
@@ -62,7 +65,9 @@ class CommitLog:
             self._apply(wlog, body)
             self.commits.append(CommitInfo(wlog.writer, wlog.next_seq, body))
             wlog.next_seq += 1
+            wlog.closed = body.get("kind") == CLOSE
             changed = True
+        return changed
 
     def _apply(self, wlog: WriterLog, body: dict[str, Any]) -> None:
         for table, change in body.get("tables", {}).items():

@@ -55,25 +55,25 @@ def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
                                                       "metadata")}
     appends: dict[str, list[Any]] = {k: [] for k in ("writer", "commit", "table", "first_row", "end_row",
                                                       "records", "telemetry", "meta")}
-    for c in store.log.commits:
-        body = c.body
+    for body in store.commits():
+        writer, seq = body["writer"], body["seq"]
         records = 0
         for table, change in body.get("tables", {}).items():
-            base = c.writer << 40
+            base = writer << 40
             for a in change.get("appends", []):
                 lo, hi = a["rows"]
                 records += hi - lo
                 meta = a.get("meta", {})
-                appends["writer"].append(c.writer)
-                appends["commit"].append(c.seq)
+                appends["writer"].append(writer)
+                appends["commit"].append(seq)
                 appends["table"].append(table)
                 appends["first_row"].append(base | lo)
                 appends["end_row"].append(base | hi)
                 appends["records"].append(hi - lo)
                 appends["telemetry"].append(json.dumps(meta["telemetry"]) if "telemetry" in meta else None)
                 appends["meta"].append(json.dumps(meta))
-        commits["writer"].append(c.writer)
-        commits["commit"].append(c.seq)
+        commits["writer"].append(writer)
+        commits["commit"].append(seq)
         commits["commit_time"].append(body["time_ns"])
         commits["kind"].append(body["kind"])
         commits["records"].append(records)

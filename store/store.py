@@ -23,7 +23,7 @@ from replaystore.errors import (
 from replaystore.schemas import Columns, Schema
 from replaystore.store import layout, records
 from replaystore.store.index import StreamKey
-from replaystore.store.log import CommitLog
+from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
 from replaystore.store.writer import Writer
@@ -175,8 +175,9 @@ class Store:
         return changed
 
     def commits(self) -> list[dict[str, Any]]:
-        """Every applied commit: writer, seq, time_ns, kind, metadata and per-append batch metadata."""
-        return [c.body for c in self.log.commits]
+        """Every applied commit (``append`` and ``compact``): writer, seq, time_ns, kind, metadata and
+        per-append batch metadata. A writer's ``close`` record is not listed: it commits nothing."""
+        return [c.body for c in self.log.commits if c.body.get("kind") != CLOSE]
 
     def writer(self) -> Writer:
         """A new writer (one per process; several processes may write at once)."""
@@ -278,8 +279,8 @@ class Store:
             "format_version": self.manifest["format_version"],
             "capacity": self.capacity,
             "writers": len(self.log.writers),
-            "writers_closed": sum(self.storage.exists(layout.writer_closed(w)) for w in self.log.writers),
-            "commits": len(self.log.commits),
+            "writers_closed": sum(w.closed for w in self.log.writers.values()),
+            "commits": len(self.commits()),
             "bytes": self.storage.total_size(),
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
                            "fragments": len(t.reader.fragments)} for n, t in self._tables.items()},

@@ -166,8 +166,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
     # record was created: a crash leftover, not damage (its commits would need the record first)
     registered = [w for w in store.log.writers
                   if store.storage.exists(layout.writer_record(w)) or store.storage.list(layout.commits_dir(w))]
-    closed = [layout.writer_closed(w) for w in registered if store.storage.exists(layout.writer_closed(w))]
-    for path in [layout.MANIFEST] + [layout.writer_record(w) for w in registered] + closed:
+    for path in [layout.MANIFEST] + [layout.writer_record(w) for w in registered]:
         p = _check_record(store, path)
         if p:
             problems.append(p)

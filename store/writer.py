@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from replaystore.schemas import Columns, episode_columns, rollout_columns, valid
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, liveness, records
 from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, coalesce
+from replaystore.store.log import CLOSE
 from replaystore.store.segment import VALUES_PER_ROW, Segment
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import LocalStorage
@@ -135,8 +137,8 @@ class Writer:
         self.store = store
         self.storage = store.storage
         self.id = self._register()
-        self._lock_fd = liveness.hold(self.storage, self.id)  # held until close (store/liveness.py)
-        self._gone: set[int] = set()  # other writers found gone: their segments are reclaimable
+        self._lock_fd = liveness.hold(self.storage, self.id)  # held until closed (store/liveness.py)
+        self._dead: set[int] = set()  # other writers found dead: their segments are reclaimable
         self.seq = 0
         self.next_row = dict.fromkeys(store.schemas, 0)
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
@@ -574,10 +576,13 @@ class Writer:
                 self._delete_later(path, only_group=True)
 
     def _is_gone(self, writer: int) -> bool:
-        """Whether another writer will never write again (it closed or died; store/liveness.py)."""
-        if writer not in self._gone and liveness.is_gone(self.storage, writer):
-            self._gone.add(writer)
-        return writer in self._gone
+        """Whether another writer will never write again: it closed, or it died (store/liveness.py)."""
+        wlog = self.store.log.writers.get(writer)
+        if wlog is not None and wlog.closed:
+            return True
+        if writer not in self._dead and liveness.is_dead(self.storage, writer):
+            self._dead.add(writer)
+        return writer in self._dead
 
     def _max_rows(self) -> int:
         cap = self.store.capacity
@@ -797,8 +802,8 @@ class Writer:
             self.closed = True
             self._close_segments()
             self._finish_merges(drain=True)
+            self._close_record()
             self.store.refresh()
-            self._release()
 
     def _close_segments(self) -> None:
         """Close the open segments, delete the spares and wait for the I/O threads' work."""
@@ -813,10 +818,19 @@ class Writer:
             self._io.shutdown(wait=True)
             self._io = None
 
-    def _release(self) -> None:
-        """Mark this writer closed: from now on any writer may reclaim its evicted segments."""
-        fd, self._lock_fd = self._lock_fd, None
-        liveness.release(self.storage, self.id, fd)
+    def _close_record(self) -> None:
+        """Create this writer's last record, ``close``, then drop its liveness lock: from now on any
+        writer may reclaim its evicted segments, and readers stop probing for its commits."""
+        try:
+            with self._lock:
+                seq, now = self.seq, self._now()
+                self._create_record(seq, {"writer": self.id, "seq": seq, "time_ns": now, "kind": CLOSE,
+                                          "metadata": {}, "tables": {}})
+                self.seq += 1
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> Writer:
         return self
@@ -831,5 +845,5 @@ class Writer:
             # the running merge is waited for, but its error must not mask the one propagating
             with contextlib.suppress(Exception):
                 self._finish_merges(drain=False)
-            with contextlib.suppress(Exception):  # (nor may the closed marker's)
-                self._release()
+            with contextlib.suppress(Exception):  # (nor may the close record's)
+                self._close_record()

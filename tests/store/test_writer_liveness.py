@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from replaystore.store import layout, liveness, open_store, records
+from replaystore.store import layout, open_store, records
 from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support import procs
@@ -145,7 +145,7 @@ def test_only_a_closed_writer_or_a_dead_one_of_this_host_with_a_lock_is_gone(tmp
     ``lock`` (a replaystore that took no lock: it may be alive), ``far``'s with another host
     (its lock is not ours to test); both are then killed, so only the rules, not a held lock,
     keep their segments. ``done``, registered on another host too, closes cleanly: its
-    ``closed.json`` says it is gone wherever it ran."""
+    ``close`` record says it is gone wherever it ran."""
     rng = np.random.default_rng(6)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=CAPACITY)
@@ -165,8 +165,8 @@ def test_only_a_closed_writer_or_a_dead_one_of_this_host_with_a_lock_is_gone(tmp
             else:
                 child.proc.send_signal(signal.SIGKILL)
                 assert child.proc.wait(timeout=60) == -signal.SIGKILL
-    assert st.storage.exists(layout.writer_closed(ids["done"]))
-    assert not any(st.storage.exists(layout.writer_closed(ids[t])) for t in ("old", "far"))
+    st.refresh()
+    assert [st.log.writers[ids[t]].closed for t in ("old", "far", "done")] == [False, False, True]
     segs = {tag: (w, _writer_segment(st, w)) for tag, w in ids.items()}
     _evict_everything(url, rng)
     on_disk = _segments_on_disk(tmp_path / "st")
@@ -176,15 +176,28 @@ def test_only_a_closed_writer_or_a_dead_one_of_this_host_with_a_lock_is_gone(tmp
     assert verify(st) == []
 
 
-def test_a_damaged_closed_marker_is_not_trusted_and_verify_names_it(tmp_path: Path) -> None:
+def test_a_closed_writer_ends_its_log_with_a_close_record_that_readers_stop_at(tmp_path: Path) -> None:
+    """close() creates one last record, kind ``close``, after its commits (merges included):
+    readers stop probing that writer for commits, and commits()/SQL do not list it."""
     rng = np.random.default_rng(7)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    reader = open_store(url, mode="r")
     with st.writer() as w:
-        w.append(_batch(rng, 3), stream="s")
-    _rewrite_registration(st, w.id, host="some-other-host")  # only the marker can tell it is gone
-    assert liveness.is_gone(st.storage, w.id)
-    marker = layout.writer_closed(w.id)
-    st.storage.write(marker, st.storage.read(marker)[:-7])
-    assert not liveness.is_gone(st.storage, w.id)
-    assert [p.path for p in verify(st)] == [marker]
+        for _ in range(3):
+            w.append(_batch(rng, 3), stream="s")
+            w.commit(metadata={"round": 1})
+        reader.refresh()
+        assert not reader.log.writers[w.id].closed
+    close = records.decode("", st.storage.read(layout.commit_record(w.id, 3)))
+    assert close["kind"] == "close" and close["tables"] == {} and close["seq"] == 3
+    assert not st.storage.exists(layout.commit_record(w.id, 4))
+    reader.refresh()
+    assert reader.log.writers[w.id].closed and reader.log.writers[w.id].next_seq == 4
+    assert [c["kind"] for c in reader.commits()] == ["append"] * 3
+    assert reader.sql("SELECT count(*) AS n FROM commits")["n"].to_pylist() == [3]
+    assert reader.info()["writers_closed"] == 1 and reader.info()["commits"] == 3
+    # a record after a close is never read: the log ends there
+    st.storage.create(layout.commit_record(w.id, 4), st.storage.read(layout.commit_record(w.id, 0)))
+    late = open_store(url, mode="r")
+    assert late.log.writers[w.id].next_seq == 4 and len(late) == 9
