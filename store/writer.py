@@ -285,16 +285,17 @@ class Writer:
             self._io = ThreadPoolExecutor(2, thread_name_prefix=f"replaystore-io-{self.id}")
         return self._io.submit(fn, *args)
 
-    def _delete_later(self, path: str, only_group: bool = False) -> None:
-        """Delete the unit at ``path`` on an I/O thread (with ``only_group``: if it still is a Zarr group)."""
+    def _delete_later(self, path: str) -> None:
+        """Delete the unit at ``path`` on an I/O thread, whatever is left of it: a writer killed while
+        deleting it leaves part of it (its group's ``zarr.json`` possibly first), which the log
+        still lists, so another writer's reclaim finishes the job."""
         if path in self._deleting or path in self._deleted:
             return
         self._deleting.add(path)
 
         def delete() -> None:
             try:
-                if not only_group or self.storage.exists(f"{path}/zarr.json"):
-                    self.storage.delete(path)
+                self.storage.delete(path)  # (absent: nothing to do)
                 self._deleted.add(path)
             finally:
                 self._deleting.discard(path)
@@ -573,7 +574,7 @@ class Writer:
                         or (name not in mine if writer == self.id else self._is_gone(writer))):
                     paths.add(backed[0].path)
             for path in sorted(paths):
-                self._delete_later(path, only_group=True)
+                self._delete_later(path)
 
     def _is_gone(self, writer: int) -> bool:
         """Whether another writer will never write again: it closed, or it died (store/liveness.py)."""

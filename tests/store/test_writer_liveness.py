@@ -7,7 +7,6 @@ segment is never touched, whether it lives in this process or another one.
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support import procs
 from support.batches import dqn_batch
-from support.storecheck import assert_same, columns_of
+from support.storecheck import assert_same, columns_of, segments_on_disk, segments_retained
 
 DQN = procs.schema()  # the child writers' schema
 CAPACITY = 40  # segments of capacity // 4 = 10 rows; grace 10 records
@@ -25,24 +24,6 @@ CAPACITY = 40  # segments of capacity // 4 = 10 rows; grace 10 records
 
 def _batch(rng: np.random.Generator, n: int) -> object:
     return dqn_batch(rng, n, observation_size=procs.OBS, heads=procs.HEADS, actions=procs.ACTIONS, extra=0)
-
-
-def _segments_on_disk(root: Path) -> set[tuple[int, str]]:
-    found = set()
-    for wdir in (root / layout.WRITERS).iterdir():
-        data = wdir / "data" / "records"
-        if data.is_dir():
-            found |= {(int(wdir.name), name) for name in os.listdir(data)}
-    return found
-
-
-def _segments_retained(st: Store) -> set[tuple[int, str]]:
-    """Segments backing a fragment with a record among the newest capacity + grace."""
-    st.refresh()
-    reader = st.table("records").reader
-    evicted = {(f.writer, f.name) for f in reader.evicted_fragments(max(CAPACITY // 4, 1))}
-    return {(f.writer, f.segment.name) for f in reader.all_fragments
-            if f.segment is not None and (f.writer, f.name) not in evicted}
 
 
 def _writer_segment(st: Store, writer: int) -> str:
@@ -66,8 +47,8 @@ def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path) -> 
             w.append(batches[-1], stream="collector")
         st.close()
     st = open_store(url, mode="r")
-    on_disk = _segments_on_disk(tmp_path / "st")
-    assert on_disk == _segments_retained(st)
+    on_disk = segments_on_disk(tmp_path / "st")
+    assert on_disk == segments_retained(st)
     assert len(on_disk) == 13  # 50 records in sessions of 4; without reclaiming them, 60
     assert_same(st.read(st.row_ids()), columns_of(DQN, batches[-CAPACITY // 4:]))
     assert verify(st) == []
@@ -103,10 +84,10 @@ def test_a_killed_writers_segment_is_reclaimed_and_a_live_ones_is_not(tmp_path: 
         st = open_store(url, mode="r")
         segs = {tag: _writer_segment(st, w) for tag, w in ids.items()}
         root = tmp_path / "st"
-        assert {(w, segs[tag]) for tag, w in ids.items()} <= _segments_on_disk(root)
+        assert {(w, segs[tag]) for tag, w in ids.items()} <= segments_on_disk(root)
 
         _evict_everything(url, rng)
-        on_disk = _segments_on_disk(root)
+        on_disk = segments_on_disk(root)
         assert (ids["dead"], segs["dead"]) not in on_disk  # dead: its lock is free
         assert (ids["live"], segs["live"]) in on_disk  # alive: never another writer's to delete
         st.refresh()
@@ -122,10 +103,10 @@ def test_a_killed_writers_segment_is_reclaimed_and_a_live_ones_is_not(tmp_path: 
         live.close_stdin()
         live.finish(timeout=120)
 
-    assert (ids["live"], segs["live"]) in _segments_on_disk(root)  # closed, but its newest records are visible
+    assert (ids["live"], segs["live"]) in segments_on_disk(root)  # closed, but its newest records are visible
     _evict_everything(url, rng)
-    assert _segments_on_disk(root) == _segments_retained(st)
-    assert not any(w in ids.values() for w, _ in _segments_on_disk(root))
+    assert segments_on_disk(root) == segments_retained(st)
+    assert not any(w in ids.values() for w, _ in segments_on_disk(root))
     assert verify(st) == []
 
 
@@ -169,10 +150,10 @@ def test_only_a_closed_writer_or_a_dead_one_of_this_host_with_a_lock_is_gone(tmp
     assert [st.log.writers[ids[t]].closed for t in ("old", "far", "done")] == [False, False, True]
     segs = {tag: (w, _writer_segment(st, w)) for tag, w in ids.items()}
     _evict_everything(url, rng)
-    on_disk = _segments_on_disk(tmp_path / "st")
+    on_disk = segments_on_disk(tmp_path / "st")
     assert segs["old"] in on_disk and segs["far"] in on_disk
     assert segs["done"] not in on_disk
-    assert not {segs["old"], segs["far"]} & _segments_retained(st)  # kept, though wholly evicted
+    assert not {segs["old"], segs["far"]} & segments_retained(st)  # kept, though wholly evicted
     assert verify(st) == []
 
 
@@ -201,3 +182,20 @@ def test_a_closed_writer_ends_its_log_with_a_close_record_that_readers_stop_at(t
     st.storage.create(layout.commit_record(w.id, 4), st.storage.read(layout.commit_record(w.id, 0)))
     late = open_store(url, mode="r")
     assert late.log.writers[w.id].next_seq == 4 and len(late) == 9
+
+
+def test_a_segment_left_half_deleted_by_a_killed_reclaimer_is_finished_by_the_next(tmp_path: Path) -> None:
+    """A writer killed while deleting a reclaimed segment leaves part of its directory (here: all
+    but the group's ``zarr.json``); the log still lists it, so the next reclaim deletes the rest
+    (it used to skip a directory without ``zarr.json`` forever; the crash soak found it)."""
+    rng = np.random.default_rng(8)
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    with st.writer() as w:
+        w.append(_batch(rng, 3), stream="s")
+    seg = (w.id, _writer_segment(st, w.id))
+    group = tmp_path / "st" / layout.fragment_dir(seg[0], "records", seg[1])
+    (group / "zarr.json").unlink()
+    _evict_everything(url, rng)
+    assert not group.exists()
+    assert segments_on_disk(tmp_path / "st") == segments_retained(st)

@@ -137,8 +137,9 @@ def crash_plan(seed: int, tag: str, max_appends: int, commits: int) -> Iterator[
 
 
 def write_planned(st: Any, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
-                  commits: int, report: Any = None) -> int:
-    """Append + commit the first ``commits`` groups of ``tag``'s plan through one new writer."""
+                  commits: int, report: Any = None, close: bool = False) -> int:
+    """Append + commit the first ``commits`` groups of ``tag``'s plan through one new writer
+    (and with ``close``, close it)."""
     w = st.writer()
     if report:
         report(f"w {w.id}")
@@ -150,6 +151,8 @@ def write_planned(st: Any, seed: int, tag: str, max_records: int, max_appends: i
         done = group[-1] + 1
         if report:
             report(f"c {k + 1} {done}")
+    if close:
+        w.close()
     return w.id
 
 

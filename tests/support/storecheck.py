@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -79,3 +81,23 @@ def snapshot(st: Store, table: str | None = None) -> dict[str, Any]:
         "streams": sorted(streams, key=repr),
         "per_stream": {repr(s): [a.tolist() for a in t.rows(s)] for s in streams},
     }
+
+
+def segments_on_disk(root: str | Path, table: str = "records") -> set[tuple[int, str]]:
+    """``(writer, segment or fragment name)`` of every data directory of ``table`` in a local store."""
+    found = set()
+    for wdir in (Path(root) / layout.WRITERS).iterdir():
+        data = wdir / "data" / table
+        if data.is_dir():
+            found |= {(int(wdir.name), name) for name in os.listdir(data)}
+    return found
+
+
+def segments_retained(st: Store, table: str = "records") -> set[tuple[int, str]]:
+    """Segments backing a fragment with a record among the newest capacity + grace (the reclamation
+    rule of docs/FORMAT.md): what a capped local store must still hold once reclamation ran."""
+    st.refresh()
+    reader = st.table(table).reader
+    evicted = {(f.writer, f.name) for f in reader.evicted_fragments(max(st.capacity // 4, 1))}
+    return {(f.writer, f.segment.name) for f in reader.all_fragments
+            if f.segment is not None and (f.writer, f.name) not in evicted}

@@ -32,7 +32,7 @@ from replaystore.store import layout, open_store, records
 from replaystore.store.storage import open_storage
 from replaystore.store.verify import verify
 from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, take_rows, write_planned
-from support.storecheck import Backend
+from support.storecheck import Backend, segments_on_disk, segments_retained
 
 START_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 30.0
@@ -299,7 +299,8 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
             st = open_store(url, schema(), mode="w", capacity=cfg.capacity, storage_options=options)
             ledger = Ledger()
             if cfg.preload:
-                write_planned(st, cfg.seed, f"pre{t}", cfg.max_records, cfg.max_appends, cfg.streams, cfg.preload)
+                write_planned(st, cfg.seed, f"pre{t}", cfg.max_records, cfg.max_appends, cfg.streams, cfg.preload,
+                              close=True)
                 ledger.bounds[f"pre{t}"] = (cfg.preload, cfg.preload)
         hold = held_trial(cfg, t)
         killed = run_and_kill(url, cfg, f"c{t}", rng, options, hold_merge=hold)
@@ -325,7 +326,7 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
         # a new writer can append and commit after the crash, and the next open sees it
         tag = f"p{t}"
         write_planned(open_store(url, mode="a", storage_options=options), cfg.seed, tag, cfg.max_records,
-                      cfg.max_appends, cfg.streams, cfg.new_writer_commits)
+                      cfg.max_appends, cfg.streams, cfg.new_writer_commits, close=True)
         ledger.bounds[tag] = (cfg.new_writer_commits, cfg.new_writer_commits)
         seen, commits = check_store(url, cfg, ledger, options)
         stats["full stores"] += seen.rows == cfg.capacity
@@ -336,6 +337,10 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
             stats["reclaimed fragments"] += sum(  # (a segment-backed fragment's data: its segment's)
                 not storage.exists(f"{layout.fragment_dir(b['writer'], 'records', d.get('segment', d)['name'])}/zarr.json")
                 for b in commits for tb in b["tables"].values() for d in tb.get("add", []))
+            if cfg.capacity is not None and options is None:  # local disk: records in segments
+                # every writer here closed or was killed: each segment whose records are all evicted
+                # went, the killed writers' partly filled last ones too (docs/FORMAT.md, "Writer liveness")
+                assert segments_on_disk(url) == segments_retained(open_store(url, mode="r"))
     return stats
 
 
