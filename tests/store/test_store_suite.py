@@ -12,6 +12,7 @@ import zarr
 from replaystore.errors import RowError, StepOrderError, StoreError
 from replaystore.schemas import Schema, alphazero, dqn, ppo, treestrap
 from replaystore.store import Store, layout
+from replaystore.store import log as log_module
 from support.batches import alphazero_batch, dqn_batch, ppo_batch, treestrap_batch
 from support.storecheck import Backend, assert_same, columns_of
 
@@ -509,3 +510,38 @@ def test_create_if_absent(backend: Backend) -> None:
     assert not storage.exists("x/record.json") and storage.list("x") == []
     with pytest.raises(FileNotFoundError):
         storage.read("x/record.json")
+
+
+def test_read_many_returns_each_object_in_order_and_none_where_absent(backend: Backend) -> None:
+    storage = backend.storage()
+    for i in (0, 2, 3):
+        storage.write(f"m/{i}", b"object %d" % i)
+    assert storage.read_many([f"m/{i}" for i in (3, 1, 0, 2, 4)]) == [b"object 3", None, b"object 0", b"object 2", None]
+    assert storage.read_many(["m/0"]) == [b"object 0"] and storage.read_many([]) == []
+
+
+def test_refresh_reads_many_new_commits_of_many_writers_in_order(backend: Backend,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refresh reads the log in rounds over all writers, reading further ahead each round (1, 2,
+    4, 4, ... records here): 3 writers with 0, 1 and 12 new commits, one closing meanwhile."""
+    monkeypatch.setattr(log_module, "READ_AHEAD", 4)
+    rng = np.random.default_rng(9)
+    st = backend.open(DQN)
+    reader = backend.open(mode="r")
+    writers = [st.writer() for _ in range(3)]
+    batches: dict[int, list] = {w.id: [] for w in writers}
+    for w, commits in zip(writers, (0, 1, 12), strict=True):
+        for _ in range(commits):
+            batches[w.id].append(_dqn(rng, 1))
+            w.append(batches[w.id][-1], stream=w.id)
+            w.commit()
+    writers[1].close()
+    assert reader.refresh()
+    for w, appends in zip(writers, (0, 1, 12), strict=True):
+        mine = [c for c in reader.commits() if c["writer"] == w.id]
+        assert [c["seq"] for c in mine] == list(range(len(mine)))  # (compactions take seqs too)
+        assert sum(c["kind"] == "append" for c in mine) == appends
+    assert reader.log.writers[writers[1].id].closed and not reader.log.writers[writers[2].id].closed
+    for w in writers[1:]:
+        assert_same(reader.read(reader.rows(w.id)[0]), columns_of(DQN, batches[w.id]))
+    assert not reader.refresh()  # nothing new
