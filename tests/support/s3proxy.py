@@ -14,6 +14,8 @@ real server's. The server is shut down when the context exits.
   racing clients overlap; ``always=True`` answers 409 to every conditional PUT.
 - ``lost_reply=True`` (conflicting_s3): the first conditional PUT of each key is
   applied upstream but answered ``500 InternalError``, a reply lost after the write.
+- ``Faults(latency_s=...)``: every request waits that long before it is forwarded, a
+  distant endpoint (``bench/log_bench.py``); ``requests`` counts them.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ INTERNAL_XML = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalErr
 
 @dataclass
 class Faults:
-    """What the proxy does to conditional PUTs, and what it did (counters read by the tests)."""
+    """What the proxy does to conditional PUTs (and to every request: ``latency_s``), and what it
+    did (counters read by the tests)."""
 
     strip_condition: bool = False
     detect_conflicts: bool = False
     hold_s: float = 0.0
     always: bool = False
     lost_reply: bool = False
+    latency_s: float = 0.0
+    requests: int = 0  # requests received
     conflicts: int = 0  # 409 answers given
     lost: int = 0  # writes applied but answered 500
     conditional_puts: int = 0
@@ -102,6 +107,10 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
                 conn.close()
 
         def _forward(self) -> None:
+            with faults._lock:
+                faults.requests += 1
+            if faults.latency_s:
+                time.sleep(faults.latency_s)  # a distant endpoint: each request's round trip
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             conditional = self.command == "PUT" and self.headers.get("If-None-Match") == "*"

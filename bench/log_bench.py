@@ -1,0 +1,105 @@
+"""What following the commit log costs as writer sessions pile up: ``open_store`` (reads the
+whole log) and ``refresh()`` with nothing new, on local disk and on S3.
+
+    python bench/log_bench.py            # local: 1,000 closed sessions; S3: 32 (about 3 minutes)
+    python bench/log_bench.py --quick    # local: 300; S3: 16 (under a minute)
+
+Each store is written by ``sessions`` writer sessions (a writer, one 4-record commit, close,
+as restarted collectors do), plus ``--open`` writers that committed once and stay open (live
+collectors). S3 is moto's server on 127.0.0.1 (``replaystore.tools.s3local``) behind a proxy
+that delays every request by ``--latency-ms`` (default 20: a nearby region's round trip) and
+counts them (``tests/support/s3proxy.py``). Moto serves requests one at a time, so requests
+that a real endpoint would answer in parallel still queue here: the S3 figures are upper
+bounds. No peer: TorchRL's buffers have no log to follow. Runs on any replaystore checkout
+(public API only), so older versions can be measured with the same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchkit import ACTIONS, HEADS, OBS, dqn_records
+from replaystore.schemas import dqn
+from replaystore.store import open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback proxy
+from support.s3proxy import Faults, faulty_s3  # noqa: E402
+
+SCHEMA = dqn(OBS, HEADS, actions=ACTIONS)
+FULL = {"local": 1_000, "s3": 32}
+QUICK = {"local": 300, "s3": 16}
+
+
+def write_sessions(url: str, options: dict[str, Any] | None, sessions: int, open_writers: int) -> list[Any]:
+    """The store at ``url``: ``sessions`` closed writer sessions, then ``open_writers`` left open."""
+    rng = np.random.default_rng(0)
+    st = open_store(url, SCHEMA, mode="w", storage_options=options)
+    for i in range(sessions):
+        with st.writer() as w:
+            w.append(dqn_records(rng, 4), stream=f"session-{i}")
+    live = [st.writer() for _ in range(open_writers)]
+    for i, w in enumerate(live):
+        w.append(dqn_records(rng, 4), stream=f"live-{i}")
+        w.commit()
+    return live
+
+
+def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> dict[str, float]:
+    opens, refreshes = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        st = open_store(url, mode="r", storage_options=options)
+        opens.append(time.perf_counter() - t)
+    before = faults.requests if faults else 0
+    for _ in range(10):
+        t = time.perf_counter()
+        st.refresh()
+        refreshes.append(time.perf_counter() - t)
+    return {"open_ms": 1e3 * statistics.median(opens), "refresh_ms": 1e3 * statistics.median(refreshes),
+            "requests": (faults.requests - before) / 10 if faults else float("nan"), "records": len(st)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer sessions (under a minute)")
+    ap.add_argument("--open", type=int, default=8, help="writers left open (default 8)")
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request (default 20)")
+    args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="replaystore-log-bench-") as tmp:
+        url = f"{tmp}/store"
+        live = write_sessions(url, None, sizes["local"], args.open)
+        rows.append(("local disk", sizes["local"], measure(url, None, None)))
+        for w in live:
+            w.close()
+    from replaystore.tools.s3local import loopback_s3
+
+    with loopback_s3() as s3:
+        url = f"s3://{s3.bucket}/log-bench"
+        live = write_sessions(url, s3.storage_options, sizes["s3"], args.open)
+        faults = Faults(latency_s=args.latency_ms / 1e3)
+        with faulty_s3(s3.endpoint_url, faults) as endpoint:
+            options = {**s3.storage_options,
+                       "client_kwargs": {**s3.storage_options.get("client_kwargs", {}), "endpoint_url": endpoint}}
+            rows.append((f"S3, +{args.latency_ms:.0f} ms per request", sizes["s3"], measure(url, options, faults)))
+        for w in live:
+            w.close()
+    print("| store | closed sessions | open writers | open_store | refresh(), nothing new | requests per refresh |")
+    print("|---|---|---|---|---|---|")
+    for name, sessions, m in rows:
+        print(f"| {name} | {sessions:,} | {args.open} | {m['open_ms']:,.0f} ms | {m['refresh_ms']:,.2f} ms | "
+              f"{m['requests']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
