@@ -54,15 +54,12 @@ def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path) -> 
     assert verify(st) == []
 
 
-def _evict_everything(url: str, rng: np.random.Generator) -> list:
+def _evict_everything(url: str, rng: np.random.Generator) -> None:
     """One writer appending 2 x capacity records, committing every 5, then closing."""
-    batches = []
     with open_store(url, mode="a").writer() as w:
         for _ in range(2 * CAPACITY // 5):
-            batches.append(_batch(rng, 5))
-            w.append(batches[-1], stream="evictor")
+            w.append(_batch(rng, 5), stream="evictor")
             w.commit()
-    return batches
 
 
 def test_a_killed_writers_segment_is_reclaimed_and_a_live_ones_is_not(tmp_path: Path) -> None:
