@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from replaystore.store import layout, open_store, records
+from replaystore.store import layout, liveness, open_store, records
 from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support import procs
@@ -196,3 +196,21 @@ def test_a_segment_left_half_deleted_by_a_killed_reclaimer_is_finished_by_the_ne
     _evict_everything(url, rng)
     assert not group.exists()
     assert segments_on_disk(tmp_path / "st") == segments_retained(st)
+
+
+def test_is_dead_needs_a_readable_registration_of_this_host_with_a_free_lock(tmp_path: Path) -> None:
+    """The flock test itself: a closed writer's lock is free (dead, in this sense); a damaged or
+    missing registration, or storage without local files, is never proof of death."""
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    alive = st.writer()
+    with st.writer() as w:
+        w.append(_batch(np.random.default_rng(9), 2), stream="s")
+    assert liveness.is_dead(st.storage, w.id) and not liveness.is_dead(st.storage, alive.id)
+    record = tmp_path / "st" / layout.writer_record(w.id)
+    record.write_bytes(record.read_bytes()[:-5])  # truncated: its checksum fails
+    assert not liveness.is_dead(st.storage, w.id)
+    record.unlink()
+    assert not liveness.is_dead(st.storage, w.id)
+    assert not liveness.is_dead(open_store(f"memory://liveness-{tmp_path.name}", DQN, mode="w").storage, 0)
+    alive.close()
