@@ -64,7 +64,7 @@ def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> 
         st.refresh()
         refreshes.append(time.perf_counter() - t)
     return {"open_ms": 1e3 * statistics.median(opens), "refresh_ms": 1e3 * statistics.median(refreshes),
-            "requests": (faults.requests - before) / 10 if faults else float("nan"), "records": len(st)}
+            "requests": (faults.requests - before) / 10 if faults else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> int:
