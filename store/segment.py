@@ -46,6 +46,7 @@ if sys.platform == "linux":
         _sync_file_range = _libc.sync_file_range
         _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 _SYNC_FILE_RANGE_WRITE = 2
+_LITTLE = sys.byteorder == "little"
 
 
 class _Writeback:
@@ -94,13 +95,17 @@ class _Array:
         self.written_back = self.end  # write-back started up to here
 
     def write(self, piece: np.ndarray) -> None:
-        raw = raw_bytes(piece)
-        view = memoryview(raw)
-        pos = self.end
-        while view:
-            n = os.pwrite(self.fd, view, pos)
-            view, pos = view[n:], pos + n
+        # a C-contiguous little-endian array is its own raw bytes (buffer protocol): no view made
+        raw = piece if piece.flags.c_contiguous and piece.dtype.byteorder in "<|=" and _LITTLE else raw_bytes(piece)
+        pos, nbytes = self.end, raw.nbytes
+        n = os.pwrite(self.fd, raw, pos)
+        if n < nbytes:  # a short write (rare): the rest through a byte view
+            view = memoryview(raw_bytes(piece))[n:]
+            while view:
+                k = os.pwrite(self.fd, view, pos + n)
+                view, n = view[k:], n + k
         self.crc = google_crc32c.extend(self.crc, raw)
+        pos += nbytes
         self.end = pos
         if pos - self.written_back >= WRITEBACK_BYTES:  # (a call per small write costs more than it saves)
             WRITEBACK.start(self.fd, self.written_back, pos - self.written_back)
