@@ -204,6 +204,11 @@ def _append(slot: Slot, s: int, which: str, n: int, explicit: bool, reset: bool,
         stream = keys[0]
     if any(k not in slot.last for k in keys):
         slot.view = len(model.committed)  # a stream new to the writer: it refreshes its store first
+        for k in set(keys) - slot.last.keys():
+            # and keeps the last step it finds there, also through a discard of this append
+            found = model.last_visible(k, slot.view)
+            if found is not None:
+                slot.last_committed[k] = found
     steps: list[int] = []
     nxt: dict[Any, int] = {}
     for k in keys:
