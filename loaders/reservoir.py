@@ -22,7 +22,9 @@ class ReservoirSampler(StoreSampler):
     DeepCFR advantage or strategy table trains on a bounded uniform sample; the
     schema's per-record iteration numbers come out with the batch for weighting.
     Use it on an unbounded table: members evicted by a table capacity are dropped and
-    their slots refilled by the next records offered (the sample is then no longer uniform).
+    their slots refilled by the records offered in the same refresh and after it, or, if
+    every member was evicted and none of those took a slot, by a uniform choice of the
+    visible rows (the sample is then no longer uniform over everything appended).
     """
 
     kind = "reservoir"
@@ -55,16 +57,21 @@ class ReservoirSampler(StoreSampler):
     def _sync(self) -> None:
         """Offer the rows that became visible; drop members that stopped being visible.
 
-        Cost: the rows added, plus the members when rows were evicted (not the table size).
+        Cost: the rows added, plus the members when rows were evicted (not the table size,
+        but for the rare refill of a reservoir whose members were all evicted).
         """
         change = self.tracker.poll()
         if change is None:
             return
+        # evicted members go first: the rows offered now fill their slots before any replacement
+        if len(self.members) and (change.full or len(change.removed)):
+            self.members = self.members[inside(self.members, self.tracker.view)]
         new = self._not_offered(self.restrict(change.added))
         if len(new):
             self._offer(new)
-        if len(self.members) and (change.full or len(change.removed)):
-            self.members = self.members[inside(self.members, self.tracker.view)]
+        if not len(self.members) and self.seen and (n := self.candidate_count()):
+            # all evicted, and the visible rows were offered earlier without being kept
+            self.members = self.candidate_rows(np.sort(self.rng.choice(n, size=min(self.capacity, n), replace=False)))
 
     def _offer(self, rows: np.ndarray) -> None:
         k = self.capacity
