@@ -3,6 +3,7 @@ whole log) and ``refresh()`` with nothing new, on local disk and on S3.
 
     python bench/log_bench.py            # local: 1,000 closed sessions; S3: 32 (about 3 minutes)
     python bench/log_bench.py --quick    # local: 300; S3: 16 (under a minute)
+    python bench/log_bench.py --checkpoint-every 16   # log checkpoints every 16 records (default 1,024)
 
 Each store is written by ``sessions`` writer sessions (a writer, one 4-record commit, close,
 as restarted collectors do), plus ``--open`` writers that committed once and stay open (live
@@ -11,7 +12,10 @@ that delays every request by ``--latency-ms`` (default 20: a nearby region's rou
 counts them (``tests/support/s3proxy.py``). Moto serves requests one at a time, so requests
 that a real endpoint would answer in parallel still queue here: the S3 figures are upper
 bounds. No peer: TorchRL's buffers have no log to follow. Runs on any replaystore checkout
-(public API only), so older versions can be measured with the same script.
+(public API only, plus ``--checkpoint-every``, which sets the log checkpoint interval where the
+checkout has one), so older versions can be measured with the same script. A writer saves a
+log checkpoint every 1,024 records by default: the local store (2 records per session) has
+one; the S3 store reaches one only with a lower ``--checkpoint-every``.
 """
 
 from __future__ import annotations
@@ -54,17 +58,19 @@ def write_sessions(url: str, options: dict[str, Any] | None, sessions: int, open
 
 def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> dict[str, float]:
     opens, refreshes = [], []
+    before = faults.requests if faults else 0
     for _ in range(3):
         t = time.perf_counter()
         st = open_store(url, mode="r", storage_options=options)
         opens.append(time.perf_counter() - t)
+    open_requests = (faults.requests - before) / 3 if faults else float("nan")
     before = faults.requests if faults else 0
     for _ in range(10):
         t = time.perf_counter()
         st.refresh()
         refreshes.append(time.perf_counter() - t)
     return {"open_ms": 1e3 * statistics.median(opens), "refresh_ms": 1e3 * statistics.median(refreshes),
-            "requests": (faults.requests - before) / 10 if faults else float("nan")}
+            "requests": (faults.requests - before) / 10 if faults else float("nan"), "open_requests": open_requests}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sessions (under a minute)")
     ap.add_argument("--open", type=int, default=8, help="writers left open (default 8)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request (default 20)")
+    ap.add_argument("--checkpoint-every", type=int, default=None,
+                    help="records between log checkpoints (default: the library's, 1,024)")
     args = ap.parse_args(argv)
+    from replaystore.store import log
+
+    if args.checkpoint_every is not None and hasattr(log, "CHECKPOINT_EVERY"):
+        log.CHECKPOINT_EVERY = args.checkpoint_every
     sizes = QUICK if args.quick else FULL
     rows = []
     with tempfile.TemporaryDirectory(prefix="replaystore-log-bench-") as tmp:
@@ -93,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"S3, +{args.latency_ms:.0f} ms per request", sizes["s3"], measure(url, options, faults)))
         for w in live:
             w.close()
-    print("| store | closed sessions | open writers | open_store | refresh(), nothing new | requests per refresh |")
-    print("|---|---|---|---|---|---|")
+    every = getattr(log, "CHECKPOINT_EVERY", None)
+    print(f"log checkpoint every {every:,} records" if every else "no log checkpoints in this checkout")
+    print("| store | closed sessions | open writers | open_store | refresh(), nothing new | requests per refresh |"
+          " requests per open |")
+    print("|---|---|---|---|---|---|---|")
     for name, sessions, m in rows:
         print(f"| {name} | {sessions:,} | {args.open} | {m['open_ms']:,.0f} ms | {m['refresh_ms']:,.2f} ms | "
-              f"{m['requests']:.0f} |")
+              f"{m['requests']:.0f} | {m['open_requests']:.0f} |")
     return 0
 
 

@@ -9,6 +9,7 @@ READ_VERSIONS = (1, 2)
 MANIFEST = "replaystore.json"
 WRITERS = "writers"
 STATE = "state"
+CHECKPOINTS = "checkpoints"
 ROW_BITS = 40
 """A row id is ``writer << ROW_BITS | local row``: stable across refreshes, evictions and compaction."""
 INDEX_ARRAYS = ("_stream", "_step", "_reset")
@@ -40,6 +41,10 @@ def fragment_name(seq: int) -> str:
 
 def segment_name(seq: int) -> str:
     return f"s{seq:010d}"
+
+
+def checkpoint(number: int) -> str:
+    return f"{CHECKPOINTS}/{number:010d}.json"
 
 
 def state_dir(slot: str) -> str:

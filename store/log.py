@@ -1,16 +1,26 @@
-"""Reading the commit log: every writer's commit records, merged into the live fragments per table."""
+"""Reading the commit log: every writer's commit records, merged into the live fragments per table.
+
+A log checkpoint (docs/FORMAT.md, "Log checkpoints") summarises the records applied up to
+a position per writer, so that opening a store reads one object and the records after it
+instead of every record ever written.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from replaystore.errors import CorruptObjectError, StoreError
 from replaystore.store import layout, records
 from replaystore.store.fragment import Fragment
 from replaystore.store.storage import Storage
 
 CLOSE = "close"  # the kind of a writer's last record: no commit follows it (docs/FORMAT.md)
+CHECKPOINT = "checkpoint"  # the kind of a log checkpoint document
 READ_AHEAD = 64  # the most commit records of one writer a refresh asks for at once
+CHECKPOINT_EVERY = 1024
+"""Records applied since the newest checkpoint a writer knows of, after which its commit writes one."""
+HISTORY_BATCH = 1024  # commit records read at once when the history is loaded
 
 
 @dataclass
@@ -33,14 +43,24 @@ class CommitInfo:
 
 
 class CommitLog:
-    """Incrementally applies commit records; ``refresh`` costs what is new, not what is stored."""
+    """Incrementally applies commit records; ``refresh`` costs what is new, not what is stored.
 
-    def __init__(self, storage: Storage, tables: list[str]) -> None:
+    The first refresh starts from the newest readable log checkpoint (``checkpoints=False``:
+    from every writer's first record). The applied records' bodies are not kept: :meth:`history`
+    reads them back when asked, and keeps them from then on.
+    """
+
+    def __init__(self, storage: Storage, tables: list[str], *, checkpoints: bool = True) -> None:
         self.storage = storage
         self.tables = tables
         self.writers: dict[int, WriterLog] = {}
-        self.commits: list[CommitInfo] = []
         self.version = 0  # bumps whenever something new was applied
+        self.time_ns = 0  # the latest commit time applied
+        self.checkpoint: int | None = None  # the newest checkpoint this log started from or wrote
+        self.since_checkpoint = 0  # records applied since then (or since the first record)
+        self._use_checkpoints = checkpoints
+        self._started = False
+        self._history: list[CommitInfo] | None = None
 
     def refresh(self) -> bool:
         """Apply every commit created since the last call; True if anything changed.
@@ -49,6 +69,10 @@ class CommitLog:
         (concurrent on object storage); writers that had one are read on in rounds of
         doubling windows (up to ``READ_AHEAD``) until each reaches an absent record.
         """
+        if not self._started:
+            self._started = True
+            if self._use_checkpoints:
+                self._start_from_checkpoint()
         for name in self.storage.list(layout.WRITERS):
             if name.isdigit() and int(name) not in self.writers:
                 self.writers[int(name)] = WriterLog(int(name))
@@ -78,24 +102,139 @@ class CommitLog:
             wlog = self.writers[writer]
             for body in bodies:
                 self._apply(wlog, body)
-                self.commits.append(CommitInfo(writer, wlog.next_seq, body))
+                if self._history is not None:
+                    self._history.append(CommitInfo(writer, wlog.next_seq, body))
                 wlog.next_seq += 1
-                wlog.closed = body.get("kind") == CLOSE
+        self.since_checkpoint += sum(map(len, new.values()))
         if new:
             self.version += 1
         return bool(new)
 
     def _apply(self, wlog: WriterLog, body: dict[str, Any]) -> None:
-        for table, change in body.get("tables", {}).items():
-            frags = wlog.fragments.setdefault(table, {})
-            for name in change.get("remove", []):
-                frags.pop(name, None)
-            for d in change.get("add", []):
-                frag = Fragment.from_dict(wlog.writer, table, d)
-                frags[frag.name] = frag
+        apply_record(wlog, body)
+        self.time_ns = max(self.time_ns, int(body.get("time_ns", 0)))
 
     def fragments(self, table: str) -> list[Fragment]:
         """Live fragments of ``table``, ordered by row id."""
         out = [f for w in self.writers.values() for f in w.fragments.get(table, {}).values()]
         out.sort(key=lambda f: f.first_id)
         return out
+
+    # -- history --------------------------------------------------------------------------
+    def history(self) -> list[CommitInfo]:
+        """Every applied record (each writer's up to where this log has applied it), ordered by
+        commit time, then writer and seq. Read from storage at the first call (the log may
+        have started from a checkpoint), then kept and extended by each refresh."""
+        if self._history is None:
+            self._history = list(self._read_records({w: wlog.next_seq for w, wlog in self.writers.items()}))
+        return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
+
+    def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
+        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError."""
+        wanted = [(w, seq) for w in sorted(ends) for seq in range(ends[w])]
+        out: list[CommitInfo] = []
+        for lo in range(0, len(wanted), HISTORY_BATCH):
+            chunk = wanted[lo:lo + HISTORY_BATCH]
+            paths = [layout.commit_record(w, seq) for w, seq in chunk]
+            for (w, seq), path, data in zip(chunk, paths, self.storage.read_many(paths), strict=True):
+                if data is None:
+                    raise StoreError(f"{path}: commit record missing (records are never deleted); "
+                                     "run replaystore verify")
+                out.append(CommitInfo(w, seq, records.decode(path, data)))
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint_numbers(self) -> list[int]:
+        """The numbers of the checkpoints in storage, ascending."""
+        names = self.storage.list(layout.CHECKPOINTS)
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def _start_from_checkpoint(self) -> None:
+        """Take the state of the newest checkpoint that reads back whole; none: start empty.
+
+        A damaged checkpoint is skipped (``replaystore verify`` reports it); one deleted
+        meanwhile (superseded) likewise: the commit records hold everything it summarised."""
+        for number in reversed(self.checkpoint_numbers()):
+            path = layout.checkpoint(number)
+            data = self.storage.read_many([path])[0]
+            if data is None:
+                continue
+            try:
+                self.writers, self.time_ns = decode_checkpoint(path, data)
+            except CorruptObjectError:
+                continue
+            self.checkpoint = number
+            return
+
+    def checkpoint_due(self) -> bool:
+        """Whether this log applied ``CHECKPOINT_EVERY`` records since the newest checkpoint it knows."""
+        return self.since_checkpoint >= CHECKPOINT_EVERY
+
+    def write_checkpoint(self) -> int | None:
+        """Create the next checkpoint of what this log has applied (create-if-absent) and delete
+        those before the previous one; its number. None, writing nothing, if another writer
+        made a checkpoint this log did not know of (listed, or created first under the same
+        number). Either way the count of records since a checkpoint starts again."""
+        numbers = self.checkpoint_numbers()
+        known = -1 if self.checkpoint is None else self.checkpoint
+        self.since_checkpoint = 0
+        if numbers and numbers[-1] > known:  # another writer's is recent enough: one per interval
+            self.checkpoint = numbers[-1]
+            return None
+        number = known + 1
+        if not self.storage.create(layout.checkpoint(number), encode_checkpoint(number, self.writers, self.time_ns)):
+            self.checkpoint = number
+            return None
+        self.checkpoint = number
+        # the previous one stays, for readers that listed before this one was created
+        self.storage.delete_objects([layout.checkpoint(old) for old in numbers if old < number - 1])
+        return number
+
+    def state_at(self, ends: dict[int, int]) -> dict[int, WriterLog]:
+        """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``
+        (what a checkpoint at those positions must hold), read from the records themselves."""
+        state = {w: WriterLog(w) for w in ends}
+        for info in self._read_records(ends):
+            apply_record(state[info.writer], info.body)
+            state[info.writer].next_seq = info.seq + 1
+        return state
+
+
+def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
+    """Apply one of ``wlog``'s commit records (the next one) to its live fragments."""
+    for table, change in body.get("tables", {}).items():
+        frags = wlog.fragments.setdefault(table, {})
+        for name in change.get("remove", []):
+            frags.pop(name, None)
+        for d in change.get("add", []):
+            frag = Fragment.from_dict(wlog.writer, table, d)
+            frags[frag.name] = frag
+    wlog.closed = body.get("kind") == CLOSE
+
+
+def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) -> bytes:
+    """A checkpoint document: per writer its next seq, whether it closed, its live fragments."""
+    return records.encode({
+        "kind": CHECKPOINT, "number": number, "time_ns": time_ns,
+        "writers": {str(w): {"next_seq": wlog.next_seq, "closed": wlog.closed,
+                             "tables": {t: [f.to_dict() for f in frags.values()]
+                                        for t, frags in wlog.fragments.items() if frags}}
+                    for w, wlog in sorted(writers.items())},
+    })
+
+
+def decode_checkpoint(path: str, data: bytes) -> tuple[dict[int, WriterLog], int]:
+    """``(writers, latest commit time)`` of a checkpoint document; CorruptObjectError if it is
+    damaged or not a checkpoint."""
+    body = records.decode(path, data)
+    try:
+        if body["kind"] != CHECKPOINT:
+            raise CorruptObjectError(path, f"not a log checkpoint (kind {body['kind']!r})")
+        writers: dict[int, WriterLog] = {}
+        for key, doc in body["writers"].items():
+            w = int(key)
+            frags = {t: {d["name"]: Fragment.from_dict(w, t, d) for d in ds} for t, ds in doc["tables"].items()}
+            writers[w] = WriterLog(w, int(doc["next_seq"]), bool(doc["closed"]), frags)
+        return writers, int(body["time_ns"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptObjectError(path, f"not a well-formed log checkpoint ({exc!r})") from None

@@ -176,8 +176,10 @@ class Store:
 
     def commits(self) -> list[dict[str, Any]]:
         """Every applied commit (``append`` and ``compact``): writer, seq, time_ns, kind, metadata and
-        per-append batch metadata. A writer's ``close`` record is not listed: it commits nothing."""
-        return [c.body for c in self.log.commits if c.body.get("kind") != CLOSE]
+        per-append batch metadata, ordered by commit time, then writer and seq. A writer's ``close``
+        record is not listed: it commits nothing. The first call reads the records back from
+        storage (opening keeps none in memory); later calls cost only what was applied since."""
+        return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
     def writer(self) -> Writer:
         """A new writer (one per process; several processes may write at once)."""
@@ -280,7 +282,9 @@ class Store:
             "capacity": self.capacity,
             "writers": len(self.log.writers),
             "writers_closed": sum(w.closed for w in self.log.writers.values()),
-            "commits": len(self.commits()),
+            # every record but close records (each writer's last, if it closed): no history read
+            "commits": sum(w.next_seq - w.closed for w in self.log.writers.values()),
+            "log_checkpoint": self.log.checkpoint,
             "bytes": self.storage.total_size(),
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
                            "fragments": len(t.reader.fragments)} for n, t in self._tables.items()},

@@ -82,7 +82,7 @@ def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
     removed ones -> the commit record removing them."""
     live = {f.path for w in store.log.writers.values() for frags in w.fragments.values() for f in frags.values()}
     removed = {}
-    for c in store.log.commits:
+    for c in store.log.history():
         for t, change in c.body.get("tables", {}).items():
             for name in change.get("remove", []):
                 removed[layout.fragment_dir(c.writer, t, name)] = layout.commit_record(c.writer, c.seq)

@@ -12,6 +12,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store import layout, records
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
+from replaystore.store.log import WriterLog, decode_checkpoint
 from replaystore.store.store import Store
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
@@ -35,6 +36,32 @@ def _check_record(store: Store, path: str) -> Problem | None:
     except CorruptObjectError as exc:
         return Problem(path, str(exc).split(": ", 1)[-1])
     return None
+
+
+def _check_checkpoint(store: Store, number: int) -> list[Problem]:
+    """A log checkpoint reads back whole and holds exactly what the commit records it
+    summarises say (each writer's next seq, closed flag and live fragments)."""
+    path = layout.checkpoint(number)
+    try:
+        writers, _ = decode_checkpoint(path, store.storage.read(path))
+    except FileNotFoundError:
+        return []  # superseded and deleted since the listing
+    except CorruptObjectError as exc:
+        return [Problem(path, str(exc).split(": ", 1)[-1])]
+    try:
+        replayed = store.log.state_at({w: wlog.next_seq for w, wlog in writers.items()})
+    except ReplayStoreError as exc:
+        return [Problem(path, f"its commit records cannot be read back: {exc}")]
+    problems = []
+    for w, wlog in sorted(writers.items()):
+        if _state(wlog) != _state(replayed[w]):
+            problems.append(Problem(path, f"differs from writer {w}'s commit records 0..{wlog.next_seq - 1}"))
+    return problems
+
+
+def _state(wlog: WriterLog) -> tuple[int, bool, dict[str, list[dict[str, object]]]]:
+    return wlog.next_seq, wlog.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
+                                        for t, frags in wlog.fragments.items() if frags}
 
 
 def _fragment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...]]]:
@@ -175,6 +202,8 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
             p = _check_record(store, f"{layout.commits_dir(w)}/{name}")
             if p:
                 problems.append(p)
+    for number in store.log.checkpoint_numbers():
+        problems += _check_checkpoint(store, number)
     try:
         store.refresh()
     except ReplayStoreError as exc:

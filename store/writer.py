@@ -158,7 +158,7 @@ class Writer:
         # discard() restores them at the cost of the streams appended to, not of all streams written
         self._undo: tuple[dict[tuple[str, StreamKey], int | None], dict[tuple[str, StreamKey], bool | None]] = ({}, {})
         # commit times only move forward, even if this host's clock is behind the log's
-        self._time_ns = max((c.body.get("time_ns", 0) for c in store.log.commits), default=0)
+        self._time_ns = store.log.time_ns
         self._fresh = False  # whether this append already refreshed the store (see _known_last)
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
         self._names = itertools.count()  # fragment names f0000000000, f0000000001, ...
@@ -474,6 +474,8 @@ class Writer:
                 frag.abort()
         self._undo = ({}, {})
         self.store.refresh()
+        if self.store.log.checkpoint_due():
+            self.store.log.write_checkpoint()
         self._reclaim()
         self._schedule_merge()
         return CommitResult(self.id, seq, rows)

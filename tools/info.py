@@ -28,6 +28,8 @@ def print_info(st: Store) -> None:
     print(f"capacity        {info['capacity'] if info['capacity'] is not None else 'unbounded (dataset)'}")
     print(f"writers         {info['writers']} ({info['writers_closed']} closed)")
     print(f"commits         {info['commits']}")
+    checkpoint = info["log_checkpoint"]
+    print(f"log checkpoint  {'none' if checkpoint is None else f'#{checkpoint}'}")
     print(f"size on disk    {_size(info['bytes'])}")
     for name, t in info["tables"].items():
         print(f"\ntable {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")

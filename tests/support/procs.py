@@ -61,6 +61,7 @@ import numpy as np
 
 from replaystore.schemas import Schema, dqn, transitions
 from replaystore.store import open_store
+from replaystore.store import log as log_module
 from support.batches import dqn_batch
 
 OBS = 8
@@ -189,7 +190,10 @@ def hold_merges(storage: Any) -> None:
 
 
 def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
-                 storage_options: dict | None = None, hold_merge: bool = False) -> None:
+                 storage_options: dict | None = None, hold_merge: bool = False,
+                 checkpoint_every: int | None = None) -> None:
+    if checkpoint_every is not None:
+        log_module.CHECKPOINT_EVERY = checkpoint_every
     st = open_store(url, mode="a", storage_options=storage_options)
     if hold_merge:
         hold_merges(st.storage)

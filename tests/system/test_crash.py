@@ -29,6 +29,7 @@ import pytest
 
 from replaystore.errors import CorruptObjectError
 from replaystore.store import layout, open_store, records
+from replaystore.store import log as log_module
 from replaystore.store.storage import open_storage
 from replaystore.store.verify import verify
 from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, take_rows, write_planned
@@ -57,6 +58,7 @@ class CrashConfig:
     lanes: int = 2
     new_writer_commits: int = 2
     preload: int = 0  # commits a first writer makes in each fresh store (fills a capped store up front)
+    checkpoint_every: int | None = None  # the children's log checkpoint interval in records (None: the default)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def run_and_kill(url: str, cfg: CrashConfig, tag: str, rng: random.Random,
     out = Killed(tag)
     with Child("crash-writer", url=url, storage_options=options, seed=cfg.seed, tag=tag,
                max_records=cfg.max_records, max_appends=cfg.max_appends, streams=cfg.streams,
-               hold_merge=hold_merge) as child:
+               hold_merge=hold_merge, checkpoint_every=cfg.checkpoint_every) as child:
         first = child.readline(START_TIMEOUT_S)
         assert first == "ready", f"crash-writer did not start ({first!r}):\n{child.stderr()}"
         start = time.monotonic()
@@ -333,7 +335,10 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
         if (n + 1) % cfg.trials_per_store == 0 or n + 1 == len(trials):
             storage = open_storage(url, options)
             stats["compactions"] += seen.compactions
-            assert verify(open_store(url, mode="r", storage_options=options)) == []  # after every vacuum too
+            final = open_store(url, mode="r", storage_options=options)
+            assert verify(final) == []  # after every vacuum too (log checkpoints checked against the records)
+            numbers = final.log.checkpoint_numbers()
+            stats["log checkpoints written"] += numbers[-1] + 1 if numbers else 0
             stats["reclaimed fragments"] += sum(  # (a segment-backed fragment's data: its segment's)
                 not storage.exists(f"{layout.fragment_dir(b['writer'], 'records', d.get('segment', d)['name'])}/zarr.json")
                 for b in commits for tb in b["tables"].values() for d in tb.get("add", []))
@@ -355,14 +360,23 @@ def crash_trials(place: Place, cfg: CrashConfig) -> Counter:
         return sum((f.result() for f in futures), Counter())
 
 
+# a log checkpoint every 3 records applied (about one per commit), so kills land in their creation too
 DEFAULT = CrashConfig(trials=50, seed=20240601, capacity=None, max_records=6, max_appends=3, streams=3,
-                      max_after=10, spread=1.5)
+                      max_after=10, spread=1.5, checkpoint_every=3)
 
 
-def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
+def frequent_checkpoints(cfg: CrashConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's writers (preload, the writer after each kill) checkpoint as the children do."""
+    if cfg.checkpoint_every is not None:
+        monkeypatch.setattr(log_module, "CHECKPOINT_EVERY", cfg.checkpoint_every)
+
+
+def test_sigkill_during_append_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    frequent_checkpoints(DEFAULT, monkeypatch)
     stats = crash_trials(Place(str(tmp_path)), DEFAULT)
     print(dict(stats))
     assert stats["trials"] == DEFAULT.trials
+    assert stats["log checkpoints written"] > DEFAULT.trials, stats  # stores reopened from them throughout
     # the kills must have hit real work, not just idle children: most trials got commits in,
     # and some kills landed inside a commit (between its data and its record)
     assert stats["trials with a commit"] >= DEFAULT.trials // 2, stats
@@ -376,7 +390,7 @@ def test_sigkill_during_append_and_commit(tmp_path: Path) -> None:
 # and reclaimed by later writers; before, the count of reclaimed fragments hung on how long the
 # children happened to run)
 SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,
-                   spread=2.5, targets=(7,), trials_per_store=60, merge_every=10, preload=64)
+                   spread=2.5, targets=(7,), trials_per_store=60, merge_every=10, preload=64, checkpoint_every=5)
 
 
 def check_held_merges(stats: Counter, cfg: CrashConfig, segments: bool = False) -> None:
@@ -388,12 +402,14 @@ def check_held_merges(stats: Counter, cfg: CrashConfig, segments: bool = False) 
 
 
 @pytest.mark.slow
-def test_sigkill_during_compaction_and_eviction(tmp_path: Path) -> None:
+def test_sigkill_during_compaction_and_eviction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny commits (a compaction every 8) into a capacity-bound replay (eviction and reclaim running)."""
+    frequent_checkpoints(SLOW, monkeypatch)
     stats = crash_trials(Place(str(tmp_path)), SLOW)
     print(dict(stats))
     assert stats["trials"] == SLOW.trials
     assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
+    assert stats["log checkpoints written"] > 0, stats
     assert stats["full stores"] >= SLOW.trials // 2, stats  # eviction was running in most trials
     # the random kills hit commits; the held ones, merges (certainly, not by timing)
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
@@ -410,7 +426,7 @@ S3_CAPACITY = CrashConfig(trials=2, seed=4242, capacity=32, max_records=1, max_a
 # random kills alone (even 90% aimed at the merging commit) missed every merge in an estimated 1 soak run in 20
 S3_CAPACITY_SLOW = CrashConfig(trials=30, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
                                max_after=10, spread=2.5, targets=(7,), trials_per_store=15, preload=32,
-                               merge_every=5)
+                               merge_every=5, checkpoint_every=4)
 
 
 def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
@@ -428,8 +444,10 @@ def test_sigkill_during_s3_eviction_and_compaction(s3_server: Any) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_during_s3_eviction_and_compaction_soak(s3_server: Any) -> None:
+def test_sigkill_during_s3_eviction_and_compaction_soak(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    frequent_checkpoints(S3_CAPACITY_SLOW, monkeypatch)
     stats = _s3_capacity_run(s3_server, S3_CAPACITY_SLOW)
+    assert stats["log checkpoints written"] > 0, stats
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
 
 
