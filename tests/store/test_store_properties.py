@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from replaystore.errors import StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, Writer, layout, open_store
+from replaystore.store import log as log_module
 
 SCHEMA = Schema("prop", [Dense("uid", np.int64), Dense("obs", np.float32, (3,)),
                          Ragged("ids", np.int64, "offsets")])
@@ -156,13 +157,20 @@ def _url(kind: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("kind", ["local", "memory"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, capacity=st.sampled_from([None, 7, 16, 64]), data=st.data())
-def test_store_matches_reference_model(kind: str, tmp_path_factory: pytest.TempPathFactory,
-                                       ops: list[tuple], capacity: int | None, data: st.DataObject) -> None:
+@given(ops=OPS, capacity=st.sampled_from([None, 7, 16, 64]), checkpoint_every=st.sampled_from([None, 2, 5]),
+       data=st.data())
+def test_store_matches_reference_model(kind: str, tmp_path_factory: pytest.TempPathFactory, ops: list[tuple],
+                                       capacity: int | None, checkpoint_every: int | None,
+                                       data: st.DataObject) -> None:
+    """``checkpoint_every``: writers save a log checkpoint every few records, so reopened
+    readers and writers start from one (None: the default interval, never reached here)."""
     url = _url(kind, tmp_path_factory)
+    default_every = log_module.CHECKPOINT_EVERY
+    log_module.CHECKPOINT_EVERY = checkpoint_every or default_every
     try:
         _run(url, ops, capacity, data)
     finally:
+        log_module.CHECKPOINT_EVERY = default_every
         if kind == "local":
             shutil.rmtree(os.path.dirname(url), ignore_errors=True)
         if kind == "memory":
@@ -279,6 +287,7 @@ def _run(url: str, ops: list[tuple], capacity: int | None, data: st.DataObject) 
         _commit(slot, model)
     final = open_store(url, mode="r")
     check(final, model)
+    event(f"opened from a log checkpoint: {final.log.checkpoint is not None}")
     kinds = [c["kind"] for c in final.commits()]
     event(f"compacted: {'compact' in kinds}")
     event(f"evicted: {capacity is not None and len(model.committed) > capacity}")
