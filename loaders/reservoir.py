@@ -71,7 +71,8 @@ class ReservoirSampler(StoreSampler):
             self._offer(new)
         if not len(self.members) and self.seen and (n := self.candidate_count()):
             # all evicted, and the visible rows were offered earlier without being kept
-            self.members = self.candidate_rows(np.sort(self.rng.choice(n, size=min(self.capacity, n), replace=False)))
+            picked = self.rng.choice(n, size=min(self.capacity, n), replace=False)
+            self.members = self.candidate_rows(np.sort(picked))
 
     def _offer(self, rows: np.ndarray) -> None:
         k = self.capacity
