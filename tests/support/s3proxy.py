@@ -16,6 +16,8 @@ real server's. The server is shut down when the context exits.
   applied upstream but answered ``500 InternalError``, a reply lost after the write.
 - ``Faults(latency_s=...)``: every request waits that long before it is forwarded, a
   distant endpoint (``bench/log_bench.py``); ``requests`` counts them.
+- ``Faults(deny_reads="...")``: a GET of a key containing that text is answered ``403
+  AccessDenied`` (a policy that hides part of the store), counted in ``denied``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 CONFLICT_XML = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
                 b"<Message>A conflicting conditional operation is currently in progress against this resource. "
                 b"Please try again.</Message><RequestId>fault-proxy</RequestId></Error>")
+DENIED_XML = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+              b"<Message>Access Denied</Message><RequestId>fault-proxy</RequestId></Error>")
 INTERNAL_XML = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
                 b"<Message>We encountered an internal error. Please try again.</Message>"
                 b"<RequestId>fault-proxy</RequestId></Error>")
@@ -50,7 +54,9 @@ class Faults:
     always: bool = False
     lost_reply: bool = False
     latency_s: float = 0.0
+    deny_reads: str = ""
     requests: int = 0  # requests received
+    denied: int = 0  # GETs answered 403
     conflicts: int = 0  # 409 answers given
     lost: int = 0  # writes applied but answered 500
     conditional_puts: int = 0
@@ -113,6 +119,11 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
                 time.sleep(faults.latency_s)  # a distant endpoint: each request's round trip
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if faults.deny_reads and self.command == "GET" and faults.deny_reads in urlsplit(self.path).path:
+                with faults._lock:
+                    faults.denied += 1
+                self._answer(403, "Forbidden", [("Content-Type", "application/xml")], DENIED_XML)
+                return
             conditional = self.command == "PUT" and self.headers.get("If-None-Match") == "*"
             if not conditional or faults.strip_condition:
                 drop = HOP | ({"if-none-match"} if faults.strip_condition else set())
