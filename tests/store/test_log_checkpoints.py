@@ -81,6 +81,9 @@ def test_open_starts_from_the_newest_checkpoint_and_reads_no_record_before_it(ba
     assert_same(again.read(again.row_ids()), want)
     with pytest.raises(StoreError, match="commit record missing"):
         again.commits()  # the history is read from the records, and one is gone
+    problems = verify(again)  # both checkpoints summarise records that are gone
+    assert [p.path for p in problems] == [layout.checkpoint(n) for n in numbers]
+    assert all("commit records cannot be read back" in p.problem for p in problems)
 
 
 def test_a_store_keeps_growing_from_a_checkpoint_and_a_writer_continues_its_streams(backend: Backend) -> None:
@@ -107,7 +110,9 @@ def test_a_damaged_checkpoint_is_skipped_and_verify_names_it(backend: Backend) -
     older, newest = st.log.checkpoint_numbers()
     path = layout.checkpoint(newest)
     valid = storage.read(path)
-    for damaged in (valid[: len(valid) // 2], valid.replace(b'"closed":', b'"Closed":', 1), b"garbage"):
+    not_a_checkpoint = records.encode({**records.decode(path, valid), "kind": "append"})
+    for damaged in (valid[: len(valid) // 2], valid.replace(b'"closed":', b'"Closed":', 1), b"garbage",
+                    not_a_checkpoint):
         storage.delete(path)
         assert storage.create(path, damaged)
         reader = backend.open(mode="r")
@@ -118,6 +123,25 @@ def test_a_damaged_checkpoint_is_skipped_and_verify_names_it(backend: Backend) -
     reader = backend.open(mode="r")
     assert reader.log.checkpoint is None
     assert_same(reader.read(reader.row_ids()), want)
+
+
+def test_a_checkpoint_deleted_after_the_listing_is_passed_over(fast_backend: Backend,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer writer deleted a superseded checkpoint between a reader's listing and its read:
+    the reader takes the next one listed, and verify has nothing to report about it."""
+    rng = np.random.default_rng(6)
+    st = fast_backend.open(DQN)
+    want = columns_of(DQN, _write(st, rng, 12))
+    newest = st.log.checkpoint_numbers()[-1]
+    reader = fast_backend.open(mode="r")
+    listed = reader.storage.list
+    gone = f"{newest + 5:010d}.json"  # listed, then deleted before it was read
+    monkeypatch.setattr(reader.storage, "list", lambda prefix: [*listed(prefix), gone] if prefix == layout.CHECKPOINTS
+                        else listed(prefix))
+    again = Store(reader.storage, reader.manifest, "r")
+    assert again.log.checkpoint == newest
+    assert_same(again.read(again.row_ids()), want)
+    assert verify(again) == []
 
 
 def test_verify_reports_a_checkpoint_that_differs_from_its_records(fast_backend: Backend) -> None:
