@@ -1,5 +1,5 @@
-"""What following the commit log costs as writer sessions pile up: ``open_store`` (reads the
-whole log) and ``refresh()`` with nothing new, on local disk and on S3.
+"""What following the commit log costs as writer sessions pile up: ``open_store`` (the newest
+log checkpoint and the records after it) and ``refresh()`` with nothing new, on local disk and on S3.
 
     python bench/log_bench.py            # local: 1,000 closed sessions; S3: 32 (about 3 minutes)
     python bench/log_bench.py --quick    # local: 300; S3: 16 (under a minute)
@@ -35,7 +35,7 @@ from replaystore.schemas import dqn
 from replaystore.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback proxy
-from support.s3proxy import Faults, faulty_s3  # noqa: E402
+from support.s3proxy import Faults, faulty_s3, options_via  # noqa: E402
 
 SCHEMA = dqn(OBS, HEADS, actions=ACTIONS)
 FULL = {"local": 1_000, "s3": 32}
@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         live = write_sessions(url, s3.storage_options, sizes["s3"], args.open)
         faults = Faults(latency_s=args.latency_ms / 1e3)
         with faulty_s3(s3.endpoint_url, faults) as endpoint:
-            options = {**s3.storage_options,
-                       "client_kwargs": {**s3.storage_options.get("client_kwargs", {}), "endpoint_url": endpoint}}
+            options = options_via(s3.storage_options, endpoint)
             rows.append((f"S3, +{args.latency_ms:.0f} ms per request", sizes["s3"], measure(url, options, faults)))
         for w in live:
             w.close()

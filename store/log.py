@@ -32,6 +32,12 @@ class WriterLog:
     closed: bool = False  # its ``close`` record was applied: it never writes again
     fragments: dict[str, dict[str, Fragment]] = field(default_factory=dict)  # table -> name -> fragment
 
+    def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
+        """Next seq, closed flag and live fragment descriptors per table (by name): what two
+        applications of the same records agree on, whatever order the fragments were added in."""
+        return self.next_seq, self.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
+                                            for t, frags in self.fragments.items() if frags}
+
 
 @dataclass
 class CommitInfo:

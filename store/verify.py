@@ -12,7 +12,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store import layout, records
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
-from replaystore.store.log import WriterLog, decode_checkpoint
+from replaystore.store.log import decode_checkpoint
 from replaystore.store.store import Store
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
@@ -54,14 +54,9 @@ def _check_checkpoint(store: Store, number: int) -> list[Problem]:
         return [Problem(path, f"its commit records cannot be read back: {exc}")]
     problems = []
     for w, wlog in sorted(writers.items()):
-        if _state(wlog) != _state(replayed[w]):
+        if wlog.state() != replayed[w].state():
             problems.append(Problem(path, f"differs from writer {w}'s commit records 0..{wlog.next_seq - 1}"))
     return problems
-
-
-def _state(wlog: WriterLog) -> tuple[int, bool, dict[str, list[dict[str, object]]]]:
-    return wlog.next_seq, wlog.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
-                                        for t, frags in wlog.fragments.items() if frags}
 
 
 def _fragment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...]]]:

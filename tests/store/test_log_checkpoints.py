@@ -49,9 +49,7 @@ def _replayed(backend: Backend) -> CommitLog:
 
 
 def _state(log: CommitLog) -> dict[int, tuple[int, bool, dict[str, list[dict[str, Any]]]]]:
-    return {w: (wl.next_seq, wl.closed, {t: sorted((f.to_dict() for f in fr.values()), key=lambda d: d["name"])
-                                         for t, fr in wl.fragments.items() if fr})
-            for w, wl in log.writers.items()}
+    return {w: wl.state() for w, wl in log.writers.items()}
 
 
 def test_open_starts_from_the_newest_checkpoint_and_reads_no_record_before_it(backend: Backend) -> None:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from replaystore.store import open_store
 from replaystore.store.storage import StorageError, open_storage
 from support.procs import crash_batch, schema, stream_batch
 from support.s3 import S3Server
-from support.s3proxy import unconditional_s3
+from support.s3proxy import options_via, unconditional_s3
 
 MODES = ("r", "a", "w", "w+")
 
@@ -50,9 +49,7 @@ def test_local_url_through_file_scheme_is_accepted(tmp_path: Path) -> None:
 def bad_endpoint(s3_server: S3Server) -> Iterator[dict[str, Any]]:
     """storage_options reaching the moto server through an endpoint that ignores conditional writes."""
     with unconditional_s3(s3_server.endpoint_url) as endpoint:
-        options = copy.deepcopy(s3_server.storage_options)
-        options["client_kwargs"]["endpoint_url"] = endpoint
-        yield options
+        yield options_via(s3_server.storage_options, endpoint)
 
 
 def keys(server: S3Server, prefix: str) -> list[str]:

@@ -24,18 +24,11 @@ from replaystore.store import open_store
 from replaystore.store.storage import FsspecStorage, StorageError, open_storage
 from support.procs import Child, crash_batch, same_records, schema, take_rows
 from support.s3 import S3Server
-from support.s3proxy import conflicting_s3
+from support.s3proxy import conflicting_s3, options_via
 
 RACERS = 6
 KEYS = 12
 TIMEOUT_S = 120.0
-
-
-def _via(server: S3Server, endpoint: str) -> dict[str, Any]:
-    """``storage_options`` reaching ``server``'s bucket through ``endpoint``."""
-    options = json.loads(json.dumps(server.storage_options))
-    options["client_kwargs"]["endpoint_url"] = endpoint
-    return options
 
 
 def _race(role: str, n: int, **args: Any) -> list[dict[str, Any]]:
@@ -66,7 +59,7 @@ def test_racing_creates_retry_409_until_one_wins(s3_server: S3Server) -> None:
     url = s3_server.url(f"race409-{uuid.uuid4().hex}")
     keys = [f"k/{i:03d}" for i in range(KEYS)]
     with conflicting_s3(s3_server.endpoint_url, hold_s=0.05) as (endpoint, faults):
-        options = _via(s3_server, endpoint)
+        options = options_via(s3_server.storage_options, endpoint)
         results = _race("create-racer", RACERS, url=url, storage_options=options, keys=keys)
     assert faults.conflicts > 0  # the race did hit 409s, and every one was retried to a verdict
     _check_one_winner(url, s3_server.storage_options, keys, results)
@@ -76,7 +69,7 @@ def test_concurrent_writer_registration_through_409s(s3_server: S3Server) -> Non
     url = s3_server.url(f"reg409-{uuid.uuid4().hex}")
     open_store(url, schema(), mode="w", storage_options=s3_server.storage_options).close()
     with conflicting_s3(s3_server.endpoint_url, hold_s=0.05) as (endpoint, faults):
-        results = _race("register-writer", RACERS, url=url, storage_options=_via(s3_server, endpoint), seed=3)
+        results = _race("register-writer", RACERS, url=url, storage_options=options_via(s3_server.storage_options, endpoint), seed=3)
     assert faults.conflicts > 0  # every racer started at writer number 0: registration collided
     writers = sorted(r["writer"] for r in results)
     assert writers == list(range(RACERS))  # each took its own number, none lost
@@ -94,7 +87,7 @@ def test_concurrent_writer_registration_through_409s(s3_server: S3Server) -> Non
 def test_a_conflict_that_never_resolves_is_a_storage_error(s3_server: S3Server) -> None:
     url = s3_server.url(f"stuck-{uuid.uuid4().hex}")
     with conflicting_s3(s3_server.endpoint_url, always=True) as (endpoint, faults):
-        storage = open_storage(url, _via(s3_server, endpoint))
+        storage = open_storage(url, options_via(s3_server.storage_options, endpoint))
         assert isinstance(storage, FsspecStorage)
         storage.conflict_retries = 4
         with pytest.raises(StorageError, match="409 ConditionalRequestConflict after 4 attempts"):
@@ -106,12 +99,12 @@ def test_a_conflict_that_never_resolves_is_a_storage_error(s3_server: S3Server) 
 def test_a_create_whose_reply_was_lost_is_still_ours(s3_server: S3Server) -> None:
     url = s3_server.url(f"lost-{uuid.uuid4().hex}")
     with conflicting_s3(s3_server.endpoint_url, lost_reply=True) as (endpoint, faults):
-        ours = open_storage(url, _via(s3_server, endpoint))
+        ours = open_storage(url, options_via(s3_server.storage_options, endpoint))
         ours.check_create()
         lost_before = faults.lost
         # applied upstream, answered 500; the client repeats the PUT, gets 412 and reads its own bytes back
         assert ours.create("k", b"mine") is True
         assert faults.lost == lost_before + 1
-        other = open_storage(url, _via(s3_server, endpoint))
+        other = open_storage(url, options_via(s3_server.storage_options, endpoint))
         assert other.create("k", b"theirs") is False
     assert open_storage(url, s3_server.storage_options).read("k") == b"mine"

@@ -4,8 +4,6 @@ A loopback proxy in front of the moto server denies the reads (``support.s3proxy
 
 from __future__ import annotations
 
-import json
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,15 +13,9 @@ from replaystore.store import log as log_module
 from replaystore.store.storage import FsspecStorage
 from support.batches import dqn_batch
 from support.s3 import S3Server
-from support.s3proxy import Faults, faulty_s3
+from support.s3proxy import Faults, faulty_s3, options_via
 
 DQN = dqn(16, 2, actions=9)
-
-
-def _via(server: S3Server, endpoint: str) -> dict[str, Any]:
-    options = json.loads(json.dumps(server.storage_options))
-    options["client_kwargs"]["endpoint_url"] = endpoint
-    return options
 
 
 @pytest.mark.parametrize("denied", ["commits", "checkpoint"])
@@ -46,7 +38,7 @@ def test_a_denied_read_of_the_log_is_raised(s3_server: S3Server, monkeypatch: py
     hidden = layout.commits_dir(writers[1].id) if denied == "commits" else f"{layout.CHECKPOINTS}/"
     faults = Faults(deny_reads=hidden)
     with faulty_s3(s3_server.endpoint_url, faults) as endpoint:
-        options = _via(s3_server, endpoint)
+        options = options_via(s3_server.storage_options, endpoint)
         with pytest.raises(PermissionError):
             open_store(url, mode="r", storage_options=options)
         if denied == "commits":

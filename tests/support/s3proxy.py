@@ -23,11 +23,13 @@ real server's. The server is shut down when the context exits.
 from __future__ import annotations
 
 import contextlib
+import copy
 import http.client
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -150,6 +152,13 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Forward
+
+
+def options_via(storage_options: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """A copy of s3fs ``storage_options`` that reaches the same bucket through ``endpoint``."""
+    options = copy.deepcopy(storage_options)
+    options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
+    return options
 
 
 @contextlib.contextmanager
