@@ -1,3 +1,20 @@
-"""Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py)."""
+"""Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py),
+and a chunk cache directory of the test session's own (store/chunkcache.py), not the user's."""
+
+import os
+import shutil
+import tempfile
+
+import pytest
 
 pytest_plugins = ["support.slow_selection"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point S3 stores' default chunk cache at a fresh directory (inherited by child processes)."""
+    config._rs_cache_dir = tempfile.mkdtemp(prefix="replaystore-cache-")  # type: ignore[attr-defined]
+    os.environ["REPLAYSTORE_CACHE_DIR"] = config._rs_cache_dir  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_rs_cache_dir", ""), ignore_errors=True)

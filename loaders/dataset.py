@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.schemas import Schema
-from replaystore.store import Store, Table, open_store
+from replaystore.store import ChunkCache, Store, Table, open_store
 
 
 def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray, shape: tuple[int, int],
@@ -104,16 +104,18 @@ class StoreDataset(Dataset):
     item is a :class:`WorkerBatch` (numpy arrays); :func:`make_loader` turns it into tensors.
     """
 
-    def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None,
+                 cache: ChunkCache | bool | None = None) -> None:
         self.url = url
         self.table_name = table
         self.storage_options = storage_options or {}
+        self.cache = cache  # open_store's ``cache``: the opener's, so workers share its directory
         self._pid: int | None = None
         self._store: Store | None = None
 
     def _table(self) -> Table:
         if self._store is None or self._pid != os.getpid():
-            self._store = open_store(self.url, mode="r", storage_options=self.storage_options)
+            self._store = open_store(self.url, mode="r", storage_options=self.storage_options, cache=self.cache)
             self._pid = os.getpid()
         return self._store.table(self.table_name)
 
@@ -163,6 +165,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     """
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
-    dataset = StoreDataset(store.url, sampler.table.name, store.storage_options)
+    dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
+                           store.cache if store.cache is not None else False)
     return StoreLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
                        collate_fn=_first, **kwargs)

@@ -182,9 +182,10 @@ class FragmentData:
                 arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
             elif name in self._values:  # values: the segment's, up to this fragment's end
                 shape = (self.frag.value_end(self._values[name]),)
-                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, checksum=False))
             else:  # rows [row, row + rows) of the segment's array (offsets: one more)
-                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, seg.row))
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, seg.row,
+                                            checksum=False))
             self._arrays[name] = arr
         return arr
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from replaystore.errors import ReplayStoreError
+from replaystore.store.chunkcache import StoreCache
 
 
 class StorageError(ReplayStoreError):
@@ -83,6 +84,10 @@ class Storage(abc.ABC):
     """A flat key space of immutable objects under one root."""
 
     url: str
+    remote: bool = False
+    """True for object stores across a network (S3): readers cache their chunk objects locally."""
+    cache: StoreCache | None = None
+    """Where chunk reads (``zarrio.read_array``) go through a local disk cache; set by ``open_store``."""
 
     @abc.abstractmethod
     def read(self, path: str) -> bytes:
@@ -539,6 +544,7 @@ class FsspecStorage(Storage):
             self._create_mode = "lock"
         elif {"s3", "s3a"} & set(protocols):
             self._create_mode = "conditional-put"
+            self.remote = True
         else:
             raise StorageError(
                 f"{url}: fsspec filesystem {protocols[0]!r} offers no known create-if-absent primitive; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 import uuid
 import warnings
@@ -21,7 +22,8 @@ from replaystore.errors import (
     StoreNotFoundError,
 )
 from replaystore.schemas import Columns, Schema
-from replaystore.store import layout, records
+from replaystore.store import chunkcache, layout, records
+from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
@@ -118,6 +120,7 @@ class Store:
                         for n, s in self.schemas.items()}
         self.closed = False
         self.storage_options: dict[str, Any] = {}
+        self.cache: ChunkCache | None = None  # the reader's chunk cache (open_store's ``cache``)
 
     # -- tables ---------------------------------------------------------------------
     @property
@@ -331,14 +334,19 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
 
 
 def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: str = "a",
-               capacity: int | None = None, storage_options: Mapping[str, Any] | None = None) -> Store:
+               capacity: int | None = None, storage_options: Mapping[str, Any] | None = None,
+               cache: ChunkCache | str | os.PathLike[str] | bool | None = None) -> Store:
     """Open or create a store.
 
     ``url`` is a local path or fsspec URL (``file://``, ``memory://``, ``s3://bucket/prefix``).
     ``schema`` is one Schema (table ``records``) or ``{table name: Schema}``; required to
     create, checked against the stored one otherwise. ``mode``: "r" read-only, "a" open
     or create, "w" create (error if a store exists), "w+" replace. ``capacity``: None for
-    an unbounded dataset, N to keep the newest N records per table.
+    an unbounded dataset, N to keep the newest N records per table. ``cache``: where a
+    reader keeps the chunk objects of a store on S3 (store/chunkcache.py): None, the default
+    :class:`ChunkCache` (``$REPLAYSTORE_CACHE_DIR`` or ``~/.cache/replaystore``); a directory
+    or a ChunkCache; False, none (objects read are held in memory). Local stores are read in
+    place: it does not apply to them (nor, unless given, to ``memory://``).
     """
     if mode not in MODES:
         raise StoreError(f"mode {mode!r}: expected one of {MODES}")
@@ -346,6 +354,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         raise StoreError(f"capacity: expected None or a positive int, got {capacity!r}")
     schemas = _schemas_arg(schema)
     storage = open_storage(url, storage_options)
+    chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
+    if storage.local_path("") is not None:  # local files are read in place
+        chunk_cache = None
     if mode == "w+":
         storage.check_create()  # refuse before deleting anything, not after
         storage.delete("")
@@ -369,6 +380,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
                                   f"(stored tables {sorted(stored)}); schemas are fixed at creation")
     if capacity is not None and capacity != manifest["capacity"]:
         raise StoreError(f"{storage.url}: capacity {capacity} differs from the stored {manifest['capacity']}")
+    if chunk_cache is not None:
+        storage.cache = chunk_cache.for_store(storage.url, manifest)
     store = Store(storage, manifest, mode)
     store.storage_options = dict(storage_options or {})
+    store.cache = chunk_cache
     return store

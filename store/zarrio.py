@@ -113,16 +113,27 @@ def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
                                               "attributes": attributes}).encode()]}
 
 
-def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0) -> np.ndarray:
+def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0, *,
+               checksum: bool = True) -> np.ndarray:
     """Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows
-    (checksum not verified)."""
+    or through the storage's chunk cache (checksum not verified; a cache checks what it
+    downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its CRC32C)."""
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
+    offset = first * (int(np.prod(shape[1:])) * dtype.itemsize)
     try:
-        return storage.read_array(cpath, dtype, shape, first * (int(np.prod(shape[1:])) * dtype.itemsize))
+        if storage.cache is None:
+            return storage.read_array(cpath, dtype, shape, offset)
+        size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
+        got = storage.cache.open(cpath, lambda: storage.read(cpath), size,
+                                 (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
     except FileNotFoundError:
         raise missing_chunk(cpath) from None
+    if isinstance(got, bytes):  # the cache could not keep it
+        return np.frombuffer(got, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+    with got:
+        return np.memmap(got, dtype=dtype, mode="r", shape=shape, offset=offset)
 
 
 def missing_chunk(cpath: str) -> StaleReadError:

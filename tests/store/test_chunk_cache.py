@@ -1,0 +1,200 @@
+"""The local chunk cache of stores on S3 (store/chunkcache.py): readers memory-map chunk objects
+from a directory they share instead of holding them in memory; what it serves is the store's
+bytes, also after a ``"w+"`` replace, a corrupt download or a damaged cache file; it keeps to its
+budget. S3 is the real moto server on loopback; a denying proxy proves where bytes came from."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from replaystore.errors import CorruptObjectError, StoreError
+from replaystore.loaders import UniformSampler, make_loader
+from replaystore.loaders.dataset import gather
+from replaystore.schemas import dqn
+from replaystore.store import ChunkCache, open_store
+from replaystore.store import chunkcache as chunkcache_module
+from replaystore.store.storage import FsspecStorage
+from support.batches import dqn_batch
+from support.s3 import S3Server
+from support.s3proxy import Faults, faulty_s3, options_via
+from support.storecheck import assert_same, columns_of
+
+DQN = dqn(16, 2, actions=9)
+CHUNKS = "/c/0"  # every chunk object's key contains this (docs/FORMAT.md, "Arrays")
+
+
+def _written(url: str, options: dict[str, Any], commits: int = 3, seed: int = 0) -> Any:
+    """A store of ``commits`` fragments of 40 records on ``url``; the Columns it holds."""
+    rng = np.random.default_rng(seed)
+    batches = [dqn_batch(rng, 40, extra=0) for _ in range(commits)]
+    st = open_store(url, DQN, mode="w+", storage_options=options, cache=False)
+    with st.writer() as w:
+        for b in batches:
+            w.append(b, stream=0)
+            w.commit()
+    st.close()
+    return columns_of(DQN, batches)
+
+
+def _mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr``'s memory is a memory map (not bytes held by the process)."""
+    while arr is not None and not isinstance(arr, mmap.mmap):
+        arr = getattr(arr, "base", None)  # type: ignore[assignment]
+    return isinstance(arr, mmap.mmap)
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Server, tmp_path: Path) -> None:
+    url = s3_server.url("cache-served")
+    want = _written(url, s3_server.storage_options)
+    cache = ChunkCache(tmp_path / "cache")
+    first = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
+    assert_same(first.read(first.default.row_ids()), want)
+    files = _files(tmp_path / "cache")
+    assert len(files) == 3 * len(DQN.zarr_layout())  # every array of the 3 fragments (read needs no index)
+    assert not [f for f in files if f.name.startswith(chunkcache_module.TMP)]
+    faults = Faults(deny_reads=CHUNKS)
+    with faulty_s3(s3_server.endpoint_url, faults) as endpoint:
+        options = options_via(s3_server.storage_options, endpoint)
+        second = open_store(url, mode="r", storage_options=options, cache=tmp_path / "cache")
+        rows = second.default.row_ids()[::-1]
+        got = second.read(rows)
+        assert_same(got, {k: v for k, v in gather_rows(want, rows).items()})
+        assert faults.denied == 0
+        frag = second.default.reader.fragments[0]
+        assert _mapped(second.default.reader.data(frag).array("obs"))
+        uncached = open_store(url, mode="r", storage_options=options, cache=False)
+        with pytest.raises(PermissionError):  # the proxy would have refused every chunk download
+            uncached.read(rows)
+        assert faults.denied > 0
+
+
+def gather_rows(want: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """``want``'s records at positions ``rows`` (the store's row ids of one writer are 0..n-1)."""
+    return want.take(rows).arrays
+
+
+def test_a_replaced_store_at_the_same_url_is_not_served_the_old_bytes(s3_server: S3Server,
+                                                                      tmp_path: Path) -> None:
+    url = s3_server.url("cache-replaced")
+    cache = ChunkCache(tmp_path / "cache")
+    old = _written(url, s3_server.storage_options, seed=1)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
+    assert_same(st.read(st.default.row_ids()), old)
+    new = _written(url, s3_server.storage_options, seed=2)  # same object paths, other bytes
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
+    assert_same(st.read(st.default.row_ids()), new)
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # one directory per store identity
+
+
+def test_a_corrupt_download_raises_naming_the_object_and_is_not_kept(s3_server: S3Server, tmp_path: Path) -> None:
+    url = s3_server.url("cache-corrupt")
+    _written(url, s3_server.storage_options)
+    storage = FsspecStorage(url, s3_server.storage_options)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    frag = st.default.reader.fragments[1]
+    path = f"{frag.path}/obs/c/0/0"
+    data = bytearray(storage.read(path))
+    data[7] ^= 0xFF
+    storage.write(path, bytes(data))
+    with pytest.raises(CorruptObjectError) as info:
+        st.read(st.default.row_ids())
+    assert info.value.path == path and "crc32c" in str(info.value)
+    kept = [f.relative_to(next((tmp_path / "cache").iterdir())).as_posix() for f in _files(tmp_path / "cache")]
+    assert path not in kept and not [k for k in kept if chunkcache_module.TMP in k]
+
+
+def test_a_damaged_cache_file_is_downloaded_again(s3_server: S3Server, tmp_path: Path) -> None:
+    url = s3_server.url("cache-damaged")
+    want = _written(url, s3_server.storage_options)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    assert_same(st.read(st.default.row_ids()), want)
+    obs = [f for f in _files(tmp_path / "cache") if f.parent.parent.parent.name == "obs"]
+    size = obs[0].stat().st_size
+    with open(obs[0], "r+b") as f:  # a torn file (the cache never leaves one: fsync, then rename)
+        f.truncate(size // 2)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    assert_same(st.read(st.default.row_ids()), want)
+    assert obs[0].stat().st_size == size
+
+
+def test_dataloader_workers_use_the_openers_cache(s3_server: S3Server, tmp_path: Path) -> None:
+    url = s3_server.url("cache-loader")
+    _written(url, s3_server.storage_options)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    sampler = UniformSampler(st, batch_size=16, seed=3, num_batches=4)
+    got = list(make_loader(st, sampler, num_workers=2))
+    obs = [f for f in _files(tmp_path / "cache") if f.parent.parent.parent.name == "obs"]
+    assert obs  # gathered by the workers (this process samples from the index arrays only) into its directory
+    reference = UniformSampler(st, batch_size=16, seed=3, num_batches=4)
+    for batch, request in zip(got, reference, strict=True):
+        want = gather(st.default, request)
+        for name, tensor in want.items():
+            assert np.array_equal(batch[name].numpy(), tensor.numpy()), name
+
+
+def test_the_cache_keeps_to_its_budget(s3_server: S3Server, tmp_path: Path) -> None:
+    url = s3_server.url("cache-budget")
+    want = _written(url, s3_server.storage_options, commits=6)
+    budget = 40_000  # about two fragments' arrays of the six
+    cache = ChunkCache(tmp_path / "cache", max_bytes=budget)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
+    rows = st.default.row_ids()
+    for lo in range(0, len(rows), 40):  # fragment after fragment
+        assert_same(st.read(rows[lo:lo + 40]), gather_rows(want, np.arange(lo, lo + 40)))
+        assert cache.size() <= budget
+    last = st.default.reader.fragments[-1].path
+    kept = {f.relative_to(next((tmp_path / "cache").iterdir())).as_posix() for f in _files(tmp_path / "cache")}
+    assert f"{last}/obs/c/0/0" in kept and not {k for k in kept if k.startswith(st.default.reader.fragments[0].path)}
+
+
+def test_prune_deletes_least_recently_used_first_and_stale_temporary_files(tmp_path: Path) -> None:
+    cache = ChunkCache(tmp_path, max_bytes=250)
+    now = 1_800_000_000 * 10**9
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        p = tmp_path / "s" / name
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"x" * 100)
+        os.utime(p, ns=(now + i, now + i))
+    stale, fresh = tmp_path / "s" / f"{chunkcache_module.TMP}1-x", tmp_path / "s" / f"{chunkcache_module.TMP}2-y"
+    stale.write_bytes(b"y" * 10)
+    os.utime(stale, ns=(0, 0))
+    fresh.write_bytes(b"y" * 10)
+    cache.prune(keep=str(tmp_path / "s" / "a"))  # the oldest, but just filled
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(["a", "d", fresh.name])
+
+
+def test_a_cache_that_cannot_keep_objects_serves_from_memory_with_a_warning(s3_server: S3Server,
+                                                                            tmp_path: Path) -> None:
+    url = s3_server.url("cache-unwritable")
+    want = _written(url, s3_server.storage_options)
+    blocked = tmp_path / "a-file"
+    blocked.write_bytes(b"")  # the cache directory would have to be under a file
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=blocked / "cache")
+    with pytest.warns(RuntimeWarning, match="holding such objects in memory"):
+        got = st.read(st.default.row_ids())
+    assert_same(got, want)
+
+
+def test_cache_arguments(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cache"):
+        open_store(str(tmp_path / "st"), DQN, mode="w", cache=3)  # type: ignore[arg-type]
+    assert not (tmp_path / "st").exists()  # refused before anything was written
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(StoreError, match="max_bytes"):
+            ChunkCache(tmp_path, max_bytes=bad)  # type: ignore[arg-type]
+    local = open_store(str(tmp_path / "st"), DQN, mode="w", cache=tmp_path / "cache")
+    assert local.cache is None and local.storage.cache is None  # local stores are read in place
+    memory = open_store("memory://cache-args", DQN, mode="w+")
+    assert memory.cache is None  # memory:// only when asked
+    memory = open_store("memory://cache-args", mode="r", cache=True)
+    assert memory.cache is not None and memory.cache.directory == chunkcache_module.default_directory()
+    assert chunkcache_module.default_directory() == os.environ["REPLAYSTORE_CACHE_DIR"]  # this test session's
