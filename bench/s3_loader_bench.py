@@ -46,7 +46,7 @@ import numpy as np
 
 from replaystore.loaders import UniformSampler, make_loader
 from replaystore.schemas import dqn
-from replaystore.store import open_store
+from replaystore.store import ChunkCache, open_store
 
 OBS, HEADS, ACTIONS = 64, 2, 9
 BATCH = 256
@@ -130,11 +130,43 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def forked_children() -> list[int]:
+    """This process's children that run its own command line: the DataLoader's (forked) workers,
+    not the spawned writer nor multiprocessing's helpers (Linux /proc)."""
+    me = str(os.getpid())
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = f.read()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if ppid == me and f.read() == cmdline:
+                    out.append(int(pid))
+        except OSError:  # exited meanwhile
+            continue
+    return out
+
+
+def worker_memory(pids: list[int]) -> tuple[float, float]:
+    """The largest ``(RssAnon, RssFile)`` in MiB among processes ``pids`` (Linux /proc): memory a
+    process holds itself, and pages of files it maps (the page cache, shared and reclaimable)."""
+    anon = file = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        anon = max(anon, int(fields["RssAnon"].split()[0]) / 1024)
+        file = max(file, int(fields["RssFile"].split()[0]) / 1024)
+    return anon, file
+
+
 def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live: bool = True,
-            server_pid: int | None = None) -> dict[str, Any]:
+            server_pid: int | None = None, cache: Any = None) -> dict[str, Any]:
     """The loader's cold start and steady samples/s, with the writer process appending (``live``) or not.
 
     ``server_pid``: the loopback S3 server's process, whose CPU share during the windows is reported.
+    ``cache``: ``open_store``'s (the workers use the opener's).
     """
     ctx = mp.get_context("spawn")
     stop, done = ctx.Event(), ctx.Queue()
@@ -142,7 +174,7 @@ def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live:
     if live:
         writer.start()
     try:
-        st = open_store(url, mode="r", storage_options=options)
+        st = open_store(url, mode="r", storage_options=options, cache=cache)
         start_len = len(st)
         sampler = UniformSampler(st, batch_size=BATCH, seed=0)
         loader = make_loader(st, sampler, num_workers=2, persistent_workers=True, prefetch_factor=4)
@@ -175,6 +207,7 @@ def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live:
         server1, wall1 = cpu_seconds(server_pid), time.perf_counter()
         server_share = None if server0 is None or server1 is None else (server1 - server0) / (wall1 - wall0)
         refresh_ms = 1e3 * (refresh_s - refresh0) / max(refreshes - count0, 1)
+        memory = worker_memory(forked_children())
         st.refresh()
         end_len = len(st)
         del it, loader
@@ -189,13 +222,14 @@ def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live:
         commits = done.get(timeout=10)
         assert writer.exitcode == 0, f"the writer process failed (exit code {writer.exitcode})"
     return {"cold_s": cold, "rate": statistics.median(rates), "rates": rates, "start": start_len, "end": end_len,
-            "writer_commits": commits, "server_cpu": server_share, "refresh_ms": refresh_ms}
+            "writer_commits": commits, "server_cpu": server_share, "refresh_ms": refresh_ms, "memory": memory}
 
 
 def row(name: str, r: dict[str, Any], build_s: float) -> str:
-    return (f"{name:<14} {r['rate']:>12,.0f} {'/'.join(f'{x:,.0f}' for x in r['rates']):>26} {r['cold_s']:>9.2f} "
+    return (f"{name:<22} {r['rate']:>12,.0f} {'/'.join(f'{x:,.0f}' for x in r['rates']):>26} {r['cold_s']:>9.2f} "
             f"{build_s:>9.1f} {r['start']:>9,} -> {r['end']:>9,} {r['writer_commits']:>8} "
-            f"{r['refresh_ms']:>10.1f} {'' if r['server_cpu'] is None else format(r['server_cpu'], '.2f'):>10}")
+            f"{r['refresh_ms']:>10.1f} {'' if r['server_cpu'] is None else format(r['server_cpu'], '.2f'):>10}"
+            f" {r['memory'][0]:>9,.0f} {r['memory'][1]:>9,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,8 +252,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_s3(s3_url: str, options: dict[str, Any], pid: int | None = None) -> None:
         build_s = build(s3_url, options, cfg["records"])
-        results["s3 static"] = (measure(s3_url, options, cfg, live=False, server_pid=pid), build_s)
-        results["s3"] = (measure(s3_url, options, cfg, server_pid=pid), build_s)
+        results["s3 static, no cache"] = (measure(s3_url, options, cfg, live=False, server_pid=pid, cache=False),
+                                          build_s)
+        with tempfile.TemporaryDirectory(dir=args.dir) as cache_dir:
+            cache = ChunkCache(cache_dir)
+            results["s3 static"] = (measure(s3_url, options, cfg, live=False, server_pid=pid, cache=cache), build_s)
+            cached_mib[0] = cache.size() / 2**20
+            results["s3 static, warm cache"] = (measure(s3_url, options, cfg, live=False, server_pid=pid,
+                                                        cache=cache), build_s)
+            results["s3"] = (measure(s3_url, options, cfg, server_pid=pid, cache=cache), build_s)
+            cached_mib[1] = cache.size() / 2**20
+
+    cached_mib = [0.0, 0.0]
 
     if args.endpoint:
         from replaystore.tools.s3local import s3_options
@@ -230,14 +274,16 @@ def main(argv: list[str] | None = None) -> int:
 
         with loopback_s3("replaystore-bench") as s3:
             run_s3(s3.url("s3-loader-bench"), s3.storage_options, s3.pid)
-    print(f"{'store':<14} {'samples/s':>12} {'windows':>26} {'cold (s)':>9} {'build (s)':>9} "
-          f"{'visible records start -> end':>22} {'commits':>8} {'refresh ms':>10} {'S3 server CPU':>10}")
+    print(f"{'store':<22} {'samples/s':>12} {'windows':>26} {'cold (s)':>9} {'build (s)':>9} "
+          f"{'visible records start -> end':>22} {'commits':>8} {'refresh ms':>10} {'S3 server CPU':>10}"
+          f" {'worker MiB held':>9} {'mapped':>9}")
     for name, (r, b) in results.items():
         print(row(name, r, b))
     for kind in ("", " static"):
         ratio = results[f"s3{kind}"][0]["rate"] / results[f"local{kind}"][0]["rate"]
         what = "no writer" if kind else "writer appending"
         print(f"ratio S3 / local, steady samples/s, {what}: {ratio:.2f}")
+    print(f"chunk cache: {cached_mib[0]:,.0f} MiB after the cold static run, {cached_mib[1]:,.0f} MiB at the end")
     return 0
 
 

@@ -155,10 +155,12 @@ def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]
 
 
 class FragmentData:
-    """Lazy, cached access to one fragment's arrays (memory maps on local storage)."""
+    """Lazy, cached access to one fragment's arrays (memory maps on local storage; on object
+    storage through its chunk cache, if it has one, unless not ``cached``)."""
 
-    def __init__(self, storage: Storage, schema: Schema, frag: Fragment) -> None:
+    def __init__(self, storage: Storage, schema: Schema, frag: Fragment, *, cached: bool = True) -> None:
         self.storage = storage
+        self.cached = cached
         self.schema = schema
         self.frag = frag
         self._specs = {s.name: s for s in schema.zarr_layout()}
@@ -179,7 +181,7 @@ class FragmentData:
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
             if seg is None:
-                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape))
+                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, cached=self.cached))
             elif name in self._values:  # values: the segment's, up to this fragment's end
                 shape = (self.frag.value_end(self._values[name]),)
                 arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, checksum=False))

@@ -710,7 +710,7 @@ class Writer:
         schema = self.store.schemas[table]
         staged = StagedFragment(self.storage, schema, self.id, table, self._new_name(), run[0].row_start)
         try:
-            datas = [FragmentData(self.storage, schema, f) for f in run]
+            datas = [FragmentData(self.storage, schema, f, cached=False) for f in run]  # read once: not worth a cache
             if self.storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
                 names = [spec.name for spec in schema.zarr_layout()] + list(layout.INDEX_ARRAYS)
                 with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:

@@ -114,16 +114,16 @@ def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
 
 
 def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0, *,
-               checksum: bool = True) -> np.ndarray:
+               checksum: bool = True, cached: bool = True) -> np.ndarray:
     """Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows
-    or through the storage's chunk cache (checksum not verified; a cache checks what it
-    downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its CRC32C)."""
+    or (``cached``) through the storage's chunk cache (checksum not verified; a cache checks
+    what it downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its CRC32C)."""
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
     offset = first * (int(np.prod(shape[1:])) * dtype.itemsize)
     try:
-        if storage.cache is None:
+        if storage.cache is None or not cached:
             return storage.read_array(cpath, dtype, shape, offset)
         size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
         got = storage.cache.open(cpath, lambda: storage.read(cpath), size,
