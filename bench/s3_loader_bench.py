@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             cached_mib[0] = cache.size() / 2**20
             results["s3 static, warm cache"] = (measure(s3_url, options, cfg, live=False, server_pid=pid,
                                                         cache=cache), build_s)
+            results["s3, no cache"] = (measure(s3_url, options, cfg, server_pid=pid, cache=False), build_s)
             results["s3"] = (measure(s3_url, options, cfg, server_pid=pid, cache=cache), build_s)
             cached_mib[1] = cache.size() / 2**20
 

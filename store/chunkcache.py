@@ -17,17 +17,22 @@ fsync, so a crash leaves a file whole or absent. The cache is not part of the fo
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from replaystore.errors import CorruptObjectError, StoreError
+
+if TYPE_CHECKING:
+    from replaystore.store.storage import Storage
 
 DEFAULT_MAX_BYTES = 32 << 30
 """The default budget (bytes): this, or half the free space of the cache's disk if less."""
@@ -49,8 +54,11 @@ class ChunkCache:
 
     ``directory``: None for :func:`default_directory`. ``max_bytes``: the budget; None for
     :data:`DEFAULT_MAX_BYTES` or half the disk's free space when the cache first fills,
-    whichever is less. Files a process still maps survive their deletion until it unmaps
-    them (closing or refreshing past their eviction), so the disk may briefly hold more.
+    whichever is less. Each process counts the cache's size when it passes the budget by its
+    own count and then prunes to seven eighths of it, so processes filling it at once may
+    take it past the budget by up to an eighth each, until they count again. Files a process
+    still maps survive their deletion until it unmaps them (closing, or refreshing past
+    their eviction), so the disk may hold more meanwhile.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> None:
@@ -59,6 +67,7 @@ class ChunkCache:
             raise StoreError(f"cache max_bytes: expected None or a positive int, got {max_bytes!r}")
         self.directory = os.path.abspath(os.fspath(directory) if directory is not None else default_directory())
         self.max_bytes = max_bytes
+        self._size: int | None = None  # bytes in the cache as this process last counted them, plus its files since
 
     def __repr__(self) -> str:
         return f"ChunkCache({self.directory!r}, max_bytes={self.max_bytes!r})"
@@ -90,11 +99,20 @@ class ChunkCache:
                     out.append((st.st_mtime_ns, st.st_size, path))
         return out
 
-    def prune(self, keep: str = "") -> None:
-        """Delete least recently used files (never ``keep``) until the cache fits its budget,
-        and temporary files a killed process left."""
+    def kept(self, size: int, keep: str) -> None:
+        """Count a file of ``size`` bytes just kept (``keep``); prune when this process's figure
+        for the cache's size (from its last scan plus its own files since) passes the budget."""
+        if self._size is not None and self._size + size <= self.budget():
+            self._size += size
+            return
+        self._size = self.prune(keep, self.budget() - self.budget() // 8)  # room for the next files
+
+    def prune(self, keep: str = "", target: int | None = None) -> int:
+        """Delete least recently used files (never ``keep``) until the cache holds at most
+        ``target`` bytes (None: its budget), and temporary files a killed process left;
+        the bytes left."""
         files = self._files()
-        budget = self.budget()
+        budget = self.budget() if target is None else target
         stale = time.time_ns() - int(STALE_TMP_S * 1e9)
         total = 0
         kept = []
@@ -110,6 +128,7 @@ class ChunkCache:
             if path != keep and not os.path.basename(path).startswith(TMP):
                 _unlink(path)
                 total -= size
+        return total
 
 
 def choose(cache: Any, remote: bool) -> ChunkCache | None:
@@ -137,55 +156,76 @@ class StoreCache:
         self.root = root
         self.warned = False  # about objects it could not keep (once per store handle)
 
-    def open(self, path: str, fetch: Callable[[], bytes], size: int | None = None,
-             check: Callable[[bytes], str | None] | None = None) -> IO[bytes] | bytes:
-        """An open file holding object ``path``, downloaded with ``fetch`` if not cached.
+    def open(self, path: str, storage: Storage, size: int | None = None,
+             check: Callable[[Any], str | None] | None = None) -> IO[bytes] | bytes:
+        """An open file holding object ``path`` of ``storage``, downloaded if not cached.
 
         ``size`` (when known) is the object's size: a cached file of another size is
-        replaced. ``check`` returns what is wrong with downloaded bytes, if anything: such
-        bytes raise CorruptObjectError and are not kept. Marks the file used (its mtime).
-        Where the cache cannot keep the object (disk full, directory not writable), the
-        downloaded bytes themselves, with a warning.
+        replaced. ``check`` returns what is wrong with an object's bytes, if anything: such
+        a download raises CorruptObjectError and is not kept. Marks the file used (its mtime).
+        The download streams into the file (``Storage.download``): the object never sits
+        whole in this process's memory. Where the cache cannot keep it (directory not
+        writable, disk full), the object's bytes instead, with a warning.
         """
         local = os.path.join(self.root, *path.split("/"))
-        with contextlib.suppress(OSError):  # absent (or the directory unusable: warned below)
+        with contextlib.suppress(OSError):  # absent (or the directory unusable: found out below)
             f = open(local, "rb")  # noqa: SIM115 (returned open)
             if size is None or os.fstat(f.fileno()).st_size == size:
                 with contextlib.suppress(OSError):  # a read-only cache still serves
                     os.utime(f.fileno())
                 return f
             f.close()  # damaged: fetched again below
-        data = fetch()
+        tmp = os.path.join(os.path.dirname(local), f"{TMP}{os.getpid()}-{uuid.uuid4().hex}")
+        try:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            open(tmp, "wb").close()
+        except OSError as exc:
+            return self._in_memory(path, storage, check, exc)
+        try:
+            storage.download(path, tmp)
+            f = open(tmp, "r+b")  # noqa: SIM115 (returned open)
+            try:
+                problem = _check_file(f, check)
+                if problem is not None:
+                    raise CorruptObjectError(path, f"{problem} (as downloaded; run replaystore verify)")
+                os.fsync(f.fileno())
+                os.replace(tmp, local)  # a concurrent filler of the same object wrote the same bytes
+            except BaseException:
+                f.close()
+                raise
+        except OSError as exc:
+            _unlink(tmp)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # full (or past the file size limit)
+                raise
+            return self._in_memory(path, storage, check, exc)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        self.cache.kept(os.fstat(f.fileno()).st_size, local)
+        return f
+
+    def _in_memory(self, path: str, storage: Storage, check: Callable[[Any], str | None] | None,
+                   exc: OSError) -> bytes:
+        """Object ``path`` read into memory, for a cache that cannot keep it (warned once)."""
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"chunk cache {self.cache.directory}: cannot keep {path} ({exc}); "
+                          "holding such objects in memory", RuntimeWarning, stacklevel=3)
+        data = storage.read(path)
         problem = check(data) if check is not None else None
         if problem is not None:
             raise CorruptObjectError(path, f"{problem} (as downloaded; run replaystore verify)")
-        try:
-            f = self._keep(local, data)
-        except OSError as exc:
-            if not self.warned:
-                self.warned = True
-                warnings.warn(f"chunk cache {self.cache.directory}: cannot keep {path} ({exc}); "
-                              "holding such objects in memory", RuntimeWarning, stacklevel=2)
-            return data
-        self.cache.prune(keep=local)
-        return f
+        return data
 
-    @staticmethod
-    def _keep(local: str, data: bytes) -> IO[bytes]:
-        """``data`` as the file ``local`` (whole or absent after a crash), open."""
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(local), f"{TMP}{os.getpid()}-{uuid.uuid4().hex}")
-        f = open(tmp, "w+b")  # noqa: SIM115 (returned open)
-        try:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, local)  # a concurrent filler of the same object wrote the same bytes
-        except BaseException:
-            f.close()
-            _unlink(tmp)
-            raise
-        return f
+
+def _check_file(f: IO[bytes], check: Callable[[Any], str | None] | None) -> str | None:
+    """What ``check`` finds wrong with the bytes of the open file ``f`` (read through a map)."""
+    if check is None:
+        return None
+    if not os.fstat(f.fileno()).st_size:
+        return check(b"")
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return check(m)
 
 
 def _unlink(path: str) -> None:

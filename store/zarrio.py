@@ -126,7 +126,7 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
         if storage.cache is None or not cached:
             return storage.read_array(cpath, dtype, shape, offset)
         size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
-        got = storage.cache.open(cpath, lambda: storage.read(cpath), size,
+        got = storage.cache.open(cpath, storage, size,
                                  (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
     except FileNotFoundError:
         raise missing_chunk(cpath) from None
@@ -143,13 +143,14 @@ def missing_chunk(cpath: str) -> StaleReadError:
                           "taken (call refresh()), or the store is damaged (run replaystore verify)")
 
 
-def verify_chunk(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
-    """None if ``data`` is an intact chunk of ``shape``; else what is wrong."""
+def verify_chunk(data: Buffer, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
+    """None if ``data`` (bytes, or any buffer: a memory map) is an intact chunk of ``shape``; else what is wrong."""
+    raw = np.frombuffer(data, dtype=np.uint8)
     expected = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
-    if len(data) != expected:
-        return f"size {len(data)} bytes, expected {expected}"
-    stored = bytes(data[-CRC_BYTES:])
-    computed = np.uint32(google_crc32c.value(bytes(data[:-CRC_BYTES]))).tobytes()
+    if len(raw) != expected:
+        return f"size {len(raw)} bytes, expected {expected}"
+    stored = raw[-CRC_BYTES:].tobytes()
+    computed = np.uint32(google_crc32c.value(raw[:-CRC_BYTES])).tobytes()
     if stored != computed:
         return "crc32c checksum mismatch"
     return None

@@ -6,6 +6,8 @@ budget. S3 is the real moto server on loopback; a denying proxy proves where byt
 from __future__ import annotations
 
 import mmap
+import resource
+import signal
 import os
 from pathlib import Path
 from typing import Any
@@ -198,3 +200,24 @@ def test_cache_arguments(tmp_path: Path) -> None:
     memory = open_store("memory://cache-args", mode="r", cache=True)
     assert memory.cache is not None and memory.cache.directory == chunkcache_module.default_directory()
     assert chunkcache_module.default_directory() == os.environ["REPLAYSTORE_CACHE_DIR"]  # this test session's
+
+
+def test_a_full_disk_falls_back_to_memory_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    """A download the cache's disk cannot hold (``EFBIG`` past ``RLIMIT_FSIZE``, as on a full disk)."""
+    url = "memory://cache-full-disk"
+    want = _written(url, {})
+    st = open_store(url, mode="r", cache=ChunkCache(tmp_path / "cache"))
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, limit[1]))  # the obs chunks (40 x 16 x 4 B) exceed it
+    try:
+        with pytest.warns(RuntimeWarning, match="holding such objects in memory"):
+            got = st.read(st.default.row_ids())
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert_same(got, want)
+    files = _files(tmp_path / "cache")
+    assert files and all(f.stat().st_size <= 1000 for f in files)  # the small arrays were kept
+    assert not [f for f in files if f.name.startswith(chunkcache_module.TMP)]
+    assert not [f for f in files if f.parent.parent.parent.name == "obs"]
