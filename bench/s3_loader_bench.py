@@ -24,7 +24,12 @@ Without ``--endpoint`` the S3 store lives on moto's S3 server started on 127.0.0
    in cores.
 
 The same loader on the same store without the writer ("static") is measured first, to
-separate the cost of following a growing store from the cost of the storage itself.
+separate the cost of following a growing store from the cost of the storage itself. On S3
+the loader runs without a chunk cache (``cache=False``: each worker holds what it downloads),
+then with one in a fresh directory (cold: the workers download into it), again with it warm
+(a restarted run), and live without and with it. Each row also gives the largest memory of
+the two workers at the end (Linux ``/proc``): ``RssAnon``, what a worker holds itself, and
+``RssFile``, the file pages it maps (page cache, shared between processes and reclaimable).
 Prints one row per run and the ratios S3 / local. With the loopback server, its CPU use
 during the windows is printed too (cores busy serving S3 requests: on this machine they
 are taken from the loader, on a real deployment they are not).
