@@ -1,14 +1,14 @@
 """A local disk cache of a remote store's chunk objects, memory-mapped by readers.
 
-Each array is one chunk object (docs/FORMAT.md, "Arrays"), so a reader on S3 needs the
+Each array is one chunk object (docs/FORMAT.md, "Fragments"), so a reader on S3 needs the
 object whole. Without a cache every process keeps the objects it read in its own memory,
 up to the whole store per DataLoader worker. With one, each object is downloaded once per
 machine into a file that every process (workers, later runs) memory-maps: the bytes live
 in the page cache, shared between processes and reclaimable by the kernel, and the
 directory is kept under a byte budget by deleting its least recently used files.
 
-This is sound because a committed data object is never modified (docs/FORMAT.md, "Commit
-protocol"): a path names the same bytes for the life of a store. Files are kept per store
+This is sound because a committed data object is never modified (docs/FORMAT.md, "Reading
+a store"): a path names the same bytes for the life of a store. Files are kept per store
 identity (its URL and manifest, so a ``"w+"`` replace at the same URL is another store),
 checked against the chunk's CRC32C before they are kept, and published by rename after an
 fsync, so a crash leaves a file whole or absent. The cache is not part of the format.

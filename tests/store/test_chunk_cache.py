@@ -27,7 +27,7 @@ from support.s3proxy import Faults, faulty_s3, options_via
 from support.storecheck import assert_same, columns_of
 
 DQN = dqn(16, 2, actions=9)
-CHUNKS = "/c/0"  # every chunk object's key contains this (docs/FORMAT.md, "Arrays")
+CHUNKS = "/c/0"  # every chunk object's key contains this (docs/FORMAT.md, "Fragments")
 
 
 def _written(url: str, options: dict[str, Any], commits: int = 3, seed: int = 0) -> Any:
@@ -69,7 +69,7 @@ def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Serve
         second = open_store(url, mode="r", storage_options=options, cache=tmp_path / "cache")
         rows = second.default.row_ids()[::-1]
         got = second.read(rows)
-        assert_same(got, {k: v for k, v in gather_rows(want, rows).items()})
+        assert_same(got, gather_rows(want, rows))
         assert faults.denied == 0
         frag = second.default.reader.fragments[0]
         assert _mapped(second.default.reader.data(frag).array("obs"))
