@@ -16,7 +16,9 @@ supported) can return wrong rows but never kill the process.
 
 from __future__ import annotations
 
+import errno
 import math
+
 import numpy as np
 
 from replaystore.errors import CorruptObjectError
@@ -25,7 +27,7 @@ from replaystore.schemas.layout import ArraySpec
 from replaystore.store.fragment import Fragment, shape_of
 from replaystore.store.storage import Storage
 from replaystore.store.vmap import PAGE, AddressRange
-from replaystore.store.zarrio import chunk_path, missing_chunk
+from replaystore.store.zarrio import chunk_path, missing_chunk, open_cached
 
 UnitKey = tuple[int, str]
 """A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it."""
@@ -60,6 +62,8 @@ class Layout:
         self._ranges: dict[str, AddressRange] = {}
         self._views: dict[str, np.ndarray] = {}
         self._mapped: dict[str, set[UnitKey]] = {}
+        # object storage: map units as reads need them (mapping is a download), not all at first use
+        self.lazy = storage.local_path("") is None
 
     def _rows(self, frag: Fragment, name: str) -> int:
         """Rows of array ``name`` in ``frag``'s unit."""
@@ -109,29 +113,54 @@ class Layout:
                 mapped.discard(k)
 
     def array(self, name: str) -> np.ndarray:
-        """The view of array ``name``; every placed unit's rows are mapped at their base."""
+        """The view of array ``name``; every placed unit's rows are mapped at their base, except
+        in a ``lazy`` layout, where :meth:`map_units` maps them."""
         view = self._views.get(name)
         if view is not None:
             return view
+        if not self.lazy:
+            for k in self._units:
+                self._map(name, k)
         spec = self.specs[name]
-        rb = _row_bytes(spec)
+        view = self._views[name] = self._range(name).view(np.dtype(spec.dtype), spec.trailing_shape)
+        return view
+
+    def map_units(self, frags: list[Fragment]) -> None:
+        """Map every array of the placed units of ``frags`` (those of a lazy layout a read needs)."""
+        for frag in frags:
+            for name in self.specs:
+                self._map(name, _key(frag))
+
+    def _range(self, name: str) -> AddressRange:
         rng = self._ranges.get(name)
         if rng is None:
-            rng = self._ranges[name] = AddressRange(self._cap * rb)
+            rng = self._ranges[name] = AddressRange(self._cap * _row_bytes(self.specs[name]))
+        return rng
+
+    def _map(self, name: str, k: UnitKey) -> None:
+        """Map unit ``k``'s chunk of array ``name`` at its base (if not already)."""
         mapped = self._mapped.setdefault(name, set())
-        for k, frag in self._units.items():
-            nbytes = self._rows(frag, name) * rb
-            if k in mapped or not nbytes:
-                continue
-            cpath = chunk_path(f"{frag.path}/{name}", 1 + len(spec.trailing_shape))
+        frag = self._units[k]
+        spec = self.specs[name]
+        rb = _row_bytes(spec)
+        nbytes = self._rows(frag, name) * rb
+        if k in mapped or not nbytes:
+            return
+        cpath = chunk_path(f"{frag.path}/{name}", 1 + len(spec.trailing_shape))
+        offset = self._base[k] * rb
+        try:
             path = self.storage.local_path(cpath)
-            assert path is not None  # layouts exist only on storage with local files
-            try:
-                rng.map_file(self._base[k] * rb, path, nbytes)
-            except FileNotFoundError:
-                raise missing_chunk(cpath) from None
-            except EOFError as exc:
-                raise CorruptObjectError(cpath, str(exc)) from None
-            mapped.add(k)
-        view = self._views[name] = rng.view(np.dtype(spec.dtype), spec.trailing_shape)
-        return view
+            if path is not None:
+                self._range(name).map_file(offset, path, nbytes)
+            else:  # object storage: the chunk cache's file (layouts need local files or a cache)
+                shape = (nbytes // rb, *spec.trailing_shape)
+                got = open_cached(self.storage, cpath, np.dtype(spec.dtype), shape, checksum=frag.segment is None)
+                if isinstance(got, bytes):
+                    raise OSError(errno.ENOSPC, f"the chunk cache cannot keep {cpath}")
+                with got:
+                    self._range(name).map_file(offset, got.fileno(), nbytes)
+        except FileNotFoundError:
+            raise missing_chunk(cpath) from None
+        except EOFError as exc:
+            raise CorruptObjectError(cpath, str(exc)) from None
+        mapped.add(k)

@@ -26,8 +26,8 @@ class TableReader:
     Rows are addressed by stable row ids (``writer << 40 | local row``); positions
     ``0 .. len-1`` enumerate visible rows in row-id order for uniform sampling.
 
-    On local storage (where the platform allows, and unless ``contiguous=False``) reads
-    gather through :class:`~replaystore.store.spans.Layout` views in which all visible
+    On local storage and on object storage read through a chunk cache (where the platform
+    allows, and unless ``contiguous=False``) reads gather through :class:`~replaystore.store.spans.Layout` views in which all visible
     fragments of an array form one ndarray; elsewhere they gather per fragment.
     """
 
@@ -53,7 +53,8 @@ class TableReader:
                         for off, names in schema.offsets_groups.items()]
         # contiguous views: the record arrays share one layout, each CSR group's values another
         self._layouts: dict[str, Layout] = {}
-        if contiguous and contiguous_views_available() and storage.local_path("") is not None:
+        if contiguous and contiguous_views_available() and (storage.local_path("") is not None
+                                                            or storage.cache is not None):
             specs = schema.zarr_layout()
             self._layouts["records"] = Layout(storage, schema, [s for s in specs if s.role != "values"])
             for off, names in schema.offsets_groups.items():
@@ -102,6 +103,9 @@ class TableReader:
                                       *(self._bases[off] for off, _ in self._ragged)], axis=1)
                             if self._layouts else None)
         self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
+        # object storage (lazy layouts): the visible fragments no read has mapped since this sync
+        self._unmapped = (np.ones(len(self.fragments), dtype=bool)
+                          if self._layouts and self._layouts["records"].lazy else None)
         # where each fragment's values end in its values arrays (a segment's are shared)
         self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
@@ -215,12 +219,16 @@ class TableReader:
             try:
                 if self._views is None:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
-            except OSError as exc:  # address space refused (e.g. ulimit -v): gather per fragment from now on
+                frag_i = self._fragment_of(rows)
+                if self._unmapped is not None:
+                    self._map_touched(frag_i)
+            except OSError as exc:  # address space refused (e.g. ulimit -v), a cache that cannot keep
+                # objects: gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
                               RuntimeWarning, stacklevel=2)
                 self._layouts, self._layout_of, self._bases, self._view_shift = {}, {}, {}, None
+                self._unmapped = None
             else:
-                frag_i = self._fragment_of(rows)
                 shift = self._view_shift.take(frag_i, axis=0)
                 return self._gather(self._views.__getitem__, rows + shift[:, 0],
                                     {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i)
@@ -266,6 +274,20 @@ class TableReader:
                         data.array(name).take(value_index[lo:hi], out=buf[lo:hi])  # raises on bad offsets
                     out[name] = buf.take(perm)
         return out
+
+    def _map_touched(self, frag_i: np.ndarray) -> None:
+        """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync
+        (object storage: each is a download into the chunk cache, on first use only)."""
+        unmapped = self._unmapped
+        assert unmapped is not None
+        need = frag_i[unmapped.take(frag_i)]
+        if not need.size:
+            return
+        touched = np.unique(need)
+        frags = [self.fragments[i] for i in touched.tolist()]
+        for lay in self._layouts.values():
+            lay.map_units(frags)
+        unmapped[touched] = False
 
     def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray,
                 shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray) -> dict[str, np.ndarray]:

@@ -75,15 +75,16 @@ class AddressRange:
         # by a later exit handler must not lose its memory first
         weakref.finalize(self._buf, _unmap, self.address, self.length).atexit = False
 
-    def map_file(self, offset: int, path: str, nbytes: int) -> None:
-        """Map the first ``nbytes`` of the file at ``path`` at ``offset`` (a multiple of PAGE).
+    def map_file(self, offset: int, path: str | int, nbytes: int) -> None:
+        """Map the first ``nbytes`` of the file at ``path`` (or open as file descriptor ``path``)
+        at ``offset`` (a multiple of PAGE).
 
         FileNotFoundError if it is gone; EOFError if it is shorter than ``nbytes`` (reading
         a mapping past the end of its file would kill the process with SIGBUS).
         """
         if offset % PAGE or offset < 0 or offset + nbytes > self.length:
             raise ValueError(f"mapping [{offset}, {offset + nbytes}) is not a page-aligned part of the range")
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY) if isinstance(path, str) else os.dup(path)
         try:
             size = os.fstat(fd).st_size
             if size < nbytes:

@@ -10,6 +10,7 @@ zarr-python reads the same arrays unchanged.
 from __future__ import annotations
 
 import json
+from typing import IO
 
 import google_crc32c
 import numpy as np
@@ -122,18 +123,31 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
     offset = first * (int(np.prod(shape[1:])) * dtype.itemsize)
-    try:
-        if storage.cache is None or not cached:
+    if storage.cache is None or not cached:
+        try:
             return storage.read_array(cpath, dtype, shape, offset)
-        size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
-        got = storage.cache.open(cpath, storage, size,
-                                 (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
-    except FileNotFoundError:
-        raise missing_chunk(cpath) from None
+        except FileNotFoundError:
+            raise missing_chunk(cpath) from None
+    got = open_cached(storage, cpath, dtype, shape, checksum)
     if isinstance(got, bytes):  # the cache could not keep it
         return np.frombuffer(got, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
     with got:
         return np.memmap(got, dtype=dtype, mode="r", shape=shape, offset=offset)
+
+
+def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int, ...],
+                checksum: bool = True) -> IO[bytes] | bytes:
+    """The chunk object ``cpath`` through the storage's chunk cache: an open file, or its bytes
+    where the cache cannot keep it. With ``checksum`` the object holds exactly ``shape``
+    rows and its CRC32C, and a download is checked against both (a fragment's chunk; a
+    segment's has no checksum and more rows than its fragments)."""
+    assert storage.cache is not None
+    size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
+    try:
+        return storage.cache.open(cpath, storage, size,
+                                  (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
+    except FileNotFoundError:
+        raise missing_chunk(cpath) from None
 
 
 def missing_chunk(cpath: str) -> StaleReadError:

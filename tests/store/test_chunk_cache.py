@@ -71,6 +71,7 @@ def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Serve
         got = second.read(rows)
         assert_same(got, gather_rows(want, rows))
         assert faults.denied == 0
+        assert second.default.reader._layouts  # one gather per array over the 3 fragments' cached files
         frag = second.default.reader.fragments[0]
         assert _mapped(second.default.reader.data(frag).array("obs"))
         uncached = open_store(url, mode="r", storage_options=options, cache=False)
@@ -181,9 +182,17 @@ def test_a_cache_that_cannot_keep_objects_serves_from_memory_with_a_warning(s3_s
     blocked = tmp_path / "a-file"
     blocked.write_bytes(b"")  # the cache directory would have to be under a file
     st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=blocked / "cache")
-    with pytest.warns(RuntimeWarning, match="holding such objects in memory"):
+    with pytest.warns(RuntimeWarning) as warned:
         got = st.read(st.default.row_ids())
     assert_same(got, want)
+    _warned_fallbacks(warned)
+
+
+def _warned_fallbacks(warned: Any) -> None:
+    """The reader said it reads per fragment (no views over files it cannot keep), and holds in memory."""
+    messages = [str(w.message) for w in warned]
+    assert any("contiguous views unavailable" in m and "cannot keep" in m for m in messages), messages
+    assert any("holding such objects in memory" in m for m in messages), messages
 
 
 def test_cache_arguments(tmp_path: Path) -> None:
@@ -211,13 +220,34 @@ def test_a_full_disk_falls_back_to_memory_and_leaves_no_partial_file(tmp_path: P
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1000, limit[1]))  # the obs chunks (40 x 16 x 4 B) exceed it
     try:
-        with pytest.warns(RuntimeWarning, match="holding such objects in memory"):
+        with pytest.warns(RuntimeWarning) as warned:
             got = st.read(st.default.row_ids())
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         signal.signal(signal.SIGXFSZ, handler)
     assert_same(got, want)
+    _warned_fallbacks(warned)
     files = _files(tmp_path / "cache")
     assert files and all(f.stat().st_size <= 1000 for f in files)  # the small arrays were kept
     assert not [f for f in files if f.name.startswith(chunkcache_module.TMP)]
     assert not [f for f in files if f.parent.parent.parent.name == "obs"]
+
+
+def test_a_read_downloads_only_the_fragments_it_touches(s3_server: S3Server, tmp_path: Path) -> None:
+    """The views over cached files map a fragment when a read first needs it: a few rows of a
+    large store on S3 do not download the store."""
+    url = s3_server.url("cache-lazy")
+    want = _written(url, s3_server.storage_options, commits=4)
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    reader = st.default.reader
+    assert reader._layouts and len(reader.fragments) == 4
+
+    def fragments_cached() -> set[str]:
+        return {f.relative_to(next((tmp_path / "cache").iterdir())).parts[4] for f in _files(tmp_path / "cache")}
+
+    rows = np.array([45, 41, 70])  # in the second fragment
+    assert_same(st.read(rows), gather_rows(want, rows))
+    assert fragments_cached() == {reader.fragments[1].name}
+    rows = np.array([3, 150, 44])  # the first and the fourth, and the second again
+    assert_same(st.read(rows), gather_rows(want, rows))
+    assert fragments_cached() == {reader.fragments[i].name for i in (0, 1, 3)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import dqn
-from replaystore.store import layout, open_store
+from replaystore.store import ChunkCache, layout, open_store
 from replaystore.store.fragment import Fragment
 from replaystore.store.table import TableReader
 from replaystore.store.vmap import PAGE, AddressRange, available
@@ -36,14 +37,18 @@ OPS = st.lists(st.one_of(st.tuples(st.just("commit"), st.integers(1, 40)), st.ju
                          st.just(("read",))), min_size=1, max_size=25)
 
 
+@pytest.mark.parametrize("where", ["local", "cached"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, capacity=st.sampled_from([None, 30, 150]), seed=st.integers(0, 2**16))
-def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.TempPathFactory, ops: list[tuple],
-                                                      capacity: int | None, seed: int) -> None:
-    url = str(tmp_path_factory.mktemp("contig") / "st")
+def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.TempPathFactory, where: str,
+                                                      ops: list[tuple], capacity: int | None, seed: int) -> None:
+    """``cached``: a memory:// store read through a chunk cache (object storage's path: the
+    views map the cache's files; tests/store/test_chunk_cache.py does it on S3)."""
+    tmp = tmp_path_factory.mktemp("contig")
+    url = str(tmp / "st") if where == "local" else f"memory://contig-{uuid.uuid4().hex}"
     rng = np.random.default_rng(seed)
     st_w = open_store(url, DQN, mode="w", capacity=capacity)
-    reader = open_store(url, mode="r")
+    reader = open_store(url, mode="r", cache=ChunkCache(tmp / "cache") if where == "cached" else None)
     w = st_w.writer()
     for i, op in enumerate([*ops, ("read",)]):
         if op[0] == "commit":
@@ -55,7 +60,7 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
             reader.refresh()
             table = reader.table("records")
             ids = table.row_ids()
-            assert table.reader._layouts  # local store: the contiguous path is the one under test
+            assert table.reader._layouts  # the contiguous path is the one under test
             np.testing.assert_array_equal(table.rows_at(np.arange(len(ids))), ids)  # positions, one run of ids
             rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
             assert_same(table.read(rows), _per_fragment(reader).read(rows), f"op {i}")
