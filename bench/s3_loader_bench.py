@@ -27,7 +27,8 @@ The same loader on the same store without the writer ("static") is measured firs
 separate the cost of following a growing store from the cost of the storage itself. On S3
 the loader runs without a chunk cache (``cache=False``: each worker holds what it downloads),
 then with one in a fresh directory (cold: the workers download into it), again with it warm
-(a restarted run), and live without and with it. Each row also gives the largest memory of
+(a restarted run), and live without and with it; between them, one process times
+``Table.read`` of 256 random rows with and without the cache. Each row also gives the largest memory of
 the two workers at the end (Linux ``/proc``): ``RssAnon``, what a worker holds itself, and
 ``RssFile``, the file pages it maps (page cache, shared between processes and reclaimable).
 Prints one row per run and the ratios S3 / local. With the loopback server, its CPU use
@@ -230,6 +231,25 @@ def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live:
             "writer_commits": commits, "server_cpu": server_share, "refresh_ms": refresh_ms, "memory": memory}
 
 
+def read_costs(url: str, options: dict[str, Any], cache: Any, reps: int = 7) -> tuple[float, float, int]:
+    """In-process ``Table.read`` of 256 random rows, in us: through the chunk cache (contiguous views
+    over its files) and without it (a gather per fragment), best of interleaved rounds after a
+    first read of everything; and the fragment count."""
+    tables = [open_store(url, mode="r", storage_options=options, cache=c).default for c in (cache, False)]
+    rows = tables[0].row_ids()
+    pool = [np.random.default_rng(i).choice(rows, BATCH) for i in range(64)]
+    for t in tables:
+        t.read(rows)
+    best = [float("inf"), float("inf")]
+    for _ in range(reps):
+        for j, t in enumerate(tables):
+            t0 = time.perf_counter()
+            for p in pool:
+                t.read(p)
+            best[j] = min(best[j], (time.perf_counter() - t0) / len(pool) * 1e6)
+    return best[0], best[1], len(tables[0].reader.fragments)
+
+
 def row(name: str, r: dict[str, Any], build_s: float) -> str:
     return (f"{name:<22} {r['rate']:>12,.0f} {'/'.join(f'{x:,.0f}' for x in r['rates']):>26} {r['cold_s']:>9.2f} "
             f"{build_s:>9.1f} {r['start']:>9,} -> {r['end']:>9,} {r['writer_commits']:>8} "
@@ -263,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             cache = ChunkCache(cache_dir)
             results["s3 static"] = (measure(s3_url, options, cfg, live=False, server_pid=pid, cache=cache), build_s)
             cached_mib[0] = cache.size() / 2**20
+            reads[:] = read_costs(s3_url, options, cache)
             results["s3 static, warm cache"] = (measure(s3_url, options, cfg, live=False, server_pid=pid,
                                                         cache=cache), build_s)
             results["s3, no cache"] = (measure(s3_url, options, cfg, server_pid=pid, cache=False), build_s)
@@ -270,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             cached_mib[1] = cache.size() / 2**20
 
     cached_mib = [0.0, 0.0]
+    reads: list[float] = []
 
     if args.endpoint:
         from replaystore.tools.s3local import s3_options
@@ -290,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         what = "no writer" if kind else "writer appending"
         print(f"ratio S3 / local, steady samples/s, {what}: {ratio:.2f}")
     print(f"chunk cache: {cached_mib[0]:,.0f} MiB after the cold static run, {cached_mib[1]:,.0f} MiB at the end")
+    print(f"Table.read({BATCH} random rows) in-process, S3 store of {reads[2]} fragments: {reads[0]:.0f} us through "
+          f"the cache (views over its files), {reads[1]:.0f} us without (a gather per fragment): "
+          f"{reads[1] / reads[0]:.2f}x")
     return 0
 
 
