@@ -27,8 +27,10 @@ class TableReader:
     ``0 .. len-1`` enumerate visible rows in row-id order for uniform sampling.
 
     On local storage and on object storage read through a chunk cache (where the platform
-    allows, and unless ``contiguous=False``) reads gather through :class:`~replaystore.store.spans.Layout` views in which all visible
-    fragments of an array form one ndarray; elsewhere they gather per fragment.
+    allows, and unless ``contiguous=False``) reads gather through
+    :class:`~replaystore.store.spans.Layout` views in which all visible fragments of an
+    array form one ndarray (on object storage a fragment is mapped when a read first
+    touches it); elsewhere they gather per fragment.
     """
 
     def __init__(self, storage: Storage, log: CommitLog, name: str, schema: Schema, capacity: int | None,
