@@ -86,18 +86,7 @@ class ChunkCache:
 
     def size(self) -> int:
         """Bytes of the files in the cache (temporary ones included)."""
-        return sum(size for _, size, _ in self._files())
-
-    def _files(self) -> list[tuple[int, int, str]]:
-        """``(mtime_ns, size, path)`` of every file in the cache."""
-        out = []
-        for root, _, names in os.walk(self.directory):
-            for name in names:
-                path = os.path.join(root, name)
-                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile by another process
-                    st = os.stat(path)
-                    out.append((st.st_mtime_ns, st.st_size, path))
-        return out
+        return sum(size for _, size, _ in _files(self.directory))
 
     def kept(self, size: int, keep: str) -> None:
         """Count a file of ``size`` bytes just kept (``keep``); prune when this process's figure
@@ -111,7 +100,7 @@ class ChunkCache:
         """Delete least recently used files (never ``keep``) until the cache holds at most
         ``target`` bytes (None: its budget), and temporary files a killed process left;
         the bytes left."""
-        files = self._files()
+        files = _files(self.directory)
         budget = self.budget() if target is None else target
         stale = time.time_ns() - int(STALE_TMP_S * 1e9)
         total = 0
@@ -155,6 +144,10 @@ class StoreCache:
         self.cache = cache
         self.root = root
         self.warned = False  # about objects it could not keep (once per store handle)
+
+    def size(self) -> int:
+        """Bytes of this store's files in the cache."""
+        return sum(size for _, size, _ in _files(self.root))
 
     def open(self, path: str, storage: Storage, size: int | None = None,
              check: Callable[[Any], str | None] | None = None) -> IO[bytes] | bytes:
@@ -226,6 +219,18 @@ def _check_file(f: IO[bytes], check: Callable[[Any], str | None] | None) -> str 
         return check(b"")
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         return check(m)
+
+
+def _files(top: str) -> list[tuple[int, int, str]]:
+    """``(mtime_ns, size, path)`` of every file under ``top``."""
+    out = []
+    for root, _, names in os.walk(top):
+        for name in names:
+            path = os.path.join(root, name)
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile by another process
+                st = os.stat(path)
+                out.append((st.st_mtime_ns, st.st_size, path))
+    return out
 
 
 def _unlink(path: str) -> None:

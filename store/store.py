@@ -289,6 +289,9 @@ class Store:
             "commits": sum(w.next_seq - w.closed for w in self.log.writers.values()),
             "log_checkpoint": self.log.checkpoint,
             "bytes": self.storage.total_size(),
+            # where this reader caches the store's chunk objects, and how much of them it holds
+            "chunk_cache": None if self.storage.cache is None else {
+                "directory": self.storage.cache.root, "bytes": self.storage.cache.size()},
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
                            "fragments": len(t.reader.fragments)} for n, t in self._tables.items()},
         }

@@ -31,6 +31,9 @@ def print_info(st: Store) -> None:
     checkpoint = info["log_checkpoint"]
     print(f"log checkpoint  {'none' if checkpoint is None else f'#{checkpoint}'}")
     print(f"size on disk    {_size(info['bytes'])}")
+    cache = info["chunk_cache"]
+    if cache is not None:  # a store on S3: where this machine keeps its chunk objects
+        print(f"chunk cache     {cache['directory']} ({_size(cache['bytes'])} of this store here)")
     for name, t in info["tables"].items():
         print(f"\ntable {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")
         print("\n".join("  " + line for line in st.schemas[name].describe().splitlines()))

@@ -21,6 +21,7 @@ from replaystore.schemas import dqn
 from replaystore.store import ChunkCache, open_store
 from replaystore.store import chunkcache as chunkcache_module
 from replaystore.store.storage import FsspecStorage
+from replaystore.tools.info import print_info
 from support.batches import dqn_batch
 from support.s3 import S3Server
 from support.s3proxy import Faults, faulty_s3, options_via
@@ -54,7 +55,8 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Server, tmp_path: Path) -> None:
+def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Server, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     url = s3_server.url("cache-served")
     want = _written(url, s3_server.storage_options)
     cache = ChunkCache(tmp_path / "cache")
@@ -62,6 +64,11 @@ def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Serve
     assert_same(first.read(first.default.row_ids()), want)
     files = _files(tmp_path / "cache")
     assert len(files) == 3 * len(DQN.zarr_layout())  # every array of the 3 fragments (read needs no index)
+    info = first.info()["chunk_cache"]
+    assert info == {"directory": str(next((tmp_path / "cache").iterdir())),
+                    "bytes": sum(f.stat().st_size for f in files)}
+    print_info(first)
+    assert f"chunk cache     {info['directory']} (" in capsys.readouterr().out
     assert not [f for f in files if f.name.startswith(chunkcache_module.TMP)]
     faults = Faults(deny_reads=CHUNKS)
     with faulty_s3(s3_server.endpoint_url, faults) as endpoint:
