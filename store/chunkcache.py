@@ -149,6 +149,15 @@ class StoreCache:
         """Bytes of this store's files in the cache."""
         return sum(size for _, size, _ in _files(self.root))
 
+    def forget(self, prefixes: list[str]) -> None:
+        """Mark the files under these object prefixes least recently used (a reader saw their
+        fragments leave the store's visible records): pruning deletes them first. Not deleted
+        now, for processes with an older view that may still read them."""
+        for prefix in prefixes:
+            for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):
+                with contextlib.suppress(OSError):
+                    os.utime(path, ns=(0, 0))
+
     def open(self, path: str, storage: Storage, size: int | None = None,
              check: Callable[[Any], str | None] | None = None) -> IO[bytes] | bytes:
         """An open file holding object ``path`` of ``storage``, downloaded if not cached.

@@ -41,6 +41,7 @@ class TableReader:
         self.schema = schema
         self.capacity = capacity
         self._version = -1
+        self.fragments: list[Fragment] = []  # the visible ones (those with visible records), as of sync
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
         # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
@@ -78,7 +79,11 @@ class TableReader:
             vis_from = self._evict(frags)
         keep = vis_from < np.array([f.rows for f in frags], dtype=np.int64)
         self.all_fragments = frags
+        before = self.fragments
         self.fragments = [f for f, k in zip(frags, keep, strict=True) if k]
+        if self.storage.cache is not None:  # what no longer shows will not be read: the cache drops it first
+            gone = {(f.writer, f.name) for f in before} - {(f.writer, f.name) for f in self.fragments}
+            self.storage.cache.forget([f.path for f in before if (f.writer, f.name) in gone and f.segment is None])
         self.vis_from = vis_from[keep]
         self.first_ids = np.array([f.first_id for f in self.fragments], dtype=np.int64)
         self.ends = np.array([f.first_id + f.rows for f in self.fragments], dtype=np.int64)

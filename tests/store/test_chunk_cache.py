@@ -258,3 +258,31 @@ def test_a_read_downloads_only_the_fragments_it_touches(s3_server: S3Server, tmp
     rows = np.array([3, 150, 44])  # the first and the fourth, and the second again
     assert_same(st.read(rows), gather_rows(want, rows))
     assert fragments_cached() == {reader.fragments[i].name for i in (0, 1, 3)}
+
+
+def test_fragments_that_leave_the_store_are_pruned_first(s3_server: S3Server, tmp_path: Path) -> None:
+    """A capped replay evicts; the reader that sees a fragment go marks its cached files least
+    recently used, so the budget deletes them before the live ones."""
+    url = s3_server.url("cache-departed")
+    rng = np.random.default_rng(5)
+    writer_store = open_store(url, DQN, mode="w+", capacity=40, storage_options=s3_server.storage_options,
+                              cache=False)
+    w = writer_store.writer()
+    w.append(dqn_batch(rng, 40, extra=0), stream=0)
+    w.commit()
+    cache = ChunkCache(tmp_path / "cache")
+    st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
+    first = st.default.reader.fragments[0]
+    st.read(st.default.row_ids())
+    for _ in range(2):
+        w.append(dqn_batch(rng, 40, extra=0), stream=0)
+        w.commit()
+    w.close()
+    st.refresh()
+    last = st.default.reader.fragments[-1]
+    st.read(st.default.row_ids())
+    root = next((tmp_path / "cache").iterdir())
+    old, new = _files(root / first.path), _files(root / last.path)
+    assert old and new and {f.stat().st_mtime_ns for f in old} == {0} and min(f.stat().st_mtime_ns for f in new) > 0
+    cache.prune(target=sum(f.stat().st_size for f in new))
+    assert _files(root) == new
