@@ -5,7 +5,8 @@ object whole. Without a cache every process keeps the objects it read in its own
 up to the whole store per DataLoader worker. With one, each object is downloaded once per
 machine into a file that every process (workers, later runs) memory-maps: the bytes live
 in the page cache, shared between processes and reclaimable by the kernel, and the
-directory is kept under a byte budget by deleting its least recently used files.
+directory is kept under a byte budget by deleting its least recently used files (a reader
+marks the files of fragments it saw leave the store as the least recently used).
 
 This is sound because a committed data object is never modified (docs/FORMAT.md, "Reading
 a store"): a path names the same bytes for the life of a store. Files are kept per store
