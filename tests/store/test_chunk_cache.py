@@ -6,9 +6,9 @@ budget. S3 is the real moto server on loopback; a denying proxy proves where byt
 from __future__ import annotations
 
 import mmap
+import os
 import resource
 import signal
-import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,11 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
+def gather_rows(want: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """``want``'s records at positions ``rows`` (the store's row ids of one writer are 0..n-1)."""
+    return want.take(rows).arrays
+
+
 def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Server, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     url = s3_server.url("cache-served")
@@ -85,11 +90,6 @@ def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Serve
         with pytest.raises(PermissionError):  # the proxy would have refused every chunk download
             uncached.read(rows)
         assert faults.denied > 0
-
-
-def gather_rows(want: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """``want``'s records at positions ``rows`` (the store's row ids of one writer are 0..n-1)."""
-    return want.take(rows).arrays
 
 
 def test_a_replaced_store_at_the_same_url_is_not_served_the_old_bytes(s3_server: S3Server,
