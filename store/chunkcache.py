@@ -188,9 +188,7 @@ class StoreCache:
             storage.download(path, tmp)
             f = open(tmp, "r+b")  # noqa: SIM115 (returned open)
             try:
-                problem = _check_file(f, check)
-                if problem is not None:
-                    raise CorruptObjectError(path, f"{problem} (as downloaded; run replaystore verify)")
+                _refuse_damaged(path, _check_file(f, check))
                 os.fsync(f.fileno())
                 os.replace(tmp, local)  # a concurrent filler of the same object wrote the same bytes
             except BaseException:
@@ -215,10 +213,14 @@ class StoreCache:
             warnings.warn(f"chunk cache {self.cache.directory}: cannot keep {path} ({exc}); "
                           "holding such objects in memory", RuntimeWarning, stacklevel=3)
         data = storage.read(path)
-        problem = check(data) if check is not None else None
-        if problem is not None:
-            raise CorruptObjectError(path, f"{problem} (as downloaded; run replaystore verify)")
+        _refuse_damaged(path, check(data) if check is not None else None)
         return data
+
+
+def _refuse_damaged(path: str, problem: str | None) -> None:
+    """CorruptObjectError for a downloaded object ``path`` that ``problem`` says is damaged."""
+    if problem is not None:
+        raise CorruptObjectError(path, f"{problem} (as downloaded; run replaystore verify)")
 
 
 def _check_file(f: IO[bytes], check: Callable[[Any], str | None] | None) -> str | None:

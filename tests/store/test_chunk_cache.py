@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from replaystore.errors import CorruptObjectError, StoreError
+from replaystore.errors import CorruptObjectError, StaleReadError, StoreError
 from replaystore.loaders import UniformSampler, make_loader
 from replaystore.loaders.dataset import gather
 from replaystore.schemas import dqn
@@ -286,3 +286,28 @@ def test_fragments_that_leave_the_store_are_pruned_first(s3_server: S3Server, tm
     assert old and new and {f.stat().st_mtime_ns for f in old} == {0} and min(f.stat().st_mtime_ns for f in new) > 0
     cache.prune(target=sum(f.stat().st_size for f in new))
     assert _files(root) == new
+
+
+def test_a_reader_that_missed_a_reclaim_gets_stale_read_error_and_leaves_no_file(s3_server: S3Server,
+                                                                                 tmp_path: Path) -> None:
+    """The download of an object reclaimed after the reader's view was taken: StaleReadError (the
+    reader's cue to refresh), nothing kept in the cache; after a refresh the store reads."""
+    url = s3_server.url("cache-stale")
+    rng = np.random.default_rng(6)
+    writer_store = open_store(url, DQN, mode="w+", capacity=40, storage_options=s3_server.storage_options,
+                              cache=False)
+    w = writer_store.writer()
+    w.append(dqn_batch(rng, 40, extra=0), stream=0)
+    w.commit()
+    stale = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
+    first = stale.default.reader.fragments[0]
+    for _ in range(4):
+        w.append(dqn_batch(rng, 40, extra=0), stream=0)
+        w.commit()
+    w.close()
+    assert not FsspecStorage(url, s3_server.storage_options).list(first.path)  # reclaimed
+    with pytest.raises(StaleReadError, match="refresh"):
+        stale.read(np.arange(5))
+    assert not _files(tmp_path / "cache")
+    stale.refresh()
+    assert len(stale.read(stale.default.row_ids())["obs"]) == 40
