@@ -260,24 +260,33 @@ def test_a_read_downloads_only_the_fragments_it_touches(s3_server: S3Server, tmp
     assert fragments_cached() == {reader.fragments[i].name for i in (0, 1, 3)}
 
 
+def _capped_writer(url: str, options: dict[str, Any]) -> Any:
+    """A capacity-40 replay at ``url`` with one 40-record commit; ``commit(n)``: n more (each
+    evicts the last), then the writer closes (reclaiming what was evicted)."""
+    rng = np.random.default_rng(5)
+    w = open_store(url, DQN, mode="w+", capacity=40, storage_options=options, cache=False).writer()
+    w.append(dqn_batch(rng, 40, extra=0), stream=0)
+    w.commit()
+
+    def commit(n: int) -> None:
+        for _ in range(n):
+            w.append(dqn_batch(rng, 40, extra=0), stream=0)
+            w.commit()
+        w.close()
+
+    return commit
+
+
 def test_fragments_that_leave_the_store_are_pruned_first(s3_server: S3Server, tmp_path: Path) -> None:
     """A capped replay evicts; the reader that sees a fragment go marks its cached files least
     recently used, so the budget deletes them before the live ones."""
     url = s3_server.url("cache-departed")
-    rng = np.random.default_rng(5)
-    writer_store = open_store(url, DQN, mode="w+", capacity=40, storage_options=s3_server.storage_options,
-                              cache=False)
-    w = writer_store.writer()
-    w.append(dqn_batch(rng, 40, extra=0), stream=0)
-    w.commit()
+    commit = _capped_writer(url, s3_server.storage_options)
     cache = ChunkCache(tmp_path / "cache")
     st = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=cache)
     first = st.default.reader.fragments[0]
     st.read(st.default.row_ids())
-    for _ in range(2):
-        w.append(dqn_batch(rng, 40, extra=0), stream=0)
-        w.commit()
-    w.close()
+    commit(2)
     st.refresh()
     last = st.default.reader.fragments[-1]
     st.read(st.default.row_ids())
@@ -293,18 +302,10 @@ def test_a_reader_that_missed_a_reclaim_gets_stale_read_error_and_leaves_no_file
     """The download of an object reclaimed after the reader's view was taken: StaleReadError (the
     reader's cue to refresh), nothing kept in the cache; after a refresh the store reads."""
     url = s3_server.url("cache-stale")
-    rng = np.random.default_rng(6)
-    writer_store = open_store(url, DQN, mode="w+", capacity=40, storage_options=s3_server.storage_options,
-                              cache=False)
-    w = writer_store.writer()
-    w.append(dqn_batch(rng, 40, extra=0), stream=0)
-    w.commit()
+    commit = _capped_writer(url, s3_server.storage_options)
     stale = open_store(url, mode="r", storage_options=s3_server.storage_options, cache=tmp_path / "cache")
     first = stale.default.reader.fragments[0]
-    for _ in range(4):
-        w.append(dqn_batch(rng, 40, extra=0), stream=0)
-        w.commit()
-    w.close()
+    commit(4)
     assert not FsspecStorage(url, s3_server.storage_options).list(first.path)  # reclaimed
     with pytest.raises(StaleReadError, match="refresh"):
         stale.read(np.arange(5))
