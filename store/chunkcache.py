@@ -156,8 +156,9 @@ class StoreCache:
         now, for processes with an older view that may still read them."""
         for prefix in prefixes:
             for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):
-                with contextlib.suppress(OSError):
-                    os.utime(path, ns=(0, 0))
+                if not os.path.basename(path).startswith(TMP):  # (another process's download in flight)
+                    with contextlib.suppress(OSError):
+                        os.utime(path, ns=(0, 0))
 
     def open(self, path: str, storage: Storage, size: int | None = None,
              check: Callable[[Any], str | None] | None = None) -> IO[bytes] | bytes:
