@@ -120,9 +120,13 @@ class Store:
                         for n, s in self.schemas.items()}
         self.closed = False
         self.storage_options: dict[str, Any] = {}
-        self.cache: ChunkCache | None = None  # the reader's chunk cache (open_store's ``cache``)
 
     # -- tables ---------------------------------------------------------------------
+    @property
+    def cache(self) -> ChunkCache | None:
+        """The chunk cache this handle reads through (``open_store``'s ``cache``), if any."""
+        return None if self.storage.cache is None else self.storage.cache.cache
+
     @property
     def url(self) -> str:
         return self.storage.url
@@ -387,5 +391,4 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         storage.cache = chunk_cache.for_store(storage.url, manifest)
     store = Store(storage, manifest, mode)
     store.storage_options = dict(storage_options or {})
-    store.cache = chunk_cache
     return store
