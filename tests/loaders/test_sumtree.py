@@ -1,12 +1,37 @@
-"""SumTree against a plain numpy reference: cumulative sums and searchsorted over the leaves."""
+"""SumTree against a plain numpy reference: cumulative sums and searchsorted over the leaves.
+
+Every test runs on both implementations of the sparse ``set`` and ``find``: numpy, and the
+numba kernels (loaders/treekernels.py; numba comes with the ``test`` extra), which must give
+bit-identical trees and draws.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
 import numpy as np
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from replaystore.loaders.sumtree import SEARCH_TOP, SumTree
+from replaystore.loaders.sumtree import SEARCH_TOP, SumTree, compiled_kernels
+
+
+@contextmanager
+def backend(name: str) -> Iterator[None]:
+    """Trees made (or grown) inside use the numba kernels or plain numpy."""
+    with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": "1" if name == "numba" else "0"}):
+        yield
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def each_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    with backend(request.param):
+        assert (compiled_kernels() is not None) == (request.param == "numba"), "the test extra installs numba"
+        yield request.param
 
 
 def _check(tree: SumTree, ref: np.ndarray, rng: np.random.Generator) -> None:
@@ -32,10 +57,11 @@ def _check(tree: SumTree, ref: np.ndarray, rng: np.random.Generator) -> None:
     assert ok.all(), (targets[~ok], got[~ok], want[~ok])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=hs.integers(1, 3 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
        batches=hs.lists(hs.integers(1, 300), max_size=6), grow=hs.integers(0, 4 * SEARCH_TOP))
-def test_sumtree_matches_cumsum_reference(n: int, zeros: float, seed: int, batches: list[int], grow: int) -> None:
+def test_sumtree_matches_cumsum_reference(each_backend: str, n: int, zeros: float, seed: int, batches: list[int],
+                                          grow: int) -> None:
     rng = np.random.default_rng(seed)
     ref = np.where(rng.random(n) < zeros, 0.0, rng.random(n))
     tree = SumTree(n)
@@ -58,7 +84,7 @@ def test_sumtree_matches_cumsum_reference(n: int, zeros: float, seed: int, batch
     _check(tree, ref, rng)
 
 
-def test_sumtree_values_do_not_depend_on_batching() -> None:
+def test_sumtree_values_do_not_depend_on_batching(each_backend: str) -> None:
     rng = np.random.default_rng(0)
     n = 20_000
     vals = rng.random(n)
@@ -72,9 +98,61 @@ def test_sumtree_values_do_not_depend_on_batching() -> None:
     np.testing.assert_array_equal(pieces.find(targets), whole.find(targets))
 
 
-def test_sumtree_far_right_slack_never_returns_a_zero_leaf() -> None:
+def test_sumtree_far_right_slack_never_returns_a_zero_leaf(each_backend: str) -> None:
     tree = SumTree(5000)  # leaves 5000.. stay zero: slack past the last positive leaf must step back
     vals = np.full(5000, 0.1)
     tree.set(np.arange(5000), vals)
     got = tree.find(np.array([np.nextafter(tree.total, 0), tree.total * (1 + 1e-15)]))
     assert (got < 5000).all() and (tree.leaves()[got] > 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hs.integers(1, 6 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
+       batches=hs.lists(hs.integers(1, 600), min_size=1, max_size=8), grow=hs.integers(0, 8 * SEARCH_TOP),
+       integral=hs.booleans())
+def test_numba_kernels_are_bit_identical_to_numpy(n: int, zeros: float, seed: int, batches: list[int],
+                                                   grow: int, integral: bool) -> None:
+    """``integral``: whole-number leaves, so every sum is exact and whole-number targets tie with
+    running sums exactly (a tie goes right: the leaf whose range starts there)."""
+    rng = np.random.default_rng(seed)
+    trees = {}
+    for name in ("numba", "numpy"):
+        with backend(name):
+            trees[name] = SumTree(n)
+    uses = trees["numba"]._kernels is not None  # trees of up to 4 * SEARCH_TOP leaves have no levels to descend
+    assert uses == (trees["numba"].top < trees["numba"].quads) and trees["numpy"]._kernels is None
+
+    def same() -> None:
+        np.testing.assert_array_equal(trees["numba"].tree, trees["numpy"].tree)
+        total = trees["numpy"].total
+        assert trees["numba"].total == total
+        if total > 0:
+            targets = rng.random(300) * total
+            if integral:
+                targets = np.floor(targets)
+            targets = np.sort(np.concatenate([targets, trees["numpy"]._prefixes()[:-1]]))
+            targets[-1] = min(targets[-1], np.nextafter(total, 0))
+            np.testing.assert_array_equal(trees["numba"].find(targets), trees["numpy"].find(targets))
+
+    for b in batches:
+        leaves = rng.integers(0, n, b)
+        vals = np.where(rng.random(b) < zeros, 0.0, rng.exponential(1.0, b))
+        if integral:
+            vals = np.ceil(vals * 4)
+        for t in trees.values():
+            t.set(leaves, vals)
+        same()
+    for name, t in trees.items():
+        with backend(name):
+            t.grow(n + grow)
+    same()
+
+
+def test_numba_set_rejects_a_leaf_out_of_range(each_backend: str) -> None:
+    tree = SumTree(100_000)
+    tree.set(np.arange(10), np.ones(10))
+    before = tree.tree.copy()
+    with pytest.raises(IndexError):
+        tree.set(np.array([3, tree.size]), np.ones(2))
+    if each_backend == "numba":  # checked before anything is written
+        np.testing.assert_array_equal(tree.tree, before)
