@@ -232,6 +232,15 @@ class Table:
             print(line(r))
 
 
+def _numba() -> str:
+    """numba's version (the sum tree's compiled kernels), or why the tree runs in numpy."""
+    try:
+        import numba
+    except ImportError:
+        return "not installed"
+    return numba.__version__
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -260,7 +269,8 @@ def main(name: str, doc: str, argv: list[str] | None, sizes: tuple[dict[str, Any
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     print(f"# {'quick' if args.quick else 'full'} run: {os.cpu_count()} cpus ({cpu}), Python "
           f"{platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, torchrl "
-          f"{torchrl.__version__}, tensordict {tensordict.__version__}; load average {_load()}", flush=True)
+          f"{torchrl.__version__}, tensordict {tensordict.__version__}, numba {_numba()}; load average {_load()}",
+          flush=True)
     tmp = tempfile.mkdtemp(prefix=f"replaystore-{name}-bench-", dir=args.dir)
     t_start = time.perf_counter()
     try:

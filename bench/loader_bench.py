@@ -58,6 +58,7 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from benchkit import (
@@ -287,6 +288,15 @@ def bench_prioritized(cfg: dict[str, Any], st: Any, uniform: dict[str, float], o
         req = s.sample()
         s.update(req.rows, errors())
 
+    # the same sampler with the numpy tree (the tree picks its kernels when it grows, at the first sample)
+    with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": "0"}):
+        s_np = PrioritizedSampler(st, batch_size=SAMPLE, alpha=0.6, beta=0.4, seed=0)
+        s_np.sample()
+
+    def work_np() -> None:
+        req = s_np.sample()
+        s_np.update(req.rows, errors())
+
     def step() -> Any:
         req = s.sample()
         b = gather(tab, req)
@@ -312,11 +322,16 @@ def bench_prioritized(cfg: dict[str, Any], st: Any, uniform: dict[str, float], o
     b = step()
     assert b["weights"].shape == (SAMPLE,) and float(b["weights"].max()) == 1.0
     r = interleaved({"work": (work, None), "step": (step, None), "gather": (gather_only, None),
-                     "numpy": (numpy_ref, None), "sample": (s.sample, None)}, cfg)
+                     "numpy": (numpy_ref, None), "sample": (s.sample, None), "work_np": (work_np, None)}, cfg)
+    kernels = "numba kernels" if s.tree._kernels is not None else "numpy (numba not installed)"
     out.add(f"3. prioritized {SAMPLE} over {n:,}: sample()+update() vs numpy choice(p=...)", r["work"], r["numpy"],
             "batches/s", None, "priority work only; numpy reference is O(n) per draw")
     out.add("   priority work (sample+update) vs gather of the same 256 rows", r["work"], r["gather"], "batches/s",
-            (">=", 1.0), f"{1e6 / r['work']:.0f} us vs {1e6 / r['gather']:.0f} us: the priority work must cost less")
+            (">=", 1.0), f"{1e6 / r['work']:.0f} us vs {1e6 / r['gather']:.0f} us: the priority work must cost less; "
+            f"tree: {kernels}")
+    out.add("   priority work (sample+update): this tree vs the numpy tree (REPLAYSTORE_NUMBA=0)", r["work"],
+            r["work_np"], "batches/s", None, f"{1e6 / r['work']:.0f} vs {1e6 / r['work_np']:.0f} us; the draws are the "
+            "same bit for bit (loaders/treekernels.py)")
     out.add("   prioritized sample+gather+update vs uniform sample+gather", r["step"], uniform["ours"], "batches/s",
             None, f"sample() alone {1e6 / r['sample']:.0f} us; uniform measured in section 1")
 
