@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import numpy as np
+
+from replaystore.compiled import kernels
 
 # ``find`` starts at the level of this many nodes (or the quads', if fewer): one searchsorted
 # over that level's prefix sums replaces the ~4 numpy calls of each level above it. Levels
@@ -17,15 +18,9 @@ _accumulate = np.add.accumulate
 
 
 def compiled_kernels() -> ModuleType | None:
-    """The numba kernels (loaders/treekernels.py), or None: numba not installed (the
-    ``fast`` extra), or turned off with ``REPLAYSTORE_NUMBA=0``. Read at each tree's creation."""
-    if os.environ.get("REPLAYSTORE_NUMBA", "1") == "0":
-        return None
-    try:
-        from replaystore.loaders import treekernels
-    except ImportError:  # numba missing, or one that cannot load with this numpy
-        return None
-    return treekernels
+    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked
+    when a tree is made or grown."""
+    return kernels("replaystore.loaders.treekernels")
 
 
 class SumTree:

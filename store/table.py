@@ -5,10 +5,12 @@ from __future__ import annotations
 import bisect
 import warnings
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from replaystore.compiled import kernels
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
@@ -54,6 +56,9 @@ class TableReader:
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
                         for off, names in schema.offsets_groups.items()]
+        # the compiled CSR index (store/csrkernels.py) or None: asked at the first ragged gather, so
+        # that opening a store never loads numba
+        self._csr: ModuleType | None | object = _UNASKED
         # contiguous views: the record arrays share one layout, each CSR group's values another
         self._layouts: dict[str, Layout] = {}
         if contiguous and contiguous_views_available() and (storage.local_path("") is not None
@@ -306,7 +311,21 @@ class TableReader:
         out: dict[str, np.ndarray] = {}
         for name, _, _ in self._dense:
             out[name] = array(name).take(loc, axis=0)
-        if self._ragged:
+        if self._ragged and self._csr is _UNASKED:
+            self._csr = kernels("replaystore.store.csrkernels")
+        if self._ragged and self._csr is not None:
+            for off_name, values in self._ragged:
+                new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
+                shift = _NO_SHIFT if shifts is None else shifts[off_name]
+                ok, value_index = self._csr.csr_index(  # type: ignore[union-attr]
+                    array(off_name), loc, shift, self._max_nnz[off_name], new_offsets)
+                if not ok:
+                    offsets = array(off_name)
+                    raise self._bad_offsets(off_name, offsets.take(loc), offsets.take(loc + 1), frag_i)
+                out[off_name] = new_offsets
+                for name, _ in values:
+                    out[name] = array(name).take(value_index)
+        elif self._ragged:
             # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
             # as much as the work; docs/PERFORMANCE.md, "Read path and sampler fixed costs")
             loc1 = loc + 1
@@ -451,6 +470,8 @@ _PAIR = np.array([0, 1], dtype=np.int64)
 """Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
 
 _ZERO = np.zeros(1, dtype=np.int64)
+_NO_SHIFT = np.zeros(0, dtype=np.int64)
+_UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
 
 

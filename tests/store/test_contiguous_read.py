@@ -4,10 +4,12 @@ over random multi-fragment histories, and on damaged or reclaimed files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -67,6 +69,41 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
     w.close()
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, capacity=st.sampled_from([None, 30, 150]), seed=st.integers(0, 2**16))
+def test_compiled_csr_index_reads_what_numpy_reads(tmp_path_factory: pytest.TempPathFactory, ops: list[tuple],
+                                                   capacity: int | None, seed: int) -> None:
+    """The numba CSR index (store/csrkernels.py) and its numpy twin, through the views and per
+    fragment: the same arrays, bit for bit (rows repeated, in any order, empty lists included)."""
+    url = str(tmp_path_factory.mktemp("csr") / "st")
+    rng = np.random.default_rng(seed)
+    st_w = open_store(url, DQN, mode="w", capacity=capacity)
+    reader = open_store(url, mode="r")
+    w = st_w.writer()
+    for i, op in enumerate([*ops, ("read",)]):
+        if op[0] == "commit":
+            w.append(dqn_batch(rng, op[1], extra=0), stream=i % 3)
+            w.commit()
+        elif op[0] == "compact":
+            w.compact()
+        else:
+            reader.refresh()
+            ids = reader.table("records").row_ids()
+            rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
+            got = {}
+            for numba in ("1", "0"):
+                with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": numba}):
+                    for contiguous in (True, False):
+                        r = reader.table("records").reader
+                        t = TableReader(r.storage, r.log, r.name, r.schema, r.capacity, contiguous=contiguous)
+                        got[numba, contiguous] = t.read(rows)
+                        if contiguous and len(rows):  # (several fragments without views: no CSR index)
+                            assert (t._csr is not None) == (numba == "1")
+            for key, arrays in got.items():
+                assert_same(arrays, got["0", False], f"op {i}, {key}")
+    w.close()
+
+
 def test_views_stay_valid_and_correct_across_relayouts(tmp_path: Path) -> None:
     """Many small fragments outgrow the reserved space (the layout starts afresh in new ranges)
     while compaction and eviction remove fragments (their part of the range is unmapped). A
@@ -116,7 +153,11 @@ def test_a_short_chunk_file_is_a_typed_error_not_a_crash(tmp_path: Path) -> None
     assert exc.value.path == f"{frag.path}/obs/c/0/0"
 
 
-def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> None:
+@pytest.mark.parametrize("numba", ["1", "0"])
+def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              numba: str) -> None:
+    """Both CSR index paths: the numba kernel (store/csrkernels.py) and numpy."""
+    monkeypatch.setenv("REPLAYSTORE_NUMBA", numba)
     url, frag = _one_fragment(tmp_path)
     chunk = tmp_path / "st" / frag.path / "legal_offsets" / "c" / "0"
     first = frag.segment.row if frag.segment else 0  # the fragment's entries in its segment's offsets
@@ -129,6 +170,7 @@ def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path) -> 
     del offsets
     reader = open_store(url, mode="r")
     assert reader.read([3])["legal_ids"].size  # rows whose offsets are intact still read
+    assert (reader.table("records").reader._csr is not None) == (numba == "1")
     for row in (9, 10, 19, 20, 30):  # each damaged offset ends one record and starts the next
         with pytest.raises(CorruptObjectError) as exc:
             reader.read([row])
