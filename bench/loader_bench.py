@@ -202,11 +202,21 @@ def bench_uniform(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -
     def ours1() -> Any:
         return gather(tab1, s1.sample())
 
+    # the same read with the numpy CSR index: a second handle whose first ragged read has the kernels off
+    tab_np = open_store(st.url, mode="r").table("records")
+    with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": "0"}):
+        prefault(tab_np)
+    assert tab_np.reader._csr is None
+
+    def read_np() -> Any:
+        k[0] = (k[0] + 1) % POOL
+        return tab_np.read(pool[k[0]])
+
     b = ours()
     assert b["obs"].shape == (SAMPLE, OBS) and len(b["legal_offsets"]) == SAMPLE + 1 and b["indices"].shape == (SAMPLE,)
     assert rb.sample().batch_size[0] == SAMPLE
     r = interleaved({"ours": (ours, None), "ours1": (ours1, None), "sample": (s.sample, None), "read": (read, None),
-                     "peer": (rb.sample, None), "peer_1t": (rb.sample, 1)}, cfg)
+                     "read_np": (read_np, None), "peer": (rb.sample, None), "peer_1t": (rb.sample, 1)}, cfg)
     print(f"  .. TorchRL sample(): {r['peer']:,.0f} batches/s with {torch.get_num_threads()} torch threads, "
           f"{r['peer_1t']:,.0f} with 1; using the better", flush=True)
     r["peer"] = max(r["peer"], r["peer_1t"])
@@ -219,6 +229,9 @@ def bench_uniform(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -
             f"reference: sample()+gather(); {1e6 / r['sample']:.0f} of {1e6 / r['ours']:.0f} us")
     out.add("   breakdown: Table.read(256 rows) alone (store/table.py)", r["read"], r["ours"], "batches/s", None,
             f"reference: sample()+gather(); {1e6 / r['read']:.0f} of {1e6 / r['ours']:.0f} us")
+    csr = "numba" if tab.reader._csr is not None else "numpy (numba not installed)"
+    out.add("   Table.read: this CSR index vs the numpy one (REPLAYSTORE_NUMBA=0)", r["read"], r["read_np"], "batches/s",
+            None, f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/csrkernels.py)")
     return r
 
 
