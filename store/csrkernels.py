@@ -18,12 +18,14 @@ def csr_index(offsets: np.ndarray, loc: np.ndarray, shift: np.ndarray, top: int,
               new_offsets: np.ndarray) -> tuple[bool, np.ndarray]:
     """For records ``loc`` of ``offsets``: fill ``new_offsets`` (``len(loc) + 1``, rebased to 0) and
     return ``(True, value_index)``, each gathered value's index in the values array (plus
-    ``shift[i]`` for record i when ``shift`` is not empty); ``(False, empty)`` if any record's
-    offsets are negative, decreasing or above ``top``."""
+    ``shift[i]`` for record i when ``shift`` is not empty); ``(False, empty)`` if any record is
+    not in ``offsets`` or its offsets are negative, decreasing or above ``top``."""
     n = loc.shape[0]
     new_offsets[0] = 0
     total = 0
     for i in range(n):
+        if loc[i] < 0 or loc[i] + 1 >= offsets.shape[0]:  # (numpy's take raises for these)
+            return False, np.empty(0, np.int64)
         start = offsets[loc[i]]
         end = offsets[loc[i] + 1]
         if start < 0 or end < start or end > top:

@@ -177,6 +177,20 @@ def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path, mon
         assert exc.value.path == f"{frag.path}/legal_offsets"
 
 
+def test_the_compiled_csr_index_refuses_records_outside_the_offsets() -> None:
+    from replaystore.store.csrkernels import csr_index
+
+    offsets = np.array([0, 2, 2, 5], dtype=np.int64)  # three records
+    out = np.empty(3, dtype=np.int64)
+    ok, index = csr_index(offsets, np.array([2, 0]), np.zeros(0, dtype=np.int64), 5, out)
+    assert ok and out.tolist() == [0, 3, 5] and index.tolist() == [2, 3, 4, 0, 1]
+    for loc in ([3], [-1], [0, 7]):  # past the last record, negative, one bad among good
+        ok, index = csr_index(offsets, np.array(loc), np.zeros(0, dtype=np.int64), 5, np.empty(len(loc) + 1, np.int64))
+        assert not ok and not index.size
+    ok, _ = csr_index(offsets, np.array([1]), np.array([7]), 5, np.empty(2, np.int64))  # shift only moves the index
+    assert ok
+
+
 def test_a_reader_that_missed_a_reclaim_gets_stale_read_error(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     url = str(tmp_path / "st")
