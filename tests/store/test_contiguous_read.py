@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import dqn
-from replaystore.store import ChunkCache, layout, open_store
+from replaystore.store import ChunkCache, Store, layout, open_store
 from replaystore.store.fragment import Fragment
 from replaystore.store.table import TableReader
 from replaystore.store.vmap import PAGE, AddressRange, available
@@ -49,8 +50,24 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
     tmp = tmp_path_factory.mktemp("contig")
     url = str(tmp / "st") if where == "local" else f"memory://contig-{uuid.uuid4().hex}"
     rng = np.random.default_rng(seed)
+    def reader_of() -> Store:
+        return open_store(url, mode="r", cache=ChunkCache(tmp / "cache") if where == "cached" else None)
+
+    for i, reader in _read_points(url, ops, capacity, rng, reader_of):
+        table = reader.table("records")
+        ids = table.row_ids()
+        assert table.reader._layouts  # the contiguous path is the one under test
+        np.testing.assert_array_equal(table.rows_at(np.arange(len(ids))), ids)  # positions, one run of ids
+        rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
+        assert_same(table.read(rows), _per_fragment(reader).read(rows), f"op {i}")
+
+
+def _read_points(url: str, ops: list[tuple], capacity: int | None, rng: np.random.Generator,
+                 reader_of: Callable[[], Store]) -> Iterator[tuple[int, Store]]:
+    """Run ``ops`` (then one more read) against a new DQN store at ``url``: at each read, yield the op's
+    index and the reader (made by ``reader_of`` first), refreshed."""
     st_w = open_store(url, DQN, mode="w", capacity=capacity)
-    reader = open_store(url, mode="r", cache=ChunkCache(tmp / "cache") if where == "cached" else None)
+    reader = reader_of()
     w = st_w.writer()
     for i, op in enumerate([*ops, ("read",)]):
         if op[0] == "commit":
@@ -60,12 +77,7 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
             w.compact()
         else:
             reader.refresh()
-            table = reader.table("records")
-            ids = table.row_ids()
-            assert table.reader._layouts  # the contiguous path is the one under test
-            np.testing.assert_array_equal(table.rows_at(np.arange(len(ids))), ids)  # positions, one run of ids
-            rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
-            assert_same(table.read(rows), _per_fragment(reader).read(rows), f"op {i}")
+            yield i, reader
     w.close()
 
 
@@ -77,31 +89,20 @@ def test_compiled_csr_index_reads_what_numpy_reads(tmp_path_factory: pytest.Temp
     fragment: the same arrays, bit for bit (rows repeated, in any order, empty lists included)."""
     url = str(tmp_path_factory.mktemp("csr") / "st")
     rng = np.random.default_rng(seed)
-    st_w = open_store(url, DQN, mode="w", capacity=capacity)
-    reader = open_store(url, mode="r")
-    w = st_w.writer()
-    for i, op in enumerate([*ops, ("read",)]):
-        if op[0] == "commit":
-            w.append(dqn_batch(rng, op[1], extra=0), stream=i % 3)
-            w.commit()
-        elif op[0] == "compact":
-            w.compact()
-        else:
-            reader.refresh()
-            ids = reader.table("records").row_ids()
-            rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
-            got = {}
-            for numba in ("1", "0"):
-                with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": numba}):
-                    for contiguous in (True, False):
-                        r = reader.table("records").reader
-                        t = TableReader(r.storage, r.log, r.name, r.schema, r.capacity, contiguous=contiguous)
-                        got[numba, contiguous] = t.read(rows)
-                        if contiguous and len(rows):  # (several fragments without views: no CSR index)
-                            assert (t._csr is not None) == (numba == "1")
-            for key, arrays in got.items():
-                assert_same(arrays, got["0", False], f"op {i}, {key}")
-    w.close()
+    for i, reader in _read_points(url, ops, capacity, rng, lambda: open_store(url, mode="r")):
+        ids = reader.table("records").row_ids()
+        rows = rng.choice(ids, size=min(3 * len(ids), 300)) if len(ids) else ids
+        got = {}
+        for numba in ("1", "0"):
+            with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": numba}):
+                for contiguous in (True, False):
+                    r = reader.table("records").reader
+                    t = TableReader(r.storage, r.log, r.name, r.schema, r.capacity, contiguous=contiguous)
+                    got[numba, contiguous] = t.read(rows)
+                    if contiguous and len(rows):  # (several fragments without views: no CSR index)
+                        assert (t._csr is not None) == (numba == "1")
+        for key, arrays in got.items():
+            assert_same(arrays, got["0", False], f"op {i}, {key}")
 
 
 def test_views_stay_valid_and_correct_across_relayouts(tmp_path: Path) -> None:
