@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any, NamedTuple
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -154,3 +158,76 @@ def test_saved_states_are_versioned_and_named_per_sampler(new_url: Any) -> None:
     other = UniformSampler(reopened, batch_size=3, seed=0, name="someone-else", resume=True)
     assert other.batches_drawn == 0
     assert open_store(h.store.url).load_state("learner-7") is not None
+
+
+def _drawn_with(store_url: str, numba: str, state: dict[str, Any] | None, draws: int) -> tuple[list, dict]:
+    """``draws`` prioritized minibatches (gathered, priorities written back) from a fresh handle of
+    the store with the numba kernels on ("1") or off ("0"), starting from ``state`` if given."""
+    from replaystore.loaders import PrioritizedSampler
+
+    with mock.patch.dict(os.environ, {"REPLAYSTORE_NUMBA": numba}):
+        st = open_store(store_url, mode="r")
+        s = PrioritizedSampler(st, batch_size=64, alpha=0.6, beta=0.4, seed=21)
+        if state is not None:
+            s.load_state_dict(state)
+        out = []
+        for _ in range(draws):
+            batch = gather(s.table, s.sample())
+            rewards = batch["rewards"].numpy()  # priorities derived from the batch and the draw counter
+            s.update(batch["indices"], np.abs(rewards) * (1 + s.batches_drawn % 5) + 0.01)
+            out.append(batch)
+        assert (s.tree._kernels is not None) == (numba == "1")  # (a tree with levels to descend)
+        assert (s.table.reader._csr is not None) == (numba == "1")
+        return out, s.state_dict()
+
+
+@pytest.mark.parametrize("first, then", [("1", "0"), ("0", "1")])
+def test_prioritized_replay_is_the_same_bit_for_bit_with_or_without_numba(tmp_path: Any, first: str,
+                                                                          then: str) -> None:
+    """A run saved with the compiled kernels resumes exactly without them, and the other way round:
+    the sum tree and the CSR gather are the same arithmetic either way (issue 4, Resume)."""
+    from support.batches import dqn_batch
+    from replaystore.schemas import dqn
+
+    url = str(tmp_path / "st")
+    st = open_store(url, dqn(16, 2, actions=9), mode="w")
+    rng = np.random.default_rng(3)
+    with st.writer() as w:
+        for c in range(6):
+            w.append(dqn_batch(rng, 1500, extra=0), stream=c % 2)
+            w.commit()
+    assert len(st) > 4 * 1024 * 2  # a tree beyond the searched top: the kernels have levels to descend
+    _, state = _drawn_with(url, first, None, 5)
+    resumed, _ = _drawn_with(url, then, state, 6)
+    uninterrupted, _ = _drawn_with(url, first, state, 6)
+    for got, want in zip(resumed, uninterrupted, strict=True):
+        assert sorted(got) == sorted(want)
+        for key in want:
+            assert np.array_equal(got[key].numpy(), want[key].numpy()), key
+
+
+def test_without_numba_installed_the_numpy_paths_run(tmp_path: Any) -> None:
+    """numba unimportable (as on an install without the ``fast`` extra): no kernels, sampling and
+    ragged reads work."""
+    code = f"""
+import sys
+sys.modules["numba"] = None  # import numba now raises ImportError
+import numpy as np
+from replaystore.compiled import kernels
+from replaystore.loaders import PrioritizedSampler, gather
+from replaystore.schemas import dqn
+from replaystore.store import open_store
+sys.path.insert(0, {os.path.join(os.path.dirname(__file__), os.pardir)!r})
+from support.batches import dqn_batch
+assert kernels("replaystore.store.csrkernels") is None and kernels("replaystore.loaders.treekernels") is None
+st = open_store({str(tmp_path / "st")!r}, dqn(16, 2, actions=9), mode="w")
+with st.writer() as w:
+    w.append(dqn_batch(np.random.default_rng(0), 9000, extra=0), stream=0)
+s = PrioritizedSampler(st, batch_size=32, seed=0)
+b = gather(s.table, s.sample())
+s.update(b["indices"], np.ones(32))
+assert s.tree._kernels is None and s.table.reader._csr is None and b["legal_offsets"].shape == (33,)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
