@@ -233,7 +233,7 @@ class Table:
 
 
 def _numba() -> str:
-    """numba's version (the sum tree's compiled kernels), or why the tree runs in numpy."""
+    """numba's version (the compiled kernels of the sum tree and the CSR gather), or "not installed"."""
     try:
         import numba
     except ImportError:

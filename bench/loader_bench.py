@@ -229,7 +229,7 @@ def bench_uniform(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -
             f"reference: sample()+gather(); {1e6 / r['sample']:.0f} of {1e6 / r['ours']:.0f} us")
     out.add("   breakdown: Table.read(256 rows) alone (store/table.py)", r["read"], r["ours"], "batches/s", None,
             f"reference: sample()+gather(); {1e6 / r['read']:.0f} of {1e6 / r['ours']:.0f} us")
-    csr = "numba" if tab.reader._csr is not None else "numpy (numba not installed)"
+    csr = "numba" if tab.reader._csr is not None else "numpy (no numba, or REPLAYSTORE_NUMBA=0)"
     out.add("   Table.read: this CSR index vs the numpy one (REPLAYSTORE_NUMBA=0)", r["read"], r["read_np"], "batches/s",
             None, f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/csrkernels.py)")
     return r
@@ -336,7 +336,7 @@ def bench_prioritized(cfg: dict[str, Any], st: Any, uniform: dict[str, float], o
     assert b["weights"].shape == (SAMPLE,) and float(b["weights"].max()) == 1.0
     r = interleaved({"work": (work, None), "step": (step, None), "gather": (gather_only, None),
                      "numpy": (numpy_ref, None), "sample": (s.sample, None), "work_np": (work_np, None)}, cfg)
-    kernels = "numba kernels" if s.tree._kernels is not None else "numpy (numba not installed)"
+    kernels = "numba kernels" if s.tree._kernels is not None else "numpy (no numba, or REPLAYSTORE_NUMBA=0)"
     out.add(f"3. prioritized {SAMPLE} over {n:,}: sample()+update() vs numpy choice(p=...)", r["work"], r["numpy"],
             "batches/s", None, "priority work only; numpy reference is O(n) per draw")
     out.add("   priority work (sample+update) vs gather of the same 256 rows", r["work"], r["gather"], "batches/s",

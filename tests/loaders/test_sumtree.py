@@ -148,7 +148,7 @@ def test_numba_kernels_are_bit_identical_to_numpy(n: int, zeros: float, seed: in
     same()
 
 
-def test_numba_set_rejects_a_leaf_out_of_range(each_backend: str) -> None:
+def test_set_rejects_a_leaf_out_of_range(each_backend: str) -> None:
     tree = SumTree(100_000)
     tree.set(np.arange(10), np.ones(10))
     before = tree.tree.copy()
