@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.passorder import PassOrder
+from replaystore.loaders.passorder import PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
 
@@ -36,11 +36,6 @@ class UniformSampler(StoreSampler):
         return Request(rows)
 
 
-def _fingerprint(rows: np.ndarray) -> list[int]:
-    """Row count and sum of the row ids: a resumed pass must be over the same rows."""
-    return [len(rows), int(np.add.reduce(rows, dtype=np.int64))]
-
-
 class EpochSampler(StoreSampler):
     """Passes over the visible records: each pass partitions them into shuffled minibatches.
 
@@ -48,9 +43,9 @@ class EpochSampler(StoreSampler):
     pass; the last minibatch may be smaller (``drop_last=True`` drops it). Iterating
     the sampler runs one pass (``num_batches`` bounds it further); the records of a
     pass are fixed when it starts. A pass's order is a uniformly random permutation
-    made from a seed drawn at its start (loaders/passorder.py: beyond 4M records it is
-    made a chunk at a time as the pass goes), so the resumable state is that seed, the
-    pass's row intervals and a count, not the order.
+    made from a seed drawn at its start (loaders/passorder.py: beyond 512k records it is
+    made a cache-sized bucket at a time as the pass goes), so the resumable state is that
+    seed, the pass's row intervals and a count, not the order.
     """
 
     kind = "epoch"
@@ -61,17 +56,21 @@ class EpochSampler(StoreSampler):
         self.epoch = 0
         self._order: PassOrder | None = None
         self._pass_rows = np.zeros((0, 2), dtype=np.int64)  # the visible row intervals at the pass's start
-        self._pass_check = [0, 0]  # the pass's row count and row-id sum (_fingerprint)
+        self._pass_check = [0, 0]  # the pass's row count and row-id sum: a resumed pass must be over the same rows
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _start_pass(self) -> None:
         self.tracker.poll()  # later changes count from this view
         self._pass_rows = self.tracker.view
-        rows = self.restrict(self._pass_rows)
+        rows = self._rows_of(self._pass_rows)
         if not len(rows):
             raise self._empty()
-        self._pass_check = _fingerprint(rows)
+        self._pass_check = rows.fingerprint()
         self._order = PassOrder(rows, int(self.rng.integers(2**63)))
+
+    def _rows_of(self, iv: np.ndarray) -> PassRows:
+        """The rows the sampler draws from among row-id intervals ``iv`` (as intervals without a subset)."""
+        return PassRows(intervals=iv) if self.subset is None else PassRows(ids=self.restrict(iv))
 
     def _prune(self) -> None:
         """Drop the rest of the pass's rows that were evicted since it started (they cannot be read).
@@ -138,8 +137,8 @@ class EpochSampler(StoreSampler):
         state.update(epoch=self.epoch, drop_last=self.drop_last)
         order = self._order
         if order is not None and order.seed is not None:
-            state.update(pass_seed=order.seed, pass_rows=self._pass_rows, pass_check=self._pass_check,
-                         taken=order.taken)
+            state.update(pass_seed=order.seed, pass_order=order.method, pass_rows=self._pass_rows,
+                         pass_check=self._pass_check, taken=order.taken)
         elif order is not None:
             state["rest"] = order.rest().copy()
         return state
@@ -150,15 +149,15 @@ class EpochSampler(StoreSampler):
         self._order = None
         if "pass_seed" in state:
             self._pass_rows = np.asarray(state["pass_rows"], dtype=np.int64).reshape(-1, 2)
-            rows = self.restrict(self._pass_rows)
-            self._pass_check = _fingerprint(rows)
+            rows = self._rows_of(self._pass_rows)
+            self._pass_check = rows.fingerprint()
             if self._pass_check != [int(v) for v in state["pass_check"]]:
                 raise StoreError("epoch state: the saved pass was over other rows than this sampler's subset "
                                  "selects from them (construct the sampler with the subset it was saved with)")
-            self._order = PassOrder(rows, int(state["pass_seed"]))
+            self._order = PassOrder(rows, int(state["pass_seed"]), str(state.get("pass_order", "blocks")))
             self._order.take(int(state["taken"]))
         elif "rest" in state:
-            self._order = PassOrder(np.asarray(state["rest"], dtype=np.int64), None)
+            self._order = PassOrder.made(np.asarray(state["rest"], dtype=np.int64))
         elif state.get("order") is not None:  # saved before pass seeds: the whole order and a cursor
-            self._order = PassOrder(np.asarray(state["order"], dtype=np.int64)[int(state["cursor"]):], None)
+            self._order = PassOrder.made(np.asarray(state["order"], dtype=np.int64)[int(state["cursor"]):])
         self.tracker.reset()

@@ -1,8 +1,9 @@
-"""Epoch pass orders: uniformly random permutations made a chunk at a time, reproducible from a seed.
+"""Epoch pass orders: uniformly random permutations made a bucket (or, for passes saved before
+buckets, a chunk) at a time, reproducible from a seed.
 
-The blocked path (beyond ``IN_CACHE`` rows) is exercised at small sizes by lowering the
-module's ``IN_CACHE``, ``BLOCK`` and ``CHUNK``: the same code with the sizes an
-experiment can enumerate.
+The bucketed and blocked paths (beyond ``IN_CACHE`` / ``BLOCKS_IN_CACHE`` rows) are exercised
+at small sizes by lowering the module's sizes: the same code with the sizes an experiment
+can enumerate.
 """
 
 from __future__ import annotations
@@ -18,18 +19,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from replaystore.errors import StoreError
 from replaystore.loaders import EpochSampler, passorder
-from replaystore.loaders.passorder import PassOrder
+from replaystore.loaders.passorder import PassOrder, PassRows
+from replaystore.loaders.tracking import merge
 from support.loaderref import Append, Harness, chi2_bound, chi2_stat
+
+METHODS = ("buckets", "blocks")
 
 
 @contextlib.contextmanager
-def sizes(in_cache: int, block: int, chunk: int) -> Iterator[None]:
-    saved = passorder.IN_CACHE, passorder.BLOCK, passorder.CHUNK
-    passorder.IN_CACHE, passorder.BLOCK, passorder.CHUNK = in_cache, block, chunk
+def sizes(in_cache: int, bucket: int, block: int = 4, chunk: int = 8) -> Iterator[None]:
+    """``in_cache`` is the threshold of both methods; ``bucket`` for buckets, ``block`` and ``chunk`` for blocks."""
+    names = ("IN_CACHE", "BLOCKS_IN_CACHE", "BUCKET", "BLOCK", "CHUNK")
+    saved = [getattr(passorder, name) for name in names]
+    for name, value in zip(names, (in_cache, in_cache, bucket, block, chunk), strict=True):
+        setattr(passorder, name, value)
     try:
         yield
     finally:
-        passorder.IN_CACHE, passorder.BLOCK, passorder.CHUNK = saved
+        for name, value in zip(names, saved, strict=True):
+            setattr(passorder, name, value)
 
 
 def whole(order: PassOrder, takes: Iterator[int]) -> np.ndarray:
@@ -39,44 +47,62 @@ def whole(order: PassOrder, takes: Iterator[int]) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-@pytest.mark.parametrize("chunk", [2, 3])
-def test_blocked_orders_are_uniform_over_all_permutations(chunk: int) -> None:
-    """5 rows in blocks of 2: each of the 120 orders equally likely (chi-square, fixed seeds)."""
+def as_intervals(rows: np.ndarray) -> np.ndarray:
+    """Ascending distinct row ids as intervals ``[id, id + 1)``, merged into maximal runs."""
+    return merge(np.stack((rows, rows + 1), axis=1))
+
+
+@pytest.mark.parametrize(("method", "bucket", "chunk"), [("buckets", 2, 0), ("buckets", 1, 0), ("blocks", 0, 2),
+                                                         ("blocks", 0, 3)])
+def test_orders_are_uniform_over_all_permutations(method: str, bucket: int, chunk: int) -> None:
+    """5 rows in buckets of about 2 (4 buckets) or 1 (8), or blocks of 2: each of the 120 orders
+    equally likely (chi-square, fixed seeds)."""
     rows = np.arange(5, dtype=np.int64) * 7 + 3
     perms = {p: i for i, p in enumerate(itertools.permutations(rows.tolist()))}
     draws = 12_000
     counts = np.zeros(len(perms))
-    with sizes(1, 2, chunk):
+    with sizes(1, bucket, 2, chunk):
         for seed in range(draws):
-            counts[perms[tuple(whole(PassOrder(rows.copy(), seed), itertools.repeat(2)).tolist())]] += 1
+            order = PassOrder(PassRows(ids=rows.copy()), seed, method)
+            counts[perms[tuple(whole(order, itertools.repeat(2)).tolist())]] += 1
     assert chi2_stat(counts, np.full(len(perms), draws / len(perms))) < chi2_bound(len(perms) - 1)
 
 
-def test_blocked_orders_put_every_row_at_every_position_alike() -> None:
-    """40 rows in blocks of 4, chunks of 8: no block structure shows in where rows land."""
+@pytest.mark.parametrize("method", METHODS)
+def test_orders_put_every_row_at_every_position_alike(method: str) -> None:
+    """40 rows in buckets of about 8 or blocks of 4 (chunks of 8): no bucket or block structure
+    shows in where rows land."""
     n, draws = 40, 4_000
     at = np.zeros((n, n))
-    with sizes(1, 4, 8):
+    with sizes(1, 8):
         for seed in range(draws):
-            order = whole(PassOrder(np.arange(n, dtype=np.int64), seed), itertools.repeat(5))
+            order = whole(PassOrder(PassRows(intervals=np.array([[0, n]])), seed, method), itertools.repeat(5))
             at[order, np.arange(n)] += 1
     assert (at.sum(axis=0) == draws).all() and (at.sum(axis=1) == draws).all()
     assert chi2_stat(at, np.full((n, n), draws / n)) < chi2_bound((n - 1) ** 2)
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=hs.integers(0, 150), block=hs.integers(1, 12), chunk=hs.integers(1, 40), in_cache=hs.integers(0, 160),
-       seed=hs.integers(0, 2**63 - 1), takes=hs.lists(hs.integers(1, 30), min_size=1, max_size=8),
+@given(n=hs.integers(0, 150), bucket=hs.integers(1, 40), block=hs.integers(1, 12), chunk=hs.integers(1, 40),
+       in_cache=hs.integers(0, 160), seed=hs.integers(0, 2**63 - 1), method=hs.sampled_from(METHODS),
+       intervals=hs.booleans(), takes=hs.lists(hs.integers(1, 30), min_size=1, max_size=8),
        stop=hs.integers(0, 150), modulus=hs.integers(2, 5))
-def test_pass_order_takes_rest_and_keep(n: int, block: int, chunk: int, in_cache: int, seed: int, takes: list[int],
-                                        stop: int, modulus: int) -> None:
-    rows = np.sort(np.random.default_rng(n).choice(10 * n + 1, n, replace=False)).astype(np.int64)
-    with sizes(in_cache, block, chunk):
-        ref = whole(PassOrder(rows.copy(), seed), itertools.repeat(1))
+def test_pass_order_takes_rest_and_keep(n: int, bucket: int, block: int, chunk: int, in_cache: int, seed: int,
+                                        method: str, intervals: bool, takes: list[int], stop: int,
+                                        modulus: int) -> None:
+    rows = np.sort(np.random.default_rng(n).choice(3 * n + 1, n, replace=False)).astype(np.int64)
+
+    def order_of(seed: int) -> PassOrder:
+        held = PassRows(intervals=as_intervals(rows)) if intervals else PassRows(ids=rows.copy())
+        return PassOrder(held, seed, method)
+
+    with sizes(in_cache, bucket, block, chunk):
+        ref = whole(order_of(seed), itertools.repeat(1))
         assert sorted(ref.tolist()) == rows.tolist(), "every row exactly once"
-        # the order does not depend on how it is taken
-        assert np.array_equal(whole(PassOrder(rows.copy(), seed), itertools.cycle(takes)), ref)
-        order = PassOrder(rows.copy(), seed)
+        # the order does not depend on how it is taken, nor on how the rows are held
+        assert np.array_equal(whole(order_of(seed), itertools.cycle(takes)), ref)
+        assert np.array_equal(whole(PassOrder(PassRows(ids=rows.copy()), seed, method), itertools.repeat(7)), ref)
+        order = order_of(seed)
         got = [order.take(k) for k in takes if order.taken < stop]
         k = order.taken
         assert k == sum(len(g) for g in got) and len(order) == n - k
@@ -86,8 +112,38 @@ def test_pass_order_takes_rest_and_keep(n: int, block: int, chunk: int, in_cache
         want = ref[k:][ref[k:] % modulus != 0]
         assert len(order) == len(want) and np.array_equal(whole(order, itertools.cycle(takes)), want)
     if n > 1:
-        other = whole(PassOrder(rows.copy(), seed + 1), itertools.repeat(3))
+        other = whole(order_of(seed + 1), itertools.repeat(3))
         assert sorted(other.tolist()) == rows.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hs.integers(1, 3000), bucket=hs.integers(1, 700), seed=hs.integers(0, 2**63 - 1))
+def test_bucket_orders_are_the_same_with_and_without_the_kernel(n: int, bucket: int, seed: int) -> None:
+    """The counting sort (loaders/passkernels.py) and numpy's stable argsort group alike, so a pass
+    is the same order on every install (and resumes across them)."""
+    assert passorder.kernels("replaystore.loaders.passkernels") is not None, "numba is in the test environment"
+    iv = np.array([[0, n // 3], [n // 3 + 5, n + 5]], dtype=np.int64)
+    orders = []
+    with sizes(0, bucket), pytest.MonkeyPatch.context() as mp:
+        for flag in ("1", "0"):
+            mp.setenv("REPLAYSTORE_NUMBA", flag)
+            orders.append(whole(PassOrder(PassRows(intervals=iv), seed), itertools.repeat(64)))
+    assert np.array_equal(*orders)
+
+
+def test_pass_rows_held_as_intervals_or_ids_agree() -> None:
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(10_000, 3_000, replace=False)).astype(np.int64)
+    held = PassRows(intervals=as_intervals(rows)), PassRows(ids=rows.copy())
+    positions = rng.integers(0, len(rows), 500)
+    for one in held:
+        assert len(one) == len(rows) and np.array_equal(one.ids(), rows)
+        assert np.array_equal(one.at(positions), rows[positions])
+        assert one.fingerprint() == [len(rows), int(rows.sum())]
+    big = np.array([[2**62, 2**62 + 5]], dtype=np.int64)  # a sum past int64 wraps as numpy's does
+    assert PassRows(intervals=big).fingerprint() == PassRows(ids=np.arange(2**62, 2**62 + 5)).fingerprint()
+    with pytest.raises(ValueError, match="method"):
+        PassOrder(held[0], 1, "spiral")
 
 
 def _store(h: Harness, commits: int) -> None:
@@ -96,11 +152,11 @@ def _store(h: Harness, commits: int) -> None:
         h.commit()
 
 
-def test_epoch_sampler_on_blocked_orders_partitions_resumes_and_keeps_a_small_state(new_url: Any) -> None:
+def test_epoch_sampler_on_bucketed_orders_partitions_resumes_and_keeps_a_small_state(new_url: Any) -> None:
     h = Harness(new_url(), None)
     _store(h, 5)
     rows = set(h.store.default.row_ids().tolist())
-    with sizes(16, 4, 8):
+    with sizes(16, 8):
         sampler = EpochSampler(h.store, batch_size=6, seed=1)
         passes = [np.concatenate([r.rows for r in sampler]) for _ in range(2)]
         assert all(sorted(p.tolist()) == sorted(rows) for p in passes) and not np.array_equal(*passes)
@@ -121,10 +177,29 @@ def test_epoch_sampler_on_blocked_orders_partitions_resumes_and_keeps_a_small_st
         assert np.array_equal(again.sample().rows, sampler.sample().rows)
 
 
+def test_epoch_state_saved_before_buckets_resumes_in_blocks(new_url: Any) -> None:
+    """A state that names no pass order method was saved by a version that made blocked passes."""
+    h = Harness(new_url(), None)
+    _store(h, 5)
+    with sizes(16, 8):
+        sampler = EpochSampler(h.store, batch_size=6, seed=1)
+        sampler.sample()
+        state = sampler.state_dict()
+        assert state["pass_order"] == "buckets"
+        old = {k: v for k, v in state.items() if k != "pass_order"}
+        blocks = PassOrder(PassRows(intervals=state["pass_rows"]), state["pass_seed"], "blocks")
+        want = whole(blocks, itertools.repeat(6))[state["taken"]:]
+        resumed = EpochSampler(h.store, batch_size=6, seed=3)
+        resumed.load_state_dict(old)
+        got = np.concatenate([r.rows for r in resumed])
+        assert np.array_equal(got, want)
+        assert not np.array_equal(got, np.concatenate([r.rows for r in sampler])), "the method matters"
+
+
 def test_epoch_pass_with_evictions_saves_its_rest_and_loads_older_states(new_url: Any) -> None:
     h = Harness(new_url(), 40)
     _store(h, 4)
-    with sizes(16, 4, 8):
+    with sizes(16, 8):
         sampler = EpochSampler(h.store, batch_size=6, seed=1)
         taken = sampler.sample().rows
         _store(h, 1)  # evicts rows 0-9
