@@ -159,12 +159,16 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
 
     Sampling runs in the main process (priority updates reach the next draw, up to
     the ``prefetch_factor * num_workers`` minibatches already in flight); gathering
-    runs in ``num_workers`` worker processes that open the store themselves.
-    Extra keyword arguments (``multiprocessing_context``, ``prefetch_factor``,
-    ``persistent_workers``, ...) go to the DataLoader.
+    runs in ``num_workers`` worker processes that open the store themselves. Workers
+    are persistent by default (``persistent_workers=True``; torch's default is False):
+    an epoch sampler's passes reuse them instead of starting and opening the store
+    again every pass. Extra keyword arguments (``multiprocessing_context``,
+    ``prefetch_factor``, ``persistent_workers``, ...) go to the DataLoader.
     """
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
+    if num_workers:
+        kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
                            store.cache if store.cache is not None else False)
     return StoreLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,

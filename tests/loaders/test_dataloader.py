@@ -9,6 +9,8 @@ gives exactly the batches of ``num_workers=0`` for the same seed, and those are 
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 from typing import Any
 
@@ -211,6 +213,26 @@ def test_workers_see_records_committed_after_they_opened_the_store(source: Sourc
     assert sorted(batch["indices"].tolist()) == st.row_ids().tolist() == list(range(8)) + [(1 << 40) | i
                                                                                          for i in range(8)]
     assert np.array_equal(batch["obs"].numpy(), st.read(batch["indices"].numpy())["obs"])
+
+
+def _note_worker(folder: str, worker_id: int) -> None:
+    """A worker_init_fn: one file per worker process started."""
+    with open(os.path.join(folder, f"{os.getpid()}-{worker_id}"), "w"):
+        pass
+
+
+@pytest.mark.parametrize(("persistent", "starts"), [(None, 2), (False, 4)])
+def test_epoch_passes_reuse_the_workers_unless_told_otherwise(source: Source, tmp_path: Any,
+                                                              persistent: bool | None, starts: int) -> None:
+    """make_loader's workers persist across passes by default; persistent_workers=False restarts them."""
+    st = source.store
+    sampler = EpochSampler(st, batch_size=8, seed=0)
+    extra = {} if persistent is None else {"persistent_workers": persistent}
+    loader = make_loader(st, sampler, num_workers=2, multiprocessing_context="fork",
+                         worker_init_fn=functools.partial(_note_worker, str(tmp_path)), **extra)
+    passes = [np.concatenate([b["indices"].numpy() for b in loader]) for _ in range(2)]
+    assert all(sorted(p.tolist()) == st.row_ids().tolist() for p in passes)
+    assert len(os.listdir(tmp_path)) == starts
 
 
 def test_priority_updates_reach_the_next_minibatch(source: Source) -> None:
