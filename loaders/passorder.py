@@ -36,6 +36,7 @@ from replaystore.loaders.tracking import expand
 
 # A seed's order depends on these sizes, and saved states name only the method: a change to
 # them is a new method (keep the old one for saved states, as "blocks" is kept).
+
 # up to this many rows: one permutation at the start of the pass ("buckets" passes; measured
 # per row in docs/PERFORMANCE.md, "Epoch passes in buckets")
 IN_CACHE = 1 << 19
