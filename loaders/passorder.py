@@ -42,6 +42,7 @@ from replaystore.loaders.tracking import expand
 IN_CACHE = 1 << 19
 BUCKET = 1 << 17    # rows per bucket about this (1 MiB of row ids: shuffled in the CPU's cache)
 METHOD = "buckets"  # the method of new passes
+METHODS = ("buckets", "blocks")
 # "blocks" passes (states saved before buckets)
 BLOCKS_IN_CACHE = 1 << 22
 BLOCK = 1 << 14     # rows per block
@@ -161,8 +162,8 @@ class PassOrder:
     the order is no longer the seed's (``seed`` is None)."""
 
     def __init__(self, rows: PassRows, seed: int, method: str = METHOD) -> None:
-        if method not in ("buckets", "blocks"):
-            raise ValueError(f"pass order method: expected 'buckets' or 'blocks', got {method!r}")
+        if method not in METHODS:
+            raise ValueError(f"pass order method: expected one of {METHODS}, got {method!r}")
         self.seed: int | None = seed
         self.method = method
         self.taken = 0

@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.passorder import PassOrder, PassRows
+from replaystore.loaders.passorder import METHODS, PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
 
@@ -154,7 +154,10 @@ class EpochSampler(StoreSampler):
             if self._pass_check != [int(v) for v in state["pass_check"]]:
                 raise StoreError("epoch state: the saved pass was over other rows than this sampler's subset "
                                  "selects from them (construct the sampler with the subset it was saved with)")
-            self._order = PassOrder(rows, int(state["pass_seed"]), str(state.get("pass_order", "blocks")))
+            method = state.get("pass_order", "blocks")  # (states saved before buckets name none)
+            if method not in METHODS:
+                raise StoreError(f"epoch state: pass_order: expected one of {METHODS}, got {method!r}")
+            self._order = PassOrder(rows, int(state["pass_seed"]), method)
             self._order.take(int(state["taken"]))
         elif "rest" in state:
             self._order = PassOrder.made(np.asarray(state["rest"], dtype=np.int64))

@@ -194,6 +194,8 @@ def test_epoch_state_saved_before_buckets_resumes_in_blocks(new_url: Any) -> Non
         got = np.concatenate([r.rows for r in resumed])
         assert np.array_equal(got, want)
         assert not np.array_equal(got, np.concatenate([r.rows for r in sampler])), "the method matters"
+        with pytest.raises(StoreError, match="pass_order"):
+            EpochSampler(h.store, batch_size=6).load_state_dict({**state, "pass_order": "spiral"})
 
 
 def test_epoch_pass_with_evictions_saves_its_rest_and_loads_older_states(new_url: Any) -> None:
