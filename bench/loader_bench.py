@@ -40,7 +40,8 @@ issue 4 ("Performance"). What is measured (docs/PERFORMANCE.md, "Loaders", has t
    incremental bookkeeping); median of a few, 10M vs 100k, target 1.5x as above (the
    reader's maps faulted in first, as in section 4).
 5. DataLoader end to end: ``make_loader(st, UniformSampler, num_workers=2)`` vs
-   ``num_workers=0`` on the 1M-record store (information).
+   ``num_workers=0`` on the 1M-record store, and epoch passes over 50,000 of its records
+   with 2 workers kept across passes (the default) vs restarted every pass (information).
 
 Timing: the best of several interleaved windows after a warm-up (this runs on shared
 2-core machines, where other processes only ever add time; ours and the peer's figures
@@ -92,6 +93,7 @@ SAMPLE = 256               # records per minibatch
 SLICE, SLICES = 16, 16     # sequence windows: SLICES windows of SLICE steps
 RESERVOIR = 100_000        # ReservoirSampler capacity in the scale test
 POOL = 512                 # pre-drawn minibatches cycled where a measurement replays requests
+EPOCH_ROWS = 50_000  # section 5's epoch passes
 SAMPLERS = ("uniform", "uniform subset", "epoch", "sequence", "prioritized", "reservoir")
 SUBSET_EVERY = 10          # "uniform subset": subset= every 10th row id (as a SQL query might return)
 LIVE_COMMIT = 1_000        # records per commit arriving between minibatches in the live scale test
@@ -521,10 +523,30 @@ def loader_rate(cfg: dict[str, Any], st: Any, workers: int) -> float:
     return max(rate(lambda: next(it), cfg["loader_s"] / 3) for _ in range(3))
 
 
+def epoch_pass_seconds(st: Any, persistent: bool, context: str, rows: np.ndarray, passes: int = 3) -> float:
+    """Median seconds of an epoch pass over ``rows`` through ``make_loader(num_workers=2)`` with
+    workers started by ``context``, the first pass (the workers' first start) left out."""
+    loader = make_loader(st, EpochSampler(st, batch_size=SAMPLE, seed=0, subset=rows), num_workers=2,
+                         persistent_workers=persistent, multiprocessing_context=context)
+    times = []
+    for _ in range(passes + 1):
+        t0 = time.perf_counter()
+        for _ in loader:
+            pass
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
 def bench_loader(cfg: dict[str, Any], st: Any, out: Table) -> None:
     rates = {workers: loader_rate(cfg, st, workers) for workers in (0, 2)}
     out.add(f"5. DataLoader, uniform {SAMPLE}: make_loader num_workers=2 vs 0", rates[2], rates[0], "batches/s",
             None, f"information; {os.cpu_count()} cpus; workers open the store themselves")
+    rows = st.table("records").row_ids()[:EPOCH_ROWS]
+    for context, note in (("fork", "forked workers inherit what this process loaded (numba too)"),
+                          ("spawn", "a restart starts Python, torch, numba")):
+        kept, restarted = (epoch_pass_seconds(st, persistent, context, rows) for persistent in (True, False))
+        out.add(f"   epoch passes over {len(rows):,} records, 2 {context} workers: kept (default) vs restarted", kept,
+                restarted, "s/pass", None, f"information; persistent_workers=True vs False; {note}")
 
 
 def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
