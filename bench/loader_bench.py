@@ -93,7 +93,7 @@ SAMPLE = 256               # records per minibatch
 SLICE, SLICES = 16, 16     # sequence windows: SLICES windows of SLICE steps
 RESERVOIR = 100_000        # ReservoirSampler capacity in the scale test
 POOL = 512                 # pre-drawn minibatches cycled where a measurement replays requests
-EPOCH_ROWS = 50_000  # section 5's epoch passes
+EPOCH_ROWS = 50_000        # records of section 5's epoch passes
 SAMPLERS = ("uniform", "uniform subset", "epoch", "sequence", "prioritized", "reservoir")
 SUBSET_EVERY = 10          # "uniform subset": subset= every 10th row id (as a SQL query might return)
 LIVE_COMMIT = 1_000        # records per commit arriving between minibatches in the live scale test

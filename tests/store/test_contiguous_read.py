@@ -50,6 +50,7 @@ def test_contiguous_read_equals_the_per_fragment_read(tmp_path_factory: pytest.T
     tmp = tmp_path_factory.mktemp("contig")
     url = str(tmp / "st") if where == "local" else f"memory://contig-{uuid.uuid4().hex}"
     rng = np.random.default_rng(seed)
+
     def reader_of() -> Store:
         return open_store(url, mode="r", cache=ChunkCache(tmp / "cache") if where == "cached" else None)
 
