@@ -124,10 +124,10 @@ def episode_keys(n: int, size: int, seed: int = 0) -> EpisodeKeys:
 
 # -- timing ----------------------------------------------------------------------------------
 def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_every: int | None,
-               keys: EpisodeKeys | None = None) -> None:
+               keys: EpisodeKeys | None = None, wait: bool = True) -> None:
     """``n`` records from ``batches`` (cycled, all of one size) through writer ``w``, over 8 streams
     or, with ``keys`` (:func:`episode_keys`), keyed per record by episode; a commit every
-    ``commit_every`` records (None: at close)."""
+    ``commit_every`` records (None: at close), pipelined with ``wait=False``."""
     size = len(batches[0]["obs"])
     for j in range(n // size):
         if keys is None:
@@ -135,17 +135,18 @@ def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_ever
         else:
             w.append(batches[j % len(batches)], stream=keys[j][0], reset=keys[j][1])
         if commit_every and (j + 1) * size % commit_every == 0:
-            w.commit()
+            w.commit(wait=wait)
 
 
 def store_append_rate(path: str, schema: Any, batches: list[dict[str, np.ndarray]], n: int,
-                      commit_every: int, capacity: int | None = None, keys: EpisodeKeys | None = None) -> float:
+                      commit_every: int, capacity: int | None = None, keys: EpisodeKeys | None = None,
+                      wait: bool = True) -> float:
     """Records/s of :func:`append_all` into a new store at ``path`` (the writer's close, which waits
-    for its last merge, included); the store is deleted afterwards."""
+    for its last commit and merge, included); the store is deleted afterwards."""
     st = open_store(path, schema, mode="w", capacity=capacity)
     t0 = time.perf_counter()
     with st.writer() as w:
-        append_all(w, batches, n, commit_every, keys)
+        append_all(w, batches, n, commit_every, keys, wait)
     dt = time.perf_counter() - t0
     assert len(st) == min(n, capacity or n)
     shutil.rmtree(path)

@@ -13,10 +13,11 @@ and the target from issue 3. What is measured (docs/PERFORMANCE.md has the detai
    close(), which waits for it), vs ``ReplayBuffer(LazyMemmapStorage).extend`` of the same records as a
    TensorDict (legal ids as dense ``(9,)`` bool masks: memmap storage has no ragged
    columns). Data is pregenerated outside the timed region. TorchRL does not fsync. The same
-   with records keyed per record by episode (a new stream every 20-400 records, as
-   collectors that key by episode append), and into a capped replay keeping a quarter of the
-   records (ours evicts and reclaims storage by segment; TorchRL's ring buffer overwrites in
-   place).
+   with pipelined commits (``commit(wait=False)``: appends go on while a commit's files are
+   synced; each commit is durable once the next one returns), with records keyed per record
+   by episode (a new stream every 20-400 records, as collectors that key by episode append),
+   and into a capped replay keeping a quarter of the records (ours evicts and reclaims
+   storage by segment; TorchRL's ring buffer overwrites in place).
 2. read: 256 random rows (every field) from a 1M-record store, sampling included, on the
    store as that writer leaves it, after ``Writer.compact()``, and written as one commit:
    ``Table.read(Table.rows_at(rng.integers(0, len, 256)))`` vs
@@ -96,9 +97,9 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
 
     keys = episode_keys(n, BATCH)  # records keyed by episode (a new stream every 20-400 records)
 
-    def ours(i: int, capacity: int | None = None, by_episode: bool = False) -> float:
+    def ours(i: int, capacity: int | None = None, by_episode: bool = False, wait: bool = True) -> float:
         return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, n, COMMIT_EVERY, capacity,
-                                 keys if by_episode else None)
+                                 keys if by_episode else None, wait)
 
     def peer(i: int, threads: int, capacity: int | None = None) -> float:
         torch.set_num_threads(threads)
@@ -138,10 +139,11 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
     # can collapse (OpenMP waits on a descheduled thread), so it also runs with one thread and
     # gets the better median (conservative for us).
     default = torch.get_num_threads()
-    o, p, p1, f, oc, pc, pc1, oe = [], [], [], [], [], [], [], []
+    o, p, p1, f, oc, pc, pc1, oe, op = [], [], [], [], [], [], [], [], []
     try:
         for i in range(cfg["append_reps"]):
             o.append(ours(i))
+            op.append(ours(i, wait=False))
             oe.append(ours(i, by_episode=True))
             p.append(peer(i, default))
             p1.append(peer(i, 1))
@@ -156,6 +158,8 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
     out.add(f"append {n:,} rows, batches of {BATCH:,}, commit every {COMMIT_EVERY:,}", med(o), peer_best,
             "rows/s", 1.0, f"median of {cfg['append_reps']}; ours fsyncs every commit, TorchRL never; peer: "
             f"better of {default} torch threads ({med(p):,.0f}) and 1 ({med(p1):,.0f})")
+    out.add("  the same, commits pipelined (commit(wait=False))", med(op), peer_best, "rows/s", None,
+            "each commit durable and visible by the time the next returns; close() waits for the last")
     out.add("  the same keyed by episode (a stream key per record)", med(oe), peer_best, "rows/s", None,
             f"{len(np.unique(np.concatenate([k for k, _ in keys]))):,} episodes of 20-400 records, a reset at "
             "each start; TorchRL has no streams (same peer figure)")

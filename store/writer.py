@@ -167,6 +167,12 @@ class Writer:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._merging: Future[bool] | None = None
+        # commit(wait=False): the one commit record being made durable on the committer thread, and
+        # the error that broke the writer if making one failed (its records, and every later append, are lost)
+        self._committer: ThreadPoolExecutor | None = None
+        self._in_flight: Future[None] | None = None
+        self._in_flight_segments: set[str] = set()  # the segments it references (not reclaimable)
+        self._failed: BaseException | None = None
         self.closed = False
 
     def _register(self) -> int:
@@ -236,9 +242,11 @@ class Writer:
         seg = self._open.get(table)
         rolled = False  # a full segment was left: the writer fills segments, keep a spare ready
         if seg is None or not seg.fits(len(cols), nnz, streams):
+            filling = self._filling[table]
             if seg is not None:
                 seg.sealed = rolled = True
-            filling = self._filling[table]
+                if seg not in filling:  # nothing pending in it: no commit will close it
+                    self._close_committed(seg)
             seg = self._take_spare(table, len(cols), nnz) or self._new_segment(table, len(cols), nnz, len(cols))
             seg.row_start = self.next_row[table] + sum(s.pending for s in filling)
             self._open[table] = seg
@@ -421,17 +429,33 @@ class Writer:
         self._time_ns = max(time.time_ns(), self._time_ns + 1)
         return self._time_ns
 
-    def commit(self, metadata: dict[str, Any] | None = None) -> CommitResult | None:
+    def commit(self, metadata: dict[str, Any] | None = None, *, wait: bool = True) -> CommitResult | None:
         """Make everything appended since the last commit durable and visible, atomically.
 
         Returns None (writing nothing) when there is nothing to commit. An error of the
         background compaction (see :meth:`close`) is raised here, before anything is written.
+
+        ``wait=False`` pipelines the commit: it returns once the records are written and
+        described, and the writer's committer thread makes them durable and then creates the
+        commit record, while the caller appends on. Commits still become visible one by one,
+        in order, each only once durable. :meth:`wait`, the next commit (either kind) and
+        :meth:`close` wait for it first: a commit made with ``wait=False`` is durable once
+        any of those has returned. If making it durable fails, that call raises, and the
+        writer is broken: the commit and every append after it are lost (a crash would lose
+        them too), and only :meth:`close` is allowed.
         """
         self._check_open()
         self._collect_merge()
         if not any(self._pending.values()) and metadata is None:
+            if wait:
+                self.wait()
             return None
         meta_doc = records.json_document("metadata", metadata)
+        with self._lock:
+            self._settle()
+        # the merge scheduled by the last commit publishes after that commit's record: waited for
+        # here, not after this commit's record is queued, or a pipelined commit would wait for itself
+        self._collect_merge(wait=True)
         rows: dict[str, tuple[int, int]] = {}
         with self._lock:  # a background merge publishes between commits, never inside one
             seq, now = self.seq, self._now()
@@ -455,7 +479,7 @@ class Writer:
                     change["remove"] = [f.name for f in retired[table]]
                 if change:
                     body["tables"][table] = change
-            self._create_record(seq, body, segments)
+            self._create_record(seq, body, segments, wait=wait)
             self.seq += 1
             for table, frags in new_frags.items():
                 self.fragments[table] += frags
@@ -480,6 +504,16 @@ class Writer:
         self._schedule_merge()
         return CommitResult(self.id, seq, rows)
 
+    def wait(self) -> None:
+        """Wait until the commit made with ``commit(wait=False)``, if one is in flight, is durable
+        and visible; the writer's store handle is then refreshed."""
+        self._check_open()
+        with self._lock:
+            flying = self._in_flight is not None
+            self._settle()
+        if flying:
+            self.store.refresh()
+
     def _finish(self, table: str, seq: int, now: int, rows: int, segments: list[Segment]) -> list[Fragment]:
         """The table's pending records as fragments (not yet referenced): its staged fragment,
         made durable, or a fragment per segment holding pending records, whose segment is added
@@ -491,30 +525,65 @@ class Writer:
         return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
 
     def _committed_segments(self, table: str) -> None:
-        """The table's pending segment records were committed: sealed segments are done."""
+        """The table's pending segment records were committed: sealed segments are done (closed
+        once the commit record is made, which may still be syncing their files)."""
         for seg in self._filling[table]:
             seg.advance()
             if seg is not self._open.get(table):
-                seg.close()
+                self._close_committed(seg)
         self._filling[table] = []
 
-    def _create_record(self, seq: int, body: dict[str, Any], segments: Sequence[Segment] = ()) -> None:
-        """Create commit record ``seq``; the pending bytes of ``segments`` are made durable first,
-        concurrently with the record's own file, and checked present before it is published."""
-        path, data = layout.commit_record(self.id, seq), records.encode(body)
-        if segments:
-            fds = [fd for seg in segments for fd in seg.dirty_fds()]
-
-            def check() -> None:
-                for seg in segments:
-                    seg.check_present()
-
-            created = self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
+    def _close_committed(self, seg: Segment) -> None:
+        """Close a sealed segment, once the commit record being made (which may be syncing its
+        files) is."""
+        if self._in_flight is None:
+            seg.close()
         else:
-            created = self.storage.create(path, data)
-        if not created:
-            raise StoreError(f"commit record {layout.commit_record(self.id, seq)} already exists: "
-                             "two writers share one writer number")
+            self._in_flight.add_done_callback(lambda _: seg.close())
+
+    def _create_record(self, seq: int, body: dict[str, Any], segments: Sequence[Segment] = (), *,
+                       wait: bool = True) -> None:
+        """Create commit record ``seq`` (under ``self._lock``), after the record before it exists;
+        the pending bytes of ``segments`` are made durable first, concurrently with the record's
+        own file, and checked present before it is published. ``wait=False``: on the committer
+        thread (:meth:`commit`)."""
+        self._settle()
+        path, data = layout.commit_record(self.id, seq), records.encode(body)
+        fds = [fd for seg in segments for fd in seg.dirty_fds()]
+
+        def create() -> None:
+            if segments:
+                def check() -> None:
+                    for seg in segments:
+                        seg.check_present()
+
+                created = self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
+            else:
+                created = self.storage.create(path, data)
+            if not created:
+                raise StoreError(f"commit record {path} already exists: two writers share one writer number")
+
+        if wait:
+            create()
+            return
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"replaystore-commit-{self.id}")
+        self._in_flight = self._committer.submit(create)
+        self._in_flight_segments = {seg.name for seg in segments}
+
+    def _settle(self) -> None:
+        """Wait for the commit record being made on the committer thread (under ``self._lock``);
+        if that failed, the writer is broken (:meth:`commit`)."""
+        future, self._in_flight = self._in_flight, None
+        self._in_flight_segments = set()
+        if future is None:
+            return
+        try:
+            future.result()
+        except BaseException as exc:
+            self._failed = exc
+            raise StoreError(f"writer {self.id}: a commit made with wait=False failed ({exc}); it and every "
+                             "append since are lost; close() this writer") from exc
 
     def _new_name(self) -> str:
         return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
@@ -557,7 +626,8 @@ class Writer:
             self._delete_later(frag.path)
         if cap is None:
             return
-        mine = {seg.name for seg in self._open.values()} | {seg.name for segs in self._filling.values() for seg in segs}
+        mine = ({seg.name for seg in self._open.values()} | {seg.name for segs in self._filling.values() for seg in segs}
+                | self._in_flight_segments)
         for table in self.store.schemas:
             reader = self.store.table(table).reader
             evicted = reader.evicted_fragments(self._grace(cap))
@@ -646,6 +716,8 @@ class Writer:
         """
         self._check_open()
         self._collect_merge(wait=True)
+        with self._lock:
+            self._settle()
         self.store.refresh()
         max_rows, merges = self._max_rows(), 0
         for table in self.store.schemas:
@@ -768,9 +840,15 @@ class Writer:
     def _check_open(self) -> None:
         if self.closed:
             raise StoreError(f"writer {self.id} is closed")
+        if self._failed is not None:
+            raise StoreError(f"writer {self.id} is broken: a commit made with wait=False failed "
+                             f"({self._failed}); close() it") from self._failed
 
     def discard(self) -> None:
-        """Drop everything appended since the last commit (and the steps those appends took)."""
+        """Drop everything appended since the last commit (and the steps those appends took);
+        a commit made with ``wait=False`` is waited for first."""
+        with self._lock:
+            self._settle()
         for pending in self._pending.values():
             pending.clear()
         staged, self._staged = list(self._staged.values()), {}
@@ -784,6 +862,8 @@ class Writer:
                     self.storage.delete(seg.path)
                     if self._open.get(table) is seg:
                         del self._open[table]
+                elif seg is not self._open.get(table):  # sealed by these appends
+                    self._close_committed(seg)
             self._filling[table] = []
         for undo, now in zip(self._undo, (self._last_step, self._last_done), strict=True):
             for key, old in undo.items():
@@ -800,16 +880,31 @@ class Writer:
         for the running one and then performs every merge still due, so a finished writer
         leaves its fragments compacted (no other writer ever merges them).
         """
-        if not self.closed:
-            self.commit()
-            self.closed = True
-            self._close_segments()
-            self._finish_merges(drain=True)
-            self._close_record()
-            self.store.refresh()
+        if self.closed:
+            return
+        if self._failed is None:
+            try:
+                self.commit()
+            except BaseException:
+                if self._failed is None:  # (the writer stays open: the caller may discard() and close)
+                    raise
+                self._abandon()
+                raise
+        if self._failed is not None:  # broken by a failed commit(wait=False), already reported
+            self._abandon()
+            return
+        self.closed = True
+        self._close_segments()
+        self._finish_merges(drain=True)
+        self._close_record()
+        self.store.refresh()
 
     def _close_segments(self) -> None:
-        """Close the open segments, delete the spares and wait for the I/O threads' work."""
+        """Close the open segments (the committer thread is done with them), delete the spares
+        and wait for the I/O threads' work."""
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
         for seg in self._open.values():
             seg.close()
         self._open = {}
@@ -831,9 +926,30 @@ class Writer:
                                           "metadata": {}, "tables": {}})
                 self.seq += 1
         finally:
-            fd, self._lock_fd = self._lock_fd, None
-            if fd is not None:
-                os.close(fd)
+            self._release()
+
+    def _release(self) -> None:
+        """Drop the liveness lock: the writer counts as dead (store/liveness.py)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _abandon(self) -> None:
+        """Release the writer without committing what is pending (an error is propagating, or a
+        commit made with ``wait=False`` failed: then no close record either, as readers stop at
+        the missing commit record and would never reach it)."""
+        with contextlib.suppress(Exception):  # (the error propagating, or already reported, wins)
+            self.discard()
+        self.closed = True
+        self._close_segments()
+        # the running merge is waited for, but its error must not mask the one propagating
+        with contextlib.suppress(Exception):
+            self._finish_merges(drain=False)
+        if self._failed is not None:
+            self._release()
+            return
+        with contextlib.suppress(Exception):  # (nor may the close record's)
+            self._close_record()
 
     def __enter__(self) -> Writer:
         return self
@@ -841,12 +957,5 @@ class Writer:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.close()
-        else:
-            self.discard()
-            self.closed = True
-            self._close_segments()
-            # the running merge is waited for, but its error must not mask the one propagating
-            with contextlib.suppress(Exception):
-                self._finish_merges(drain=False)
-            with contextlib.suppress(Exception):  # (nor may the close record's)
-                self._close_record()
+        elif not self.closed:
+            self._abandon()

@@ -1,6 +1,7 @@
 """Property test: random sequences of appends (int and str streams, random sizes, explicit
-steps with gaps, resets), commits, refreshes and reopened readers/writers, with and without
-capacity, checked after every commit against a small in-memory reference model.
+steps with gaps, resets), commits (also pipelined: ``commit(wait=False)``), refreshes and
+reopened readers/writers, with and without capacity, checked after every commit against a
+small in-memory reference model.
 
 Runs on the local and memory:// backends (S3 runs the example-based suite)."""
 
@@ -48,8 +49,9 @@ class Slot:
     committed_rows: int = 0
     pending: list[Rec] = field(default_factory=list)
     last: dict[Any, int] = field(default_factory=dict)  # the writer's known last step per stream
-    view: int = 0  # len(model.committed) at this handle's last refresh
+    view: int | None = 0  # len(model.committed) at this handle's last refresh (None: unknown)
     last_committed: dict[Any, int] = field(default_factory=dict)  # ``last`` as of the last commit
+    flying: bool = False  # a commit(wait=False) may still be in flight
 
 
 class Model:
@@ -139,6 +141,8 @@ BURST = st.tuples(st.just("burst"), st.integers(0, 1), st.sampled_from(["a", "b"
 OPS = st.lists(st.one_of(APPEND, APPEND, APPEND, BURST,
                          st.tuples(st.just("commit"), st.integers(0, 1)),
                          st.tuples(st.just("commit"), st.integers(0, 1)),
+                         st.tuples(st.just("pipelined"), st.integers(0, 1)),
+                         st.tuples(st.just("pipelined"), st.integers(0, 1)),
                          st.tuples(st.just("refresh")),
                          st.tuples(st.just("reopen_reader")),
                          st.tuples(st.just("reopen_writer"), st.integers(0, 1)),
@@ -185,24 +189,47 @@ def _open_slot(url: str, model: Model) -> Slot:
     return Slot(handle, handle.writer(), view=len(model.committed))
 
 
-def _commit(slot: Slot, model: Model) -> None:
-    result = slot.writer.commit()
+def _commit(slot: Slot, model: Model, wait: bool = True) -> None:
+    """A commit; ``wait=False``: pipelined, its records in the model at once (they are
+    committed in this order) but visible only once :func:`_settle` has waited for them."""
+    result = slot.writer.commit(wait=wait)
     assert (result is None) == (not slot.pending)
     if result is None:  # nothing to commit: nothing written, the handle is not refreshed either
-        check_view(slot.store, model, slot.view)
+        if wait:
+            check_view(slot.store, model, slot.view)  # type: ignore[arg-type]
         return
+    assert result.rows["records"] == (slot.writer.id << layout.ROW_BITS | slot.committed_rows,
+                                      slot.writer.id << layout.ROW_BITS | slot.committed_rows + len(slot.pending))
     for r in slot.pending:
         r.row = (slot.writer.id << layout.ROW_BITS) | slot.committed_rows
         slot.committed_rows += 1
         model.committed.append(r)
     slot.pending = []
     slot.last_committed = dict(slot.last)
+    if not wait:  # the writer's handle refreshed while the commit may still have been in flight
+        slot.view, slot.flying = None, True
+        return
     slot.view = len(model.committed)  # commit refreshes the writer's handle
     check(slot.store, model)
 
 
-def _append(slot: Slot, s: int, which: str, n: int, explicit: bool, reset: bool, model: Model,
+def _settle(slots: list[Slot], model: Model) -> None:
+    """Wait for the pipelined commits: from here on every handle sees them once refreshed.
+    A handle that refreshed while one may have been in flight refreshes again."""
+    for slot in slots:
+        if slot.flying:
+            slot.writer.wait()
+            slot.flying = False
+    for slot in slots:
+        if slot.view is None:
+            slot.store.refresh()
+            slot.view = len(model.committed)
+            check(slot.store, model)
+
+
+def _append(slots: list[Slot], s: int, which: str, n: int, explicit: bool, reset: bool, model: Model,
             data: st.DataObject) -> None:
+    slot = slots[s]
     a, b = STREAMS[s]
     if which == "mixed":
         keys = data.draw(st.lists(st.sampled_from([a, b]), min_size=n, max_size=n))
@@ -211,6 +238,7 @@ def _append(slot: Slot, s: int, which: str, n: int, explicit: bool, reset: bool,
         keys = [a if which == "a" else b] * n
         stream = keys[0]
     if any(k not in slot.last for k in keys):
+        _settle(slots, model)  # what the writer finds there must not depend on a commit's timing
         slot.view = len(model.committed)  # a stream new to the writer: it refreshes its store first
         for k in set(keys) - slot.last.keys():
             # and keeps the last step it finds there, also through a discard of this append
@@ -254,11 +282,16 @@ def _run(url: str, ops: list[tuple], capacity: int | None, data: st.DataObject) 
         name = op[0]
         if name == "append":
             _, slot_i, which, n, explicit, reset = op
-            _append(slots[slot_i], slot_i, which, n, explicit, reset, model, data)
-        elif name == "burst":
+            _append(slots, slot_i, which, n, explicit, reset, model, data)
+            continue
+        if name == "pipelined":
+            _commit(slots[op[1]], model, wait=False)
+            continue
+        _settle(slots, model)  # every other step observes the store
+        if name == "burst":
             _, slot_i, which, count, n = op
             for _ in range(count):
-                _append(slots[slot_i], slot_i, which, n, False, False, model, data)
+                _append(slots, slot_i, which, n, False, False, model, data)
                 _commit(slots[slot_i], model)
         elif name == "commit":
             _commit(slots[op[1]], model)
@@ -283,6 +316,7 @@ def _run(url: str, ops: list[tuple], capacity: int | None, data: st.DataObject) 
             _commit(slots[s], model)  # close() commits what is pending
             slots[s].writer.close()
             slots[s] = _open_slot(url, model)
+    _settle(slots, model)
     for slot in slots:
         _commit(slot, model)
     final = open_store(url, mode="r")

@@ -120,6 +120,41 @@ def test_uncommitted_appends_are_invisible_and_refresh_sees_commits(backend: Bac
     w.close()
 
 
+def test_pipelined_commits_become_visible_in_order_once_waited_for(backend: Backend) -> None:
+    """``commit(wait=False)`` returns at once; each commit lands whole and in order, and is
+    durable and visible once ``wait()``, the next commit or ``close()`` has returned."""
+    rng = np.random.default_rng(5)
+    batches = [_dqn(rng, n) for n in (5, 3, 8, 2, 4, 6)]
+    st = backend.open(DQN, mode="w")
+    reader = backend.open(mode="r")
+    w = st.writer()
+    results = []
+    for i, b in enumerate(batches[:4]):
+        w.append(b, stream=i % 2)
+        results.append(w.commit(metadata={"i": i}, wait=False))
+    assert [r.seq for r in results] == [0, 1, 2, 3]  # type: ignore[union-attr]
+    assert [r.rows["records"] for r in results] == [(0, 5), (5, 8), (8, 16), (16, 18)]  # type: ignore[union-attr]
+    w.wait()
+    assert len(st) == 18  # wait() refreshed the writer's own handle
+    reader.refresh()
+    assert len(reader) == 18
+    assert [c["metadata"] for c in reader.commits()] == [{"i": i} for i in range(4)]
+    assert_same(reader.read(reader.row_ids()), columns_of(DQN, batches[:4]), "dqn")
+    w.append(batches[4], stream="x")
+    w.commit(wait=False)
+    w.append(batches[5], stream="x")
+    w.commit(wait=False)  # returns once the one before is durable
+    assert len(backend.open(mode="r")) in (22, 28)
+    assert w.commit() is None  # nothing pending: waits for the last one
+    assert len(backend.open(mode="r")) == 28
+    w.append(batches[0], stream="x")
+    w.commit(wait=False)
+    w.close()  # waits for it too
+    final = backend.open(mode="r")
+    assert len(final) == 33 and final.rows("x")[1].tolist() == list(range(15))
+    assert_same(final.read(final.row_ids()), columns_of(DQN, [*batches, batches[0]]), "dqn")
+
+
 def test_writer_context_commits_on_exit_and_discards_on_exception(backend: Backend) -> None:
     rng = np.random.default_rng(2)
     st = backend.open(DQN)

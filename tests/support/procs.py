@@ -11,7 +11,8 @@ Roles:
   in groups given by :func:`crash_plan` (local or, with ``storage_options``, S3 through
   its own s3fs client); prints ``ready`` after opening the store,
   ``w <writer id>`` after registering, and ``c <commits> <batches>`` after each
-  ``commit()`` returned. Runs until killed. With ``hold_merge``, its first compaction
+  ``commit()`` returned (``pipelined``: ``commit(wait=False)``, reported once the next
+  one returned, i.e. once durable). Runs until killed. With ``hold_merge``, its first compaction
   (merge) stops once the merged fragment's data are durable, before its commit record
   is created: it prints ``m`` and blocks there, for the parent to kill it mid-merge.
 - ``stream-writer``: appends :func:`stream_batch` batches to streams ``w<i>-<j>`` with
@@ -138,20 +139,23 @@ def crash_plan(seed: int, tag: str, max_appends: int, commits: int) -> Iterator[
 
 
 def write_planned(st: Any, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
-                  commits: int, report: Any = None, close: bool = False) -> int:
+                  commits: int, report: Any = None, close: bool = False, pipelined: bool = False) -> int:
     """Append + commit the first ``commits`` groups of ``tag``'s plan through one new writer
-    (and with ``close``, close it)."""
+    (and with ``close``, close it). ``report("c K B")`` once commit K (its batches below B) is
+    durable: when ``commit()`` returned or, ``pipelined`` (``commit(wait=False)``), when the
+    next one did."""
     w = st.writer()
     if report:
         report(f"w {w.id}")
-    done = 0
+    done = [0]  # batches below the end of each commit so far
     for k, group in enumerate(crash_plan(seed, tag, max_appends, commits)):
         for i in group:
             w.append(crash_batch(seed, tag, i, max_records), stream=crash_stream(tag, i, streams))
-        w.commit(metadata={"tag": tag, "batches": group})
-        done = group[-1] + 1
-        if report:
-            report(f"c {k + 1} {done}")
+        w.commit(metadata={"tag": tag, "batches": group}, wait=not pipelined)
+        done.append(group[-1] + 1)
+        durable = k if pipelined else k + 1
+        if report and durable:
+            report(f"c {durable} {done[durable]}")
     if close:
         w.close()
     return w.id
@@ -191,14 +195,15 @@ def hold_merges(storage: Any) -> None:
 
 def crash_writer(url: str, seed: int, tag: str, max_records: int, max_appends: int, streams: int,
                  storage_options: dict | None = None, hold_merge: bool = False,
-                 checkpoint_every: int | None = None) -> None:
+                 checkpoint_every: int | None = None, pipelined: bool = False) -> None:
     if checkpoint_every is not None:
         log_module.CHECKPOINT_EVERY = checkpoint_every
     st = open_store(url, mode="a", storage_options=storage_options)
     if hold_merge:
         hold_merges(st.storage)
     _say("ready")
-    write_planned(st, seed, tag, max_records, max_appends, streams, CRASH_MAX_BATCHES, report=_say)
+    write_planned(st, seed, tag, max_records, max_appends, streams, CRASH_MAX_BATCHES, report=_say,
+                  pipelined=pipelined)
     _say("exhausted")  # never reached in practice: the parent kills it first
 
 
