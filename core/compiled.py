@@ -1,8 +1,9 @@
-"""Optional numba kernels: which compiled modules this process uses.
+"""numba kernels: which compiled modules this process uses.
 
-numba comes with the ``fast`` extra (``pip install 'replaystore[fast]'``). Every kernel
-module has a numpy twin in the code that calls it that computes the same values, so results
-are the same bit for bit with or without numba; only the cost differs. The first kernel a
+numba is a dependency, but every kernel module has a numpy twin in the code that calls it
+that computes the same values, used where numba cannot load (a Python or numpy that the
+installed numba does not support) or is turned off, so results are the same bit for bit with
+or without numba; only the cost differs. The first kernel a
 process calls costs ~0.5-1 s (numba's import and machine-code load from its on-disk cache;
 ~2 s to compile, once per machine). ``REPLAYSTORE_NUMBA=0`` turns the kernels off.
 """

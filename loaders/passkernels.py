@@ -1,6 +1,6 @@
 """Compiled (numba) grouping of an epoch pass's positions by bucket (loaders/passorder.py).
 
-Imported through :func:`replaystore.compiled.kernels` (numba installed, not turned off). The
+Imported through :func:`replaystore.compiled.kernels` (numba loads, not turned off). The
 numpy twin in loaders/passorder.py is a stable argsort of the labels; this is a counting
 sort, one pass to count and one to scatter, with the same result (integers, so exactly):
 each bucket's positions ascending, buckets in label order (docs/PERFORMANCE.md, "Epoch

@@ -1,7 +1,8 @@
 """Compiled (numba) versions of :class:`~replaystore.loaders.sumtree.SumTree`'s sparse ``set`` and ``find``.
 
-Imported only when numba is installed (``pip install 'replaystore[fast]'``) and not turned
-off with ``REPLAYSTORE_NUMBA=0``; :func:`replaystore.loaders.sumtree.compiled_kernels` decides.
+Imported only when numba loads (a dependency, but a Python or numpy it does not support can
+stop it) and is not turned off with ``REPLAYSTORE_NUMBA=0``;
+:func:`replaystore.loaders.sumtree.compiled_kernels` decides.
 Each kernel does the same floating-point operations in the same order as the numpy code
 it replaces, so trees, draws and saved states are bit-identical either way (tested); only
 the cost differs: one call per operation instead of a few numpy calls per tree level

@@ -1,6 +1,6 @@
 """Compiled (numba) CSR gather index for ``TableReader._gather``: one call per offsets group.
 
-Imported through :func:`replaystore.compiled.kernels` (numba installed, not turned off). The
+Imported through :func:`replaystore.compiled.kernels` (numba loads, not turned off). The
 numpy twin in store/table.py takes each record's start and end offsets, checks them, and
 builds the new offsets and the index of every gathered value with ~12 numpy calls per group;
 this does the same in one pass over the rows, with the same results (integers, so exactly)

@@ -207,7 +207,7 @@ def test_prioritized_replay_is_the_same_bit_for_bit_with_or_without_numba(tmp_pa
 
 
 def test_without_numba_installed_the_numpy_paths_run(tmp_path: Any) -> None:
-    """numba unimportable (as on an install without the ``fast`` extra): no kernels, sampling and
+    """numba unimportable (as where it cannot load): no kernels, sampling and
     ragged reads work."""
     code = f"""
 import sys
