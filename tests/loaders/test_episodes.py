@@ -179,8 +179,45 @@ def test_replay_buffer_persists_and_resumes(new_url: Any) -> None:
         assert torch.equal(got["indices"], d["indices"]) and torch.equal(got["obs"], d["obs"])
     again.add(steps(25, 30))  # a new writer continues the same stream, within the capacity
     assert len(again) == 40
+    again.flush()
     _, stp = again.store.rows(0)
     assert stp.tolist() == list(range(15, 55))
     with pytest.raises(StoreError):
         ReplayBuffer(url, schema, capacity=41)
     again.close()
+
+
+def test_replay_buffer_commits_in_groups(new_url: Any) -> None:
+    """Commits once ``commit_every`` records are pending, or when a sample would leave out at
+    least as many pending records as it can draw from; pending records count in ``len`` and
+    are lost if the process dies before a commit."""
+    url = new_url()
+    schema = transitions(OBS, actions=3)
+    buf = ReplayBuffer(url, schema, commit_every=8, seed=3)
+    commits = lambda: len(open_store(url, mode="r").commits())
+    buf.add(steps(0, 1))
+    assert commits() == 0 and len(buf) == 1
+    assert buf.sample(4)["obs"][:, 0].int().tolist() == [0] * 4  # the first record at once
+    buf.add(steps(1, 1))
+    buf.sample(4)  # 1 pending >= 1 committed: committed first
+    assert commits() == 2
+    buf.add(steps(2, 1))
+    assert len(buf) == 3
+    drawn = set()
+    for _ in range(10):
+        drawn |= set(buf.sample(8)["obs"][:, 0].int().tolist())
+    assert drawn == {0, 1} and commits() == 2  # 1 pending < 2 committed: not yet sampled
+    for i in range(3, 10):  # one at a time: the 8th pending one commits them
+        buf.add(steps(i, 1))
+        assert commits() == (3 if i == 9 else 2)
+    assert len(open_store(url, mode="r")) == 10
+    buf.add(steps(10, 5))
+    assert len(buf) == 15
+    del buf  # dropped without close(): the pending records are lost, the committed ones kept
+    again = ReplayBuffer(url, commit_every=8)
+    assert len(again) == 10
+    again.add(steps(10, 20))  # more than commit_every in one add: committed at once
+    assert len(open_store(url, mode="r")) == 30
+    again.close()
+    with pytest.raises(StoreError, match="commit_every"):
+        ReplayBuffer(new_url(), schema, commit_every=0)
