@@ -536,10 +536,11 @@ class Writer:
     def _close_committed(self, seg: Segment) -> None:
         """Close a sealed segment, once the commit record being made (which may be syncing its
         files) is."""
-        if self._in_flight is None:
+        future = self._in_flight  # (read once: the compaction thread may settle it meanwhile)
+        if future is None:
             seg.close()
         else:
-            self._in_flight.add_done_callback(lambda _: seg.close())
+            future.add_done_callback(lambda _: seg.close())  # (at once if it is done)
 
     def _create_record(self, seq: int, body: dict[str, Any], segments: Sequence[Segment] = (), *,
                        wait: bool = True) -> None:
@@ -574,8 +575,7 @@ class Writer:
     def _settle(self) -> None:
         """Wait for the commit record being made on the committer thread (under ``self._lock``);
         if that failed, the writer is broken (:meth:`commit`)."""
-        future, self._in_flight = self._in_flight, None
-        self._in_flight_segments = set()
+        future = self._in_flight
         if future is None:
             return
         try:
@@ -584,6 +584,9 @@ class Writer:
             self._failed = exc
             raise StoreError(f"writer {self.id}: a commit made with wait=False failed ({exc}); it and every "
                              "append since are lost; close() this writer") from exc
+        finally:
+            # only now: an append (without the lock) that seals a segment reads it (_close_committed)
+            self._in_flight, self._in_flight_segments = None, set()
 
     def _new_name(self) -> str:
         return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
