@@ -7,7 +7,8 @@ mid-merge kill is certain rather than a matter of timing.
 The parent never trusts the child's word alone: it regenerates every batch from its seed
 and checks the store against the commit records *and* against what the child reported
 (a commit whose ``commit()`` returned must be there; at most the one in flight may be
-there without having been reported). Also here: damaged commit records are reported,
+there without having been reported; with pipelined commits, ``commit(wait=False)``, one counts
+as reported once the next one returned, and two may be there unreported). Also here: damaged commit records are reported,
 never trusted; crash leftovers are neither shown nor tripped over.
 """
 
