@@ -21,7 +21,7 @@ import signal
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -431,6 +431,23 @@ def test_sigkill_during_compaction_and_eviction(tmp_path: Path, monkeypatch: pyt
     # the random kills hit commits; the held ones, merges (certainly, not by timing)
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
     check_held_merges(stats, SLOW, segments=True)  # local disk: the writer's records are in segments
+
+
+# the same with pipelined commits: eviction, reclaim and compaction run while the committer
+# thread makes the last commit durable (no held merges: the random kills aim at the 8th commit)
+SLOW_PIPELINED = replace(SLOW, trials=60, seed=778, trials_per_store=30, merge_every=0, pipelined=True)
+
+
+@pytest.mark.slow
+def test_sigkill_with_pipelined_commits_during_compaction_and_eviction(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    frequent_checkpoints(SLOW_PIPELINED, monkeypatch)
+    stats = crash_trials(Place(str(tmp_path)), SLOW_PIPELINED)
+    print(dict(stats))
+    assert stats["trials"] == SLOW_PIPELINED.trials
+    assert stats["compactions"] > 0 and stats["reclaimed fragments"] > 0, stats
+    assert stats["full stores"] >= SLOW_PIPELINED.trials // 2, stats
+    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
 
 
 # the same on S3 (each child its own s3fs client, the loopback moto server): a store created full
