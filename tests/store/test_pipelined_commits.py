@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from replaystore.errors import StoreError
 from replaystore.schemas import dqn
-from replaystore.store import layout, liveness, open_store, records
+from replaystore.store import Store, layout, liveness, open_store, records
 from support.batches import dqn_batch
 from support.storecheck import assert_same, columns_of
 
@@ -26,6 +26,12 @@ def _batches(seed: int, sizes: list[int]) -> list[object]:
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def _squat(st: Store, writer: int, seq: int) -> None:
+    """Create writer ``writer``'s commit record ``seq`` (an empty commit) before it does."""
+    body = {"writer": writer, "seq": seq, "time_ns": 1, "kind": "append", "metadata": {}, "tables": {}}
+    assert st.storage.create(layout.commit_record(writer, seq), records.encode(body))
 
 
 @pytest.mark.parametrize("wait", [True, False])
@@ -91,8 +97,7 @@ def test_a_failed_pipelined_commit_breaks_the_writer(tmp_path: Path) -> None:
     w = st.writer()
     w.append(batches[0], stream="a")
     w.commit()
-    squatter = {"writer": w.id, "seq": 1, "time_ns": 1, "kind": "append", "metadata": {}, "tables": {}}
-    assert st.storage.create(layout.commit_record(w.id, 1), records.encode(squatter))
+    _squat(st, w.id, 1)
     w.append(batches[1], stream="a")
     assert w.commit(wait=False) is not None  # returns before the record is made
     w.append(batches[2], stream="a")
@@ -119,11 +124,27 @@ def test_close_reports_a_failure_it_finds_and_still_releases(tmp_path: Path) -> 
     batch = _batches(5, [3])[0]
     st = open_store(url, DQN, mode="w")
     w = st.writer()
-    squatter = {"writer": w.id, "seq": 0, "time_ns": 1, "kind": "append", "metadata": {}, "tables": {}}
-    assert st.storage.create(layout.commit_record(w.id, 0), records.encode(squatter))
+    _squat(st, w.id, 0)
     w.append(batch, stream="a")
     w.commit(wait=False)
     with pytest.raises(StoreError, match="wait=False failed"):
         w.close()
     assert w.closed and liveness.is_dead(st.storage, w.id)
     w.close()  # closed: nothing more to do
+
+
+def test_an_exception_in_the_writer_block_keeps_the_pipelined_commit_before_it(tmp_path: Path) -> None:
+    """Leaving ``with st.writer()`` on an exception discards what is pending, but a commit made
+    with wait=False before it is waited for and kept; the writer closes (a close record)."""
+    url = str(tmp_path / "st")
+    batches = _batches(6, [4, 3])
+    st = open_store(url, DQN, mode="w")
+    with pytest.raises(RuntimeError, match="collector crashed"), st.writer() as w:
+        w.append(batches[0], stream="a")
+        w.commit(wait=False)
+        w.append(batches[1], stream="a")
+        raise RuntimeError("collector crashed")
+    assert w.closed
+    reader = open_store(url, mode="r")
+    assert len(reader) == 4 and reader.log.writers[w.id].closed
+    assert_same(reader.read(reader.row_ids()), columns_of(DQN, batches[:1]), "dqn")
