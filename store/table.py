@@ -142,8 +142,9 @@ class TableReader:
             budget -= take
         return vis_from
 
-    def evicted_fragments(self, grace: int) -> list[Fragment]:
-        """Fragments all of whose rows are older than the newest ``capacity + grace`` records."""
+    def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
+        """Each fragment with how many of its rows (its first ones) are older than the newest
+        ``capacity + grace`` records; none in a store without a capacity."""
         if self.capacity is None:
             return []
         saved = self.capacity
@@ -152,7 +153,11 @@ class TableReader:
             vis_from = self._evict(self.all_fragments)
         finally:
             self.capacity = saved
-        return [f for f, v in zip(self.all_fragments, vis_from, strict=True) if v >= f.rows]
+        return [(f, int(v)) for f, v in zip(self.all_fragments, vis_from, strict=True)]
+
+    def evicted_fragments(self, grace: int) -> list[Fragment]:
+        """Fragments all of whose rows are older than the newest ``capacity + grace`` records."""
+        return [f for f, v in self.evicted_rows(grace) if v >= f.rows]
 
     def retained_parts(self, grace: int) -> set[tuple[int, int]]:
         """``(writer, seq)`` of the append parts holding any of the newest ``capacity + grace`` records."""

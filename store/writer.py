@@ -633,12 +633,14 @@ class Writer:
                 | self._in_flight_segments)
         for table in self.store.schemas:
             reader = self.store.table(table).reader
-            evicted = reader.evicted_fragments(self._grace(cap))
+            counts = reader.evicted_rows(self._grace(cap))
+            evicted = [f for f, v in counts if v >= f.rows]
             gone = {(f.writer, f.name) for f in evicted}
             segments: dict[tuple[int, str], list[Fragment]] = {}
             for f in reader.all_fragments:
                 if f.segment is not None:
                     segments.setdefault((f.writer, f.segment.name), []).append(f)
+            self._seal_if_evicted(table, {(f.writer, f.name) for f, v in counts if v > 0}, segments)
             paths = {f.path for f in evicted if f.segment is None}
             for (writer, name), backed in segments.items():
                 # a segment goes when all it backs is evicted and nobody adds to it any more: it is
@@ -650,6 +652,22 @@ class Writer:
                     paths.add(backed[0].path)
             for path in sorted(paths):
                 self._delete_later(path)
+
+    def _seal_if_evicted(self, table: str, touched: set[tuple[int, str]],
+                         segments: dict[tuple[int, str], list[Fragment]]) -> None:
+        """Seal the table's open segment once eviction has reached its records (``touched``: the
+        fragments with rows beyond the grace margin): the next append starts a new segment, and
+        this one is reclaimed once the rest of it is evicted. A writer that gets a small share
+        of the appends (one of many collectors) would otherwise keep the evicted records of a
+        long-filling segment on disk until it was full (docs/FORMAT.md, "Capacity and
+        reclamation")."""
+        seg = self._open.get(table)
+        if seg is None or seg.sealed or not any(
+                (f.writer, f.name) in touched for f in segments.get((self.id, seg.name), ())):
+            return
+        seg.sealed = True
+        if table not in self._spares:
+            self._spares[table] = self._background(self._new_segment, table, 0, dict(seg.nnz), max(seg.rows, 1))
 
     def _is_gone(self, writer: int) -> bool:
         """Whether another writer will never write again: it closed, or it died (store/liveness.py)."""

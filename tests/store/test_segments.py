@@ -274,6 +274,37 @@ def test_a_capped_store_reclaims_full_segments_and_never_a_live_writers_open_one
     assert verify(st) == []
 
 
+def _rows_on_disk(url: str, writers: int) -> int:
+    """Records whose ``obs`` (4 KiB each: one filesystem block) take disk space in the segments
+    still stored: allocated blocks, so the sparse rest of a segment counts for nothing."""
+    held = 0
+    for w in range(writers):
+        for chunk in Path(url, layout.writer_dir(w), "data/records").glob("*/obs/c/0/0"):
+            held += chunk.stat().st_blocks * 512
+    return held // 4096
+
+
+def test_many_writers_keep_storage_near_capacity(tmp_path: Path) -> None:
+    """16 collectors take turns into a replay of 64 records (segments of 16 rows): each fills
+    its segment 16 times slower than the store turns over. A segment is sealed once eviction
+    reaches its records, so it is reclaimed with them; before, each writer kept the evicted
+    records of its open segment until the segment was full (here ~4x capacity in all)."""
+    rng = np.random.default_rng(14)
+    url = str(tmp_path / "st")
+    cap, writers = 64, 16
+    open_store(url, dqn(1024, 2, actions=9), mode="w", capacity=cap)
+    ws = [open_store(url, mode="a").writer() for _ in range(writers)]
+    batch = dqn_batch(rng, 2, observation_size=1024, extra=0)
+    for _ in range(24):
+        for i, w in enumerate(ws):
+            w.append(batch, stream=i)
+            w.commit()
+    for w in ws:
+        w.close()  # (waits for its deletions)
+    assert len(open_store(url, mode="r")) == cap
+    assert _rows_on_disk(url, writers) <= 3 * cap
+
+
 def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuumed(tmp_path: Path) -> None:
     """Capacity 40: segments of 10 rows. Half full, the writer creates the next segment ahead
     (a spare, unreferenced); a rollover takes it. A vacuum that deletes a spare makes the writer
