@@ -1,6 +1,6 @@
 """Fleet benchmark: many collector processes appending into one capped replay on local disk.
 
-    python bench/fleet_bench.py            # 16 writers, capacity 100k, 2M DQN records (~30 s on 2 cores)
+    python bench/fleet_bench.py            # 16 writers, capacity 100k, 2M DQN records (~1 min on 2 cores)
     python bench/fleet_bench.py --quick    # 4 writers, capacity 20k, 200k records
 
 Each writer process appends DQN records (``dqn(observation_size=64, heads=2, actions=9)``)
@@ -8,14 +8,16 @@ in batches of 1,000 with a commit each, to its own stream, all at once. Printed:
 the store holds on disk while they run (peak) and after they closed (end), against what
 TorchRL's ``LazyMemmapStorage`` of the same capacity holds for the same records (a ring
 buffer: exactly capacity records, allocated once), and the records/s of all writers
-together. Disk is counted in allocated blocks (segment files are sparse), commit records
-and registrations left out (docs/FORMAT.md "Capacity and reclamation").
+together, into the capped store and into an unbounded one. Disk is counted in allocated
+blocks (segment files are sparse), commit records and registrations left out
+(docs/FORMAT.md "Capacity and reclamation").
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -64,12 +66,11 @@ def peer_bytes(tmp: str, capacity: int) -> int:
     return allocated(scratch)
 
 
-def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
-    writers, cap, n = cfg["writers"], cfg["capacity"], cfg["records"]
-    url = os.path.join(tmp, "fleet")
-    st = open_store(url, dqn(OBS, HEADS, actions=ACTIONS), mode="w", capacity=cap)
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=collector, args=(url, i, n // writers)) for i in range(writers)]
+def fleet(url: str, writers: int, records: int) -> tuple[float, int]:
+    """``(seconds, peak data bytes on disk)`` of ``writers`` collector processes appending
+    ``records`` in all into the store at ``url``."""
+    procs = [mp.get_context("spawn").Process(target=collector, args=(url, i, records // writers))
+             for i in range(writers)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -80,7 +81,15 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     for p in procs:
         p.join()
         assert p.exitcode == 0, p.exitcode
-    dt = time.perf_counter() - t0
+    return time.perf_counter() - t0, peak
+
+
+def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
+    writers, cap, n = cfg["writers"], cfg["capacity"], cfg["records"]
+    schema = dqn(OBS, HEADS, actions=ACTIONS)
+    url = os.path.join(tmp, "fleet")
+    st = open_store(url, schema, mode="w", capacity=cap)
+    dt, peak = fleet(url, writers, n)
     st.refresh()
     assert len(st) == cap
     ref = peer_bytes(tmp, cap)
@@ -91,6 +100,14 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
             None, "ours keeps up to capacity + grace (N/4) records plus partly evicted segments")
     out.add(f"{what}: append, all writers together", n / dt, None, "records/s", None,
             f"{BATCH:,} records per append + commit; process start-up included; {os.cpu_count()} cpus")
+    shutil.rmtree(url)
+    url = os.path.join(tmp, "unbounded")
+    st = open_store(url, schema, mode="w")
+    dt, _ = fleet(url, writers, n)
+    st.refresh()
+    assert len(st) == n
+    out.add(f"{writers} writers, no capacity, {n:,} records: append, all writers together", n / dt, None,
+            "records/s", None, "a commit reads no other writer's records (only a capped store's writer must)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ instead of every record ever written.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,23 +69,31 @@ class CommitLog:
         self._started = False
         self._history: list[CommitInfo] | None = None
 
-    def refresh(self) -> bool:
+    def refresh(self, only: Collection[int] | None = None) -> bool:
         """Apply every commit created since the last call; True if anything changed.
 
         The next record of every writer that has not closed is probed in one ``read_many``
         (concurrent on object storage); writers that had one are read on in rounds of
         doubling windows (up to ``READ_AHEAD``) until each reaches an absent record.
+        ``only``: read just these writers' new records (no listing; the first call reads
+        everything). Each writer's records apply on their own, so a log with some writers
+        further along than others is a view like any other: the others as of an earlier refresh.
         """
-        if not self._started:
-            self._started = True
-            if self._use_checkpoints:
-                self._start_from_checkpoint()
-        for name in self.storage.list(layout.WRITERS):
-            if name.isdigit() and int(name) not in self.writers:
-                self.writers[int(name)] = WriterLog(int(name))
+        if only is None or not self._started:
+            if not self._started:
+                self._started = True
+                if self._use_checkpoints:
+                    self._start_from_checkpoint()
+            for name in self.storage.list(layout.WRITERS):
+                if name.isdigit() and int(name) not in self.writers:
+                    self.writers[int(name)] = WriterLog(int(name))
+            only = None
+        else:
+            for writer in only:
+                self.writers.setdefault(writer, WriterLog(writer))
         # read everything first (a damaged record raises with nothing applied), then apply in order
         new: dict[int, list[dict[str, Any]]] = {}
-        pending = [w.writer for w in self.writers.values() if not w.closed]
+        pending = [w.writer for w in self.writers.values() if not w.closed and (only is None or w.writer in only)]
         window = 1
         while pending:
             starts = {w: self.writers[w].next_seq + len(new.get(w, ())) for w in pending}

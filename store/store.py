@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -175,7 +175,11 @@ class Store:
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Pick up commits made since the last refresh (by any writer); True if any."""
-        changed = self.log.refresh()
+        return self._refresh()
+
+    def _refresh(self, only: Collection[int] | None = None) -> bool:
+        """:meth:`refresh`, or with ``only`` the commits of just these writers (see ``Log.refresh``)."""
+        changed = self.log.refresh(only)
         if changed:
             for t in self._tables.values():
                 t.reader.sync()

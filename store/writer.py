@@ -497,22 +497,34 @@ class Writer:
             else:  # opened by an append that failed: nothing of it is pending
                 frag.abort()
         self._undo = ({}, {})
-        self.store.refresh()
+        self._refresh_view()
         if self.store.log.checkpoint_due():
+            self.store.refresh()  # (a checkpoint of every writer's newest state: readers start there)
             self.store.log.write_checkpoint()
         self._reclaim()
         self._schedule_merge()
         return CommitResult(self.id, seq, rows)
 
+    def _refresh_view(self) -> None:
+        """Show this writer's commits through its store handle. Other writers' new commits are read
+        too only in a capped store, where eviction (and so what this writer retires and reclaims)
+        follows them: reading everyone's records after every commit costs each writer work, and
+        requests on object storage, in proportion to the number of writers (docs/PERFORMANCE.md,
+        "Session 16"). ``st.refresh()`` picks them up on demand."""
+        if self.store.capacity is not None:
+            self.store.refresh()
+        else:
+            self.store._refresh(only=(self.id,))
+
     def wait(self) -> None:
         """Wait until the commit made with ``commit(wait=False)``, if one is in flight, is durable
-        and visible; the writer's store handle is then refreshed."""
+        and visible; the writer's store handle then shows it."""
         self._check_open()
         with self._lock:
             flying = self._in_flight is not None
             self._settle()
         if flying:
-            self.store.refresh()
+            self._refresh_view()
 
     def _finish(self, table: str, seq: int, now: int, rows: int, segments: list[Segment]) -> list[Fragment]:
         """The table's pending records as fragments (not yet referenced): its staged fragment,
@@ -739,7 +751,7 @@ class Writer:
         self._collect_merge(wait=True)
         with self._lock:
             self._settle()
-        self.store.refresh()
+        self._refresh_view()
         max_rows, merges = self._max_rows(), 0
         for table in self.store.schemas:
             visible = self._fully_visible(table)
@@ -762,7 +774,7 @@ class Writer:
             for run in runs:
                 if len(run) > 1:
                     merges += self._merge(table, run)
-        self.store.refresh()
+        self._refresh_view()
         return merges
 
     def _schedule_merge(self) -> None:
@@ -847,7 +859,7 @@ class Writer:
         try:
             self._collect_merge(wait=True)
             while drain:
-                self.store.refresh()
+                self._refresh_view()
                 job = self._next_merge()
                 if job is None:
                     break
@@ -918,7 +930,7 @@ class Writer:
         self._close_segments()
         self._finish_merges(drain=True)
         self._close_record()
-        self.store.refresh()
+        self._refresh_view()
 
     def _close_segments(self) -> None:
         """Close the open segments (the committer thread is done with them), delete the spares

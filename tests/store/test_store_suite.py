@@ -11,7 +11,7 @@ import pytest
 import zarr
 from replaystore.errors import RowError, StepOrderError, StoreError
 from replaystore.schemas import Schema, alphazero, dqn, ppo, treestrap
-from replaystore.store import Store, layout
+from replaystore.store import Store, layout, records
 from replaystore.store import log as log_module
 from support.batches import alphazero_batch, dqn_batch, ppo_batch, treestrap_batch
 from support.storecheck import Backend, assert_same, columns_of
@@ -388,6 +388,38 @@ def test_two_writers_interleave_and_readers_merge(backend: Backend) -> None:
         assert_same(reader.read(mine), columns_of(DQN, bs), f"writer {wid}")
     assert reader.rows("a")[1].tolist() == list(range(9)) and reader.rows("b")[1].tolist() == list(range(9))
     assert sorted(reader.writers) == sorted([wa.id, wb.id])
+
+
+@pytest.mark.parametrize("capacity", [None, 1000])
+def test_a_commit_shows_itself_and_reads_other_writers_only_in_a_capped_store(backend: Backend,
+                                                                             capacity: int | None) -> None:
+    """After a commit the writer's store handle shows it; other writers' commits appear there
+    after refresh(), except in a capped store, whose writers read them at each commit (eviction
+    needs them). A checkpoint a commit writes holds every writer's newest state."""
+    rng = np.random.default_rng(21)
+    st_a = backend.open(DQN, capacity=capacity)
+    st_b = backend.open(mode="a")
+    wa, wb = st_a.writer(), st_b.writer()
+    wa.append(_dqn(rng, 2), stream="a")  # (an append to a stream new to the writer reads everything)
+    wa.commit()
+    wb.append(_dqn(rng, 3), stream="b")
+    wb.commit()
+    wa.append(_dqn(rng, 1), stream="a")
+    wa.commit()
+    assert len(st_b) == 5 and len(st_a) == (3 if capacity is None else 6)
+    assert st_a.refresh() == (capacity is None) and len(st_a) == 6
+    wb.append(_dqn(rng, 1), stream="b")
+    wb.commit()
+    st_a.log.since_checkpoint = log_module.CHECKPOINT_EVERY  # due at wa's next commit
+    wa.append(_dqn(rng, 1), stream="a")
+    wa.commit()
+    assert st_a.log.checkpoint is not None and st_a.log.since_checkpoint == 0
+    opened = backend.open(mode="r")
+    assert opened.log.checkpoint == st_a.log.checkpoint and len(opened) == 8
+    saved = records.decode("", backend.storage().read(layout.checkpoint(st_a.log.checkpoint)))["writers"]
+    assert {int(w): doc["next_seq"] for w, doc in saved.items()} == {wa.id: 3, wb.id: 2}
+    wa.close()
+    wb.close()
 
 
 def test_rows_of_a_stream_without_visible_records(backend: Backend) -> None:
