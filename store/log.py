@@ -7,7 +7,6 @@ instead of every record ever written.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,31 +68,23 @@ class CommitLog:
         self._started = False
         self._history: list[CommitInfo] | None = None
 
-    def refresh(self, only: Collection[int] | None = None) -> bool:
+    def refresh(self) -> bool:
         """Apply every commit created since the last call; True if anything changed.
 
         The next record of every writer that has not closed is probed in one ``read_many``
         (concurrent on object storage); writers that had one are read on in rounds of
         doubling windows (up to ``READ_AHEAD``) until each reaches an absent record.
-        ``only``: read just these writers' new records (no listing; the first call reads
-        everything). Each writer's records apply on their own, so a log with some writers
-        further along than others is a view like any other: the others as of an earlier refresh.
         """
-        if only is None or not self._started:
-            if not self._started:
-                self._started = True
-                if self._use_checkpoints:
-                    self._start_from_checkpoint()
-            for name in self.storage.list(layout.WRITERS):
-                if name.isdigit() and int(name) not in self.writers:
-                    self.writers[int(name)] = WriterLog(int(name))
-            only = None
-        else:
-            for writer in only:
-                self.writers.setdefault(writer, WriterLog(writer))
+        if not self._started:
+            self._started = True
+            if self._use_checkpoints:
+                self._start_from_checkpoint()
+        for name in self.storage.list(layout.WRITERS):
+            if name.isdigit() and int(name) not in self.writers:
+                self.writers[int(name)] = WriterLog(int(name))
         # read everything first (a damaged record raises with nothing applied), then apply in order
         new: dict[int, list[dict[str, Any]]] = {}
-        pending = [w.writer for w in self.writers.values() if not w.closed and (only is None or w.writer in only)]
+        pending = [w.writer for w in self.writers.values() if not w.closed]
         window = 1
         while pending:
             starts = {w: self.writers[w].next_seq + len(new.get(w, ())) for w in pending}
@@ -113,6 +104,31 @@ class CommitLog:
                     advancing.append(writer)
             pending = advancing
             window = min(2 * window, READ_AHEAD)
+        self._apply_new(new)
+        return bool(new)
+
+    def apply_created(self, writer: int, created: dict[int, bytes]) -> bool | None:
+        """Apply writer ``writer``'s records that its own process created, ``created`` (seq ->
+        the record's bytes, as stored), without reading storage: only that writer creates its
+        records, so the ones it holds are all there are. Takes from ``created`` each record it
+        applies and drops those already applied; applies in order from the writer's next record
+        and stops at the first it does not hold. True if anything was applied; None if this log
+        has not read the store yet (nothing done: call :meth:`refresh`)."""
+        if not self._started:
+            return None
+        wlog = self.writers.setdefault(writer, WriterLog(writer))
+        for seq in [s for s in list(created) if s < wlog.next_seq]:  # (applied by a refresh)
+            created.pop(seq, None)
+        bodies = []
+        while not wlog.closed and (data := created.pop(wlog.next_seq + len(bodies), None)) is not None:
+            bodies.append(records.decode(layout.commit_record(writer, wlog.next_seq + len(bodies)), data))
+            if bodies[-1].get("kind") == CLOSE:
+                break
+        self._apply_new({writer: bodies} if bodies else {})
+        return bool(bodies)
+
+    def _apply_new(self, new: dict[int, list[dict[str, Any]]]) -> None:
+        """Apply each writer's next records ``new`` (decoded, in seq order)."""
         for writer, bodies in new.items():
             wlog = self.writers[writer]
             for body in bodies:
@@ -123,7 +139,6 @@ class CommitLog:
         self.since_checkpoint += sum(map(len, new.values()))
         if new:
             self.version += 1
-        return bool(new)
 
     def _apply(self, wlog: WriterLog, body: dict[str, Any]) -> None:
         apply_record(wlog, body)

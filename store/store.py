@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -175,15 +175,23 @@ class Store:
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Pick up commits made since the last refresh (by any writer); True if any."""
-        return self._refresh()
-
-    def _refresh(self, only: Collection[int] | None = None) -> bool:
-        """:meth:`refresh`, or with ``only`` the commits of just these writers (see ``Log.refresh``)."""
-        changed = self.log.refresh(only)
+        changed = self.log.refresh()
         if changed:
-            for t in self._tables.values():
-                t.reader.sync()
+            self._sync_tables()
         return changed
+
+    def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
+        """Show the records writer ``writer`` of this process created (``CommitLog.apply_created``)
+        without reading storage; a handle that has not read the store yet refreshes."""
+        applied = self.log.apply_created(writer, created)
+        if applied is None:
+            self.refresh()
+        elif applied:
+            self._sync_tables()
+
+    def _sync_tables(self) -> None:
+        for t in self._tables.values():
+            t.reader.sync()
 
     def commits(self) -> list[dict[str, Any]]:
         """Every applied commit (``append`` and ``compact``): writer, seq, time_ns, kind, metadata and

@@ -160,6 +160,7 @@ class Writer:
         # commit times only move forward, even if this host's clock is behind the log's
         self._time_ns = store.log.time_ns
         self._fresh = False  # whether this append already refreshed the store (see _known_last)
+        self._created: dict[int, bytes] = {}  # records created and not yet applied to self.store (by seq)
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
         self._names = itertools.count()  # fragment names f0000000000, f0000000001, ...
         # seq and time allocation, record creation, self.fragments and self._trash: shared with the
@@ -506,15 +507,15 @@ class Writer:
         return CommitResult(self.id, seq, rows)
 
     def _refresh_view(self) -> None:
-        """Show this writer's commits through its store handle. Other writers' new commits are read
-        too only in a capped store, where eviction (and so what this writer retires and reclaims)
-        follows them: reading everyone's records after every commit costs each writer work, and
-        requests on object storage, in proportion to the number of writers (docs/PERFORMANCE.md,
-        "Session 16"). ``st.refresh()`` picks them up on demand."""
+        """Show this writer's commits through its store handle, from the records it created (no
+        read of storage). Other writers' new commits are read too only in a capped store, where
+        eviction (and so what this writer retires and reclaims) follows them: reading everyone's
+        records after every commit costs each writer work, and requests on object storage, in
+        proportion to the number of writers (docs/PERFORMANCE.md, "Session 16").
+        ``st.refresh()`` picks them up on demand."""
         if self.store.capacity is not None:
             self.store.refresh()
-        else:
-            self.store._refresh(only=(self.id,))
+        self.store._apply_created(self.id, self._created)
 
     def wait(self) -> None:
         """Wait until the commit made with ``commit(wait=False)``, if one is in flight, is durable
@@ -575,6 +576,7 @@ class Writer:
                 created = self.storage.create(path, data)
             if not created:
                 raise StoreError(f"commit record {path} already exists: two writers share one writer number")
+            self._created[seq] = data
 
         if wait:
             create()

@@ -391,11 +391,12 @@ def test_two_writers_interleave_and_readers_merge(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("capacity", [None, 1000])
-def test_a_commit_shows_itself_and_reads_other_writers_only_in_a_capped_store(backend: Backend,
-                                                                             capacity: int | None) -> None:
-    """After a commit the writer's store handle shows it; other writers' commits appear there
-    after refresh(), except in a capped store, whose writers read them at each commit (eviction
-    needs them). A checkpoint a commit writes holds every writer's newest state."""
+def test_a_commit_shows_itself_and_reads_other_writers_only_in_a_capped_store(
+        backend: Backend, capacity: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a commit the writer's store handle shows it, without reading it back; other
+    writers' commits appear there after refresh(), except in a capped store, whose writers read
+    them at each commit (eviction needs them). A checkpoint a commit writes holds every
+    writer's newest state."""
     rng = np.random.default_rng(21)
     st_a = backend.open(DQN, capacity=capacity)
     st_b = backend.open(mode="a")
@@ -405,7 +406,12 @@ def test_a_commit_shows_itself_and_reads_other_writers_only_in_a_capped_store(ba
     wb.append(_dqn(rng, 3), stream="b")
     wb.commit()
     wa.append(_dqn(rng, 1), stream="a")
+    read: list[str] = []
+    read_many = st_a.storage.read_many
+    monkeypatch.setattr(st_a.storage, "read_many", lambda paths: read.extend(paths) or read_many(paths))
     wa.commit()
+    monkeypatch.undo()
+    assert bool(read) == (capacity is not None)  # (its own record: applied from what it created)
     assert len(st_b) == 5 and len(st_a) == (3 if capacity is None else 6)
     assert st_a.refresh() == (capacity is None) and len(st_a) == 6
     wb.append(_dqn(rng, 1), stream="b")
