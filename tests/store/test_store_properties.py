@@ -61,8 +61,12 @@ class Model:
         self.max_step: dict[Any, int] = {}
         self.uid = 0
 
-    def visible(self, view: int | None = None) -> list[Rec]:
-        recs = self.committed[: len(self.committed) if view is None else view]
+    def visible(self, view: int | None = None, writer: int | None = None) -> list[Rec]:
+        """What a handle shows that read every commit up to ``view`` and, later, only those of
+        ``writer`` (its own: a commit shows itself through its writer's handle)."""
+        end = len(self.committed) if view is None else view
+        recs = self.committed[:end] + [r for r in self.committed[end:] if writer is not None
+                                        and r.row >> layout.ROW_BITS == writer]
         return recs if self.capacity is None else recs[max(len(recs) - self.capacity, 0):]
 
     def last_visible(self, key: Any, view: int) -> int | None:
@@ -85,9 +89,9 @@ def batch_of(uids: list[int]) -> dict[str, np.ndarray]:
             "ids": np.array([i for x in ids for i in x], dtype=np.int64), "offsets": offsets}
 
 
-def check(handle: Store, model: Model, view: int | None = None) -> None:
-    """``handle`` shows exactly the model's visible records (as of ``view``)."""
-    vis = sorted(model.visible(view), key=lambda r: r.row)
+def check(handle: Store, model: Model, view: int | None = None, writer: int | None = None) -> None:
+    """``handle`` shows exactly the model's visible records (as of ``view``, plus ``writer``'s)."""
+    vis = sorted(model.visible(view, writer), key=lambda r: r.row)
     assert len(handle) == len(vis)
     rows = handle.row_ids()
     assert rows.tolist() == [r.row for r in vis]
@@ -120,15 +124,16 @@ def check(handle: Store, model: Model, view: int | None = None) -> None:
             assert resets.tolist() == [r.reset for r in mine]
 
 
-def check_view(handle: Store, model: Model, view: int) -> None:
-    """Check a handle that has not refreshed since ``view``. Its data are guaranteed readable
-    while it lags by at most the reclaim grace; beyond that StaleReadError is the contract."""
+def check_view(handle: Store, model: Model, view: int, writer: int | None = None) -> None:
+    """Check a handle that has not refreshed since ``view`` (but shows ``writer``'s commits).
+    Its data are guaranteed readable while it lags by at most the reclaim grace; beyond that
+    StaleReadError is the contract."""
     lag = len(model.committed) - view
     if model.capacity is None or lag <= max(model.capacity // 4, 1):
-        check(handle, model, view)
+        check(handle, model, view, writer)
         return
     try:
-        check(handle, model, view)
+        check(handle, model, view, writer)
     except StaleReadError:
         event("stale view refused")
 
@@ -196,7 +201,7 @@ def _commit(slot: Slot, model: Model, wait: bool = True) -> None:
     assert (result is None) == (not slot.pending)
     if result is None:  # nothing to commit: nothing written, the handle is not refreshed either
         if wait:
-            check_view(slot.store, model, slot.view)  # type: ignore[arg-type]
+            check_view(slot.store, model, slot.view, slot.writer.id)  # type: ignore[arg-type]
         return
     assert result.rows["records"] == (slot.writer.id << layout.ROW_BITS | slot.committed_rows,
                                       slot.writer.id << layout.ROW_BITS | slot.committed_rows + len(slot.pending))
@@ -209,8 +214,11 @@ def _commit(slot: Slot, model: Model, wait: bool = True) -> None:
     if not wait:  # the writer's handle refreshed while the commit may still have been in flight
         slot.view, slot.flying = None, True
         return
-    slot.view = len(model.committed)  # commit refreshes the writer's handle
-    check(slot.store, model)
+    if model.capacity is not None or slot.store.log.since_checkpoint == 0:
+        # a capped store's commit reads every writer's commits, as does one that wrote a checkpoint;
+        # otherwise the handle shows its own commits on top of what it last read
+        slot.view = len(model.committed)
+    check(slot.store, model, slot.view, slot.writer.id)
 
 
 def _settle(slots: list[Slot], model: Model) -> None:
