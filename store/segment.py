@@ -37,6 +37,10 @@ WRITEBACK_BYTES = 1 << 18
 """Written bytes of an array after which an append starts their write-back."""
 VALUES_PER_ROW = 8
 """The least values capacity of a new segment per row, per CSR group (grown from what is appended)."""
+SEGMENT_FLOOR_BYTES = 64 << 20
+"""In a store with a capacity, a new segment holds at least this many bytes of fixed-size columns
+(if the capacity holds that many): a segment costs the same to create and to reclaim whatever
+its size, and a small replay would otherwise spend more time on that than on its appends."""
 Mark = tuple[int, dict[str, int], int, dict[str, int]]
 
 _sync_file_range: Callable[[int, int, int, int], int] | None = None
@@ -110,6 +114,15 @@ class _Array:
         if pos - self.written_back >= WRITEBACK_BYTES:  # (a call per small write costs more than it saves)
             WRITEBACK.start(self.fd, self.written_back, pos - self.written_back)
             self.written_back = pos
+
+
+def fixed_row_bytes(schema: Schema) -> int:
+    """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted)."""
+    size = sum(np.dtype(d).itemsize for d in INDEX_DTYPES.values())
+    for spec in schema.zarr_layout():
+        if spec.role != "values":
+            size += np.dtype(spec.dtype).itemsize * int(np.prod(spec.trailing_shape))
+    return size
 
 
 class Segment:

@@ -20,7 +20,7 @@ from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, liveness, records
 from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, coalesce
 from replaystore.store.log import CLOSE
-from replaystore.store.segment import VALUES_PER_ROW, Segment
+from replaystore.store.segment import SEGMENT_FLOOR_BYTES, VALUES_PER_ROW, Segment, fixed_row_bytes
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import LocalStorage
 
@@ -263,7 +263,7 @@ class Writer:
     def _new_segment(self, table: str, rows: int, nnz: dict[str, int], sample_rows: int) -> Segment:
         """A new segment for at least ``rows`` rows, its values capacity sized from ``nnz`` values
         per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments")."""
-        capacity = max(self._max_rows(), rows)
+        capacity = max(self._segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
         return Segment(self.storage, self.store.schemas[table], self.id, table,  # type: ignore[arg-type]
@@ -695,6 +695,15 @@ class Writer:
     def _max_rows(self) -> int:
         cap = self.store.capacity
         return MAX_FRAGMENT_ROWS if cap is None else max(min(MAX_FRAGMENT_ROWS, cap // 4), 1)
+
+    def _segment_rows(self, table: str) -> int:
+        """Rows of a new segment: the largest fragment, or in a store with capacity N at least
+        ``SEGMENT_FLOOR_BYTES`` of fixed-size columns, up to N (docs/FORMAT.md, "Segments")."""
+        cap = self.store.capacity
+        if cap is None:
+            return self._max_rows()
+        floor = -(-SEGMENT_FLOOR_BYTES // fixed_row_bytes(self.store.schemas[table]))
+        return max(self._max_rows(), min(cap, MAX_FRAGMENT_ROWS, floor))
 
     def _fully_visible(self, table: str) -> set[str]:
         reader = self.store.table(table).reader

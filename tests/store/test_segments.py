@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 from replaystore.errors import NonFiniteError, StoreError
-from replaystore.schemas import dqn
+from replaystore.schemas import dqn, transitions
 from replaystore.store import layout, open_store, records
 from replaystore.store.fragment import Fragment
 from replaystore.store.store import Store
+from replaystore.store.writer import Writer
 from replaystore.store import writer as writer_module
 from replaystore.store.segment import MAX_STREAMS
 from replaystore.store.verify import verify
-from support.batches import dqn_batch
+from support.batches import dqn_batch, transitions_batch
 from support.storecheck import assert_same, columns_of
 
 DQN = dqn(16, 2, actions=9)
@@ -284,9 +286,53 @@ def _rows_on_disk(url: str, writers: int) -> int:
     return held // 4096
 
 
+def _io_done(w: Writer) -> None:
+    """Return once the writer's two I/O threads have finished what they were given (deletions of
+    reclaimed segments, spares): white-box, each thread then runs one task waiting on a barrier."""
+    barrier = threading.Barrier(3)
+    tasks = [w._background(barrier.wait) for _ in range(2)]
+    barrier.wait(timeout=60)
+    for task in tasks:
+        task.result()
+
+
+@pytest.mark.parametrize(("obs", "capacity", "rows"), [
+    (4, 4_000, 4_000),  # small records: the floor is above the capacity, a segment holds all of it
+    (16_384, 1_600, 512),  # 128 KiB records: 64 MiB of them, more than capacity // 4 = 400
+    (16_384, 8_000, 2_000),  # capacity // 4 is above the floor
+])
+def test_a_capped_store_sizes_its_segments_to_a_floor_in_bytes(tmp_path: Path, obs: int, capacity: int,
+                                                                rows: int) -> None:
+    st = open_store(str(tmp_path / "st"), transitions(obs), mode="w", capacity=capacity)
+    with st.writer() as w:
+        w.append(transitions_batch(np.random.default_rng(0), 3, obs), stream=0)
+    assert {f.segment.capacity for f in _fragments(st)} == {rows}
+
+
+def test_a_capped_store_on_floor_sized_segments_keeps_storage_near_twice_its_capacity(tmp_path: Path) -> None:
+    """Capacity 64 of 8 KiB records (segments of the whole capacity): a segment is reclaimed
+    once every record in it is older than the newest capacity + grace (80), so the records on
+    disk peak at about two segments and a grace: 2.25 x capacity, plus the batch in flight."""
+    rng = np.random.default_rng(15)
+    url = str(tmp_path / "st")
+    cap = 64
+    st = open_store(url, dqn(1024, 2, actions=9), mode="w", capacity=cap)
+    batch = dqn_batch(rng, 4, observation_size=1024, extra=0)
+    held = []
+    with st.writer() as w:
+        for _ in range(100):
+            w.append(batch, stream=0)
+            w.commit()
+            _io_done(w)
+            held.append(_rows_on_disk(url, 1))
+    assert {f.segment.capacity for f in _fragments(st)} == {cap}
+    assert max(held) <= 2.25 * cap + 4 and held[-1] >= cap
+
+
 def test_many_writers_keep_storage_near_capacity(tmp_path: Path) -> None:
-    """16 collectors take turns into a replay of 64 records (segments of 16 rows): each fills
-    its segment 16 times slower than the store turns over. A segment is sealed once eviction
+    """16 collectors take turns into a replay of 64 records (segments of the whole capacity: the
+    floor in bytes is above it): each fills its segment 16 times slower than the store turns
+    over. A segment is sealed once eviction
     reaches its records, so it is reclaimed with them; before, each writer kept the evicted
     records of its open segment until the segment was full (here ~4x capacity in all)."""
     rng = np.random.default_rng(14)
@@ -305,10 +351,12 @@ def test_many_writers_keep_storage_near_capacity(tmp_path: Path) -> None:
     assert _rows_on_disk(url, writers) <= 3 * cap
 
 
-def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuumed(tmp_path: Path) -> None:
+def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Capacity 40: segments of 10 rows. Half full, the writer creates the next segment ahead
     (a spare, unreferenced); a rollover takes it. A vacuum that deletes a spare makes the writer
     create another instead of writing into unlinked files; close deletes the last spare."""
+    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
     rng = np.random.default_rng(12)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=40)
@@ -340,9 +388,11 @@ def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuume
     assert verify(st) == []
 
 
-def test_a_spare_too_small_for_the_append_is_dropped_for_a_new_segment(tmp_path: Path) -> None:
+def test_a_spare_too_small_for_the_append_is_dropped_for_a_new_segment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Segments of 10 rows (capacity 40): an append of 15 records does not fit the spare made
     ahead, so the writer deletes the spare and opens a segment large enough for the batch."""
+    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
     rng = np.random.default_rng(13)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=40)

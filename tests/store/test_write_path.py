@@ -7,10 +7,12 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import zarr
 from replaystore.schemas import dqn
 from replaystore.store import layout, records
+from replaystore.store import writer as writer_module
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of
 
@@ -120,7 +122,9 @@ def test_compact_merges_a_writers_fragments_up_to_the_size_cap(fast_backend: Bac
         assert handle.rows(0)[1].tolist() == list(range(10 * 4 + 2))
 
 
-def test_compact_respects_the_fragment_cap_of_a_capped_store(fast_backend: Backend) -> None:
+def test_compact_respects_the_fragment_cap_of_a_capped_store(fast_backend: Backend,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # local: segments of capacity // 4 rows too
     rng = np.random.default_rng(6)
     st = fast_backend.open(DQN, capacity=48)  # fragments hold at most 48 // 4 = 12 records
     with st.writer() as w:

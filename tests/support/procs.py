@@ -63,6 +63,7 @@ import numpy as np
 from replaystore.schemas import Schema, dqn, transitions
 from replaystore.store import open_store
 from replaystore.store import log as log_module
+from replaystore.store import writer as writer_module
 from support.batches import dqn_batch
 
 OBS = 8
@@ -390,6 +391,7 @@ def fsize_batch(start: int, n: int) -> dict[str, np.ndarray]:
 
 def fsize_writer(url: str) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    writer_module.SEGMENT_FLOOR_BYTES = 0  # (this child only) segments of capacity // 4 rows
     st = open_store(url, transitions(4), mode="w", capacity=FSIZE_CAPACITY)
     w = st.writer()
     segment_bytes = FSIZE_CAPACITY // 4 * 16  # a segment's largest file: 1,000 records of 4 float32
