@@ -28,6 +28,11 @@ class ArraySpec:
     role: Literal["dense", "values", "offsets"]
     fields: tuple[str, ...]
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one entry: a record's row (dense), one value or one offset."""
+        return np.dtype(self.dtype).itemsize * int(np.prod(self.trailing_shape))
+
 
 def zarr_layout(schema: Schema) -> tuple[ArraySpec, ...]:
     specs: list[ArraySpec] = []

@@ -118,11 +118,8 @@ class _Array:
 
 def fixed_row_bytes(schema: Schema) -> int:
     """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted)."""
-    size = sum(np.dtype(d).itemsize for d in INDEX_DTYPES.values())
-    for spec in schema.zarr_layout():
-        if spec.role != "values":
-            size += np.dtype(spec.dtype).itemsize * int(np.prod(spec.trailing_shape))
-    return size
+    index = sum(np.dtype(d).itemsize for d in INDEX_DTYPES.values())
+    return index + sum(spec.row_bytes for spec in schema.zarr_layout() if spec.role != "values")
 
 
 class Segment:

@@ -37,10 +37,6 @@ def _key(frag: Fragment) -> UnitKey:
     return frag.writer, frag.segment.name if frag.segment else frag.name
 
 
-def _row_bytes(spec: ArraySpec) -> int:
-    return np.dtype(spec.dtype).itemsize * math.prod(spec.trailing_shape)
-
-
 class Layout:
     """Arrays of one table that count the same rows, laid out over the visible fragments.
 
@@ -54,7 +50,7 @@ class Layout:
         self.schema = schema
         self.specs = {s.name: s for s in specs}
         self.values_of = next((schema.field(s.name).offsets for s in specs if s.role == "values"), None)
-        self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, _row_bytes(s)) for s in specs))
+        self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, s.row_bytes) for s in specs))
         self._units: dict[UnitKey, Fragment] = {}  # a fragment of each placed unit
         self._base: dict[UnitKey, int] = {}
         self._top = 0
@@ -108,7 +104,7 @@ class Layout:
         frag, base = self._units.pop(k), self._base.pop(k)
         for name, mapped in self._mapped.items():
             if k in mapped:
-                rb = _row_bytes(self.specs[name])
+                rb = self.specs[name].row_bytes
                 self._ranges[name].release(base * rb, self._rows(frag, name) * rb)
                 mapped.discard(k)
 
@@ -134,7 +130,7 @@ class Layout:
     def _range(self, name: str) -> AddressRange:
         rng = self._ranges.get(name)
         if rng is None:
-            rng = self._ranges[name] = AddressRange(self._cap * _row_bytes(self.specs[name]))
+            rng = self._ranges[name] = AddressRange(self._cap * self.specs[name].row_bytes)
         return rng
 
     def _map(self, name: str, k: UnitKey) -> None:
@@ -142,7 +138,7 @@ class Layout:
         mapped = self._mapped.setdefault(name, set())
         frag = self._units[k]
         spec = self.specs[name]
-        rb = _row_bytes(spec)
+        rb = spec.row_bytes
         nbytes = self._rows(frag, name) * rb
         if k in mapped or not nbytes:
             return
