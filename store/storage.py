@@ -521,7 +521,7 @@ class LocalStorage(Storage):
         return self._p(path)
 
 
-_MEMORY_LOCK = threading.Lock()
+_MEMORY_LOCK = threading.RLock()
 CONFLICT_RETRIES = 12
 CONFLICT_BACKOFF_S = 0.02
 CONFLICT_BACKOFF_MAX_S = 2.0
@@ -530,11 +530,32 @@ _CHECK_LOCK = threading.Lock()
 PROBE_PREFIX = ".tmp-create-probe-"
 
 
+class _Serialized:
+    """An fsspec filesystem whose every call runs under one lock. fsspec's ``memory://`` keeps
+    all files in one process-wide dict and walks it unlocked (``find``, ``rm``, ``ls``); a
+    thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk
+    raise "dictionary changed size during iteration"."""
+
+    def __init__(self, fs: Any, lock: threading.RLock) -> None:
+        self._fs, self._lock = fs, lock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+        lock = self._lock
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return attr(*args, **kwargs)
+        return call
+
+
 class FsspecStorage(Storage):
     """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
     (``If-None-Match: *``, checked to be honoured before the first create through an
     endpoint); ``memory://`` checks and writes under a process lock (it is process-local
-    anyway). Any other fsspec filesystem is refused with StorageError when opened."""
+    anyway), the lock every ``memory://`` call takes. Any other fsspec filesystem is refused with StorageError when opened."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
@@ -548,6 +569,7 @@ class FsspecStorage(Storage):
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if "memory" in protocols:
             self._create_mode = "lock"
+            self.fs = _Serialized(self.fs, _MEMORY_LOCK)
         elif {"s3", "s3a"} & set(protocols):
             self._create_mode = "conditional-put"
             self.remote = True

@@ -7,6 +7,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -152,6 +153,7 @@ class Writer:
         self._io: ThreadPoolExecutor | None = None  # spares and deletions of reclaimed storage
         self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
         self._deleted: set[str] = set()  # paths deleted (or found gone) by them: the log may list them forever
+        self._undeleted: dict[str, BaseException] = {}  # paths whose deletion failed: tried again at the next reclaim
         self._last_step: dict[tuple[str, StreamKey], int] = {}
         self._last_done: dict[tuple[str, StreamKey], bool] = {}
         # what the appends since the last commit replaced in those two maps (None: absent), so that
@@ -306,6 +308,8 @@ class Writer:
             try:
                 self.storage.delete(path)  # (absent: nothing to do)
                 self._deleted.add(path)
+            except Exception as exc:  # (the log may no longer list it: only this writer knows it is due)
+                self._undeleted[path] = exc
             finally:
                 self._deleting.discard(path)
         self._background(delete)
@@ -629,6 +633,9 @@ class Writer:
         cap = self.store.capacity
         retained = {t: self.store.table(t).reader.retained_parts(self._grace(cap))
                     for t in self.store.schemas} if cap is not None else {}
+        for path in list(self._undeleted):
+            self._undeleted.pop(path, None)
+            self._delete_later(path)
         due, kept = [], []
         with self._lock:
             for entry in self._trash:
@@ -959,6 +966,10 @@ class Writer:
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None
+        if self._undeleted:
+            path, exc = next(iter(self._undeleted.items()))
+            warnings.warn(f"writer {self.id}: could not delete {len(self._undeleted)} reclaimed unit(s), e.g. {path} "
+                          f"({exc}); `replaystore vacuum` removes them", stacklevel=3)
 
     def _close_record(self) -> None:
         """Create this writer's last record, ``close``, then drop its liveness lock: from now on any

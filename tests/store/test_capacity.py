@@ -235,3 +235,55 @@ def test_a_writer_with_a_stale_view_can_still_append(backend: Backend) -> None:
         assert sorted(src.check(handle)) == list(range(src.next_uid - cap, src.next_uid))
     wa.close()
     wb.close()
+
+
+def test_a_failed_deletion_of_reclaimed_storage_is_tried_again(fast_backend: Backend,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deletions run on the writer's I/O threads; one that fails (an S3 503, say) is repeated at
+    the next reclaim instead of leaking the unit: the log no longer lists it once retired."""
+    st = fast_backend.open(SCHEMA, capacity=20)
+    w = st.writer()
+    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)  # (local: small segments, reclaimed often)
+    real, failed = w.storage.delete, []
+
+    def flaky(path: str) -> None:
+        if len(failed) < 3:
+            failed.append(path)
+            raise OSError(f"{path}: 503 SlowDown")
+        real(path)
+    monkeypatch.setattr(w.storage, "delete", flaky)
+    src = Source(7)
+    for _ in range(30):
+        w.append(src.batch(5), stream=0)
+        w.commit()
+    w.close()
+    storage = fast_backend.storage()
+    assert len(failed) == 3
+    assert not any(storage.exists(path) for path in failed)
+    assert src.check(fast_backend.open(mode="r")) == list(range(130, 150))
+
+
+def test_a_deletion_still_failing_at_close_is_reported_and_left_to_vacuum(fast_backend: Backend,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    st = fast_backend.open(SCHEMA, capacity=20)
+    w = st.writer()
+    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)
+    real, refused = w.storage.delete, []
+
+    def refusing(path: str) -> None:
+        if not refused or refused[0] == path:
+            refused.append(path)
+            raise PermissionError(f"{path}: access denied")
+        real(path)
+    monkeypatch.setattr(w.storage, "delete", refusing)
+    src = Source(8)
+    for _ in range(30):
+        w.append(src.batch(5), stream=0)
+        w.commit()
+    with pytest.warns(UserWarning, match="could not delete 1 reclaimed unit.*access denied.*replaystore vacuum"):
+        w.close()
+    assert len(refused) > 1 and fast_backend.storage().exists(refused[0])  # tried at every reclaim
+    report = fast_backend.open(mode="a").vacuum(older_than_s=0)
+    assert refused[0] in [u.path for u in report.deleted]
+    assert not fast_backend.storage().exists(refused[0])
+    assert src.check(fast_backend.open(mode="r")) == list(range(130, 150))

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +107,48 @@ def test_s3_endpoint_ignoring_if_none_match_is_refused(s3_server: S3Server, bad_
     w.close()
     with pytest.raises(StorageError, match=refusal):
         open_store(url, mode="a", storage_options=bad_endpoint).writer()
+
+
+class _Finalized:
+    """Cyclic garbage whose finalizer yields the GIL, as real finalizers (files, sockets) may."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        time.sleep(0)
+
+
+def test_memory_storage_is_safe_from_many_threads() -> None:
+    """fsspec's ``memory://`` walks one process-wide dict of every file (``rm``, ``find``, ``ls``);
+    a collection running a finalizer in the middle of a walk lets another thread add or remove a
+    file, and the walk fails with "dictionary changed size". A writer deletes reclaimed
+    fragments on I/O threads while its caller appends, so every call is serialized."""
+    storage = open_storage(f"memory://rs-threads-{uuid.uuid4().hex}")
+    for i in range(2000):  # a full dict: long walks (a test session's memory:// holds thousands)
+        storage.write(f"full/{i}", b"z")
+    errors: list[BaseException] = []
+
+    def churn(k: int) -> None:
+        try:
+            for i in range(100):
+                _Finalized()
+                storage.write(f"d{k}/{i}/a", b"x")
+                storage.write(f"d{k}/{i}/b", b"y")
+                storage.delete(f"d{k}/{i}")
+                assert storage.list(f"d{k}") == []
+        except BaseException as exc:
+            errors.append(exc)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(50, 5, 5)  # collections often, so some land inside a walk
+    try:
+        threads = [threading.Thread(target=churn, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*threshold)
+        storage.delete("")
+    assert errors == []
