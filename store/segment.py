@@ -17,6 +17,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 
 import google_crc32c
@@ -116,6 +117,11 @@ class _Array:
             self.written_back = pos
 
 
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def fixed_row_bytes(schema: Schema) -> int:
     """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted)."""
     index = sum(np.dtype(d).itemsize for d in INDEX_DTYPES.values())
@@ -158,9 +164,13 @@ class Segment:
         for array, (dtype, shape) in shapes.items():
             objects.update(array_object(f"{self.path}/{array}", dtype, shape, checksum=False))
         chunks = {array: chunk_path(f"{self.path}/{array}", len(shape)) for array, (_, shape) in shapes.items()}
+        self._closer: weakref.finalize | None = None
         try:
             fds = storage.create_sized({chunks[a]: int(np.prod(shape)) * dtype.itemsize
                                         for a, (dtype, shape) in shapes.items()})
+            # the descriptors close with the segment, or when it is collected unclosed (a writer
+            # dropped without close(): like a crash, but the process lives on)
+            self._closer = weakref.finalize(self, _close_all, list(fds.values()))
             for array, cpath in chunks.items():
                 # an offsets array's entry 0 is the zero it was created with: appends write entries 1, 2, ...
                 first = shapes[array][0].itemsize if array in schema.offsets_groups else 0
@@ -268,6 +278,6 @@ class Segment:
 
     def close(self) -> None:
         for arr in self._arrays.values():
-            if arr.fd >= 0:
-                os.close(arr.fd)
-                arr.fd = -1
+            arr.fd = -1
+        if self._closer is not None:
+            self._closer()  # (once: later calls do nothing)

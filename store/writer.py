@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -138,7 +139,9 @@ class Writer:
         self.store = store
         self.storage = store.storage
         self.id = self._register()
-        self._lock_fd = liveness.hold(self.storage, self.id)  # held until closed (store/liveness.py)
+        lock_fd = liveness.hold(self.storage, self.id)  # held until closed (store/liveness.py)
+        # released by close(), or when the writer is collected unclosed (it is then gone)
+        self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd is not None else None
         self._dead: set[int] = set()  # other writers found dead: their segments are reclaimable
         self.seq = 0
         self.next_row = dict.fromkeys(store.schemas, 0)
@@ -985,9 +988,8 @@ class Writer:
 
     def _release(self) -> None:
         """Drop the liveness lock: the writer counts as dead (store/liveness.py)."""
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)
+        if self._unlock is not None:
+            self._unlock()  # (once: later calls do nothing)
 
     def _abandon(self) -> None:
         """Release the writer without committing what is pending (an error is propagating, or a

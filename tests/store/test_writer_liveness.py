@@ -7,6 +7,8 @@ segment is never touched, whether it lives in this process or another one.
 
 from __future__ import annotations
 
+import gc
+import os
 import signal
 from pathlib import Path
 
@@ -214,3 +216,32 @@ def test_is_dead_needs_a_readable_registration_of_this_host_with_a_free_lock(tmp
     assert not liveness.is_dead(st.storage, w.id)
     assert not liveness.is_dead(open_store(f"memory://liveness-{tmp_path.name}", DQN, mode="w").storage, 0)
     alive.close()
+
+
+def _descriptors_under(root: Path) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{root}{os.sep}")
+        except OSError:  # (closed since listed)
+            pass
+    return count
+
+
+def test_a_writer_dropped_without_close_releases_its_files_and_its_lock(tmp_path: Path) -> None:
+    """A writer collected unclosed (a notebook cell re-run, a test's leftover) is gone like a
+    killed one: its segment descriptors and its liveness lock are released, not leaked for the
+    life of the process, and other writers may reclaim its segment."""
+    url = str(tmp_path / "st")
+    st = open_store(url, DQN, mode="w", capacity=CAPACITY)
+    w = st.writer()
+    w.append(_batch(np.random.default_rng(4), 4), stream="a")
+    w.commit()
+    writer = w.id
+    assert _descriptors_under(tmp_path) > 16  # its segment's files and its lock
+    assert not liveness.is_dead(st.storage, writer)
+    del w
+    gc.collect()
+    assert _descriptors_under(tmp_path) == 0
+    assert liveness.is_dead(st.storage, writer)
+    assert len(open_store(url, mode="r")) == 4
