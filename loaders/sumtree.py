@@ -8,10 +8,12 @@ import numpy as np
 
 from replaystore.compiled import kernels
 
-# ``find`` starts at the level of this many nodes (or the quads', if fewer): one searchsorted
-# over that level's prefix sums replaces the ~4 numpy calls of each level above it. Levels
-# above it are not kept: the total is the last of those prefix sums. ``set`` recomputes the
-# top level whole (one strided add, cheaper than the sparse path's four calls).
+# A node holds the sum of FANOUT children stored side by side: one 64-byte cache line of
+# float64, so a descent fetches one line per level (docs/PERFORMANCE.md, "An 8-ary sum tree").
+FANOUT = 8
+SHIFT = 3  # log2(FANOUT)
+# ``find`` starts at the highest level, of at most this many nodes: one binary search over its
+# running sums (cached until the next ``set``; their last is the total) replaces the levels above.
 SEARCH_TOP = 1024
 
 _accumulate = np.add.accumulate
@@ -23,125 +25,126 @@ def compiled_kernels() -> ModuleType | None:
     return kernels("replaystore.loaders.treekernels")
 
 
-class SumTree:
-    """Leaf values (priorities^alpha) in a complete binary tree stored as one array.
+def _aligned_zeros(n: int) -> np.ndarray:
+    """``n`` float64 zeros starting on a 64-byte boundary (so every run of 8 children that starts
+    at a multiple of 8 is one cache line)."""
+    raw = np.zeros(n + FANOUT)
+    skip = (-(raw.ctypes.data >> 3)) % FANOUT
+    return raw[skip:skip + n]
 
-    Node i has children 2i and 2i+1; leaves live at ``tree[size + leaf]``. The nodes kept
-    are those from the level of ``top`` nodes (``tree[top:2 * top]``) down to the level of
-    *quads*, one node per four leaves (``tree[size // 4 + q]`` = the pairwise sum of leaves
-    4q..4q+3); the level between quads and leaves is not kept: ``find`` resolves a quad's
-    four leaves with three running sums, cheaper than two more levels. Every kept node is
-    always the pairwise sum of what is under it, recomputed from it, so no value depends on
-    the order or batching of updates. ``find`` searches the running sums of the top level
-    (cached until the next ``set``; their last is the total), then descends the binary
-    levels under it. Every operation handles a whole batch of leaves with a few numpy
-    calls per level: the per-call overhead, not the batch size, dominates at minibatch
-    sizes (docs/PERFORMANCE.md, "Loaders"). With numba installed, the sparse ``set`` and
-    ``find`` run as compiled kernels doing the same arithmetic (:func:`compiled_kernels`):
-    the same tree and the same leaves found, at about half the cost.
+
+def node_sums(children: np.ndarray) -> np.ndarray:
+    """Each row's pairwise sum (``children``: shape ``(k, 8)``); the kernels add in this order too."""
+    c = children
+    return ((c[:, 0] + c[:, 1]) + (c[:, 2] + c[:, 3])) + ((c[:, 4] + c[:, 5]) + (c[:, 6] + c[:, 7]))
+
+
+class SumTree:
+    """Leaf values (priorities^alpha) under an 8-ary tree of sums, stored as one array.
+
+    Level 0 is the highest kept level, of ``top`` nodes (at most :data:`SEARCH_TOP`); level
+    ``depth`` holds the ``size = top * 8**depth`` leaves; node i of level j is the pairwise sum
+    of nodes 8i..8i+7 of level j+1 (:func:`node_sums`), always recomputed from them, so no
+    value depends on the order or batching of updates. Each level starts on a 64-byte boundary:
+    a node's children are one cache line. ``find`` searches the running sums of level 0, then
+    at each level below picks the child whose running-sum range holds the target: at 10M
+    leaves five lines per target instead of the 22 levels of a binary tree, which is what
+    keeps a descent's cost near its cost at 100k (docs/PERFORMANCE.md, "An 8-ary sum tree").
+    Every operation handles a whole batch of leaves with a few numpy calls per level; with
+    numba installed, the sparse ``set`` and ``find`` run as compiled kernels doing the same
+    arithmetic (:func:`compiled_kernels`): the same tree and the same leaves found.
     """
 
     def __init__(self, size: int) -> None:
-        self.size = max(1 << max(int(size) - 1, 1).bit_length(), 4)
-        self.quads = self.size >> 2
-        self.tree = np.zeros(2 * self.size, dtype=np.float64)
-        self.top = min(SEARCH_TOP, self.quads)
-        self._prefix: np.ndarray | None = None  # running sums of the top level from 0; None: stale
-        # the kernels assume levels between the quads and the top
-        self._kernels = compiled_kernels() if self.top < self.quads else None
+        size = max(int(size), 1)
+        depth = 0
+        while -(-size // FANOUT ** depth) > SEARCH_TOP:
+            depth += 1
+        self.depth = depth
+        self.top = -(-size // FANOUT ** depth)
+        self.size = self.top << (SHIFT * depth)
+        starts = [0]
+        for j in range(depth + 1):
+            starts.append(starts[-1] + -(-(self.top << (SHIFT * j)) // FANOUT) * FANOUT)
+        self.starts = np.array(starts, dtype=np.int64)  # level j is tree[starts[j]:], starts[-1]: the length
+        self.tree = _aligned_zeros(starts[-1])
+        self._prefix: np.ndarray | None = None  # running sums of level 0 from 0; None: stale
+        self._kernels = compiled_kernels() if depth else None  # (no levels: nothing for them to do)
+
+    def level(self, j: int) -> np.ndarray:
+        """Level ``j``'s nodes (level ``depth``: the leaves)."""
+        start = int(self.starts[j])
+        return self.tree[start:start + (self.top << (SHIFT * j))]
 
     @property
     def total(self) -> float:
         return float(self._prefixes()[-1])
 
     def leaves(self) -> np.ndarray:
-        return self.tree[self.size:]
+        return self.level(self.depth)
 
     def _prefixes(self) -> np.ndarray:
-        """``[0, p_1, ..., p_top]``: running sums of the top level (``p_top`` is the total)."""
+        """``[0, p_1, ..., p_top]``: running sums of level 0 (``p_top`` is the total)."""
         if self._prefix is None:
-            top = self.top
-            self._prefix = np.zeros(top + 1)
-            _accumulate(self.tree[top:2 * top], out=self._prefix[1:])
+            self._prefix = np.zeros(self.top + 1)
+            _accumulate(self.level(0), out=self._prefix[1:])
         return self._prefix
-
-    def _quad_sums(self, leaves: np.ndarray) -> np.ndarray:
-        """Pairwise sums of rows of four leaves (``leaves``: shape ``(k, 4)``)."""
-        return (leaves[:, 0] + leaves[:, 1]) + (leaves[:, 2] + leaves[:, 3])
-
-    def _recompute(self, lo: int) -> None:
-        """Recompute every node of the levels from ``lo`` (a power of two: its first node) up to the top."""
-        tree = self.tree
-        if lo == self.quads:
-            tree[lo:2 * lo] = self._quad_sums(self.leaves().reshape(-1, 4))
-            lo >>= 1
-        while lo >= self.top:
-            np.add(tree[2 * lo:4 * lo:2], tree[2 * lo + 1:4 * lo:2], out=tree[lo:2 * lo])
-            lo >>= 1
 
     def set(self, leaves: np.ndarray, values: np.ndarray) -> None:
         """Set leaf values (the last write wins for repeated leaves) and refresh their ancestors."""
-        leaves = np.asarray(leaves, dtype=np.int64)
+        leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
         if not leaves.size:
             return
-        tree = self.tree
         self._prefix = None
-        if self._kernels is not None and leaves.size * 8 < self.size:
-            leaves = np.ascontiguousarray(leaves.reshape(-1))
+        if self._kernels is not None and leaves.size * FANOUT < self.size:
             values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), leaves.shape))
-            self._kernels.set_sparse(tree, self.size, self.quads, self.top, leaves, values)
+            self._kernels.set_sparse(self.tree, self.starts, self.depth, self.size,
+                                     np.ascontiguousarray(leaves), values)
             return
-        tree[self.size + leaves] = values
-        if leaves.size * 8 >= self.size:  # a large share of the leaves: rebuild every level whole
-            self._recompute(self.quads)
+        if leaves.min() < 0 or leaves.max() >= self.size:
+            raise IndexError("SumTree.set: leaf index out of range")
+        self.leaves()[leaves] = values
+        if leaves.size * FANOUT >= self.size:  # a large share of the leaves: every level whole
+            for j in range(self.depth - 1, -1, -1):
+                self.level(j)[:] = node_sums(self.level(j + 1).reshape(-1, FANOUT))
             return
-        # sparse levels: only the ancestors of the changed leaves (a node listed twice is written
-        # twice with the same sum of the same children: harmless)
-        quad = leaves >> 2
-        nodes = quad + self.quads
-        tree.put(nodes, self._quad_sums(self.leaves().reshape(-1, 4).take(quad, axis=0)))
-        pairs = tree.reshape(-1, 2)  # row i = (tree[2i], tree[2i+1]): the children of node i
-        lo = self.quads
-        while (lo := lo >> 1) > self.top:  # the levels between the quads and the top
-            nodes >>= 1
-            c = pairs.take(nodes, axis=0)
-            tree.put(nodes, c[:, 0] + c[:, 1])
-        if self.top < self.quads:
-            self._recompute(self.top)  # the top level, whole
+        nodes = leaves  # the ancestors of the changed leaves, level by level (a node listed twice
+        for j in range(self.depth - 1, -1, -1):  # is written twice with the same sum: harmless)
+            nodes = nodes >> SHIFT
+            self.level(j).put(nodes, node_sums(self.level(j + 1).reshape(-1, FANOUT).take(nodes, axis=0)))
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
+        prefix = self._prefixes()
         if self._kernels is not None:
             leaf = np.empty(len(targets), dtype=np.int64)
-            self._kernels.find(self.tree, self._prefixes(), self.top, self.quads,
-                               self.quads.bit_length() - self.top.bit_length(),
+            self._kernels.find(self.tree, self.starts, self.depth, prefix,
                                np.ascontiguousarray(targets, dtype=np.float64).reshape(-1), leaf)
             return self._off_zero(leaf)
-        t = np.array(targets, dtype=np.float64)  # a copy: reduced in place below
-        tree = self.tree
-        top = self.top
-        prefix = self._prefixes()
-        # count of the top nodes passed (prefix sum <= t): at most top-1, so slack stays in the last
-        node = prefix[1:top].searchsorted(t, side="right")
+        t = np.array(targets, dtype=np.float64).reshape(-1)  # a copy: reduced in place below
+        # level 0: how many of its running sums are <= t (at most top-1: slack stays in the last)
+        node = prefix[1:self.top].searchsorted(t, side="right")
         t -= prefix.take(node)
-        node += top
-        for _ in range(self.quads.bit_length() - top.bit_length()):
-            node <<= 1  # the left child
-            lv = tree.take(node)
-            go_right = t >= lv
-            np.putmask(t, go_right, t - lv)  # t -= lv where going right (cheaper than where=)
-            node += go_right
-        # the quad's leaf: how many of its first three running sums are <= t
-        node -= self.quads
-        four = self.leaves().reshape(-1, 4).take(node, axis=0)
-        run = four[:, 0].copy()
-        leaf = (t >= run).astype(np.int64)
-        run += four[:, 1]
-        leaf += t >= run
-        run += four[:, 2]
-        leaf += t >= run
-        leaf += node << 2
-        return self._off_zero(leaf)
+        lanes = np.arange(len(t))
+        for j in range(1, self.depth + 1):
+            # the child: three binary steps over the 8 children, by the same pairwise sums a
+            # node's value is made of (a half, then a pair, then one child)
+            kids = self.level(j).reshape(-1, FANOUT).take(node, axis=0)
+            pairs = kids[:, 0::2] + kids[:, 1::2]
+            half = pairs[:, 0] + pairs[:, 1]
+            go = t >= half
+            t -= np.where(go, half, 0.0)  # (t - 0.0 is t)
+            k = go.astype(np.int64) << 2
+            pair = pairs[lanes, k >> 1]
+            go = t >= pair
+            t -= np.where(go, pair, 0.0)
+            k += go.astype(np.int64) << 1
+            one = kids[lanes, k]
+            go = t >= one
+            t -= np.where(go, one, 0.0)
+            k += go
+            node = (node << SHIFT) + k
+        return self._off_zero(node)
 
     def _off_zero(self, leaf: np.ndarray) -> np.ndarray:
         """``leaf`` with any zero leaf moved to the next positive one (the last, past the end):

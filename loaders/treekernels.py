@@ -42,16 +42,16 @@ def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def find(tree: np.ndarray, prefix: np.ndarray, top: int, quads: int, levels: int, targets: np.ndarray,
+def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, targets: np.ndarray,
          out: np.ndarray) -> None:
     """``out[i]``: the leaf whose cumulative range holds ``targets[i]`` (see ``SumTree.find``)."""
     n = targets.shape[0]
-    size = quads * 4
+    top = prefix.shape[0] - 1
     node = np.empty(n, np.int64)
     t = targets.copy()
-    # Branch-free steps (selects, not jumps): a descent goes left or right at random, and
-    # mispredicted branches cost more than the loads (~30% of the kernel, measured).
-    for i in range(n):  # the top level: how many of prefix[1:top] are <= t (a binary search)
+    # Branch-free steps (selects, not jumps): a descent goes its own way at random, and
+    # mispredicted branches cost more than the loads.
+    for i in range(n):  # level 0: how many of prefix[1:top] are <= t (a binary search)
         lo = 0
         m = top - 1
         x = t[i]
@@ -61,54 +61,60 @@ def find(tree: np.ndarray, prefix: np.ndarray, top: int, quads: int, levels: int
             lo = lo + half + 1 if go else lo
             m = m - half - 1 if go else half
         t[i] = x - prefix[lo]
-        node[i] = lo + top
-        _prefetch(tree, node[i] << 1)
-    # Level by level over all targets, each target's next line prefetched as soon as its node is
-    # known, so it is in cache a pass over the batch later (at 10M leaves the deep levels and
-    # the leaves miss DRAM): its children at 2 * node, or below the last level (quad node
-    # quads + q) its four leaves at size + 4q = 4 * node.
-    for level in range(levels):
-        shift = 1 if level < levels - 1 else 2
+        node[i] = lo
+        _prefetch(tree, starts[1] + (lo << 3))
+    # Level by level over all targets, each target's next line (its node's 8 children)
+    # prefetched as soon as the node is known, so it is in cache a pass over the batch later
+    # (at 10M leaves the lowest levels and the leaves miss DRAM).
+    for j in range(1, depth + 1):
+        base = starts[j]
+        below = starts[j + 1] if j < depth else base
         for i in range(n):
-            child = node[i] << 1
-            left = tree[child]
-            go = t[i] >= left
-            t[i] -= left if go else 0.0  # t - 0.0 is t: the same values as numpy's masked subtract
-            node[i] = child + go
-            _prefetch(tree, node[i] << shift)
-    for i in range(n):  # the quad's leaf: how many of its first three running sums are <= t
-        first = (node[i] - quads) << 2
-        x = t[i]
-        run = tree[size + first]
-        k = np.int64(x >= run)
-        run += tree[size + first + 1]
-        k += x >= run
-        run += tree[size + first + 2]
-        k += x >= run
-        out[i] = first + k
+            # the child: three binary steps over the 8 children, by the same pairwise sums a
+            # node's value is made of (a half, then a pair, then one child)
+            first = base + (node[i] << 3)
+            x = t[i]
+            s01 = tree[first] + tree[first + 1]
+            s23 = tree[first + 2] + tree[first + 3]
+            s45 = tree[first + 4] + tree[first + 5]
+            half = s01 + s23
+            go = x >= half
+            x -= half if go else 0.0  # x - 0.0 is x: the same values as numpy's masked subtract
+            k = np.int64(go) << 2
+            pair = s45 if go else s01
+            go = x >= pair
+            x -= pair if go else 0.0
+            k += np.int64(go) << 1
+            one = tree[first + k]
+            go = x >= one
+            x -= one if go else 0.0
+            k += go
+            t[i] = x
+            node[i] = (node[i] << 3) + k
+            if j < depth:
+                _prefetch(tree, below + (node[i] << 3))
+    for i in range(n):
+        out[i] = node[i]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def set_sparse(tree: np.ndarray, size: int, quads: int, top: int, leaves: np.ndarray, values: np.ndarray) -> None:
-    """Set leaves (the last write wins) and recompute their ancestors, then the top level whole."""
+def set_sparse(tree: np.ndarray, starts: np.ndarray, depth: int, size: int, leaves: np.ndarray,
+               values: np.ndarray) -> None:
+    """Set leaves (the last write wins) and recompute their ancestors, level by level."""
     n = leaves.shape[0]
     for i in range(n):
         if leaves[i] < 0 or leaves[i] >= size:
             raise IndexError("SumTree.set: leaf index out of range")
+    base = starts[depth]
     for i in range(n):
-        tree[size + leaves[i]] = values[i]
-    nodes = np.empty(n, np.int64)
-    for i in range(n):
-        q = leaves[i] >> 2
-        b = size + (q << 2)
-        tree[quads + q] = (tree[b] + tree[b + 1]) + (tree[b + 2] + tree[b + 3])
-        nodes[i] = quads + q
-    lo = quads >> 1
-    while lo > top:
+        tree[base + leaves[i]] = values[i]
+    nodes = leaves.copy()
+    for j in range(depth - 1, -1, -1):
+        children = starts[j + 1]
+        base = starts[j]
         for i in range(n):
-            parent = nodes[i] >> 1
-            tree[parent] = tree[2 * parent] + tree[2 * parent + 1]
+            parent = nodes[i] >> 3
+            b = children + (parent << 3)
+            tree[base + parent] = (((tree[b] + tree[b + 1]) + (tree[b + 2] + tree[b + 3]))
+                                   + ((tree[b + 4] + tree[b + 5]) + (tree[b + 6] + tree[b + 7])))
             nodes[i] = parent
-        lo >>= 1
-    for parent in range(top, 2 * top):
-        tree[parent] = tree[2 * parent] + tree[2 * parent + 1]

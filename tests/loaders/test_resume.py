@@ -23,6 +23,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from replaystore.loaders import gather
+from replaystore.loaders.sumtree import SEARCH_TOP
 from replaystore.store import open_store
 from support.loaderref import (
     RESUME_K,
@@ -196,7 +197,7 @@ def test_prioritized_replay_is_the_same_bit_for_bit_with_or_without_numba(tmp_pa
         for c in range(6):
             w.append(dqn_batch(rng, 1500, extra=0), stream=c % 2)
             w.commit()
-    assert len(st) > 4 * 1024 * 2  # a tree beyond the searched top: the kernels have levels to descend
+    assert len(st) > 4 * SEARCH_TOP  # a tree with levels below its searched top: the kernels descend them
     _, state = _drawn_with(url, first, None, 5)
     resumed, _ = _drawn_with(url, then, state, 6)
     same_backend, _ = _drawn_with(url, first, state, 6)  # what the first backend draws from the same state

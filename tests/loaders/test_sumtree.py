@@ -58,8 +58,8 @@ def _check(tree: SumTree, ref: np.ndarray, rng: np.random.Generator) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=hs.integers(1, 3 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
-       batches=hs.lists(hs.integers(1, 300), max_size=6), grow=hs.integers(0, 4 * SEARCH_TOP))
+@given(n=hs.integers(1, 12 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
+       batches=hs.lists(hs.integers(1, 300), max_size=6), grow=hs.integers(0, 80 * SEARCH_TOP))
 def test_sumtree_matches_cumsum_reference(each_backend: str, n: int, zeros: float, seed: int, batches: list[int],
                                           grow: int) -> None:
     rng = np.random.default_rng(seed)
@@ -107,8 +107,8 @@ def test_sumtree_far_right_slack_never_returns_a_zero_leaf(each_backend: str) ->
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=hs.integers(1, 6 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
-       batches=hs.lists(hs.integers(1, 600), min_size=1, max_size=8), grow=hs.integers(0, 8 * SEARCH_TOP),
+@given(n=hs.integers(1, 12 * SEARCH_TOP), zeros=hs.floats(0, 1), seed=hs.integers(0, 2**32 - 1),
+       batches=hs.lists(hs.integers(1, 600), min_size=1, max_size=8), grow=hs.integers(0, 80 * SEARCH_TOP),
        integral=hs.booleans())
 def test_numba_kernels_are_bit_identical_to_numpy(n: int, zeros: float, seed: int, batches: list[int],
                                                    grow: int, integral: bool) -> None:
@@ -119,8 +119,8 @@ def test_numba_kernels_are_bit_identical_to_numpy(n: int, zeros: float, seed: in
     for name in ("numba", "numpy"):
         with backend(name):
             trees[name] = SumTree(n)
-    uses = trees["numba"]._kernels is not None  # trees of up to 4 * SEARCH_TOP leaves have no levels to descend
-    assert uses == (trees["numba"].top < trees["numba"].quads) and trees["numpy"]._kernels is None
+    uses = trees["numba"]._kernels is not None  # trees of up to SEARCH_TOP leaves have no levels to descend
+    assert uses == (trees["numba"].depth > 0) and trees["numpy"]._kernels is None
 
     def same() -> None:
         np.testing.assert_array_equal(trees["numba"].tree, trees["numpy"].tree)
@@ -148,11 +148,43 @@ def test_numba_kernels_are_bit_identical_to_numpy(n: int, zeros: float, seed: in
     same()
 
 
-def test_set_rejects_a_leaf_out_of_range(each_backend: str) -> None:
+@pytest.mark.parametrize("bad", [-1, "size"])
+def test_set_rejects_a_leaf_out_of_range(each_backend: str, bad: int | str) -> None:
     tree = SumTree(100_000)
     tree.set(np.arange(10), np.ones(10))
     before = tree.tree.copy()
     with pytest.raises(IndexError):
-        tree.set(np.array([3, tree.size]), np.ones(2))
-    if each_backend == "numba":  # checked before anything is written
-        np.testing.assert_array_equal(tree.tree, before)
+        tree.set(np.array([3, tree.size if bad == "size" else bad]), np.ones(2))
+    np.testing.assert_array_equal(tree.tree, before)  # checked before anything is written
+
+
+@pytest.mark.parametrize("n", [1, 7, SEARCH_TOP, SEARCH_TOP + 1, 8 * SEARCH_TOP + 1, 64 * SEARCH_TOP + 1, 1_000_003])
+def test_every_depth_matches_the_reference_and_both_backends_agree(n: int) -> None:
+    """Sizes on either side of each added level (``depth`` 0 to 3 and beyond): leaves, totals and
+    draws match the cumsum reference, and the numba and numpy trees are bit-identical."""
+    rng = np.random.default_rng(n)
+    ref = np.where(rng.random(n) < 0.3, 0.0, rng.exponential(1.0, n))
+    sparse = rng.integers(0, n, 97)
+    trees = {}
+    for name in ("numba", "numpy"):
+        with backend(name):
+            trees[name] = tree = SumTree(n)
+        assert tree.size >= n and tree.top <= SEARCH_TOP and tree.size == tree.top * 8 ** tree.depth
+        tree.set(np.arange(n), ref)
+        tree.set(sparse, np.full(97, 2.5))
+    ref[sparse] = 2.5
+    for tree in trees.values():
+        _check(tree, ref, np.random.default_rng(1))
+    np.testing.assert_array_equal(trees["numba"].tree, trees["numpy"].tree)
+    targets = np.sort(rng.random(500)) * trees["numpy"].total
+    np.testing.assert_array_equal(trees["numba"].find(targets), trees["numpy"].find(targets))
+
+
+def test_each_node_is_the_sum_of_its_eight_children_on_one_cache_line() -> None:
+    tree = SumTree(300_000)
+    tree.set(np.arange(300_000), np.random.default_rng(2).random(300_000))
+    assert tree.depth == 3 and tree.tree.ctypes.data % 64 == 0 and (tree.starts % 8 == 0).all()
+    for j in range(tree.depth):
+        kids = tree.level(j + 1).reshape(-1, 8)
+        np.testing.assert_array_equal(tree.level(j), ((kids[:, 0] + kids[:, 1]) + (kids[:, 2] + kids[:, 3]))
+                                      + ((kids[:, 4] + kids[:, 5]) + (kids[:, 6] + kids[:, 7])))
