@@ -47,9 +47,10 @@ class SumTree:
     of nodes 8i..8i+7 of level j+1 (:func:`node_sums`), always recomputed from them, so no
     value depends on the order or batching of updates. Each level starts on a 64-byte boundary:
     a node's children are one cache line. ``find`` searches the running sums of level 0, then
-    at each level below picks the child whose running-sum range holds the target: at 10M
-    leaves five lines per target instead of the 22 levels of a binary tree, which is what
-    keeps a descent's cost near its cost at 100k (docs/PERFORMANCE.md, "An 8-ary sum tree").
+    at each level below picks the child whose range holds the target, by three binary steps
+    over the pairwise sums the node's value is made of: at 10M leaves a descent reads five
+    cache lines where a binary tree under the same searched top read thirteen, and an update
+    recomputes five ancestors per leaf (docs/PERFORMANCE.md, "An 8-ary sum tree").
     Every operation handles a whole batch of leaves with a few numpy calls per level; with
     numba installed, the sparse ``set`` and ``find`` run as compiled kernels doing the same
     arithmetic (:func:`compiled_kernels`): the same tree and the same leaves found.
@@ -156,9 +157,10 @@ class SumTree:
         return leaf
 
     def grow(self, size: int) -> None:
-        """Enlarge to hold at least ``size`` leaves, keeping values."""
+        """Enlarge to hold at least ``size`` leaves, keeping values; at least doubles, so a tree
+        that follows a growing table (a commit at a time) is rebuilt O(log n) times in all."""
         if size <= self.size:
             return
         old = self.leaves().copy()
-        self.__init__(size)  # type: ignore[misc]
+        self.__init__(max(size, 2 * self.size))  # type: ignore[misc]
         self.set(np.arange(len(old)), old)

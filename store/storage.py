@@ -522,6 +522,16 @@ class LocalStorage(Storage):
 
 
 _MEMORY_LOCK = threading.RLock()
+
+
+def _new_memory_lock() -> None:
+    """In a forked child (a DataLoader worker, say) no thread holds the lock: a parent thread
+    inside a ``memory://`` call at the fork would otherwise leave the child's copy held forever."""
+    global _MEMORY_LOCK
+    _MEMORY_LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_memory_lock)
 CONFLICT_RETRIES = 12
 CONFLICT_BACKOFF_S = 0.02
 CONFLICT_BACKOFF_MAX_S = 2.0
@@ -536,17 +546,16 @@ class _Serialized:
     thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk
     raise "dictionary changed size during iteration"."""
 
-    def __init__(self, fs: Any, lock: threading.RLock) -> None:
-        self._fs, self._lock = fs, lock
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._fs, name)
         if not callable(attr):
             return attr
-        lock = self._lock
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            with _MEMORY_LOCK:
                 return attr(*args, **kwargs)
         return call
 
@@ -569,7 +578,7 @@ class FsspecStorage(Storage):
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if "memory" in protocols:
             self._create_mode = "lock"
-            self.fs = _Serialized(self.fs, _MEMORY_LOCK)
+            self.fs = _Serialized(self.fs)
         elif {"s3", "s3a"} & set(protocols):
             self._create_mode = "conditional-put"
             self.remote = True

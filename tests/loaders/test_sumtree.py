@@ -188,3 +188,17 @@ def test_each_node_is_the_sum_of_its_eight_children_on_one_cache_line() -> None:
         kids = tree.level(j + 1).reshape(-1, 8)
         np.testing.assert_array_equal(tree.level(j), ((kids[:, 0] + kids[:, 1]) + (kids[:, 2] + kids[:, 3]))
                                       + ((kids[:, 4] + kids[:, 5]) + (kids[:, 6] + kids[:, 7])))
+
+
+def test_a_tree_following_a_growing_table_is_rebuilt_a_logarithmic_number_of_times() -> None:
+    """The prioritized sampler grows its tree to the slots it tracks after each commit; a tree
+    sized exactly would be rebuilt (O(n)) at every commit."""
+    tree = SumTree(1024)
+    tree.set(np.arange(1024), np.ones(1024))
+    sizes = {tree.size}
+    for slots in range(1024 + 1000, 200_000, 1000):  # a commit of 1,000 records at a time
+        tree.grow(slots)
+        sizes.add(tree.size)
+        assert tree.size >= slots
+    assert len(sizes) <= 9  # 1,024 -> 2,048 -> ... -> 262,144: doubling each time
+    assert tree.total == 1024.0

@@ -152,3 +152,41 @@ def test_memory_storage_is_safe_from_many_threads() -> None:
         gc.set_threshold(*threshold)
         storage.delete("")
     assert errors == []
+
+
+def _use_memory_storage(url: str) -> None:
+    storage = open_storage(url)
+    storage.write("child/a", b"from the child")
+    assert storage.read("parent/a") == b"from the parent" and storage.list("child") == ["a"]
+
+
+def test_a_child_forked_while_a_thread_is_inside_a_memory_call_can_use_memory_storage() -> None:
+    """The lock of ``memory://`` calls is made anew in a forked child (a DataLoader worker): a
+    parent thread inside a call at the fork must not leave the child's copy held forever."""
+    import multiprocessing
+
+    from replaystore.store import storage as storage_module
+
+    url = f"memory://rs-fork-{uuid.uuid4().hex}"
+    open_storage(url).write("parent/a", b"from the parent")
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a thread in the middle of a memory:// call
+        with storage_module._MEMORY_LOCK:
+            inside.set()
+            leave.wait()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        child = multiprocessing.get_context("fork").Process(target=_use_memory_storage, args=(url,))
+        child.start()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        assert child.exitcode == 0
+    finally:
+        leave.set()
+        holder.join()
+    open_storage(url).delete("")
