@@ -3,11 +3,14 @@ leaves, refuses reads of evicted rows and reclaims their storage. Runs on every 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from replaystore.errors import RowError, StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, layout
+from replaystore.store.writer import Writer
 from support.storecheck import Backend
 
 # one unique id per record, a realistic observation and a ragged field
@@ -237,26 +240,34 @@ def test_a_writer_with_a_stale_view_can_still_append(backend: Backend) -> None:
     wb.close()
 
 
+def _fill_deleting_through(backend: Backend, monkeypatch: pytest.MonkeyPatch, src: Source,
+                           delete: Callable[[Callable[[str], None], str], None]) -> Writer:
+    """30 commits of 5 records into capacity 20 (local: 5-row segments, reclaimed often), the
+    writer's deletions going through ``delete(real_delete, path)``; the writer, still open."""
+    st = backend.open(SCHEMA, capacity=20)
+    w = st.writer()
+    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)
+    real = w.storage.delete
+    monkeypatch.setattr(w.storage, "delete", lambda path: delete(real, path))
+    for _ in range(30):
+        w.append(src.batch(5), stream=0)
+        w.commit()
+    return w
+
+
 def test_a_failed_deletion_of_reclaimed_storage_is_tried_again(fast_backend: Backend,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Deletions run on the writer's I/O threads; one that fails (an S3 503, say) is repeated at
     the next reclaim instead of leaking the unit: the log no longer lists it once retired."""
-    st = fast_backend.open(SCHEMA, capacity=20)
-    w = st.writer()
-    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)  # (local: small segments, reclaimed often)
-    real, failed = w.storage.delete, []
+    failed: list[str] = []
 
-    def flaky(path: str) -> None:
+    def flaky(real: Callable[[str], None], path: str) -> None:
         if len(failed) < 3:
             failed.append(path)
             raise OSError(f"{path}: 503 SlowDown")
         real(path)
-    monkeypatch.setattr(w.storage, "delete", flaky)
     src = Source(7)
-    for _ in range(30):
-        w.append(src.batch(5), stream=0)
-        w.commit()
-    w.close()
+    _fill_deleting_through(fast_backend, monkeypatch, src, flaky).close()
     storage = fast_backend.storage()
     assert len(failed) == 3
     assert not any(storage.exists(path) for path in failed)
@@ -265,21 +276,15 @@ def test_a_failed_deletion_of_reclaimed_storage_is_tried_again(fast_backend: Bac
 
 def test_a_deletion_still_failing_at_close_is_reported_and_left_to_vacuum(fast_backend: Backend,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    st = fast_backend.open(SCHEMA, capacity=20)
-    w = st.writer()
-    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)
-    real, refused = w.storage.delete, []
+    refused: list[str] = []
 
-    def refusing(path: str) -> None:
+    def refusing(real: Callable[[str], None], path: str) -> None:
         if not refused or refused[0] == path:
             refused.append(path)
             raise PermissionError(f"{path}: access denied")
         real(path)
-    monkeypatch.setattr(w.storage, "delete", refusing)
     src = Source(8)
-    for _ in range(30):
-        w.append(src.batch(5), stream=0)
-        w.commit()
+    w = _fill_deleting_through(fast_backend, monkeypatch, src, refusing)
     with pytest.warns(UserWarning, match="could not delete 1 reclaimed unit.*access denied.*replaystore vacuum"):
         w.close()
     assert len(refused) > 1 and fast_backend.storage().exists(refused[0])  # tried at every reclaim

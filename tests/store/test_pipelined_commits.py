@@ -5,7 +5,6 @@ the property test against its model, tests/system/test_crash.py under SIGKILL.)"
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from replaystore.errors import StoreError
 from replaystore.schemas import dqn
 from replaystore.store import Store, layout, liveness, open_store, records
 from support.batches import dqn_batch
-from support.storecheck import assert_same, columns_of
+from support.storecheck import assert_same, columns_of, descriptors_under
 
 DQN = dqn(16, 2, actions=9)
 
@@ -22,18 +21,6 @@ DQN = dqn(16, 2, actions=9)
 def _batches(seed: int, sizes: list[int]) -> list[object]:
     rng = np.random.default_rng(seed)
     return [dqn_batch(rng, n, extra=0) for n in sizes]
-
-
-def _open_fds(under: Path) -> int:
-    """Descriptors of this process open on files under ``under`` (other tests' leftovers that
-    the collector closes meanwhile do not count)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{under}{os.sep}")
-        except OSError:  # (closed since listed)
-            pass
-    return count
 
 
 def _squat(st: Store, writer: int, seq: int) -> None:
@@ -57,10 +44,10 @@ def test_rollovers_close_sealed_segments_once_their_commit_is_made(tmp_path: Pat
             w.discard()
         w.append(b, stream="a")
         w.commit(wait=wait)
-    assert _open_fds(tmp_path) >= 16  # the open segment's files
+    assert descriptors_under(tmp_path) >= 16  # the open segment's files
     w.close()
     st.close()
-    assert _open_fds(tmp_path) == 0
+    assert descriptors_under(tmp_path) == 0
     final = open_store(str(tmp_path / "st"), mode="r")
     total = sum(len(b.rewards) for b in batches)  # type: ignore[attr-defined]
     assert len(final) == 64

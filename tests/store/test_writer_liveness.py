@@ -8,7 +8,6 @@ segment is never touched, whether it lives in this process or another one.
 from __future__ import annotations
 
 import gc
-import os
 import signal
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support import procs
 from support.batches import dqn_batch
-from support.storecheck import assert_same, columns_of, segments_on_disk, segments_retained
+from support.storecheck import assert_same, columns_of, descriptors_under, segments_on_disk, segments_retained
 
 DQN = procs.schema()  # the child writers' schema
 CAPACITY = 40  # segments of capacity // 4 = 10 rows; grace 10 records
@@ -218,16 +217,6 @@ def test_is_dead_needs_a_readable_registration_of_this_host_with_a_free_lock(tmp
     alive.close()
 
 
-def _descriptors_under(root: Path) -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{root}{os.sep}")
-        except OSError:  # (closed since listed)
-            pass
-    return count
-
-
 def test_a_writer_dropped_without_close_releases_its_files_and_its_lock(tmp_path: Path) -> None:
     """A writer collected unclosed (a notebook cell re-run, a test's leftover) is gone like a
     killed one: its segment descriptors and its liveness lock are released, not leaked for the
@@ -238,10 +227,10 @@ def test_a_writer_dropped_without_close_releases_its_files_and_its_lock(tmp_path
     w.append(_batch(np.random.default_rng(4), 4), stream="a")
     w.commit()
     writer = w.id
-    assert _descriptors_under(tmp_path) > 16  # its segment's files and its lock
+    assert descriptors_under(tmp_path) > 16  # its segment's files and its lock
     assert not liveness.is_dead(st.storage, writer)
     del w
     gc.collect()
-    assert _descriptors_under(tmp_path) == 0
+    assert descriptors_under(tmp_path) == 0
     assert liveness.is_dead(st.storage, writer)
     assert len(open_store(url, mode="r")) == 4

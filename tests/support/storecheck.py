@@ -101,3 +101,15 @@ def segments_retained(st: Store, table: str = "records") -> set[tuple[int, str]]
     evicted = {(f.writer, f.name) for f in reader.evicted_fragments(max(st.capacity // 4, 1))}
     return {(f.writer, f.segment.name) for f in reader.all_fragments
             if f.segment is not None and (f.writer, f.name) not in evicted}
+
+
+def descriptors_under(root: str | Path) -> int:
+    """Descriptors of this process open on files under ``root`` (other tests' leftovers that
+    the collector closes meanwhile do not count)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{root}{os.sep}")
+        except OSError:  # (closed since listed)
+            pass
+    return count
