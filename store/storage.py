@@ -532,6 +532,7 @@ def _new_memory_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_new_memory_lock)
+
 CONFLICT_RETRIES = 12
 CONFLICT_BACKOFF_S = 0.02
 CONFLICT_BACKOFF_MAX_S = 2.0
@@ -563,8 +564,9 @@ class _Serialized:
 class FsspecStorage(Storage):
     """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
     (``If-None-Match: *``, checked to be honoured before the first create through an
-    endpoint); ``memory://`` checks and writes under a process lock (it is process-local
-    anyway), the lock every ``memory://`` call takes. Any other fsspec filesystem is refused with StorageError when opened."""
+    endpoint); ``memory://`` checks and writes under the process lock that every
+    ``memory://`` call takes (it is process-local anyway). Any other fsspec filesystem is
+    refused with StorageError when opened."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
