@@ -47,7 +47,7 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
     """``out[i]``: the leaf whose cumulative range holds ``targets[i]`` (see ``SumTree.find``)."""
     n = targets.shape[0]
     top = prefix.shape[0] - 1
-    node = np.empty(n, np.int64)
+    node = out  # each target's node, level by level: its leaf at the end
     t = targets.copy()
     # Branch-free steps (selects, not jumps): a descent goes its own way at random, and
     # mispredicted branches cost more than the loads.
@@ -93,8 +93,6 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
             node[i] = (node[i] << 3) + k
             if j < depth:
                 _prefetch(tree, below + (node[i] << 3))
-    for i in range(n):
-        out[i] = node[i]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
