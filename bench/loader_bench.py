@@ -35,10 +35,10 @@ issue 4 ("Performance"). What is measured (docs/PERFORMANCE.md, "Loaders", has t
    included) and sample + gather. Target: 10M <= 1.5x 100k.
    The one-time cost of the first ``sample()`` (index, windows, tree, reservoir) is
    shown as information.
-   4b. the same stores kept growing: another writer commits LIVE_COMMIT records before every
-   minibatch, so each ``sample()`` first follows a change of the store (the sampler's
-   incremental bookkeeping); median of a few, 10M vs 100k, target 1.5x as above (the
-   reader's maps faulted in first, as in section 4).
+   4b. the same stores kept growing: a writer in another process (a collector) commits
+   LIVE_COMMIT records before every minibatch, so each ``sample()`` first follows a change of
+   the store (the sampler's incremental bookkeeping); the two sizes take turns; median of
+   15, 10M vs 100k, target 1.5x as above (the reader's maps faulted in first, as in section 4).
 5. DataLoader end to end: ``make_loader(st, UniformSampler, num_workers=2)`` vs
    ``num_workers=0`` on the 1M-record store, and epoch passes over 50,000 of its records
    with 2 workers kept across passes (the default) vs restarted every pass (information).
@@ -99,7 +99,7 @@ SUBSET_EVERY = 10          # "uniform subset": subset= every 10th row id (as a S
 LIVE_COMMIT = 1_000        # records per commit arriving between minibatches in the live scale test
 
 FULL = {"read": 1_000_000, "big": 10_000_000, "small": 100_000, "warm_s": 1.0, "rep_s": 0.5, "reps": 5,
-        "scale_reps": 5, "loader_s": 3.0, "live_reps": 7}
+        "scale_reps": 5, "loader_s": 3.0, "live_reps": 15}
 QUICK = {"read": 200_000, "big": 1_000_000, "small": 100_000, "warm_s": 0.2, "rep_s": 0.15, "reps": 3,
          "scale_reps": 2, "loader_s": 0.7, "live_reps": 3}
 
@@ -461,47 +461,82 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     bench_live(cfg, paths, out)
 
 
-def live_costs(cfg: dict[str, Any], path: str, kind: str) -> tuple[float, float, float]:
-    """Median seconds of ``(refresh, sample, sample+gather)`` right after another writer committed
-    LIVE_COMMIT records (the commit itself is not timed; a new commit before each minibatch).
+def live_batch() -> dict[str, np.ndarray]:
+    """The LIVE_COMMIT records section 4b's writer appends before every minibatch."""
+    rng = np.random.default_rng(7)
+    return {"obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
+            "action": rng.integers(0, 3, LIVE_COMMIT).astype(np.int64),
+            "reward": rng.standard_normal(LIVE_COMMIT, dtype=np.float32),
+            "next_obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
+            "terminated": np.zeros(LIVE_COMMIT, bool)}
+
+
+def live_writer(paths: list[str], conn: Any) -> None:
+    """Section 4b's collector, in its own process: on ``(i, path)`` it appends a new stream of
+    LIVE_COMMIT records to that store, commits, and answers once the commit returned."""
+    b = live_batch()
+    writers = {path: open_store(path, mode="a").writer() for path in paths}
+    try:
+        while (msg := conn.recv()) is not None:
+            i, path = msg
+            writers[path].append(b, stream=1000 + i, reset=True)
+            writers[path].commit()
+            conn.send(i)
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+def live_costs(cfg: dict[str, Any], paths: list[str], kind: str) -> list[tuple[float, float, float]]:
+    """Per store of ``paths``: median seconds of ``(refresh, sample, sample+gather)`` right after
+    another process's writer committed LIVE_COMMIT records (the commit is not timed; a new commit
+    before each minibatch; the stores take turns, so machine noise hits them alike).
     The reader's maps are faulted in first, as in section 4: a learner that has run a while has
     touched its pages (a fresh reader's first random reads at 10M records pay a page fault per
     page touched, ~0.7 ms per minibatch here, which is not what following a commit costs)."""
-    st = open_store(path, mode="r")
-    tab = st.table("records")
-    prefault(tab)
-    s = make_sampler(kind, st)
-    s.sample()
+    import multiprocessing
+
+    stores, tabs, samplers = [], [], []
+    for path in paths:
+        st = open_store(path, mode="r")
+        stores.append(st)
+        tabs.append(st.table("records"))
+        prefault(tabs[-1])
+        samplers.append(make_sampler(kind, st))
+        samplers[-1].sample()
     errs = np.random.default_rng(6).exponential(1.0, SAMPLE)
-    rng = np.random.default_rng(7)
-    b = {"obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, LIVE_COMMIT).astype(np.int64),
-         "reward": rng.standard_normal(LIVE_COMMIT, dtype=np.float32),
-         "next_obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32), "terminated": np.zeros(LIVE_COMMIT, bool)}
-    times: list[tuple[float, float, float]] = []
-    with open_store(path, mode="a").writer() as w:
+    times: list[list[tuple[float, float, float]]] = [[] for _ in paths]
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    writer = multiprocessing.get_context("spawn").Process(target=live_writer, args=(paths, theirs))
+    writer.start()
+    try:
         for i in range(cfg["live_reps"]):
-            w.append(b, stream=1000 + i, reset=True)
-            w.commit()
-            t0 = time.perf_counter()
-            st.refresh()
-            t1 = time.perf_counter()
-            req = s.sample()
-            t2 = time.perf_counter()
-            gather(tab, req)
-            times.append((t1 - t0, t2 - t1, time.perf_counter() - t1))
-            if kind == "prioritized":
-                s.update(req.rows, errs)
-    return tuple(float(np.median([t[j] for t in times])) for j in range(3))  # type: ignore[return-value]
+            for j in (range(len(paths)) if i % 2 else reversed(range(len(paths)))):
+                ours.send((i, paths[j]))
+                ours.recv()
+                tab, s = tabs[j], samplers[j]
+                t0 = time.perf_counter()
+                stores[j].refresh()
+                t1 = time.perf_counter()
+                req = s.sample()
+                t2 = time.perf_counter()
+                gather(tab, req)
+                times[j].append((t1 - t0, t2 - t1, time.perf_counter() - t1))
+                if kind == "prioritized":
+                    s.update(req.rows, errs)
+    finally:
+        ours.send(None)
+        writer.join()
+    return [tuple(float(np.median([t[k] for t in ts])) for k in range(3)) for ts in times]  # type: ignore[misc]
 
 
 def bench_live(cfg: dict[str, Any], paths: dict[int, str], out: Table) -> None:
-    """Sample cost when the store keeps growing: a commit from another writer arrives before every
-    minibatch (the sampler's incremental bookkeeping, not a static table)."""
+    """Sample cost when the store keeps growing: a commit from another process's writer arrives
+    before every minibatch (the sampler's incremental bookkeeping, not a static table)."""
     small, big = sorted(paths)
     refresh: dict[int, list[float]] = {small: [], big: []}
     for kind in SAMPLERS:
-        cs, cb = live_costs(cfg, paths[small], kind), live_costs(cfg, paths[big], kind)
+        cs, cb = live_costs(cfg, [paths[small], paths[big]], kind)
         refresh[small].append(cs[0])
         refresh[big].append(cb[0])
         out.add(f"4b. {kind}: sample() after a {LIVE_COMMIT:,}-record commit, {big:,} vs {small:,}", cb[1] * 1e6,
