@@ -438,9 +438,19 @@ class TableReader:
         index arrays of rows that left the view can no longer be read (their fragment was
         reclaimed before this reader saw them go); the change contradicts the index."""
         assert self._index is not None
-        old = _intervals(frags, vis_from)
-        new = _intervals(self.fragments, self.vis_from)
-        appeared, left = _subtract(new, old), _subtract(old, new)
+        n_old = len(frags)
+        # visible fragments only appended (the oldest may have lost rows to eviction)
+        grew = n_old <= len(self.fragments) and all(a is b for a, b in zip(frags, self.fragments, strict=False))
+        if grew and np.array_equal(vis_from, self.vis_from[:n_old]):
+            # and nothing evicted: what appeared is the new fragments (a view's fragments are
+            # disjoint), at the cost of the new fragments rather than of every fragment
+            appeared = [(f, int(v), f.rows)
+                        for f, v in zip(self.fragments[n_old:], self.vis_from[n_old:], strict=True)]
+            left: list[tuple[Fragment, int, int]] = []
+        else:
+            old = _intervals(frags, vis_from)
+            new = _intervals(self.fragments, self.vis_from)
+            appeared, left = _subtract(new, old), _subtract(old, new)
         changed = sum(hi - lo for _, lo, hi in appeared + left)
         if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
             return False
@@ -450,10 +460,9 @@ class TableReader:
                                    frag, lo, hi, steps=False) for frag, lo, hi in left]
         except StaleReadError:
             return False
-        if len(frags) <= len(self.fragments) and all(a is b for a, b in zip(frags, self.fragments, strict=False)):
-            # visible fragments only appended: the stream order only grows (cost: new fragments)
+        if grew:  # the stream order only grows (cost: new fragments)
             known = self._index.slot_of
-            new_keys = list(dict.fromkeys(k for f in self.fragments[len(frags):] for k in f.streams if k not in known))
+            new_keys = list(dict.fromkeys(k for f in self.fragments[n_old:] for k in f.streams if k not in known))
             return self._index.apply(added, removed, new_keys=new_keys)
         return self._index.apply(added, removed, keys=list(dict.fromkeys(k for f in self.fragments for k in f.streams)))
 
