@@ -58,6 +58,7 @@ torch==2.13.0).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
@@ -498,8 +499,6 @@ def live_costs(cfg: dict[str, Any], paths: list[str], kind: str) -> list[tuple[f
     The reader's maps are faulted in first, as in section 4: a learner that has run a while has
     touched its pages (a fresh reader's first random reads at 10M records pay a page fault per
     page touched, ~0.7 ms per minibatch here, which is not what following a commit costs)."""
-    import multiprocessing
-
     stores, tabs, samplers = [], [], []
     for path in paths:
         st = open_store(path, mode="r")
