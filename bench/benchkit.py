@@ -82,17 +82,21 @@ def as_tensordict(b: dict[str, np.ndarray], episode: np.ndarray | None = None) -
     return TensorDict(fields, batch_size=[n])
 
 
+def transitions_records(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """``n`` records of ``transitions(4, actions=3)`` (1% terminated)."""
+    return {"obs": rng.standard_normal((n, 4), dtype=np.float32),
+            "action": rng.integers(0, 3, n).astype(np.int64),
+            "reward": rng.standard_normal(n, dtype=np.float32),
+            "next_obs": rng.standard_normal((n, 4), dtype=np.float32),
+            "terminated": rng.random(n) < 0.01}
+
+
 def build_transitions(path: str, records: int, streams: int = 16, reset: bool = False) -> float:
     """A transitions(obs 4) store built with 1M-record commits of ``streams`` streams (each
     commit starting an episode per stream if ``reset``); seconds taken."""
     per_commit = min(records, 1_000_000)
     per_stream = per_commit // streams
-    rng = np.random.default_rng(2)
-    b = {"obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "action": rng.integers(0, 3, per_stream).astype(np.int64),
-         "reward": rng.standard_normal(per_stream, dtype=np.float32),
-         "next_obs": rng.standard_normal((per_stream, 4), dtype=np.float32),
-         "terminated": rng.random(per_stream) < 0.01}
+    b = transitions_records(np.random.default_rng(2), per_stream)
     st = open_store(path, transitions(4, actions=3), mode="w")
     t0 = time.perf_counter()
     with st.writer() as w:

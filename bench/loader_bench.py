@@ -80,6 +80,7 @@ from benchkit import (
     interleaved,
     main,
     rate,
+    transitions_records,
 )
 from replaystore.loaders import (
     EpochSampler,
@@ -466,20 +467,10 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     bench_live(cfg, paths, out)
 
 
-def live_batch() -> dict[str, np.ndarray]:
-    """The LIVE_COMMIT records section 4b's writer appends before every minibatch."""
-    rng = np.random.default_rng(7)
-    return {"obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
-            "action": rng.integers(0, 3, LIVE_COMMIT).astype(np.int64),
-            "reward": rng.standard_normal(LIVE_COMMIT, dtype=np.float32),
-            "next_obs": rng.standard_normal((LIVE_COMMIT, 4), dtype=np.float32),
-            "terminated": np.zeros(LIVE_COMMIT, bool)}
-
-
 def live_writer(paths: list[str], conn: Any) -> None:
     """Section 4b's collector, in its own process: on ``(i, path)`` it appends a new stream of
     LIVE_COMMIT records to that store, commits, and answers once the commit returned."""
-    b = live_batch()
+    b = transitions_records(np.random.default_rng(7), LIVE_COMMIT)
     writers = {path: open_store(path, mode="a").writer() for path in paths}
     try:
         while (msg := conn.recv()) is not None:
