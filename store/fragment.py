@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,19 +99,24 @@ class Fragment:
     streams: list[int | str]
     parts: list[tuple[int, int, int]]
     segment: SegmentRef | None = None
+    first_id: int = field(init=False, repr=False, compare=False)
+    """The row id of the first record (``writer << 40 | row_start``)."""
+    group: tuple[int, str] = field(init=False, repr=False, compare=False)
+    """``(writer, name)`` of the Zarr group holding the records: the segment's, if segment-backed."""
+
+    def __post_init__(self) -> None:
+        # asked for every fragment on every reader sync: computed once
+        object.__setattr__(self, "first_id", layout.row_id(self.writer, self.row_start))
+        object.__setattr__(self, "group", (self.writer, self.segment.name if self.segment else self.name))
 
     @property
     def path(self) -> str:
         """The directory of the Zarr group holding the records (the segment's, if segment-backed)."""
-        return layout.fragment_dir(self.writer, self.table, self.segment.name if self.segment else self.name)
+        return layout.fragment_dir(self.writer, self.table, self.group[1])
 
     def value_end(self, offsets: str) -> int:
         """The end of this fragment's values in its values arrays (CSR group ``offsets``)."""
         return self.nnz[offsets] + (self.segment.values[offsets] if self.segment else 0)
-
-    @property
-    def first_id(self) -> int:
-        return layout.row_id(self.writer, self.row_start)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"name": self.name, "row_start": self.row_start, "rows": self.rows, "nnz": self.nnz,

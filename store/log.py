@@ -7,6 +7,7 @@ instead of every record ever written.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ READ_AHEAD = 64  # the most commit records of one writer a refresh asks for at o
 CHECKPOINT_EVERY = 1024
 """Records applied since the newest checkpoint a writer knows of, after which its commit writes one."""
 HISTORY_BATCH = 1024  # commit records read at once when the history is loaded
+_FIRST_ID = operator.attrgetter("first_id")
 
 
 @dataclass
@@ -147,7 +149,7 @@ class CommitLog:
     def fragments(self, table: str) -> list[Fragment]:
         """Live fragments of ``table``, ordered by row id."""
         out = [f for w in self.writers.values() for f in w.fragments.get(table, {}).values()]
-        out.sort(key=lambda f: f.first_id)
+        out.sort(key=_FIRST_ID)
         return out
 
     # -- history --------------------------------------------------------------------------

@@ -30,11 +30,8 @@ from replaystore.store.vmap import PAGE, AddressRange
 from replaystore.store.zarrio import chunk_path, missing_chunk, open_cached
 
 UnitKey = tuple[int, str]
-"""A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it."""
-
-
-def _key(frag: Fragment) -> UnitKey:
-    return frag.writer, frag.segment.name if frag.segment else frag.name
+"""A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it
+(:attr:`Fragment.group`)."""
 
 
 class Layout:
@@ -70,19 +67,14 @@ class Layout:
             return seg.value_capacity[self.values_of]
         return seg.capacity + (self.specs[name].role == "offsets")
 
-    def _first(self, frag: Fragment) -> int:
-        """``frag``'s first row in its unit's arrays of this layout."""
-        return frag.segment.row if frag.segment is not None and self.values_of is None else 0
-
     def _slot(self, frag: Fragment) -> int:
         rows = max([1, *(self._rows(frag, n) for n in self.specs)])
         return -(-rows // self.unit) * self.unit
 
     def place(self, frags: list[Fragment]) -> np.ndarray:
         """Lay out ``frags`` (the visible fragments, in the reader's order); their base rows."""
-        units: dict[UnitKey, Fragment] = {}
-        for f in frags:
-            units.setdefault(_key(f), f)
+        keys = [f.group for f in frags]
+        units = dict(zip(keys, frags))  # any fragment of a unit describes it
         new = [(k, f) for k, f in units.items() if k not in self._base]
         if self._top + sum(self._slot(f) for _, f in new) > self._cap:
             # start afresh in new ranges; the old ones stay whole until their last view is gone
@@ -98,7 +90,10 @@ class Layout:
             self._top += self._slot(f)
         if new:
             self._views = {}  # views are (re)built with their pending mappings on first use
-        return np.array([self._base[_key(f)] + self._first(f) for f in frags], dtype=np.int64)
+        base = np.array([self._base[k] for k in keys], dtype=np.int64)
+        if self.values_of is None:  # segment-backed fragments start at their row of the segment
+            base += np.array([f.segment.row if f.segment is not None else 0 for f in frags], dtype=np.int64)
+        return base
 
     def _drop(self, k: UnitKey) -> None:
         frag, base = self._units.pop(k), self._base.pop(k)
@@ -125,7 +120,7 @@ class Layout:
         """Map every array of the placed units of ``frags`` (those of a lazy layout a read needs)."""
         for frag in frags:
             for name in self.specs:
-                self._map(name, _key(frag))
+                self._map(name, frag.group)
 
     def _range(self, name: str) -> AddressRange:
         rng = self._ranges.get(name)

@@ -82,7 +82,8 @@ class TableReader:
         vis_from = np.zeros(len(frags), dtype=np.int64)
         if self.capacity is not None:
             vis_from = self._evict(frags)
-        keep = vis_from < np.array([f.rows for f in frags], dtype=np.int64)
+        rows = np.array([f.rows for f in frags], dtype=np.int64)
+        keep = vis_from < rows
         self.all_fragments = frags
         before = self.fragments
         self.fragments = [f for f, k in zip(frags, keep, strict=True) if k]
@@ -91,8 +92,8 @@ class TableReader:
             self.storage.cache.forget([f.path for f in before if (f.writer, f.name) in gone and f.segment is None])
         self.vis_from = vis_from[keep]
         self.first_ids = np.array([f.first_id for f in self.fragments], dtype=np.int64)
-        self.ends = np.array([f.first_id + f.rows for f in self.fragments], dtype=np.int64)
-        counts = np.array([f.rows for f in self.fragments], dtype=np.int64) - self.vis_from
+        self.ends = self.first_ids + rows[keep]
+        counts = rows[keep] - self.vis_from
         self.cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
