@@ -431,27 +431,29 @@ class TableReader:
                       datas: dict[tuple[int, str], FragmentData]) -> bool:
         """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream
         index: the row-id intervals that appeared or left (appends, eviction; compaction
-        replaces fragments without changing them), and the new stream order. Cost: fragments
-        + rows changed (see StreamIndex.apply for what a stream's update costs).
+        replaces fragments without changing them), and the new stream order. Cost: the
+        fragments after the views' common prefix + rows changed (see StreamIndex.apply for what
+        a stream's update costs), plus every fragment's stream keys where the stream order
+        changes otherwise than by new keys at its end.
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
         index arrays of rows that left the view can no longer be read (their fragment was
         reclaimed before this reader saw them go); the change contradicts the index."""
         assert self._index is not None
-        n_old = len(frags)
-        # visible fragments only appended (the oldest may have lost rows to eviction)
-        grew = n_old <= len(self.fragments) and all(a is b for a, b in zip(frags, self.fragments, strict=False))
-        if grew and np.array_equal(vis_from, self.vis_from[:n_old]):
-            # and nothing evicted: what appeared is the new fragments (a view's fragments are
-            # disjoint), at the cost of the new fragments rather than of every fragment
-            appeared = [(f, int(v), f.rows)
-                        for f, v in zip(self.fragments[n_old:], self.vis_from[n_old:], strict=True)]
-            left: list[tuple[Fragment, int, int]] = []
-        else:
-            old = _intervals(frags, vis_from)
-            new = _intervals(self.fragments, self.vis_from)
-            appeared, left = _subtract(new, old), _subtract(old, new)
+        # only what follows the longest prefix of fragments the two views share changed: appends
+        # add fragments at the end, compaction replaces a writer's newest ones (and eviction
+        # moves where the oldest start: rows are compared from the first such fragment on; a
+        # view's fragments are disjoint, so the prefix cancels out)
+        same = 0
+        for a, b in zip(frags, self.fragments, strict=False):
+            if a is not b:
+                break
+            same += 1
+        evicted = np.flatnonzero(vis_from[:same] != self.vis_from[:same])
+        n = int(evicted[0]) if len(evicted) else same
+        old, new = _intervals(frags[n:], vis_from[n:]), _intervals(self.fragments[n:], self.vis_from[n:])
+        appeared, left = _subtract(new, old), _subtract(old, new)
         changed = sum(hi - lo for _, lo, hi in appeared + left)
         if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
             return False
@@ -461,10 +463,13 @@ class TableReader:
                                    frag, lo, hi, steps=False) for frag, lo, hi in left]
         except StaleReadError:
             return False
-        if grew:  # the stream order only grows (cost: new fragments)
+        # the stream order (first listing over the fragments) only grows if the fragments after
+        # the prefix list the old ones' keys first; a known key after those is listed in the prefix
+        was = list(dict.fromkeys(k for f in frags[same:] for k in f.streams))
+        now = list(dict.fromkeys(k for f in self.fragments[same:] for k in f.streams))
+        if now[:len(was)] == was:
             known = self._index.slot_of
-            new_keys = list(dict.fromkeys(k for f in self.fragments[n_old:] for k in f.streams if k not in known))
-            return self._index.apply(added, removed, new_keys=new_keys)
+            return self._index.apply(added, removed, new_keys=[k for k in now[len(was):] if k not in known])
         return self._index.apply(added, removed, keys=list(dict.fromkeys(k for f in self.fragments for k in f.streams)))
 
     @staticmethod
