@@ -1,5 +1,6 @@
 """What following the commit log costs as writer sessions pile up: ``open_store`` (the newest
-log checkpoint and the records after it) and ``refresh()`` with nothing new, on local disk and on S3.
+log checkpoint and the records after it) and ``refresh()`` with nothing new, on local disk and on S3;
+and, on local disk, what a learner pays to follow a live collector's commit.
 
     python bench/log_bench.py            # local: 1,000 closed sessions; S3: 32 (about 3 minutes)
     python bench/log_bench.py --quick    # local: 300; S3: 16 (under a minute)
@@ -16,11 +17,20 @@ bounds. No peer: TorchRL's buffers have no log to follow. Runs on any replaystor
 checkout has one), so older versions can be measured with the same script. A writer saves a
 log checkpoint every 1,024 records by default: the local store (2 records per session) has
 one; the S3 store reaches one only with a lower ``--checkpoint-every``.
+
+Following a live collector (local disk): a writer in another process appends FOLLOW_COMMIT
+records to its stream and commits; right after each commit the learner times ``refresh()`` and
+``SequenceSampler.sample()`` (16 windows of 16 steps; the sampler brings its windows up to date).
+Two stores take turns commit by commit: one with only the collector's writer, and the store
+above with its closed sessions (each session's records are a fragment of their own, which
+every refresh syncs with). The collector commits FOLLOW_WARM times before timing begins (its
+tiered compaction reaches its steady state) and ``--follow-reps`` times while timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -31,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from benchkit import ACTIONS, HEADS, OBS, dqn_records
+from replaystore.loaders import SequenceSampler
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 
@@ -40,6 +51,7 @@ from support.s3proxy import Faults, faulty_s3, options_via  # noqa: E402
 SCHEMA = dqn(OBS, HEADS, actions=ACTIONS)
 FULL = {"local": 1_000, "s3": 32}
 QUICK = {"local": 300, "s3": 16}
+FOLLOW_COMMIT, FOLLOW_WARM, SLICE, SLICES = 1_000, 20, 16, 16
 
 
 def write_sessions(url: str, options: dict[str, Any] | None, sessions: int, open_writers: int) -> list[Any]:
@@ -73,6 +85,51 @@ def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> 
             "requests": (faults.requests - before) / 10 if faults else float("nan"), "open_requests": open_requests}
 
 
+def live_collector(urls: list[str], conn: Any) -> None:
+    """The followed collector, in its own process: on ``url`` it appends FOLLOW_COMMIT records to
+    its stream in that store, commits, and answers once the commit returned."""
+    batch = dqn_records(np.random.default_rng(7), FOLLOW_COMMIT)
+    writers = {url: open_store(url, mode="a").writer() for url in urls}
+    try:
+        while (url := conn.recv()) is not None:
+            writers[url].append(batch, stream="collector")
+            writers[url].commit()
+            conn.send(url)
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+def follow(urls: list[str], reps: int) -> list[tuple[float, float]]:
+    """Per store: median ``(refresh, sample)`` seconds right after the collector's commit."""
+    ours, theirs = multiprocessing.Pipe()
+    collector = multiprocessing.get_context("spawn").Process(target=live_collector, args=(urls, theirs))
+    collector.start()
+    times: list[list[tuple[float, float]]] = [[] for _ in urls]
+    try:
+        for _ in range(FOLLOW_WARM):
+            for url in urls:
+                ours.send(url)
+                ours.recv()
+        stores = [open_store(url, mode="r") for url in urls]
+        samplers = [SequenceSampler(st, length=SLICE, batch_size=SLICES, seed=0) for st in stores]
+        for s in samplers:
+            s.sample()
+        for i in range(reps):
+            for j in range(len(urls)) if i % 2 else reversed(range(len(urls))):
+                ours.send(urls[j])
+                ours.recv()
+                t0 = time.perf_counter()
+                stores[j].refresh()
+                t1 = time.perf_counter()
+                samplers[j].sample()
+                times[j].append((t1 - t0, time.perf_counter() - t1))
+    finally:
+        ours.send(None)
+        collector.join()
+    return [(statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for ts in times]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sessions (under a minute)")
@@ -80,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request (default 20)")
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="records between log checkpoints (default: the library's, 1,024)")
+    ap.add_argument("--follow-reps", type=int, default=31, help="timed commits per store when following (default 31)")
     args = ap.parse_args(argv)
     from replaystore.store import log
 
@@ -93,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("local disk", sizes["local"], measure(url, None, None)))
         for w in live:
             w.close()
+        open_store(f"{tmp}/alone", SCHEMA, mode="w").close()
+        followed = follow([f"{tmp}/alone", url], args.follow_reps)
     from replaystore.tools.s3local import loopback_s3
 
     with loopback_s3() as s3:
@@ -112,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, sessions, m in rows:
         print(f"| {name} | {sessions:,} | {args.open} | {m['open_ms']:,.0f} ms | {m['refresh_ms']:,.2f} ms | "
               f"{m['requests']:.0f} | {m['open_requests']:.0f} |")
+    print(f"\nfollowing a collector that commits {FOLLOW_COMMIT:,} records (another process); medians of "
+          f"{args.follow_reps} commits per store, after {FOLLOW_WARM} untimed")
+    print("| store | closed sessions | refresh() | SequenceSampler.sample() | both |")
+    print("|---|---|---|---|---|")
+    for (name, sessions), (r, smp) in zip((("the collector's writer alone", 0), ("local disk above", sizes["local"])),
+                                          followed, strict=True):
+        print(f"| {name} | {sessions:,} | {r * 1e3:.2f} ms | {smp * 1e3:.2f} ms | {(r + smp) * 1e3:.2f} ms |")
     return 0
 
 

@@ -7,6 +7,8 @@ instead of every record ever written.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,15 @@ class WriterLog:
     next_seq: int = 0
     closed: bool = False  # its ``close`` record was applied: it never writes again
     fragments: dict[str, dict[str, Fragment]] = field(default_factory=dict)  # table -> name -> fragment
+    # table -> its live fragments ordered by row id, while unchanged (see ``ordered``)
+    _ordered: dict[str, list[Fragment]] = field(default_factory=dict, repr=False, compare=False)
+
+    def ordered(self, table: str) -> list[Fragment]:
+        """The writer's live fragments of ``table`` in row-id order (kept until they change)."""
+        out = self._ordered.get(table)
+        if out is None:
+            out = self._ordered[table] = sorted(self.fragments.get(table, {}).values(), key=_FIRST_ID)
+        return out
 
     def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
         """Next seq, closed flag and live fragment descriptors per table (by name): what two
@@ -69,6 +80,12 @@ class CommitLog:
         self._use_checkpoints = checkpoints
         self._started = False
         self._history: list[CommitInfo] | None = None
+        # table -> its live fragments in row-id order, and the writers applied since it was made
+        self._ordered: dict[str, list[Fragment]] = {}
+        self._stale: dict[str, set[int]] = {}
+        self._listed: set[str] = set()  # the names under writers/ at the last refresh
+        self._listed_token: object = None  # its token (Storage.list_changed)
+        self._open: set[int] = set()  # the writers whose close record is not applied
 
     def refresh(self) -> bool:
         """Apply every commit created since the last call; True if anything changed.
@@ -81,12 +98,18 @@ class CommitLog:
             self._started = True
             if self._use_checkpoints:
                 self._start_from_checkpoint()
-        for name in self.storage.list(layout.WRITERS):
-            if name.isdigit() and int(name) not in self.writers:
-                self.writers[int(name)] = WriterLog(int(name))
+        # every writer has a directory under writers/: none made since the last listing, no new writer
+        names, self._listed_token = self.storage.list_changed(layout.WRITERS, self._listed_token)
+        if names is not None:
+            listed = set(names)
+            for name in listed.difference(self._listed):  # names not seen before (cost: those)
+                if name.isdigit() and int(name) not in self.writers:
+                    self.writers[int(name)] = WriterLog(int(name))
+                    self._open.add(int(name))
+            self._listed = listed
         # read everything first (a damaged record raises with nothing applied), then apply in order
         new: dict[int, list[dict[str, Any]]] = {}
-        pending = [w.writer for w in self.writers.values() if not w.closed]
+        pending = sorted(self._open)
         window = 1
         while pending:
             starts = {w: self.writers[w].next_seq + len(new.get(w, ())) for w in pending}
@@ -118,7 +141,10 @@ class CommitLog:
         has not read the store yet (nothing done: call :meth:`refresh`)."""
         if not self._started:
             return None
-        wlog = self.writers.setdefault(writer, WriterLog(writer))
+        if writer not in self.writers:
+            self.writers[writer] = WriterLog(writer)
+            self._open.add(writer)
+        wlog = self.writers[writer]
         for seq in [s for s in list(created) if s < wlog.next_seq]:  # (applied by a refresh)
             created.pop(seq, None)
         bodies = []
@@ -131,6 +157,8 @@ class CommitLog:
 
     def _apply_new(self, new: dict[int, list[dict[str, Any]]]) -> None:
         """Apply each writer's next records ``new`` (decoded, in seq order)."""
+        for stale in self._stale.values():
+            stale.update(new)
         for writer, bodies in new.items():
             wlog = self.writers[writer]
             for body in bodies:
@@ -138,6 +166,8 @@ class CommitLog:
                 if self._history is not None:
                     self._history.append(CommitInfo(writer, wlog.next_seq, body))
                 wlog.next_seq += 1
+            if wlog.closed:
+                self._open.discard(writer)
         self.since_checkpoint += sum(map(len, new.values()))
         if new:
             self.version += 1
@@ -147,9 +177,19 @@ class CommitLog:
         self.time_ns = max(self.time_ns, int(body.get("time_ns", 0)))
 
     def fragments(self, table: str) -> list[Fragment]:
-        """Live fragments of ``table``, ordered by row id."""
-        out = [f for w in self.writers.values() for f in w.fragments.get(table, {}).values()]
-        out.sort(key=_FIRST_ID)
+        """Live fragments of ``table``, ordered by row id (a writer's row ids all follow those of
+        lower writer numbers). Cost: the fragments of the writers whose records were applied
+        since the last call. The list is shared until the log changes: do not modify it."""
+        out = self._ordered.get(table)
+        if out is None:
+            out = list(itertools.chain.from_iterable(self.writers[w].ordered(table) for w in sorted(self.writers)))
+        elif self._stale[table]:
+            out = list(out)
+            for w in sorted(self._stale[table]):  # a writer's fragments are one run of the list
+                lo = bisect.bisect_left(out, w << layout.ROW_BITS, key=_FIRST_ID)
+                hi = bisect.bisect_left(out, (w + 1) << layout.ROW_BITS, lo=lo, key=_FIRST_ID)
+                out[lo:hi] = self.writers[w].ordered(table)
+        self._ordered[table], self._stale[table] = out, set()
         return out
 
     # -- history --------------------------------------------------------------------------
@@ -196,6 +236,9 @@ class CommitLog:
             except CorruptObjectError:
                 continue
             self.checkpoint = number
+            self.version += 1
+            self._ordered.clear()
+            self._open = {w for w, wlog in self.writers.items() if not wlog.closed}
             return
 
     def checkpoint_due(self) -> bool:
@@ -235,6 +278,7 @@ class CommitLog:
 def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
     """Apply one of ``wlog``'s commit records (the next one) to its live fragments."""
     for table, change in body.get("tables", {}).items():
+        wlog._ordered.pop(table, None)
         frags = wlog.fragments.setdefault(table, {})
         for name in change.get("remove", []):
             frags.pop(name, None)

@@ -16,6 +16,7 @@ supported) can return wrong rows but never kill the process.
 
 from __future__ import annotations
 
+import collections
 import errno
 import math
 
@@ -50,6 +51,7 @@ class Layout:
         self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, s.row_bytes) for s in specs))
         self._units: dict[UnitKey, Fragment] = {}  # a fragment of each placed unit
         self._base: dict[UnitKey, int] = {}
+        self._count: collections.Counter[UnitKey] = collections.Counter()  # visible fragments per unit
         self._top = 0
         self._cap = 0
         self._ranges: dict[str, AddressRange] = {}
@@ -90,6 +92,36 @@ class Layout:
             self._top += self._slot(f)
         if new:
             self._views = {}  # views are (re)built with their pending mappings on first use
+        self._count = collections.Counter(keys)
+        return self._bases_of(frags, keys)
+
+    def follow(self, removed: list[Fragment], added: list[Fragment]) -> np.ndarray | None:
+        """Follow a change of the visible fragments, ``removed`` left and ``added`` came (the rest
+        kept their places); the base rows of ``added``. Cost: the change. None where the
+        reserved space runs out: the layout is then in no defined state until :meth:`place`."""
+        count = self._count
+        for f in removed:
+            count[f.group] -= 1
+        new: dict[UnitKey, Fragment] = {}
+        for f in added:
+            if f.group not in self._base:
+                new.setdefault(f.group, f)
+            count[f.group] += 1
+        if self._top + sum(self._slot(f) for f in new.values()) > self._cap:
+            return None
+        for k in {f.group for f in removed}:
+            if count[k] <= 0:
+                del count[k]
+                self._drop(k)
+        for k, f in new.items():
+            self._units[k] = f
+            self._base[k] = self._top
+            self._top += self._slot(f)
+        if new:
+            self._views = {}
+        return self._bases_of(added, [f.group for f in added])
+
+    def _bases_of(self, frags: list[Fragment], keys: list[UnitKey]) -> np.ndarray:
         base = np.array([self._base[k] for k in keys], dtype=np.int64)
         if self.values_of is None:  # segment-backed fragments start at their row of the segment
             base += np.array([f.segment.row if f.segment is not None else 0 for f in frags], dtype=np.int64)

@@ -125,6 +125,12 @@ class Storage(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Names (not paths) directly under ``prefix``; empty if none."""
 
+    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+        """``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no
+        directory was added under ``prefix`` or removed from it since the listing that returned
+        ``token`` (None: no such listing). Entries that are not directories may have changed."""
+        return self.list(prefix), None
+
     @abc.abstractmethod
     def delete(self, path: str) -> None:
         """Remove an object or, recursively, a prefix; absent paths are ignored."""
@@ -481,6 +487,26 @@ class LocalStorage(Storage):
             return sorted(n for n in os.listdir(self._p(prefix)) if not n.startswith(".tmp-"))
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+        """Where the filesystem counts a directory's subdirectories in its link count (2 + their
+        number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an unchanged count means none
+        came or went: the directory is stat'ed first, then listed, and the count is a token only if
+        it matches the listing (a subdirectory made in between shows as a change next time)."""
+        full = self._p(prefix)
+        try:
+            links = os.stat(full).st_nlink
+        except (FileNotFoundError, NotADirectoryError):
+            return [], None
+        if token is not None and token == links:
+            return None, token
+        try:
+            with os.scandir(full) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return [], None
+        dirs = sum(d for _, d in entries)
+        return sorted(n for n, _ in entries if not n.startswith(".tmp-")), (links if links == dirs + 2 else None)
 
     def delete(self, path: str) -> None:
         import shutil

@@ -68,36 +68,28 @@ class TableReader:
             for off, names in schema.offsets_groups.items():
                 self._layouts[off] = Layout(storage, schema, [s for s in specs if s.role == "values" and s.name in names])
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
+        self.all_fragments: list[Fragment] = []  # the live ones (visible or not), as of sync
+        self._sync_all(self.all_fragments)
         self.sync()
 
     # -- visibility -----------------------------------------------------------------
     def sync(self) -> None:
-        """Recompute the visible set after the log changed (cost: number of fragments)."""
+        """Recompute the visible set after the log changed. Cost: the fragments that changed
+        (appended, compacted, closed with their writer) in a store without a capacity, where
+        the rest keep their places; the number of fragments otherwise."""
         if self._version == self.log.version:
             return
         self._version = self.log.version
         if self._index is not None and self._index_view is None:
             self._index_view = (self.fragments, self.vis_from, self._data)
         frags = self.log.fragments(self.name)
-        vis_from = np.zeros(len(frags), dtype=np.int64)
-        if self.capacity is not None:
-            vis_from = self._evict(frags)
-        rows = np.array([f.rows for f in frags], dtype=np.int64)
-        keep = vis_from < rows
+        if not (self.capacity is None and self._follow(frags)):
+            self._sync_all(frags)
         self.all_fragments = frags
-        before = self.fragments
-        self.fragments = [f for f, k in zip(frags, keep, strict=True) if k]
-        if self.storage.cache is not None:  # what no longer shows will not be read: the cache drops it first
-            gone = {(f.writer, f.name) for f in before} - {(f.writer, f.name) for f in self.fragments}
-            self.storage.cache.forget([f.path for f in before if (f.writer, f.name) in gone and f.segment is None])
-        self.vis_from = vis_from[keep]
-        self.first_ids = np.array([f.first_id for f in self.fragments], dtype=np.int64)
-        self.ends = self.first_ids + rows[keep]
-        counts = rows[keep] - self.vis_from
-        self.cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
         firsts = self.first_ids + self.vis_from
+        self.cum = np.concatenate([_ZERO, np.cumsum(self.ends - firsts)])
         self._edges = np.stack((firsts, self.ends), axis=1).reshape(-1)
         self._base = firsts - self.cum[:-1]
         self._cum_ends = self.cum[1:]
@@ -106,23 +98,84 @@ class TableReader:
         self._run_start = int(firsts[0]) if len(firsts) else 0
         if not np.array_equal(firsts[1:], self.ends[:-1]):
             self._run_start = None
-        live = {(f.writer, f.name) for f in frags}
-        self._data = {k: v for k, v in self._data.items() if k in live}
-        # base row of each visible fragment per layout, and each fragment's value count per CSR group
-        self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
         # per visible fragment: what a row id plus it is in the record arrays' views, and the base
         # row of its values in each CSR group's views (one gather per read fetches them all)
         self._view_shift = (np.stack([self._bases["records"] - self.first_ids,
                                       *(self._bases[off] for off, _ in self._ragged)], axis=1)
                             if self._layouts else None)
-        self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
+        self._views = None  # every array's view, taken at the first read
+        self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
+
+    def _sync_all(self, frags: list[Fragment]) -> None:
+        """:meth:`sync`'s per-fragment state, computed afresh for the live fragments ``frags``."""
+        vis_from = np.zeros(len(frags), dtype=np.int64)
+        if self.capacity is not None:
+            vis_from = self._evict(frags)
+        rows = np.array([f.rows for f in frags], dtype=np.int64)
+        keep = self._shown = vis_from < rows
+        before = self.fragments
+        self.fragments = [f for f, k in zip(frags, keep, strict=True) if k]
+        self._forget({(f.writer, f.name): f for f in before}, {(f.writer, f.name) for f in self.fragments})
+        self.vis_from = vis_from[keep]
+        self.first_ids = np.array([f.first_id for f in self.fragments], dtype=np.int64)
+        self.ends = self.first_ids + rows[keep]
+        live = {(f.writer, f.name) for f in frags}
+        self._data = {k: v for k, v in self._data.items() if k in live}
+        # base row of each visible fragment per layout, and each fragment's value count per CSR group
+        self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
         # object storage (lazy layouts): the visible fragments no read has mapped since this sync
         self._unmapped = (np.ones(len(self.fragments), dtype=bool)
                           if self._layouts and self._layouts["records"].lazy else None)
         # where each fragment's values end in its values arrays (a segment's are shared)
         self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
-        self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
+
+    def _follow(self, frags: list[Fragment]) -> bool:
+        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` at the cost of
+        what changed between the two lists (no capacity: every record of a live fragment is
+        visible); False, with nothing changed, where most of them changed."""
+        was = self.all_fragments
+        head, tail = _common_ends(was, frags)
+        removed, added = was[head:len(was) - tail], frags[head:len(frags) - tail]
+        if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
+            return False
+        gone = [f for f in removed if f.rows]  # every fragment with rows is visible
+        came = [f for f in added if f.rows]
+        shown = self._shown
+        lo = int(np.count_nonzero(shown[:head]))  # the visible fragments that changed: [lo, hi)
+        hi = lo + len(gone)
+        self._shown = np.concatenate((shown[:head], np.array([f.rows > 0 for f in added], dtype=bool),
+                                      shown[len(shown) - tail:]))
+        self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
+        self.fragments = [*self.fragments[:lo], *came, *self.fragments[hi:]]
+
+        def splice(old: np.ndarray, mid: np.ndarray | list[int]) -> np.ndarray:
+            return np.concatenate((old[:lo], np.asarray(mid, dtype=old.dtype), old[hi:]))
+
+        self.vis_from = np.zeros(len(self.fragments), dtype=np.int64)
+        self.first_ids = splice(self.first_ids, [f.first_id for f in came])
+        self.ends = splice(self.ends, [f.first_id + f.rows for f in came])
+        left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
+        if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
+            self._data = {k: v for k, v in self._data.items() if k not in left}
+        relaid = False
+        for key, lay in self._layouts.items():
+            bases = lay.follow(gone, came)
+            if bases is None:  # the reserved space ran out: laid out afresh
+                relaid = True
+                self._bases[key] = lay.place(self.fragments)
+            else:
+                self._bases[key] = splice(self._bases[key], bases)
+        if self._unmapped is not None:
+            self._unmapped = (np.ones(len(self.fragments), dtype=bool) if relaid
+                              else splice(self._unmapped, np.ones(len(came), dtype=bool)))
+        self._nnz = {off: splice(v, [f.value_end(off) for f in came]) for off, v in self._nnz.items()}
+        return True
+
+    def _forget(self, before: dict[tuple[int, str], Fragment], now: set[tuple[int, str]]) -> None:
+        """What no longer shows will not be read: a chunk cache drops it first."""
+        if self.storage.cache is not None:
+            self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
     def _evict(self, frags: list[Fragment]) -> np.ndarray:
         """Per fragment, the local offset from which its rows are among the newest ``capacity``."""
@@ -483,6 +536,9 @@ class TableReader:
                      np.asarray(data.array("_reset")[lo:hi]))
 
 
+_FOLLOW_MIN = 8
+"""Fragments changed up to which :meth:`TableReader.sync` always follows the change."""
+
 _REBUILD_MIN = 1 << 16
 """Rows changed below which the stream index always follows a change rather than rebuilding."""
 
@@ -493,6 +549,19 @@ _ZERO = np.zeros(1, dtype=np.int64)
 _NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
+
+
+def _common_ends(a: list[Fragment], b: list[Fragment]) -> tuple[int, int]:
+    """Lengths of the longest prefix and of the longest suffix after it that ``a`` and ``b``
+    share (the same fragment objects)."""
+    n = min(len(a), len(b))
+    head = 0
+    while head < n and a[head] is b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and a[-1 - tail] is b[-1 - tail]:
+        tail += 1
+    return head, tail
 
 
 def _intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:

@@ -62,14 +62,18 @@ class Scenario:
                 w.close()
 
     def same_snapshot(self, reader: Any) -> Any:
-        """A freshly opened store at exactly ``reader``'s log position (background merges may
-        publish in between: then both look again)."""
-        for _ in range(100):
-            fresh = open_store(self.url, mode="r")
-            reader.refresh()
-            if _position(fresh) == _position(reader):
-                return fresh
-        raise AssertionError("the log kept moving")
+        return fresh_at(self.url, reader)
+
+
+def fresh_at(url: str, reader: Any) -> Any:
+    """The store at ``url`` freshly opened at exactly ``reader``'s log position, ``reader``
+    refreshed (background merges may publish in between: then both look again)."""
+    for _ in range(100):
+        fresh = open_store(url, mode="r")
+        reader.refresh()
+        if _position(fresh) == _position(reader):
+            return fresh
+    raise AssertionError("the log kept moving")
 
 
 def _position(st: Any) -> dict[int, int]:

@@ -1,0 +1,146 @@
+"""A reader that follows the log sees exactly what a reader opened afresh sees.
+
+``TableReader.sync`` moves its per-fragment state by what changed between two views of the
+live fragments (the longest common prefix and suffix are kept), ``CommitLog.fragments``
+splices in the fragments of the writers it applied, and ``CommitLog.refresh`` lists
+``writers/`` only when a directory came or went there (local filesystems that count
+subdirectories). Random histories exercise all three: three long-lived writers appending DQN
+records (ragged legal ids) to shared int and str streams, committing, compacting and being
+replaced by a new writer (a new number: its fragments come after every other's), and short
+sessions (a writer, one commit, close) made between them, so that older writers' changes land
+in the middle of the fragment list; with and without a capacity.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+from replaystore.schemas import dqn
+from replaystore.store import Store, open_store
+from replaystore.store.storage import LocalStorage
+from replaystore.store.table import TableReader
+from support.batches import dqn_batch
+from support.indexops import fresh_at
+from support.storecheck import assert_same, snapshot
+
+SCHEMA = dqn(16, 2, actions=9)
+KEYS = [0, 1, "a"]
+_counter = itertools.count()
+
+OPS = hs.lists(hs.one_of(
+    hs.tuples(hs.just("append"), hs.integers(0, 2), hs.sampled_from(KEYS), hs.integers(1, 30)),
+    hs.tuples(hs.just("write"), hs.integers(0, 2), hs.sampled_from(KEYS), hs.integers(1, 30)),
+    hs.tuples(hs.just("write"), hs.integers(0, 2), hs.sampled_from(KEYS), hs.integers(1, 30)),
+    hs.tuples(hs.just("commit"), hs.integers(0, 2)),
+    hs.tuples(hs.just("compact"), hs.integers(0, 2)),
+    hs.tuples(hs.just("replace"), hs.integers(0, 2)),
+    hs.tuples(hs.just("session"), hs.integers(1, 12)),
+), min_size=1, max_size=40)
+
+STATE = ("vis_from", "first_ids", "ends", "cum", "_edges", "_base", "_cum_ends", "_shown")
+
+
+@pytest.fixture(scope="session")
+def new_url(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], str]:
+    base = tmp_path_factory.mktemp("follow")
+    return lambda: str(base / f"st{next(_counter)}")
+
+
+def _same_state(got: TableReader, want: TableReader) -> None:
+    def names(frags: list[Any]) -> list[tuple[int, str, int]]:
+        return [(f.writer, f.name, f.rows) for f in frags]
+
+    assert names(got.fragments) == names(want.fragments)
+    assert names(got.all_fragments) == names(want.all_fragments)
+    for attr in STATE:
+        assert np.array_equal(getattr(got, attr), getattr(want, attr)), attr
+    assert got._run_start == want._run_start
+    assert got._nnz.keys() == want._nnz.keys()
+    for off in got._nnz:
+        assert np.array_equal(got._nnz[off], want._nnz[off]), off
+    assert got._max_nnz == want._max_nnz
+
+
+def _check(reader: Store, url: str) -> None:
+    fresh = fresh_at(url, reader)
+    got, want = reader.default.reader, fresh.default.reader
+    _same_state(got, want)
+    assert snapshot(reader) == snapshot(fresh)
+    ids = reader.default.row_ids()
+    per_fragment = TableReader(got.storage, got.log, got.name, got.schema, got.capacity, contiguous=False)
+    assert_same(reader.default.read(ids), per_fragment.read(ids))
+    assert np.array_equal(reader.default.rows_at(np.arange(len(ids))), ids)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=OPS, capacity=hs.one_of(hs.none(), hs.integers(20, 120)))
+def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], plan: list[Any],
+                                            capacity: int | None) -> None:
+    url = new_url()
+    st = open_store(url, SCHEMA, mode="w", capacity=capacity)
+    reader = open_store(url, mode="r")
+    rng = np.random.default_rng(len(plan))
+    writers = [st.writer() for _ in range(3)]
+    sessions = 0
+    try:
+        for op in plan:
+            if op[0] in ("append", "write"):
+                writers[op[1]].append(dqn_batch(rng, op[3], extra=0), stream=op[2])
+                if op[0] == "append":
+                    continue
+                writers[op[1]].commit()
+            if op[0] == "commit" and writers[op[1]].commit() is None:
+                continue
+            if op[0] == "compact" and not writers[op[1]].compact():
+                continue
+            if op[0] == "replace":
+                writers[op[1]].close()
+                writers[op[1]] = st.writer()
+            if op[0] == "session":
+                sessions += 1
+                with st.writer() as w:
+                    w.append(dqn_batch(rng, op[1], extra=0), stream=f"session-{sessions}")
+            _check(reader, url)
+    finally:
+        for w in writers:
+            w.close()
+    _check(reader, url)
+
+
+def test_the_writers_listing_is_skipped_only_while_no_directory_came(tmp_path: Any) -> None:
+    """The subdirectory count of ``writers/`` stands for its listing where the filesystem keeps it
+    (here: the test's temporary directory); a new writer's directory always shows."""
+    storage = LocalStorage(str(tmp_path))
+    os.makedirs(tmp_path / "writers" / "000000")
+    names, token = storage.list_changed("writers", None)
+    assert names == ["000000"]
+    if token is None:
+        pytest.fail(f"{tmp_path} does not count subdirectories in its link count; the test needs one that does")
+    assert storage.list_changed("writers", token) == (None, token)
+    (tmp_path / "writers" / "note").write_text("a file is not a writer")  # files are not tracked
+    assert storage.list_changed("writers", token) == (None, token)
+    os.makedirs(tmp_path / "writers" / "000001")
+    names, token2 = storage.list_changed("writers", token)
+    assert names == ["000000", "000001", "note"] and token2 != token
+    assert storage.list_changed("writers", token2) == (None, token2)
+
+
+def test_a_reader_sees_a_writer_registered_after_its_last_listing(tmp_path: Any) -> None:
+    url = str(tmp_path / "st")
+    st = open_store(url, SCHEMA, mode="w")
+    reader = open_store(url, mode="r")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        assert reader.refresh() is (i > 0)
+        assert reader.refresh() is False  # nothing new: the listing is skipped
+        with st.writer() as w:
+            w.append(dqn_batch(rng, 5, extra=0), stream=i)
+    assert reader.refresh()
+    assert len(reader) == 15 and sorted(reader.streams()) == [0, 1, 2]
