@@ -3,6 +3,8 @@ or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Seg
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -108,6 +110,16 @@ class Fragment:
         # asked for every fragment on every reader sync: computed once
         object.__setattr__(self, "first_id", layout.row_id(self.writer, self.row_start))
         object.__setattr__(self, "group", (self.writer, self.segment.name if self.segment else self.name))
+
+    @functools.cached_property
+    def part_table(self) -> np.ndarray:
+        """``parts`` as an int64 array, a row per part: ``(time_ns, seq, rows, offset)``, where
+        offset is the local row of the part's first record."""
+        table = np.zeros((len(self.parts), 4), dtype=np.int64)
+        if self.parts:
+            table[:, [1, 0, 2]] = np.array(self.parts, dtype=np.int64)
+            np.cumsum(table[:-1, 2], out=table[1:, 3])
+        return table
 
     @property
     def path(self) -> str:

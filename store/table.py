@@ -178,22 +178,27 @@ class TableReader:
             self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
     def _evict(self, frags: list[Fragment]) -> np.ndarray:
-        """Per fragment, the local offset from which its rows are among the newest ``capacity``."""
-        parts: list[tuple[int, int, int, int, int, int]] = []  # time, writer, seq, frag index, offset, rows
-        for i, f in enumerate(frags):
-            offset = 0
-            for seq, time_ns, rows in f.parts:
-                parts.append((time_ns, f.writer, seq, i, offset, rows))
-                offset += rows
-        parts.sort(reverse=True)
+        """Per fragment, the local offset from which its rows are among the newest ``capacity``:
+        all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),
+        records taken from them until ``capacity`` are (docs/FORMAT.md, "Reading a store")."""
         vis_from = np.array([f.rows for f in frags], dtype=np.int64)
-        budget = int(self.capacity or 0)
-        for _, _, _, i, offset, rows in parts:
-            if budget <= 0:
-                break
-            take = min(rows, budget)
-            vis_from[i] = offset + rows - take
-            budget -= take
+        if not frags:
+            return vis_from
+        tables = [f.part_table for f in frags]
+        counts = np.array([len(t) for t in tables], dtype=np.int64)
+        parts = np.concatenate(tables)
+        frag = np.repeat(np.arange(len(frags), dtype=np.int64), counts)
+        writer = np.repeat(np.array([f.writer for f in frags], dtype=np.int64), counts)
+        time_ns, seq, rows, offset = parts.T
+        order = np.lexsort((rows, offset, frag, seq, writer, time_ns))[::-1]
+        rows, offset, frag = rows[order], offset[order], frag[order]
+        before = np.cumsum(rows) - rows  # records taken before each part
+        taken = before < int(self.capacity or 0)
+        take = np.minimum(rows[taken], int(self.capacity or 0) - before[taken])
+        # a fragment's rows are visible from the oldest part taken from it: its last in this order
+        last = frag[taken][::-1]
+        ids, at = np.unique(last, return_index=True)
+        vis_from[ids] = (offset[taken] + rows[taken] - take)[::-1][at]
         return vis_from
 
     def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
