@@ -4,7 +4,6 @@ or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Seg
 from __future__ import annotations
 
 import functools
-
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field

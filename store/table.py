@@ -69,23 +69,26 @@ class TableReader:
                 self._layouts[off] = Layout(storage, schema, [s for s in specs if s.role == "values" and s.name in names])
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
         self.all_fragments: list[Fragment] = []  # the live ones (visible or not), as of sync
-        self._sync_all(self.all_fragments)
+        self._vis_all = np.zeros(0, dtype=np.int64)  # the local row each is visible from
+        self._sync_all(self.all_fragments, self._vis_all)
         self.sync()
 
     # -- visibility -----------------------------------------------------------------
     def sync(self) -> None:
         """Recompute the visible set after the log changed. Cost: the fragments that changed
-        (appended, compacted, closed with their writer) in a store without a capacity, where
-        the rest keep their places; the number of fragments otherwise."""
+        (appended, compacted, closed with their writer, with rows evicted), the rest keeping
+        their places; plus, in a store with a capacity, array operations over every fragment's
+        parts (eviction)."""
         if self._version == self.log.version:
             return
         self._version = self.log.version
         if self._index is not None and self._index_view is None:
             self._index_view = (self.fragments, self.vis_from, self._data)
         frags = self.log.fragments(self.name)
-        if not (self.capacity is None and self._follow(frags)):
-            self._sync_all(frags)
-        self.all_fragments = frags
+        vis_all = self._evict(frags) if self.capacity is not None else np.zeros(len(frags), dtype=np.int64)
+        if not self._follow(frags, vis_all):
+            self._sync_all(frags, vis_all)
+        self.all_fragments, self._vis_all = frags, vis_all
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
         firsts = self.first_ids + self.vis_from
@@ -103,14 +106,12 @@ class TableReader:
         self._view_shift = (np.stack([self._bases["records"] - self.first_ids,
                                       *(self._bases[off] for off, _ in self._ragged)], axis=1)
                             if self._layouts else None)
-        self._views = None  # every array's view, taken at the first read
+        self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
         self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
 
-    def _sync_all(self, frags: list[Fragment]) -> None:
-        """:meth:`sync`'s per-fragment state, computed afresh for the live fragments ``frags``."""
-        vis_from = np.zeros(len(frags), dtype=np.int64)
-        if self.capacity is not None:
-            vis_from = self._evict(frags)
+    def _sync_all(self, frags: list[Fragment], vis_from: np.ndarray) -> None:
+        """:meth:`sync`'s per-fragment state, computed afresh for the live fragments ``frags``,
+        each visible from local row ``vis_from``."""
         rows = np.array([f.rows for f in frags], dtype=np.int64)
         keep = self._shown = vis_from < rows
         before = self.fragments
@@ -130,29 +131,37 @@ class TableReader:
         self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
 
-    def _follow(self, frags: list[Fragment]) -> bool:
-        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` at the cost of
-        what changed between the two lists (no capacity: every record of a live fragment is
-        visible); False, with nothing changed, where most of them changed."""
-        was = self.all_fragments
+    def _follow(self, frags: list[Fragment], vis_all: np.ndarray) -> bool:
+        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags``, each visible
+        from local row ``vis_all``, at the cost of what changed: the fragments that are not the
+        same objects, visible from the same row, in both views; False, with nothing changed,
+        where most of them changed."""
+        was, vis_was = self.all_fragments, self._vis_all
         head, tail = _common_ends(was, frags)
+        moved = np.flatnonzero(vis_was[:head] != vis_all[:head])  # eviction moved their first visible row
+        if len(moved):
+            head = int(moved[0])
+        moved = np.flatnonzero(vis_was[len(was) - tail:] != vis_all[len(frags) - tail:])
+        if len(moved):
+            tail -= int(moved[-1]) + 1
         removed, added = was[head:len(was) - tail], frags[head:len(frags) - tail]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return False
-        gone = [f for f in removed if f.rows]  # every fragment with rows is visible
-        came = [f for f in added if f.rows]
         shown = self._shown
+        vis_mid = vis_all[head:len(frags) - tail]
+        keep = vis_mid < np.array([f.rows for f in added], dtype=np.int64)
+        gone = [f for f, k in zip(removed, shown[head:len(shown) - tail], strict=True) if k]
+        came = [f for f, k in zip(added, keep, strict=True) if k]
         lo = int(np.count_nonzero(shown[:head]))  # the visible fragments that changed: [lo, hi)
         hi = lo + len(gone)
-        self._shown = np.concatenate((shown[:head], np.array([f.rows > 0 for f in added], dtype=bool),
-                                      shown[len(shown) - tail:]))
+        self._shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
         self.fragments = [*self.fragments[:lo], *came, *self.fragments[hi:]]
 
         def splice(old: np.ndarray, mid: np.ndarray | list[int]) -> np.ndarray:
             return np.concatenate((old[:lo], np.asarray(mid, dtype=old.dtype), old[hi:]))
 
-        self.vis_from = np.zeros(len(self.fragments), dtype=np.int64)
+        self.vis_from = splice(self.vis_from, vis_mid[keep])
         self.first_ids = splice(self.first_ids, [f.first_id for f in came])
         self.ends = splice(self.ends, [f.first_id + f.rows for f in came])
         left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
