@@ -193,8 +193,9 @@ def interleaved(fns: dict[str, tuple[Callable[[], Any], int | None]], cfg: dict[
 
 
 def du(path: str) -> int:
-    """Bytes of every file below ``path``."""
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    """Bytes allocated to every file below ``path`` (as ``du``: a segment's chunk files are
+    created at their full size, sparse, and hold blocks only where records were written)."""
+    return sum(os.stat(os.path.join(r, f)).st_blocks * 512 for r, _, fs in os.walk(path) for f in fs)
 
 
 # -- output ----------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     peer_build = n / (time.perf_counter() - t0)
     torch.set_num_threads(default)
     frags = st.table("records").reader.fragments
-    live = sum(du(os.path.join(path, f.path)) for f in frags)
+    live = sum(du(os.path.join(path, group)) for group in {f.path for f in frags})  # a segment once
     out.add(f"append {n:,} rows (building the read store)", ours_build, peer_build, "rows/s", None,
             f"peer on 1 torch thread; {len(frags)} fragments, {live / 2**20:,.0f} MiB live ({du(path) / 2**20:,.0f} MiB on disk "
             "incl. compaction inputs in their 30 s trash grace)")
