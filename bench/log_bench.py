@@ -21,9 +21,11 @@ one; the S3 store reaches one only with a lower ``--checkpoint-every``.
 Following a live collector (local disk): a writer in another process appends FOLLOW_COMMIT
 records to its stream and commits; right after each commit the learner times ``refresh()`` and
 ``SequenceSampler.sample()`` (16 windows of 16 steps; the sampler brings its windows up to date).
-Two stores take turns commit by commit: one with only the collector's writer, and the store
-above with its closed sessions (each session's records are a fragment of their own, which
-every refresh syncs with). The collector commits FOLLOW_WARM times before timing begins (its
+Three stores take turns commit by commit: one with only the collector's writer; the store
+above with its closed sessions (each session's records are a fragment of their own); and
+the same sessions between two collectors, one registered before them (it commits from the
+bench's own process, just before the other), so that every refresh finds changes at both
+ends of the store's fragments. The collector commits FOLLOW_WARM times before timing begins (its
 tiered compaction reaches its steady state) and ``--follow-reps`` times while timed.
 """
 
@@ -57,7 +59,7 @@ FOLLOW_COMMIT, FOLLOW_WARM, SLICE, SLICES = 1_000, 20, 16, 16
 def write_sessions(url: str, options: dict[str, Any] | None, sessions: int, open_writers: int) -> list[Any]:
     """The store at ``url``: ``sessions`` closed writer sessions, then ``open_writers`` left open."""
     rng = np.random.default_rng(0)
-    st = open_store(url, SCHEMA, mode="w", storage_options=options)
+    st = open_store(url, SCHEMA, mode="a", storage_options=options)
     for i in range(sessions):
         with st.writer() as w:
             w.append(dqn_records(rng, 4), stream=f"session-{i}")
@@ -100,25 +102,32 @@ def live_collector(urls: list[str], conn: Any) -> None:
             w.close()
 
 
-def follow(urls: list[str], reps: int) -> list[tuple[float, float]]:
-    """Per store: median ``(refresh, sample)`` seconds right after the collector's commit."""
+def follow(urls: list[str], reps: int, first: dict[str, Any]) -> list[tuple[float, float]]:
+    """Per store: median ``(refresh, sample)`` seconds right after the collector's commit, and
+    before it, where ``first`` has a writer for the store, that writer's commit (this process)."""
+    batch = dqn_records(np.random.default_rng(8), FOLLOW_COMMIT)
     ours, theirs = multiprocessing.Pipe()
     collector = multiprocessing.get_context("spawn").Process(target=live_collector, args=(urls, theirs))
     collector.start()
     times: list[list[tuple[float, float]]] = [[] for _ in urls]
     try:
+        def commits(url: str) -> None:
+            if url in first:
+                first[url].append(batch, stream="first collector")
+                first[url].commit()
+            ours.send(url)
+            ours.recv()
+
         for _ in range(FOLLOW_WARM):
             for url in urls:
-                ours.send(url)
-                ours.recv()
+                commits(url)
         stores = [open_store(url, mode="r") for url in urls]
         samplers = [SequenceSampler(st, length=SLICE, batch_size=SLICES, seed=0) for st in stores]
         for s in samplers:
             s.sample()
         for i in range(reps):
             for j in range(len(urls)) if i % 2 else reversed(range(len(urls))):
-                ours.send(urls[j])
-                ours.recv()
+                commits(urls[j])
                 t0 = time.perf_counter()
                 stores[j].refresh()
                 t1 = time.perf_counter()
@@ -152,7 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         for w in live:
             w.close()
         open_store(f"{tmp}/alone", SCHEMA, mode="w").close()
-        followed = follow([f"{tmp}/alone", url], args.follow_reps)
+        two = f"{tmp}/two"  # a collector registered before the sessions, the other after them
+        first = open_store(two, SCHEMA, mode="w").writer()
+        for w in write_sessions(two, None, sizes["local"], 0):
+            w.close()
+        try:
+            followed = follow([f"{tmp}/alone", url, two], args.follow_reps, {two: first})
+        finally:
+            first.close()
     from replaystore.tools.s3local import loopback_s3
 
     with loopback_s3() as s3:
@@ -176,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.follow_reps} commits per store, after {FOLLOW_WARM} untimed")
     print("| store | closed sessions | refresh() | SequenceSampler.sample() | both |")
     print("|---|---|---|---|---|")
-    for (name, sessions), (r, smp) in zip((("the collector's writer alone", 0), ("local disk above", sizes["local"])),
-                                          followed, strict=True):
+    kinds = (("the collector's writer alone", 0), ("local disk above", sizes["local"]),
+             ("the same + a collector registered before the sessions (both commit)", sizes["local"]))
+    for (name, sessions), (r, smp) in zip(kinds, followed, strict=True):
         print(f"| {name} | {sessions:,} | {r * 1e3:.2f} ms | {smp * 1e3:.2f} ms | {(r + smp) * 1e3:.2f} ms |")
     return 0
 

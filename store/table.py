@@ -133,35 +133,42 @@ class TableReader:
 
     def _follow(self, frags: list[Fragment], vis_all: np.ndarray) -> bool:
         """:meth:`sync`'s per-fragment state moved to the live fragments ``frags``, each visible
-        from local row ``vis_all``, at the cost of what changed: the fragments that are not the
-        same objects, visible from the same row, in both views; False, with nothing changed,
-        where most of them changed."""
-        was, vis_was = self.all_fragments, self._vis_all
-        head, tail = _common_ends(was, frags)
-        moved = np.flatnonzero(vis_was[:head] != vis_all[:head])  # eviction moved their first visible row
-        if len(moved):
-            head = int(moved[0])
-        moved = np.flatnonzero(vis_was[len(was) - tail:] != vis_all[len(frags) - tail:])
-        if len(moved):
-            tail -= int(moved[-1]) + 1
-        removed, added = was[head:len(was) - tail], frags[head:len(frags) - tail]
+        from local row ``vis_all``. A fragment that is the same object, visible from the same
+        row, in both views keeps what was computed for it; the rest is computed for what
+        changed. Cost: the fragments between the longest common prefix and suffix of the two
+        views (a dict lookup each), plus what changed. False, with nothing changed, where more
+        than a quarter of the fragments changed."""
+        was, shown = self.all_fragments, self._shown
+        head, tail, src, kept = _pair(was, self._vis_all, frags, vis_all)
+        old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
+        vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
+        stays = np.zeros(len(old), dtype=bool)
+        stays[src[kept]] = True
+        removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return False
-        shown = self._shown
-        vis_mid = vis_all[head:len(frags) - tail]
-        keep = vis_mid < np.array([f.rows for f in added], dtype=np.int64)
-        gone = [f for f, k in zip(removed, shown[head:len(shown) - tail], strict=True) if k]
-        came = [f for f, k in zip(added, keep, strict=True) if k]
-        lo = int(np.count_nonzero(shown[:head]))  # the visible fragments that changed: [lo, hi)
-        hi = lo + len(gone)
+        keep = vis_new < np.array([f.rows for f in new], dtype=np.int64)
+        gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
+        came = [new[i] for i in np.flatnonzero(keep & ~kept)]
+        lo = int(np.count_nonzero(shown[:head]))  # the visible fragments between: [lo, hi) of the old view
+        hi = lo + int(np.count_nonzero(old_shown))
+        # per new visible fragment between: its old visible index if it stays, else -1 (computed now)
+        rank = lo + np.cumsum(old_shown) - 1
+        take = np.full(len(new), -1, dtype=np.int64)
+        take[kept] = rank[src[kept]]
+        take = take[keep]
+        fresh = take < 0
+
+        def splice(was_: np.ndarray, computed: np.ndarray | list[int]) -> np.ndarray:
+            mid = np.empty(len(take), dtype=was_.dtype)
+            mid[~fresh] = was_[take[~fresh]]
+            mid[fresh] = computed
+            return np.concatenate((was_[:lo], mid, was_[hi:]))
+
         self._shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
-        self.fragments = [*self.fragments[:lo], *came, *self.fragments[hi:]]
-
-        def splice(old: np.ndarray, mid: np.ndarray | list[int]) -> np.ndarray:
-            return np.concatenate((old[:lo], np.asarray(mid, dtype=old.dtype), old[hi:]))
-
-        self.vis_from = splice(self.vis_from, vis_mid[keep])
+        self.fragments = [*self.fragments[:lo], *(new[i] for i in np.flatnonzero(keep)), *self.fragments[hi:]]
+        self.vis_from = np.concatenate((self.vis_from[:lo], vis_new[keep], self.vis_from[hi:]))
         self.first_ids = splice(self.first_ids, [f.first_id for f in came])
         self.ends = splice(self.ends, [f.first_id + f.rows for f in came])
         left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
@@ -499,27 +506,24 @@ class TableReader:
         """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream
         index: the row-id intervals that appeared or left (appends, eviction; compaction
         replaces fragments without changing them), and the new stream order. Cost: the
-        fragments after the views' common prefix + rows changed (see StreamIndex.apply for what
-        a stream's update costs), plus every fragment's stream keys where the stream order
-        changes otherwise than by new keys at its end.
+        fragments between the views' common prefix and suffix (:func:`_pair`) + rows changed
+        (see StreamIndex.apply for what a stream's update costs), plus the stream keys of the
+        fragments after the prefix.
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
         index arrays of rows that left the view can no longer be read (their fragment was
         reclaimed before this reader saw them go); the change contradicts the index."""
         assert self._index is not None
-        # only what follows the longest prefix of fragments the two views share changed: appends
-        # add fragments at the end, compaction replaces a writer's newest ones (and eviction
-        # moves where the oldest start: rows are compared from the first such fragment on; a
-        # view's fragments are disjoint, so the prefix cancels out)
-        same = 0
-        for a, b in zip(frags, self.fragments, strict=False):
-            if a is not b:
-                break
-            same += 1
-        evicted = np.flatnonzero(vis_from[:same] != self.vis_from[:same])
-        n = int(evicted[0]) if len(evicted) else same
-        old, new = _intervals(frags[n:], vis_from[n:]), _intervals(self.fragments[n:], self.vis_from[n:])
+        # only fragments that are not the same objects, visible from the same row, in both views
+        # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
+        # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
+        head, tail, src, kept = _pair(frags, vis_from, self.fragments, self.vis_from)
+        stays = np.zeros(len(frags) - head - tail, dtype=bool)
+        stays[src[kept]] = True
+        gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
+        old = _intervals([frags[i] for i in gone], vis_from[gone])
+        new = _intervals([self.fragments[i] for i in came], self.vis_from[came])
         appeared, left = _subtract(new, old), _subtract(old, new)
         changed = sum(hi - lo for _, lo, hi in appeared + left)
         if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
@@ -532,8 +536,8 @@ class TableReader:
             return False
         # the stream order (first listing over the fragments) only grows if the fragments after
         # the prefix list the old ones' keys first; a known key after those is listed in the prefix
-        was = list(dict.fromkeys(k for f in frags[same:] for k in f.streams))
-        now = list(dict.fromkeys(k for f in self.fragments[same:] for k in f.streams))
+        was = list(dict.fromkeys(k for f in frags[head:] for k in f.streams))
+        now = list(dict.fromkeys(k for f in self.fragments[head:] for k in f.streams))
         if now[:len(was)] == was:
             known = self._index.slot_of
             return self._index.apply(added, removed, new_keys=[k for k in now[len(was):] if k not in known])
@@ -563,6 +567,27 @@ _ZERO = np.zeros(1, dtype=np.int64)
 _NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
+
+
+def _pair(was: list[Fragment], vis_was: np.ndarray, now: list[Fragment], vis_now: np.ndarray,
+          ) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Two views of fragments, each visible from a local row: ``(head, tail, src, kept)``. The
+    first ``head`` and last ``tail`` fragments of both are the same objects visible from the
+    same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
+    same object as ``now[head + i]`` (-1: none) and ``kept[i]`` whether it is also visible
+    from the same row. Cost: the fragments between (a dict lookup each)."""
+    head, tail = _common_ends(was, now)
+    moved = np.flatnonzero(vis_was[:head] != vis_now[:head])  # eviction moved their first visible row
+    if len(moved):
+        head = int(moved[0])
+    moved = np.flatnonzero(vis_was[len(was) - tail:] != vis_now[len(now) - tail:])
+    if len(moved):
+        tail -= int(moved[-1]) + 1
+    where = {id(f): i for i, f in enumerate(was[head:len(was) - tail])}
+    src = np.array([where.get(id(f), -1) for f in now[head:len(now) - tail]], dtype=np.int64)
+    kept = src >= 0
+    kept[kept] = vis_was[head:len(was) - tail][src[kept]] == vis_now[head:len(now) - tail][kept]
+    return head, tail, src, kept
 
 
 def _common_ends(a: list[Fragment], b: list[Fragment]) -> tuple[int, int]:

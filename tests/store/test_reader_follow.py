@@ -28,6 +28,7 @@ from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
 from replaystore.store.fragment import Fragment
 from replaystore.store.storage import LocalStorage
+from replaystore.store import table as table_module
 from replaystore.store.table import TableReader
 from support.batches import dqn_batch
 from support.indexops import fresh_at
@@ -37,7 +38,7 @@ SCHEMA = dqn(16, 2, actions=9)
 KEYS = [0, 1, "a"]
 _counter = itertools.count()
 
-OPS = hs.lists(hs.one_of(
+OP = hs.one_of(
     hs.tuples(hs.just("append"), hs.integers(0, 2), hs.sampled_from(KEYS), hs.integers(1, 30)),
     # append + commit, twice as likely as the rest: most ops then change what a reader sees
     hs.tuples(hs.just("write"), hs.integers(0, 2), hs.sampled_from(KEYS), hs.integers(1, 30)),
@@ -46,7 +47,9 @@ OPS = hs.lists(hs.one_of(
     hs.tuples(hs.just("compact"), hs.integers(0, 2)),
     hs.tuples(hs.just("replace"), hs.integers(0, 2)),
     hs.tuples(hs.just("session"), hs.integers(1, 12)),
-), min_size=1, max_size=40)
+)
+# each op with whether the reader looks after it: changes pile up between looks, in several places
+OPS = hs.lists(hs.tuples(OP, hs.booleans()), min_size=1, max_size=40)
 
 STATE = ("vis_from", "first_ids", "ends", "cum", "_edges", "_base", "_cum_ends", "_shown", "_vis_all")
 
@@ -83,18 +86,29 @@ def _check(reader: Store, url: str) -> None:
     assert np.array_equal(reader.default.rows_at(np.arange(len(ids))), ids)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("always_follow", [False, True])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=OPS, capacity=hs.one_of(hs.none(), hs.integers(20, 120)))
-def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], plan: list[Any],
-                                            capacity: int | None) -> None:
-    url = new_url()
+def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], always_follow: bool,
+                                            plan: list[tuple[Any, bool]], capacity: int | None) -> None:
+    """``always_follow``: the reader follows every change however large (it otherwise redoes
+    its view where more than max(8, a quarter of the fragments) changed)."""
+    saved = table_module._FOLLOW_MIN
+    table_module._FOLLOW_MIN = 1 << 30 if always_follow else saved
+    try:
+        _run(new_url(), plan, capacity)
+    finally:
+        table_module._FOLLOW_MIN = saved
+
+
+def _run(url: str, plan: list[tuple[Any, bool]], capacity: int | None) -> None:
     st = open_store(url, SCHEMA, mode="w", capacity=capacity)
     reader = open_store(url, mode="r")
     rng = np.random.default_rng(len(plan))
     writers = [st.writer() for _ in range(3)]
     sessions = 0
     try:
-        for op in plan:
+        for op, look in plan:
             if op[0] in ("append", "write"):
                 writers[op[1]].append(dqn_batch(rng, op[3], extra=0), stream=op[2])
                 if op[0] == "append":
@@ -111,11 +125,47 @@ def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], plan: li
                 sessions += 1
                 with st.writer() as w:
                     w.append(dqn_batch(rng, op[1], extra=0), stream=f"session-{sessions}")
-            _check(reader, url)
+            if look:
+                _check(reader, url)
     finally:
         for w in writers:
             w.close()
     _check(reader, url)
+
+
+def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two long-lived collectors (the first and the last writer) with 30 closed sessions between
+    them both commit before the learner refreshes: the two changes, at both ends of the list,
+    are followed without redoing the view, and the view is a fresh reader's."""
+    url = str(tmp_path / "st")
+    st = open_store(url, SCHEMA, mode="w")
+    rng = np.random.default_rng(0)
+    first = st.writer()
+    first.append(dqn_batch(rng, 5, extra=0), stream="first")
+    first.commit()
+    for i in range(30):
+        with st.writer() as w:
+            w.append(dqn_batch(rng, 3, extra=0), stream=f"session-{i}")
+    last = st.writer()
+    reader = open_store(url, mode="r")
+    followed = reader.default.reader
+    redone = []
+    monkeypatch.setattr(TableReader, "_sync_all", lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
+    try:
+        for _ in range(5):
+            for w, key in ((first, "first"), (last, "last")):
+                w.append(dqn_batch(rng, 7, extra=0), stream=key)
+                w.commit()
+            assert reader.refresh()
+            _check(reader, url)
+    finally:
+        first.close()
+        last.close()
+    assert not any(redone)
+
+
+_SYNC_ALL = TableReader._sync_all
 
 
 def test_the_writers_listing_is_skipped_only_while_no_directory_came(tmp_path: Any) -> None:
