@@ -86,7 +86,7 @@ class TableReader:
             self._index_view = (self.fragments, self.vis_from, self._data)
         frags = self.log.fragments(self.name)
         vis_all = self._evict(frags) if self.capacity is not None else np.zeros(len(frags), dtype=np.int64)
-        if not self._follow(frags, vis_all):
+        if len(frags) <= _REDO_UP_TO or not self._follow(frags, vis_all):
             self._sync_all(frags, vis_all)
         self.all_fragments, self._vis_all = frags, vis_all
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
@@ -556,6 +556,10 @@ class TableReader:
 
 _FOLLOW_MIN = 8
 """Fragments changed up to which :meth:`TableReader.sync` always follows the change."""
+
+_REDO_UP_TO = 64
+"""Live fragments up to which :meth:`TableReader.sync` redoes its view (cheaper than following:
+~0.3 ms of fixed cost in array operations)."""
 
 _REBUILD_MIN = 1 << 16
 """Rows changed below which the stream index always follows a change rather than rebuilding."""

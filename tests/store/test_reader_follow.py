@@ -93,12 +93,13 @@ def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], always_f
                                             plan: list[tuple[Any, bool]], capacity: int | None) -> None:
     """``always_follow``: the reader follows every change however large (it otherwise redoes
     its view where more than max(8, a quarter of the fragments) changed)."""
-    saved = table_module._FOLLOW_MIN
-    table_module._FOLLOW_MIN = 1 << 30 if always_follow else saved
+    saved = table_module._FOLLOW_MIN, table_module._REDO_UP_TO
+    # the histories here stay under _REDO_UP_TO fragments: the reader follows them all the same
+    table_module._FOLLOW_MIN, table_module._REDO_UP_TO = (1 << 30 if always_follow else saved[0]), -1
     try:
         _run(new_url(), plan, capacity)
     finally:
-        table_module._FOLLOW_MIN = saved
+        table_module._FOLLOW_MIN, table_module._REDO_UP_TO = saved
 
 
 def _run(url: str, plan: list[tuple[Any, bool]], capacity: int | None) -> None:
@@ -150,6 +151,7 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
     last = st.writer()
     reader = open_store(url, mode="r")
     followed = reader.default.reader
+    monkeypatch.setattr(table_module, "_REDO_UP_TO", 8)  # fewer fragments here than the default
     redone = []
     monkeypatch.setattr(TableReader, "_sync_all", lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
     try:
