@@ -142,6 +142,22 @@ def append_all(w: Any, batches: list[dict[str, np.ndarray]], n: int, commit_ever
             w.commit(wait=wait)
 
 
+def commit_server(paths: list[str], batch: dict[str, np.ndarray], conn: Any) -> None:
+    """A collector in its own process (the target of a spawned ``multiprocessing.Process``): on
+    ``(path, stream, reset)`` it appends ``batch`` to that stream of the store at ``path``,
+    commits, and answers once the commit returned; None stops it."""
+    writers = {path: open_store(path, mode="a").writer() for path in paths}
+    try:
+        while (msg := conn.recv()) is not None:
+            path, stream, reset = msg
+            writers[path].append(batch, stream=stream, reset=reset)
+            writers[path].commit()
+            conn.send(path)
+    finally:
+        for w in writers.values():
+            w.close()
+
+
 def store_append_rate(path: str, schema: Any, batches: list[dict[str, np.ndarray]], n: int,
                       commit_every: int, capacity: int | None = None, keys: EpisodeKeys | None = None,
                       wait: bool = True) -> float:

@@ -74,6 +74,7 @@ from benchkit import (
     Table,
     as_tensordict,
     build_transitions,
+    commit_server,
     dqn_records,
     du,
     episodes_of,
@@ -467,22 +468,6 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     bench_live(cfg, paths, out)
 
 
-def live_writer(paths: list[str], conn: Any) -> None:
-    """Section 4b's collector, in its own process: on ``(i, path)`` it appends a new stream of
-    LIVE_COMMIT records to that store, commits, and answers once the commit returned."""
-    b = transitions_records(np.random.default_rng(7), LIVE_COMMIT)
-    writers = {path: open_store(path, mode="a").writer() for path in paths}
-    try:
-        while (msg := conn.recv()) is not None:
-            i, path = msg
-            writers[path].append(b, stream=1000 + i, reset=True)
-            writers[path].commit()
-            conn.send(i)
-    finally:
-        for w in writers.values():
-            w.close()
-
-
 def live_costs(cfg: dict[str, Any], paths: list[str], kind: str) -> list[tuple[float, float, float]]:
     """Per store of ``paths``: median seconds of ``(refresh, sample, sample+gather)`` right after
     another process's writer committed LIVE_COMMIT records (the commit is not timed; a new commit
@@ -501,12 +486,13 @@ def live_costs(cfg: dict[str, Any], paths: list[str], kind: str) -> list[tuple[f
     errs = np.random.default_rng(6).exponential(1.0, SAMPLE)
     times: list[list[tuple[float, float, float]]] = [[] for _ in paths]
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    writer = multiprocessing.get_context("spawn").Process(target=live_writer, args=(paths, theirs))
+    writer = multiprocessing.get_context("spawn").Process(  # the collector: LIVE_COMMIT records a commit
+        target=commit_server, args=(paths, transitions_records(np.random.default_rng(7), LIVE_COMMIT), theirs))
     writer.start()
     try:
         for i in range(cfg["live_reps"]):
             for j in (range(len(paths)) if i % 2 else reversed(range(len(paths)))):
-                ours.send((i, paths[j]))
+                ours.send((paths[j], 1000 + i, True))  # a new stream each time
                 ours.recv()
                 tab, s = tabs[j], samplers[j]
                 t0 = time.perf_counter()

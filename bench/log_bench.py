@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from benchkit import ACTIONS, HEADS, OBS, dqn_records
+from benchkit import ACTIONS, HEADS, OBS, commit_server, dqn_records
 from replaystore.loaders import SequenceSampler
 from replaystore.schemas import dqn
 from replaystore.store import open_store
@@ -87,27 +87,13 @@ def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> 
             "requests": (faults.requests - before) / 10 if faults else float("nan"), "open_requests": open_requests}
 
 
-def live_collector(urls: list[str], conn: Any) -> None:
-    """The followed collector, in its own process: on ``url`` it appends FOLLOW_COMMIT records to
-    its stream in that store, commits, and answers once the commit returned."""
-    batch = dqn_records(np.random.default_rng(7), FOLLOW_COMMIT)
-    writers = {url: open_store(url, mode="a").writer() for url in urls}
-    try:
-        while (url := conn.recv()) is not None:
-            writers[url].append(batch, stream="collector")
-            writers[url].commit()
-            conn.send(url)
-    finally:
-        for w in writers.values():
-            w.close()
-
-
 def follow(urls: list[str], reps: int, first: dict[str, Any]) -> list[tuple[float, float]]:
     """Per store: median ``(refresh, sample)`` seconds right after the collector's commit, and
     before it, where ``first`` has a writer for the store, that writer's commit (this process)."""
     batch = dqn_records(np.random.default_rng(8), FOLLOW_COMMIT)
     ours, theirs = multiprocessing.Pipe()
-    collector = multiprocessing.get_context("spawn").Process(target=live_collector, args=(urls, theirs))
+    collector = multiprocessing.get_context("spawn").Process(
+        target=commit_server, args=(urls, dqn_records(np.random.default_rng(7), FOLLOW_COMMIT), theirs))
     collector.start()
     times: list[list[tuple[float, float]]] = [[] for _ in urls]
     try:
@@ -115,7 +101,7 @@ def follow(urls: list[str], reps: int, first: dict[str, Any]) -> list[tuple[floa
             if url in first:
                 first[url].append(batch, stream="first collector")
                 first[url].commit()
-            ours.send(url)
+            ours.send((url, "collector", False))
             ours.recv()
 
         for _ in range(FOLLOW_WARM):
