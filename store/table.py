@@ -139,11 +139,9 @@ class TableReader:
         views (a dict lookup each), plus what changed. False, with nothing changed, where more
         than a quarter of the fragments changed."""
         was, shown = self.all_fragments, self._shown
-        head, tail, src, kept = _pair(was, self._vis_all, frags, vis_all)
+        head, tail, src, kept, stays = _pair(was, self._vis_all, frags, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
         vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
-        stays = np.zeros(len(old), dtype=bool)
-        stays[src[kept]] = True
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return False
@@ -518,9 +516,7 @@ class TableReader:
         # only fragments that are not the same objects, visible from the same row, in both views
         # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
         # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept = _pair(frags, vis_from, self.fragments, self.vis_from)
-        stays = np.zeros(len(frags) - head - tail, dtype=bool)
-        stays[src[kept]] = True
+        head, tail, src, kept, stays = _pair(frags, vis_from, self.fragments, self.vis_from)
         gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
         old = _intervals([frags[i] for i in gone], vis_from[gone])
         new = _intervals([self.fragments[i] for i in came], self.vis_from[came])
@@ -574,12 +570,13 @@ _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulat
 
 
 def _pair(was: list[Fragment], vis_was: np.ndarray, now: list[Fragment], vis_now: np.ndarray,
-          ) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """Two views of fragments, each visible from a local row: ``(head, tail, src, kept)``. The
+          ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """Two views of fragments, each visible from a local row: ``(head, tail, src, kept, stays)``. The
     first ``head`` and last ``tail`` fragments of both are the same objects visible from the
     same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
-    same object as ``now[head + i]`` (-1: none) and ``kept[i]`` whether it is also visible
-    from the same row. Cost: the fragments between (a dict lookup each)."""
+    same object as ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible
+    from the same row, and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: the
+    fragments between (a dict lookup each)."""
     head, tail = _common_ends(was, now)
     moved = np.flatnonzero(vis_was[:head] != vis_now[:head])  # eviction moved their first visible row
     if len(moved):
@@ -591,7 +588,9 @@ def _pair(was: list[Fragment], vis_was: np.ndarray, now: list[Fragment], vis_now
     src = np.array([where.get(id(f), -1) for f in now[head:len(now) - tail]], dtype=np.int64)
     kept = src >= 0
     kept[kept] = vis_was[head:len(was) - tail][src[kept]] == vis_now[head:len(now) - tail][kept]
-    return head, tail, src, kept
+    stays = np.zeros(len(where), dtype=bool)
+    stays[src[kept]] = True
+    return head, tail, src, kept, stays
 
 
 def _common_ends(a: list[Fragment], b: list[Fragment]) -> tuple[int, int]:
