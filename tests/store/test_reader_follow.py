@@ -9,23 +9,29 @@ subdirectories). Random histories exercise all three: three long-lived writers a
 records (ragged legal ids) to shared int and str streams, committing, compacting and being
 replaced by a new writer (a new number: its fragments come after every other's), and short
 sessions (a writer, one commit, close) made between them, so that older writers' changes land
-in the middle of the fragment list; with and without a capacity. Eviction's vectorised
-order is checked on its own against the format's rule taken record by record.
+in the middle of the fragment list; with and without a capacity; on local disk, and on
+``memory://`` read through a chunk cache (object storage's lazy layouts: a fragment is mapped
+when a read first touches it, so the reader reads a random part of the rows before all of
+them). Eviction's vectorised order is checked on its own against the format's rule taken
+record by record.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
+from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.fragment import Fragment
 from replaystore.store.storage import LocalStorage
 from replaystore.store import table as table_module
@@ -55,9 +61,24 @@ STATE = ("vis_from", "first_ids", "ends", "cum", "_edges", "_base", "_cum_ends",
 
 
 @pytest.fixture(scope="session")
-def new_url(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], str]:
+def new_place(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[str, ChunkCache | None]]:
+    """A fresh store URL on ``kind`` ("local" or "memory") and the chunk cache its reader uses."""
     base = tmp_path_factory.mktemp("follow")
-    return lambda: str(base / f"st{next(_counter)}")
+
+    def place(kind: str) -> tuple[str, ChunkCache | None]:
+        n = next(_counter)
+        if kind == "local":
+            return str(base / f"st{n}"), None
+        return f"memory://follow-{uuid.uuid4().hex}", ChunkCache(base / f"cache{n}")
+
+    return place
+
+
+def _drop(url: str) -> None:
+    """Keep the process-global memory filesystem small."""
+    if url.startswith("memory://"):
+        fs = fsspec.filesystem("memory")
+        fs.rm(url, recursive=True)
 
 
 def _same_state(got: TableReader, want: TableReader) -> None:
@@ -75,36 +96,42 @@ def _same_state(got: TableReader, want: TableReader) -> None:
     assert got._max_nnz == want._max_nnz
 
 
-def _check(reader: Store, url: str) -> None:
+def _check(reader: Store, url: str, rng: np.random.Generator) -> None:
     fresh = fresh_at(url, reader)
     got, want = reader.default.reader, fresh.default.reader
     _same_state(got, want)
     assert snapshot(reader) == snapshot(fresh)
     ids = reader.default.row_ids()
     per_fragment = TableReader(got.storage, got.log, got.name, got.schema, got.capacity, contiguous=False)
+    some = rng.permutation(ids)[:len(ids) // 2]  # lazy layouts: some fragments mapped, some not, before all
+    assert_same(reader.default.read(some), per_fragment.read(some))
     assert_same(reader.default.read(ids), per_fragment.read(ids))
     assert np.array_equal(reader.default.rows_at(np.arange(len(ids))), ids)
 
 
-@pytest.mark.parametrize("always_follow", [False, True])
+@pytest.mark.parametrize("kind,always_follow", [("local", False), ("local", True), ("memory", True)])
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=OPS, capacity=hs.one_of(hs.none(), hs.integers(20, 120)))
-def test_followed_reader_equals_a_fresh_one(new_url: Callable[[], str], always_follow: bool,
-                                            plan: list[tuple[Any, bool]], capacity: int | None) -> None:
+def test_followed_reader_equals_a_fresh_one(new_place: Callable[[str], tuple[str, ChunkCache | None]], kind: str,
+                                            always_follow: bool, plan: list[tuple[Any, bool]],
+                                            capacity: int | None) -> None:
     """``always_follow``: the reader follows every change however large (it otherwise redoes
     its view where more than max(8, a quarter of the fragments) changed)."""
     saved = table_module._FOLLOW_MIN, table_module._REDO_UP_TO
     # the histories here stay under _REDO_UP_TO fragments: the reader follows them all the same
     table_module._FOLLOW_MIN, table_module._REDO_UP_TO = (1 << 30 if always_follow else saved[0]), -1
+    url, cache = new_place(kind)
     try:
-        _run(new_url(), plan, capacity)
+        _run(url, cache, plan, capacity)
     finally:
         table_module._FOLLOW_MIN, table_module._REDO_UP_TO = saved
+        _drop(url)
 
 
-def _run(url: str, plan: list[tuple[Any, bool]], capacity: int | None) -> None:
+def _run(url: str, cache: ChunkCache | None, plan: list[tuple[Any, bool]], capacity: int | None) -> None:
     st = open_store(url, SCHEMA, mode="w", capacity=capacity)
-    reader = open_store(url, mode="r")
+    reader = open_store(url, mode="r", cache=cache)
+    assert (reader.default.reader._unmapped is not None) is (cache is not None)  # lazy layouts where cached
     rng = np.random.default_rng(len(plan))
     writers = [st.writer() for _ in range(3)]
     sessions = 0
@@ -127,11 +154,11 @@ def _run(url: str, plan: list[tuple[Any, bool]], capacity: int | None) -> None:
                 with st.writer() as w:
                     w.append(dqn_batch(rng, op[1], extra=0), stream=f"session-{sessions}")
             if look:
-                _check(reader, url)
+                _check(reader, url, rng)
     finally:
         for w in writers:
             w.close()
-    _check(reader, url)
+    _check(reader, url, rng)
 
 
 def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
@@ -160,7 +187,7 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
                 w.append(dqn_batch(rng, 7, extra=0), stream=key)
                 w.commit()
             assert reader.refresh()
-            _check(reader, url)
+            _check(reader, url, rng)
     finally:
         first.close()
         last.close()
