@@ -21,12 +21,15 @@ one; the S3 store reaches one only with a lower ``--checkpoint-every``.
 Following a live collector (local disk): a writer in another process appends FOLLOW_COMMIT
 records to its stream and commits; right after each commit the learner times ``refresh()`` and
 ``SequenceSampler.sample()`` (16 windows of 16 steps; the sampler brings its windows up to date).
-Three stores take turns commit by commit: one with only the collector's writer; the store
-above with its closed sessions (each session's records are a fragment of their own); and
-the same sessions between two collectors, one registered before them (it commits from the
+Four stores take turns commit by commit: one with only the collector's writer; the store
+above with its closed sessions (each session's records are a fragment of their own); the
+same sessions between two collectors, one registered before them (it commits from the
 bench's own process, just before the other), so that every refresh finds changes at both
-ends of the store's fragments. The collector commits FOLLOW_WARM times before timing begins (its
-tiered compaction reaches its steady state) and ``--follow-reps`` times while timed.
+ends of the store's fragments; and a replay capped at ``--capacity`` records that the
+collector alone filled before timing began (every commit then evicts its oldest records: the
+reader orders every commit's part by age again, docs/FORMAT.md "Reading a store"). The
+collector commits FOLLOW_WARM times before timing begins (its tiered compaction reaches its
+steady state) and ``--follow-reps`` times while timed.
 """
 
 from __future__ import annotations
@@ -87,9 +90,10 @@ def measure(url: str, options: dict[str, Any] | None, faults: Faults | None) -> 
             "requests": (faults.requests - before) / 10 if faults else float("nan"), "open_requests": open_requests}
 
 
-def follow(urls: list[str], reps: int, first: dict[str, Any]) -> list[tuple[float, float]]:
+def follow(urls: list[str], reps: int, first: dict[str, Any], fill: dict[str, int]) -> list[tuple[float, float]]:
     """Per store: median ``(refresh, sample)`` seconds right after the collector's commit, and
-    before it, where ``first`` has a writer for the store, that writer's commit (this process)."""
+    before it, where ``first`` has a writer for the store, that writer's commit (this process).
+    ``fill``: commits made to a store before the warm-up ones."""
     batch = dqn_records(np.random.default_rng(8), FOLLOW_COMMIT)
     ours, theirs = multiprocessing.Pipe()
     collector = multiprocessing.get_context("spawn").Process(
@@ -104,6 +108,9 @@ def follow(urls: list[str], reps: int, first: dict[str, Any]) -> list[tuple[floa
             ours.send((url, "collector", False))
             ours.recv()
 
+        for url, n in fill.items():
+            for _ in range(n):
+                commits(url)
         for _ in range(FOLLOW_WARM):
             for url in urls:
                 commits(url)
@@ -133,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="records between log checkpoints (default: the library's, 1,024)")
     ap.add_argument("--follow-reps", type=int, default=31, help="timed commits per store when following (default 31)")
+    ap.add_argument("--capacity", type=int, default=200_000,
+                    help="records kept by the capped store followed (default 200,000)")
     args = ap.parse_args(argv)
     from replaystore.store import log
 
@@ -151,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         first = open_store(two, SCHEMA, mode="w").writer()
         for w in write_sessions(two, None, sizes["local"], 0):
             w.close()
+        capped = f"{tmp}/capped"
+        open_store(capped, SCHEMA, mode="w", capacity=args.capacity).close()
         try:
-            followed = follow([f"{tmp}/alone", url, two], args.follow_reps, {two: first})
+            followed = follow([f"{tmp}/alone", url, two, capped], args.follow_reps, {two: first},
+                              {capped: -(-args.capacity // FOLLOW_COMMIT)})
         finally:
             first.close()
     from replaystore.tools.s3local import loopback_s3
@@ -179,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| store | closed sessions | refresh() | SequenceSampler.sample() | both |")
     print("|---|---|---|---|---|")
     kinds = (("the collector's writer alone", 0), ("local disk above", sizes["local"]),
-             ("the same + a collector registered before the sessions (both commit)", sizes["local"]))
+             ("the same + a collector registered before the sessions (both commit)", sizes["local"]),
+             (f"a replay capped at {args.capacity:,} records, full (the collector alone)", 0))
     for (name, sessions), (r, smp) in zip(kinds, followed, strict=True):
         print(f"| {name} | {sessions:,} | {r * 1e3:.2f} ms | {smp * 1e3:.2f} ms | {(r + smp) * 1e3:.2f} ms |")
     return 0
