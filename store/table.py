@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import operator
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -46,6 +47,9 @@ class TableReader:
         self.fragments: list[Fragment] = []  # the visible ones (those with visible records), as of sync
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
+        # per stream key of the index: (first_id, position in its stream list) of the first
+        # visible fragment listing it, in the index's key order (see _grown_order)
+        self._key_at: dict[StreamKey, tuple[int, int]] = {}
         # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
         self._listed: set[StreamKey] = set()
         self._listed_from: set[tuple[int, str]] = set()
@@ -497,6 +501,7 @@ class TableReader:
                 parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
                               np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
             self._index = StreamIndex.build(parts)
+            self._key_at = _first_listings(self.fragments)
         return self._index
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray,
@@ -505,8 +510,7 @@ class TableReader:
         index: the row-id intervals that appeared or left (appends, eviction; compaction
         replaces fragments without changing them), and the new stream order. Cost: the
         fragments between the views' common prefix and suffix (:func:`_pair`) + rows changed
-        (see StreamIndex.apply for what a stream's update costs), plus the stream keys of the
-        fragments after the prefix.
+        (see StreamIndex.apply for what a stream's update costs).
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
@@ -530,14 +534,13 @@ class TableReader:
                                    frag, lo, hi, steps=False) for frag, lo, hi in left]
         except StaleReadError:
             return False
-        # the stream order (first listing over the fragments) only grows if the fragments after
-        # the prefix list the old ones' keys first; a known key after those is listed in the prefix
-        was = list(dict.fromkeys(k for f in frags[head:] for k in f.streams))
-        now = list(dict.fromkeys(k for f in self.fragments[head:] for k in f.streams))
-        if now[:len(was)] == was:
+        grown = _grown_order(self._key_at, self._index.keys, [frags[i] for i in gone],
+                             [self.fragments[i] for i in came])
+        if grown is not None:
             known = self._index.slot_of
-            return self._index.apply(added, removed, new_keys=[k for k in now[len(was):] if k not in known])
-        return self._index.apply(added, removed, keys=list(dict.fromkeys(k for f in self.fragments for k in f.streams)))
+            return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
+        self._key_at = _first_listings(self.fragments)
+        return self._index.apply(added, removed, keys=list(self._key_at))
 
     @staticmethod
     def _piece(data: FragmentData, frag: Fragment, lo: int, hi: int, steps: bool) -> Piece:
@@ -564,6 +567,7 @@ _PAIR = np.array([0, 1], dtype=np.int64)
 """Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
 
 _ZERO = np.zeros(1, dtype=np.int64)
+_PLACE = operator.itemgetter(1)
 _NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
@@ -591,6 +595,47 @@ def _pair(was: list[Fragment], vis_was: np.ndarray, now: list[Fragment], vis_now
     stays = np.zeros(len(where), dtype=bool)
     stays[src[kept]] = True
     return head, tail, src, kept, stays
+
+
+def _first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
+    """Per stream key listed by ``frags`` (a view, ordered by row id): ``(first_id, position)``
+    of its first listing, in order of first listing (the stream index's key order)."""
+    out: dict[StreamKey, tuple[int, int]] = {}
+    for f in frags:
+        for j, k in enumerate(f.streams):
+            if k not in out:
+                out[k] = (f.first_id, j)
+    return out
+
+
+def _grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey], gone: list[Fragment],
+                 came: list[Fragment]) -> list[StreamKey] | None:
+    """The keys that a change of view (fragments ``gone`` replaced by ``came``; the rest
+    kept) appends to the stream order ``keys`` (first listings ``key_at``, updated), or None
+    where the order may change otherwise. A view's fragments are ordered by their disjoint
+    row ids, so a key's place is its first listing's ``(first_id, position)``: only the keys
+    the changed fragments list can move, and each keeps its place where its first listing
+    stays or a fragment that came lists it at the same place (a fragment growing or compacted
+    from its start), and the order only grows where the keys new to it come after every old
+    one. Cost: the changed fragments' stream lists."""
+    came_at: dict[StreamKey, tuple[int, int]] = {}
+    for f in came:
+        for j, k in enumerate(f.streams):
+            if k not in came_at or (f.first_id, j) < came_at[k]:
+                came_at[k] = (f.first_id, j)
+    gone_ids = {f.first_id for f in gone}
+    for f in gone:
+        for k in f.streams:
+            at = key_at[k]
+            if at[0] in gone_ids and came_at.get(k) != at:
+                return None  # its first listing left: the next one may be anywhere
+    if any(at < key_at[k] for k, at in came_at.items() if k in key_at):
+        return None  # listed before its old place
+    new = sorted(((k, at) for k, at in came_at.items() if k not in key_at), key=_PLACE)
+    if new and keys and new[0][1] < key_at[keys[-1]]:
+        return None  # a new key before an old one
+    key_at.update(new)
+    return [k for k, _ in new]
 
 
 def _common_ends(a: list[Fragment], b: list[Fragment]) -> tuple[int, int]:
