@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import warnings
 from collections.abc import Callable
@@ -55,7 +56,8 @@ class TableReader:
         self._listed_from: set[tuple[int, str]] = set()
         self._listed_version = -1
         # the view the index describes, where the current one differs: followed on next use
-        self._index_view: tuple[list[Fragment], np.ndarray, dict[tuple[int, str], FragmentData]] | None = None
+        self._index_view: tuple[list[Fragment], np.ndarray, np.ndarray,
+                                dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
@@ -74,6 +76,7 @@ class TableReader:
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
         self.all_fragments: list[Fragment] = []  # the live ones (visible or not), as of sync
         self._vis_all = np.zeros(0, dtype=np.int64)  # the local row each is visible from
+        self._all_ids = _identities(self.all_fragments)  # and which object each is
         self._sync_all(self.all_fragments, self._vis_all)
         self.sync()
 
@@ -87,12 +90,13 @@ class TableReader:
             return
         self._version = self.log.version
         if self._index is not None and self._index_view is None:
-            self._index_view = (self.fragments, self.vis_from, self._data)
+            self._index_view = (self.fragments, self.vis_from, self._all_ids[self._shown], self._data)
         frags = self.log.fragments(self.name)
+        ids = _identities(frags)
         vis_all = self._evict(frags) if self.capacity is not None else np.zeros(len(frags), dtype=np.int64)
-        if len(frags) <= _REDO_UP_TO or not self._follow(frags, vis_all):
+        if len(frags) <= _REDO_UP_TO or not self._follow(frags, ids, vis_all):
             self._sync_all(frags, vis_all)
-        self.all_fragments, self._vis_all = frags, vis_all
+        self.all_fragments, self._all_ids, self._vis_all = frags, ids, vis_all
         # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
         # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
         firsts = self.first_ids + self.vis_from
@@ -135,21 +139,20 @@ class TableReader:
         self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
                      for off in self.schema.offsets_groups}
 
-    def _follow(self, frags: list[Fragment], vis_all: np.ndarray) -> bool:
-        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags``, each visible
-        from local row ``vis_all``. A fragment that is the same object, visible from the same
+    def _follow(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray) -> bool:
+        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` (objects
+        ``ids``), each visible from local row ``vis_all``. A fragment that is the same object, visible from the same
         row, in both views keeps what was computed for it; the rest is computed for what
-        changed. Cost: the fragments between the longest common prefix and suffix of the two
-        views (a dict lookup each), plus what changed. False, with nothing changed, where more
-        than a quarter of the fragments changed."""
+        changed. Cost: array operations over both views (:func:`_pair`), plus what changed.
+        False, with nothing changed, where more than a quarter of the fragments changed."""
         was, shown = self.all_fragments, self._shown
-        head, tail, src, kept, stays = _pair(was, self._vis_all, frags, vis_all)
+        head, tail, src, kept, stays = _pair(self._all_ids, self._vis_all, ids, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
         vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return False
-        keep = vis_new < np.array([f.rows for f in new], dtype=np.int64)
+        keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
         gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
         came = [new[i] for i in np.flatnonzero(keep & ~kept)]
         lo = int(np.count_nonzero(shown[:head]))  # the visible fragments between: [lo, hi) of the old view
@@ -169,7 +172,7 @@ class TableReader:
 
         self._shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
-        self.fragments = [*self.fragments[:lo], *(new[i] for i in np.flatnonzero(keep)), *self.fragments[hi:]]
+        self.fragments = [*self.fragments[:lo], *itertools.compress(new, keep.tolist()), *self.fragments[hi:]]
         self.vis_from = np.concatenate((self.vis_from[:lo], vis_new[keep], self.vis_from[hi:]))
         self.first_ids = splice(self.first_ids, [f.first_id for f in came])
         self.ends = splice(self.ends, [f.first_id + f.rows for f in came])
@@ -504,13 +507,13 @@ class TableReader:
             self._key_at = _first_listings(self.fragments)
         return self._index
 
-    def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray,
+    def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
                       datas: dict[tuple[int, str], FragmentData]) -> bool:
-        """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream
+        """Apply the change from the view ``(frags, vis_from)`` (objects ``ids``) to the current one to the stream
         index: the row-id intervals that appeared or left (appends, eviction; compaction
-        replaces fragments without changing them), and the new stream order. Cost: the
-        fragments between the views' common prefix and suffix (:func:`_pair`) + rows changed
-        (see StreamIndex.apply for what a stream's update costs).
+        replaces fragments without changing them), and the new stream order. Cost: array
+        operations over both views (:func:`_pair`) + the fragments and rows changed (see
+        StreamIndex.apply for what a stream's update costs).
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
@@ -520,7 +523,7 @@ class TableReader:
         # only fragments that are not the same objects, visible from the same row, in both views
         # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
         # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept, stays = _pair(frags, vis_from, self.fragments, self.vis_from)
+        head, tail, src, kept, stays = _pair(ids, vis_from, self._all_ids[self._shown], self.vis_from)
         gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
         old = _intervals([frags[i] for i in gone], vis_from[gone])
         new = _intervals([self.fragments[i] for i in came], self.vis_from[came])
@@ -568,33 +571,44 @@ _PAIR = np.array([0, 1], dtype=np.int64)
 
 _ZERO = np.zeros(1, dtype=np.int64)
 _PLACE = operator.itemgetter(1)
+_ROWS = operator.attrgetter("rows")
 _NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
 
 
-def _pair(was: list[Fragment], vis_was: np.ndarray, now: list[Fragment], vis_now: np.ndarray,
+def _pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
           ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Two views of fragments, each visible from a local row: ``(head, tail, src, kept, stays)``. The
+    """Two views of fragments ``was`` and ``now`` (their :func:`_identities` ``a`` and ``b``), each
+    visible from a local row: ``(head, tail, src, kept, stays)``. The
     first ``head`` and last ``tail`` fragments of both are the same objects visible from the
     same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
     same object as ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible
-    from the same row, and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: the
-    fragments between (a dict lookup each)."""
-    head, tail = _common_ends(was, now)
-    moved = np.flatnonzero(vis_was[:head] != vis_now[:head])  # eviction moved their first visible row
-    if len(moved):
-        head = int(moved[0])
-    moved = np.flatnonzero(vis_was[len(was) - tail:] != vis_now[len(now) - tail:])
-    if len(moved):
-        tail -= int(moved[-1]) + 1
-    where = {id(f): i for i, f in enumerate(was[head:len(was) - tail])}
-    src = np.array([where.get(id(f), -1) for f in now[head:len(now) - tail]], dtype=np.int64)
+    from the same row, and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array
+    operations over both views."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
+    head = int(differ.argmax()) if differ.any() else n
+    m = n - head  # the suffix after the prefix
+    differ = (a[len(a) - m:] != b[len(b) - m:]) | (vis_was[len(a) - m:] != vis_now[len(b) - m:])
+    tail = m - 1 - int(np.flatnonzero(differ)[-1]) if differ.any() else m
+    mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
+    src = np.full(len(mid_b), -1, dtype=np.int64)
+    if len(mid_a) and len(mid_b):
+        order = np.argsort(mid_a, kind="stable")
+        at = order[np.searchsorted(mid_a, mid_b, sorter=order).clip(max=len(mid_a) - 1)]
+        same = mid_a[at] == mid_b
+        src[same] = at[same]
     kept = src >= 0
-    kept[kept] = vis_was[head:len(was) - tail][src[kept]] == vis_now[head:len(now) - tail][kept]
-    stays = np.zeros(len(where), dtype=bool)
+    kept[kept] = vis_was[head:len(a) - tail][src[kept]] == vis_now[head:len(b) - tail][kept]
+    stays = np.zeros(len(mid_a), dtype=bool)
     stays[src[kept]] = True
     return head, tail, src, kept, stays
+
+
+def _identities(frags: list[Fragment]) -> np.ndarray:
+    """``id`` of each fragment (object identity, as an array)."""
+    return np.fromiter(map(id, frags), dtype=np.uint64, count=len(frags))
 
 
 def _first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
@@ -636,19 +650,6 @@ def _grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey]
         return None  # a new key before an old one
     key_at.update(new)
     return [k for k, _ in new]
-
-
-def _common_ends(a: list[Fragment], b: list[Fragment]) -> tuple[int, int]:
-    """Lengths of the longest prefix and of the longest suffix after it that ``a`` and ``b``
-    share (the same fragment objects)."""
-    n = min(len(a), len(b))
-    head = 0
-    while head < n and a[head] is b[head]:
-        head += 1
-    tail = 0
-    while tail < n - head and a[-1 - tail] is b[-1 - tail]:
-        tail += 1
-    return head, tail
 
 
 def _intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:
