@@ -20,10 +20,16 @@ fsync). Rows, each against the peer in the same run:
   open segment whose arrays gain one chunk object per commit);
 - in-place segment: each array's file of an open segment extended in place and
   ``fdatasync``ed (committed bytes never rewritten; format 2 on local disk);
+- the same as the writer fills it: a ``pwrite`` per array at each append of 1,000 records,
+  write-back started on a thread every ``WRITEBACK_BYTES`` written, the ``fdatasync``s at
+  each commit (what the store's open segment does, without validation, checksums, the log
+  or the index);
 - one file per commit: every column of the commit in a single object (not one Zarr
   array per column).
 
-File fsyncs run on a pool of 8 threads, as the store does. TorchRL does not fsync.
+File fsyncs run on a pool of 8 threads, as the store does. TorchRL does not fsync. The
+store's row notes where one more run of it spends its time: ``Schema.validate``, the
+segment's writes (``Segment.add``), the rest of ``Writer.append``, and ``Writer.commit``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ from typing import Any
 
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main, store_append_rate
-from replaystore.schemas import dqn
+from replaystore.schemas import Schema, dqn
+from replaystore.store.fragment import INDEX_DTYPES
+from replaystore.store.segment import WRITEBACK, WRITEBACK_BYTES, Segment
+from replaystore.store.writer import Writer
 
 BATCH = 1_000
 COMMIT_EVERY = 10_000
@@ -93,11 +102,18 @@ def commit_payloads(batches: list[dict[str, np.ndarray]]) -> list[list[bytes]]:
     return out
 
 
-class Designs:
-    """The four layouts, each writing ``commits`` (cycled) ``n // COMMIT_EVERY`` times under ``root``."""
+def append_arrays(batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """Per append, its 16 arrays (fields + stream codes, steps, resets) as the store writes them."""
+    index = [np.zeros(BATCH, dtype=d) for d in INDEX_DTYPES.values()]
+    return [[np.ascontiguousarray(a) for a in b.values()] + index for b in batches]
 
-    def __init__(self, root: str, commits: list[list[bytes]], n: int) -> None:
-        self.root, self.commits, self.count = root, commits, n // COMMIT_EVERY
+
+class Designs:
+    """The layouts, each writing ``commits`` (cycled) ``n // COMMIT_EVERY`` times under ``root``
+    (the segment as filled: ``appends``, cycled, ``n // BATCH`` times)."""
+
+    def __init__(self, root: str, commits: list[list[bytes]], appends: list[list[np.ndarray]], n: int) -> None:
+        self.root, self.commits, self.appends, self.count = root, commits, appends, n // COMMIT_EVERY
         self.pool = ThreadPoolExecutor(8)
         self.arrays = len(commits[0])
 
@@ -167,6 +183,28 @@ class Designs:
             for fd in fds:
                 os.close(fd)
 
+    def segment_as_filled(self) -> float:
+        root = self._fresh()
+        fds = [os.open(os.path.join(root, f"a{a}"), os.O_WRONLY | os.O_CREAT, 0o644) for a in range(self.arrays)]
+        _fsync_dir(root)
+        offsets, started = [0] * self.arrays, [0] * self.arrays
+        per_commit = COMMIT_EVERY // BATCH
+
+        def body(c: int) -> None:
+            for j in range(c * per_commit, (c + 1) * per_commit):
+                for a, arr in enumerate(self.appends[j % len(self.appends)]):
+                    os.pwrite(fds[a], arr, offsets[a])
+                    offsets[a] += arr.nbytes
+                    if offsets[a] - started[a] >= WRITEBACK_BYTES:
+                        WRITEBACK.start(fds[a], started[a], offsets[a] - started[a])
+                        started[a] = offsets[a]
+            list(self.pool.map(os.fdatasync, fds))
+        try:
+            return self._timed(body)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def one_file_per_commit(self) -> float:
         root = self._fresh()
         data = os.path.join(root, "data")
@@ -186,11 +224,38 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     rng = np.random.default_rng(0)
     batches = [dqn_records(rng, BATCH) for _ in range(20)]
     tds = [as_tensordict(b) for b in batches]
-    designs = Designs(os.path.join(tmp, "designs"), commit_payloads(batches), n)
+    designs = Designs(os.path.join(tmp, "designs"), commit_payloads(batches), append_arrays(batches), n)
     schema = dqn(OBS, HEADS, actions=ACTIONS)
 
     def ours() -> float:
         return store_append_rate(os.path.join(tmp, "store"), schema, batches, n, COMMIT_EVERY)
+
+    def anatomy() -> str:
+        """Where one more run of ours spends its time (wall clock per call, summed)."""
+        spent = dict.fromkeys(("validate", "writes", "append", "commit"), 0.0)
+        patched = [(Writer, "append", "append"), (Writer, "commit", "commit"), (Schema, "validate", "validate"),
+                   (Segment, "add", "writes")]
+
+        def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+            def call(*a: Any, **k: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    spent[label] += time.perf_counter() - t
+            return call
+
+        originals = [(cls, name, getattr(cls, name)) for cls, name, _ in patched]
+        for (cls, name, label), (_, _, fn) in zip(patched, originals, strict=True):
+            setattr(cls, name, timed(fn, label))
+        try:
+            total = n / ours()
+        finally:
+            for cls, name, fn in originals:
+                setattr(cls, name, fn)
+        ms = {k: round(v * 1e3) for k, v in spent.items()}
+        return (f"one more run, {total * 1e3:.0f} ms: validation {ms['validate']}, segment writes {ms['writes']}, "
+                f"the rest of append() {ms['append'] - ms['validate'] - ms['writes']}, commit() {ms['commit']} ms")
 
     def peer() -> float:
         scratch = os.path.join(tmp, "trl")
@@ -205,24 +270,28 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
 
     runs: dict[str, Callable[[], float]] = {
         "ours": ours, "peer": peer, "fragment": designs.fragment_per_commit, "chunk": designs.chunk_per_commit,
-        "in_place": designs.in_place_segment, "one_file": designs.one_file_per_commit}
+        "in_place": designs.in_place_segment, "as_filled": designs.segment_as_filled,
+        "one_file": designs.one_file_per_commit}
     got: dict[str, list[float]] = {k: [] for k in runs}
     torch.set_num_threads(1)  # the peer's better setting on this 2-core machine (bench/store_bench.py)
     for _ in range(cfg["reps"]):  # interleaved: every variant sees the same machine state
         for k, fn in runs.items():
             got[k].append(fn())
+    where = anatomy()
     med = {k: statistics.median(v) for k, v in got.items()}
     peer_rate = med["peer"]
     per_commit = sum(len(c) for c in designs.commits[0]) / 2**20
     note = f"median of {cfg['reps']}; {per_commit:.1f} MiB per commit"
     out.add(f"store append, {n:,} records, commit every {COMMIT_EVERY:,}", med["ours"], peer_rate, "rows/s", 1.0,
-            note + "; the store (validation, index arrays, an open segment)")
+            note + f"; the store (validation, index arrays, an open segment); {where}")
     out.add("  floor: fragment per commit (format 1)", med["fragment"], peer_rate, "rows/s", None,
             f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files per commit")
     out.add("  floor: chunk per commit in an open segment", med["chunk"], peer_rate, "rows/s", None,
             f"{designs.arrays} new files per commit in existing directories")
     out.add("  floor: open segment extended in place (format 2)", med["in_place"], peer_rate, "rows/s", None,
             f"{designs.arrays} files, pwrite + fdatasync each commit")
+    out.add("  floor: open segment as the writer fills it", med["as_filled"], peer_rate, "rows/s", None,
+            f"{designs.arrays} files, pwrite per append + write-back thread, fdatasync each commit")
     out.add("  floor: one file per commit", med["one_file"], peer_rate, "rows/s", None,
             "all columns in one object: not one Zarr array per column")
 

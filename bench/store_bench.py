@@ -26,11 +26,8 @@ and the target from issue 3. What is measured (docs/PERFORMANCE.md has the detai
    (stream, step) index build, and ``Table.lookup`` cost at 100k vs 10M records (no TorchRL
    equivalent).
 
-Extra rows: the disk's durable-write ceiling (each commit's bytes as one file + fsync); the
-segment layout's floor (the same bytes written and synced as a writer's segment files are,
-nothing else), with where one more run of ours spends its time (validation, segment writes,
-the rest of ``append()``, ``commit()``); the read on a one-fragment copy of the store, and
-ours + ``torch.from_numpy``. TorchRL runs on
+Extra rows: the disk's durable-write ceiling (each commit's bytes as one file + fsync), the
+read on a one-fragment copy of the store, and ours + ``torch.from_numpy``. TorchRL runs on
 torch's default thread count and on one thread; the better figure is its figure.
 
 TorchRL is a bench-only peer: ``pip install torchrl tensordict`` (keep torch==2.13.0).
@@ -43,7 +40,6 @@ import shutil
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -62,12 +58,9 @@ from benchkit import (
     main,
     store_append_rate,
 )
-from replaystore.schemas import Schema, dqn
+from replaystore.schemas import dqn
 from replaystore.store import open_store
-from replaystore.store.fragment import INDEX_DTYPES
-from replaystore.store.segment import WRITEBACK, WRITEBACK_BYTES, Segment
 from replaystore.store.table import TableReader
-from replaystore.store.writer import Writer
 
 BATCH = 1_000
 COMMIT_EVERY = 10_000
@@ -142,69 +135,11 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
         shutil.rmtree(folder)
         return n / dt
 
-    def segment_floor(i: int) -> float:
-        """The segment layout's own cost: the same records' bytes written as the store writes them
-        (a file per array, index arrays included, ``pwrite`` per append, write-back started every
-        WRITEBACK_BYTES, 8 threads ``fdatasync``-ing every written file at each commit), without
-        validation, checksums, commit records or the log."""
-        folder = os.path.join(tmp, f"segfloor{i}")
-        os.makedirs(folder)
-        index = [np.zeros(BATCH, dtype=d) for d in INDEX_DTYPES.values()]
-        arrays = [[np.ascontiguousarray(a) for a in b.values()] + index for b in batches]
-        fds = [os.open(os.path.join(folder, str(k)), os.O_RDWR | os.O_CREAT, 0o644) for k in range(len(arrays[0]))]
-        pos, started = [0] * len(fds), [0] * len(fds)
-        try:
-            with ThreadPoolExecutor(8) as pool:
-                t0 = time.perf_counter()
-                for j in range(n // BATCH):
-                    for k, a in enumerate(arrays[j % len(arrays)]):
-                        os.pwrite(fds[k], a, pos[k])
-                        pos[k] += a.nbytes
-                        if pos[k] - started[k] >= WRITEBACK_BYTES:
-                            WRITEBACK.start(fds[k], started[k], pos[k] - started[k])
-                            started[k] = pos[k]
-                    if (j + 1) * BATCH % COMMIT_EVERY == 0:
-                        list(pool.map(os.fdatasync, fds))
-                dt = time.perf_counter() - t0
-        finally:
-            for fd in fds:
-                os.close(fd)
-            shutil.rmtree(folder)
-        return n / dt
-
-    def anatomy() -> str:
-        """Where one more synced run of ours spends its time (wall clock per call, summed)."""
-        spent = dict.fromkeys(("validate", "segment writes", "append", "commit"), 0.0)
-        patched = [(Writer, "append", "append"), (Writer, "commit", "commit"), (Schema, "validate", "validate"),
-                   (Segment, "add", "segment writes")]
-
-        def timed(fn: Any, label: str) -> Any:
-            def call(*a: Any, **k: Any) -> Any:
-                t = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    spent[label] += time.perf_counter() - t
-            return call
-
-        originals = [(cls, name, getattr(cls, name)) for cls, name, _ in patched]
-        for (cls, name, label), (_, _, fn) in zip(patched, originals, strict=True):
-            setattr(cls, name, timed(fn, label))
-        try:
-            total = n / ours(cfg["append_reps"])
-        finally:
-            for cls, name, fn in originals:
-                setattr(cls, name, fn)
-        other = spent["append"] - spent["validate"] - spent["segment writes"]
-        return (f"ours, one more run ({total * 1e3:.0f} ms): validation {spent['validate'] * 1e3:.0f} ms, segment "
-                f"writes {spent['segment writes'] * 1e3:.0f} ms, the rest of append() {other * 1e3:.0f} ms, commit() "
-                f"{spent['commit'] * 1e3:.0f} ms")
-
     # TorchRL copies into its memmaps on torch's intra-op threads; on a busy 2-core machine that
     # can collapse (OpenMP waits on a descheduled thread), so it also runs with one thread and
     # gets the better median (conservative for us).
     default = torch.get_num_threads()
-    o, p, p1, f, sf, oc, pc, pc1, oe, op = [], [], [], [], [], [], [], [], [], []
+    o, p, p1, f, oc, pc, pc1, oe, op = [], [], [], [], [], [], [], [], []
     try:
         for i in range(cfg["append_reps"]):
             o.append(ours(i))
@@ -213,11 +148,9 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             p.append(peer(i, default))
             p1.append(peer(i, 1))
             f.append(floor(i))
-            sf.append(segment_floor(i))
             oc.append(ours(i, capped))
             pc.append(peer(i, default, capped))
             pc1.append(peer(i, 1, capped))
-        where = anatomy()
     finally:
         torch.set_num_threads(default)
     med = statistics.median
@@ -232,8 +165,6 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             "each start; TorchRL has no streams (same peer figure)")
     out.add("  disk ceiling: each commit's bytes as 1 file + fsync", med(f), peer_best,
             "rows/s", None, "no format, no index: the durable-write floor of this disk")
-    out.add("  the segment layout's floor: its files' writes and syncs alone", med(sf), peer_best, "rows/s", None,
-            f"a file per array, pwrite + write-back + fdatasync as ours, nothing else; {where}")
     out.add(f"  the same into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)), "rows/s",
             None, f"ours evicts and reclaims storage; TorchRL's ring buffer overwrites (better of {default} "
             f"threads {med(pc):,.0f} and 1 {med(pc1):,.0f})")
