@@ -141,9 +141,9 @@ class TableReader:
 
     def _follow(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray) -> bool:
         """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` (objects
-        ``ids``), each visible from local row ``vis_all``. A fragment that is the same object, visible from the same
-        row, in both views keeps what was computed for it; the rest is computed for what
-        changed. Cost: array operations over both views (:func:`_pair`), plus what changed.
+        ``ids``), each visible from local row ``vis_all``. A fragment that is the same object,
+        visible from the same row, in both views keeps what was computed for it; the rest is
+        computed for what changed. Cost: array operations over both views (:func:`_pair`), plus what changed.
         False, with nothing changed, where more than a quarter of the fragments changed."""
         was, shown = self.all_fragments, self._shown
         head, tail, src, kept, stays = _pair(self._all_ids, self._vis_all, ids, vis_all)
@@ -509,11 +509,11 @@ class TableReader:
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
                       datas: dict[tuple[int, str], FragmentData]) -> bool:
-        """Apply the change from the view ``(frags, vis_from)`` (objects ``ids``) to the current one to the stream
-        index: the row-id intervals that appeared or left (appends, eviction; compaction
-        replaces fragments without changing them), and the new stream order. Cost: array
-        operations over both views (:func:`_pair`) + the fragments and rows changed (see
-        StreamIndex.apply for what a stream's update costs).
+        """Apply the change from the view ``(frags, vis_from)`` (objects ``ids``) to the current
+        one to the stream index: the row-id intervals that appeared or left (appends,
+        eviction; compaction replaces fragments without changing them), and the new stream
+        order. Cost: array operations over both views (:func:`_pair`) + the fragments and
+        rows changed (see StreamIndex.apply for what a stream's update costs).
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
@@ -579,13 +579,13 @@ _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulat
 
 def _pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
           ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Two views of fragments ``was`` and ``now`` (their :func:`_identities` ``a`` and ``b``), each
-    visible from a local row: ``(head, tail, src, kept, stays)``. The
-    first ``head`` and last ``tail`` fragments of both are the same objects visible from the
-    same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
-    same object as ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible
-    from the same row, and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array
-    operations over both views."""
+    """Two views of fragments ``was`` and ``now`` (their :func:`_identities` ``a`` and ``b``),
+    each visible from a local row: ``(head, tail, src, kept, stays)``. The first ``head`` and
+    last ``tail`` fragments of both are the same objects visible from the same rows; between
+    them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same object as
+    ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row,
+    and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both
+    views."""
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
     head = int(differ.argmax()) if differ.any() else n
