@@ -143,8 +143,9 @@ class TableReader:
         """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` (objects
         ``ids``), each visible from local row ``vis_all``. A fragment that is the same object,
         visible from the same row, in both views keeps what was computed for it; the rest is
-        computed for what changed. Cost: array operations over both views (:func:`_pair`), plus what changed.
-        False, with nothing changed, where more than a quarter of the fragments changed."""
+        computed for what changed. Cost: array operations over both views (:func:`_pair`),
+        plus what changed. False, with nothing changed, where more than a quarter of the
+        fragments changed."""
         was, shown = self.all_fragments, self._shown
         head, tail, src, kept, stays = _pair(self._all_ids, self._vis_all, ids, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
