@@ -28,8 +28,11 @@ fsync). Rows, each against the peer in the same run:
   array per column).
 
 File fsyncs run on a pool of 8 threads, as the store does. TorchRL does not fsync. The
-store's row notes where one more run of it spends its time: ``Schema.validate``, the
-segment's writes (``Segment.add``), the rest of ``Writer.append``, and ``Writer.commit``.
+store's row notes where one more run of it spends its time on the appending thread:
+``Schema.validate`` (and its value checks: finiteness, id ranges), the segment's writes
+(``Segment.add``), creating the writer's first segment (later ones are made ahead on its I/O
+threads), the rest of ``Writer.append``, and ``Writer.commit`` (and in it, the wait for the
+fsyncs and the commit record, and showing the commit through the writer's store handle).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import os
 import shutil
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,8 +50,10 @@ from typing import Any
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main, store_append_rate
 from replaystore.schemas import Schema, dqn
+from replaystore.schemas import validate as validate_module
 from replaystore.store.fragment import INDEX_DTYPES
 from replaystore.store.segment import WRITEBACK, WRITEBACK_BYTES, Segment
+from replaystore.store.storage import LocalStorage
 from replaystore.store.writer import Writer
 
 BATCH = 1_000
@@ -231,10 +237,15 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
         return store_append_rate(os.path.join(tmp, "store"), schema, batches, n, COMMIT_EVERY)
 
     def anatomy() -> str:
-        """Where one more run of ours spends its time (wall clock per call, summed)."""
-        spent = dict.fromkeys(("validate", "writes", "append", "commit"), 0.0)
+        """Where one more run of ours spends its time (wall clock per call on the appending
+        thread, summed; calls on the writer's own threads, such as its spare segments, are not counted)."""
+        labels = ("validate", "values", "writes", "segment", "append", "commit", "durable", "view")
+        spent = dict.fromkeys(labels, 0.0)
         patched = [(Writer, "append", "append"), (Writer, "commit", "commit"), (Schema, "validate", "validate"),
-                   (Segment, "add", "writes")]
+                   (validate_module, "_check_values", "values"), (Segment, "add", "writes"),
+                   (Writer, "_new_segment", "segment"), (LocalStorage, "create_after", "durable"),
+                   (Writer, "_refresh_view", "view")]
+        main_thread = threading.main_thread()
 
         def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
             def call(*a: Any, **k: Any) -> Any:
@@ -242,20 +253,24 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
                 try:
                     return fn(*a, **k)
                 finally:
-                    spent[label] += time.perf_counter() - t
+                    if threading.current_thread() is main_thread:
+                        spent[label] += time.perf_counter() - t
             return call
 
-        originals = [(cls, name, getattr(cls, name)) for cls, name, _ in patched]
-        for (cls, name, label), (_, _, fn) in zip(patched, originals, strict=True):
-            setattr(cls, name, timed(fn, label))
+        originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+        for (owner, name, label), (_, _, fn) in zip(patched, originals, strict=True):
+            setattr(owner, name, timed(fn, label))
         try:
             total = n / ours()
         finally:
-            for cls, name, fn in originals:
-                setattr(cls, name, fn)
+            for owner, name, fn in originals:
+                setattr(owner, name, fn)
         ms = {k: round(v * 1e3) for k, v in spent.items()}
-        return (f"one more run, {total * 1e3:.0f} ms: validation {ms['validate']}, segment writes {ms['writes']}, "
-                f"the rest of append() {ms['append'] - ms['validate'] - ms['writes']}, commit() {ms['commit']} ms")
+        rest = ms["append"] - ms["validate"] - ms["writes"] - ms["segment"]
+        return (f"one more run, {total * 1e3:.0f} ms: validation {ms['validate']} (value checks {ms['values']}), "
+                f"segment writes {ms['writes']}, creating the first segment {ms['segment']}, the rest of append() "
+                f"{rest}, commit() {ms['commit']} (waiting for fsyncs and the record {ms['durable']}, the "
+                f"handle's view {ms['view']}) ms")
 
     def peer() -> float:
         scratch = os.path.join(tmp, "trl")
