@@ -67,10 +67,10 @@ BATCH = 1_000
 COMMIT_EVERY = 10_000
 SAMPLE = 256
 
-FULL = {"append": 200_000, "append_long": 1_000_000, "append_reps": 3, "read": 1_000_000, "big": 10_000_000, "small": 100_000,
-        "warm_s": 2.0, "rep_s": 1.0, "reps": 5, "lookups": 20_000}
-QUICK = {"append": 50_000, "append_long": 250_000, "append_reps": 3, "read": 200_000, "big": 1_000_000, "small": 100_000,
-         "warm_s": 0.5, "rep_s": 0.3, "reps": 3, "lookups": 5_000}
+FULL = {"append": 200_000, "append_long": 1_000_000, "append_reps": 3, "read": 1_000_000, "big": 10_000_000,
+        "small": 100_000, "warm_s": 2.0, "rep_s": 1.0, "reps": 5, "lookups": 20_000}
+QUICK = {"append": 50_000, "append_long": 250_000, "append_reps": 3, "read": 200_000, "big": 1_000_000,
+         "small": 100_000, "warm_s": 0.5, "rep_s": 0.3, "reps": 3, "lookups": 5_000}
 
 
 # -- helpers ------------------------------------------------------------------------------------

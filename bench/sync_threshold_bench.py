@@ -1,13 +1,13 @@
-"""Where following a commit beats recomputing a reader's view: ``TableReader.sync`` either way,
+"""Where following a commit beats redoing a reader's view: ``TableReader.sync`` either way,
 by the number of fragments in the store (the crossover sets ``store.table._REDO_UP_TO``).
 
-    python bench/sync_threshold_bench.py             # 4 to 512 fragments, 41 commits each (~1 min)
+    python bench/sync_threshold_bench.py             # 4 to 512 closed sessions, 41 commits each (~1 min)
     python bench/sync_threshold_bench.py --quick     # 4 to 128, 15 commits
 
 Each store holds ``n`` closed writer sessions (a writer, one 4-record commit, close: a fragment
 each) and a collector's writer in this process. The collector appends 1,000 DQN records and
 commits; a reader's handle (opened before, its views taken by a read) then ``refresh()``es,
-timed, alternately with the reader recomputing its whole view and following the change. No
+timed, alternately with the reader redoing its whole view and following the change. No
 peer: TorchRL has no commit log. The figure is the median ``refresh()`` per mode and size, and
 the last column says which is cheaper. The store's fragments are the sessions' plus the
 collector's few (its tiered compaction keeps them under ~10).
@@ -28,7 +28,7 @@ from replaystore.store import open_store
 from replaystore.store import table as table_module
 
 SCHEMA = dqn(OBS, HEADS, actions=ACTIONS)
-MODES = {"recompute": 1 << 62, "follow": -1}  # values of _REDO_UP_TO that force each path
+MODES = {"redo": 1 << 62, "follow": -1}  # values of _REDO_UP_TO that force each path
 
 
 def build(path: str, sessions: int) -> None:
@@ -74,14 +74,14 @@ def follow(path: str, batch: dict[str, np.ndarray], commits: int) -> dict[str, f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 to 128 fragments, 15 commits each")
+    ap.add_argument("--quick", action="store_true", help="4 to 128 closed sessions, 15 commits each")
     args = ap.parse_args()
     sizes = [4, 16, 32, 64, 128] if args.quick else [4, 16, 24, 32, 48, 64, 128, 256, 512]
     commits = 15 if args.quick else 41
     batch = dqn_records(np.random.default_rng(0), 1_000)
     print(f"# {'quick' if args.quick else 'full'} run: {os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f}")
     print(f"_REDO_UP_TO in this checkout: {table_module._REDO_UP_TO}")
-    print("| closed sessions | refresh(), recompute | refresh(), follow | cheaper |")
+    print("| closed sessions | refresh(), redo | refresh(), follow | cheaper |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="replaystore_sync_") as tmp:
         for n in sizes:
@@ -89,7 +89,7 @@ def main() -> int:
             build(path, n)
             med = follow(path, batch, commits)
             best = min(med, key=med.__getitem__)
-            print(f"| {n} | {med['recompute'] * 1e3:.3f} ms | {med['follow'] * 1e3:.3f} ms | {best} |", flush=True)
+            print(f"| {n} | {med['redo'] * 1e3:.3f} ms | {med['follow'] * 1e3:.3f} ms | {best} |", flush=True)
     return 0
 
 
