@@ -100,8 +100,9 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
 
     keys = episode_keys(n, BATCH)  # records keyed by episode (a new stream every 20-400 records)
 
-    def ours(i: int, capacity: int | None = None, by_episode: bool = False, wait: bool = True) -> float:
-        return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, n, COMMIT_EVERY, capacity,
+    def ours(i: int, capacity: int | None = None, by_episode: bool = False, wait: bool = True,
+             records: int = n) -> float:
+        return store_append_rate(os.path.join(tmp, f"append{i}"), schema, batches, records, COMMIT_EVERY, capacity,
                                  keys if by_episode else None, wait)
 
     def peer(i: int, threads: int, capacity: int | None = None, records: int = n, durable: bool = False) -> float:
@@ -116,8 +117,9 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             rb.extend(tds[j % len(tds)])
             if durable and (j + 1) * BATCH % COMMIT_EVERY == 0:
                 if not fds:  # its files exist from the first extend on
-                    fds = [os.open(os.path.join(d, name), os.O_RDONLY)
-                           for d, dirs, files in os.walk(scratch) for name in [*files, *dirs]] + [os.open(scratch, os.O_RDONLY)]
+                    paths = [scratch] + [os.path.join(d, name) for d, dirs, files in os.walk(scratch)
+                                         for name in [*files, *dirs]]
+                    fds = [os.open(path, os.O_RDONLY) for path in paths]
                 list(pool.map(os.fsync, fds))
         dt = time.perf_counter() - t0
         for fd in fds:
@@ -170,7 +172,7 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             pc1.append(peer(i, 1, capped))
         long_n = cfg["append_long"]  # the same, longer: one-time costs (a writer's first segment) spread
         for i in range(cfg["append_reps"]):
-            ol.append(store_append_rate(os.path.join(tmp, f"long{i}"), schema, batches, long_n, COMMIT_EVERY))
+            ol.append(ours(i, records=long_n))
             pl.append(peer(i, default, records=long_n))
             pl1.append(peer(i, 1, records=long_n))
     finally:
@@ -191,7 +193,7 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             f"better of {default} threads ({med(pd):,.0f}) and 1 ({med(pd1):,.0f})")
     out.add("  disk ceiling: each commit's bytes as 1 file + fsync", med(f), peer_best,
             "rows/s", None, "no format, no index: the durable-write floor of this disk")
-    out.add(f"  the same, {long_n:,} rows", med(ol), max(med(pl), med(pl1)), "rows/s", None,
+    out.add(f"  the synced append, {long_n:,} rows", med(ol), max(med(pl), med(pl1)), "rows/s", None,
             f"median of {cfg['append_reps']}; 5x the records: one-time costs (the writer's first segment, the "
             f"peer's first allocation) spread, and the disk's sustained write rate counts for ours (the peer's "
             f"writes stay in the page cache); peer: better of {default} threads ({med(pl):,.0f}) and 1 "
