@@ -198,7 +198,7 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             f"peer's first allocation) spread, and the disk's sustained write rate counts for ours (the peer's "
             f"writes stay in the page cache); peer: better of {default} threads ({med(pl):,.0f}) and 1 "
             f"({med(pl1):,.0f})")
-    out.add(f"  the same into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)), "rows/s",
+    out.add(f"  the synced append into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)), "rows/s",
             None, f"ours evicts and reclaims storage; TorchRL's ring buffer overwrites (better of {default} "
             f"threads {med(pc):,.0f} and 1 {med(pc1):,.0f})")
 
