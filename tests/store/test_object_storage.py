@@ -165,7 +165,7 @@ def test_a_child_forked_while_a_thread_is_inside_a_memory_call_can_use_memory_st
     parent thread inside a call at the fork must not leave the child's copy held forever."""
     import multiprocessing
 
-    from replaystore.store import storage as storage_module
+    from replaystore.store.storage import objects as storage_module
 
     url = f"memory://rs-fork-{uuid.uuid4().hex}"
     open_storage(url).write("parent/a", b"from the parent")

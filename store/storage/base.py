@@ -1,0 +1,200 @@
+"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees"): whole-object
+writes that become visible atomically or not at all to readers that only follow commit
+records; create-if-absent for commit records; read-after-write consistency for objects and
+listings; delete. Paths are '/'-separated and relative to the store root.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from replaystore.errors import ReplayStoreError
+from replaystore.store.chunkcache import StoreCache
+
+
+class StorageError(ReplayStoreError):
+    """The storage backend failed or lacks a guarantee the format needs."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object: its path under the store root, size and last modification (storage clock)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
+Buffer = bytes | memoryview | np.ndarray
+"""Bytes to write: ``bytes``, or any C-contiguous buffer (a uint8 view of an array)."""
+
+
+class ObjectStream:
+    """A data object written piece by piece (appended to, truncated back), completed and made
+    durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
+    copies of the pieces in memory and the object is written whole at completion (a buffered
+    stream; :meth:`Storage.open_stream` may instead write the pieces as they come)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = 0
+        self._pieces: list[bytes] = []
+
+    def write(self, pieces: Sequence[Buffer]) -> None:
+        """Append ``pieces`` (copied or written out now: the caller may reuse its buffers)."""
+        for piece in pieces:
+            data = bytes(piece)
+            self._pieces.append(data)
+            self.size += len(data)
+
+    def truncate(self, size: int) -> None:
+        """Cut the object back to its first ``size`` bytes."""
+        data = self.data()[:size]
+        self._pieces, self.size = [data], len(data)
+
+    def data(self) -> bytes:
+        """Everything written so far."""
+        return b"".join(self._pieces)
+
+    def pieces(self) -> list[bytes]:
+        """Everything written so far, as the pieces kept (a buffered stream's)."""
+        return self._pieces
+
+    def close(self) -> None:
+        """Release the stream's resources (after completion, or to abandon it)."""
+        self._pieces = []
+
+
+class Storage(abc.ABC):
+    """A flat key space of immutable objects under one root."""
+
+    url: str
+    remote: bool = False
+    """True for object stores across a network (S3): readers cache their chunk objects locally."""
+    cache: StoreCache | None = None
+    """Where chunk reads (``zarrio.read_array``) go through a local disk cache; set by ``open_store``."""
+
+    @abc.abstractmethod
+    def read(self, path: str) -> bytes:
+        """The whole object; FileNotFoundError if absent."""
+
+    def download(self, path: str, local: str) -> None:
+        """Write the object to the local file ``local`` (object stores stream it); FileNotFoundError if absent."""
+        data = self.read(path)
+        with open(local, "wb") as f:
+            f.write(data)
+
+    def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
+        """Each object whole, None where absent (any other error raises). Object stores read them
+        concurrently: a reader probing many writers' next commit records pays one round trip."""
+        out: list[bytes | None] = []
+        for path in paths:
+            try:
+                out.append(self.read(path))
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    @abc.abstractmethod
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        """Write a data object durably (it is never referenced before this returns)."""
+
+    @abc.abstractmethod
+    def create(self, path: str, data: bytes) -> bool:
+        """Create ``path`` atomically and durably if absent; False (writing nothing) if it exists."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names (not paths) directly under ``prefix``; empty if none."""
+
+    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+        """``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no
+        directory was added under ``prefix`` or removed from it since the listing that returned
+        ``token`` (None: no such listing). Entries that are not directories may have changed."""
+        return self.list(prefix), None
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove an object or, recursively, a prefix; absent paths are ignored."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int: ...
+
+    def local_path(self, path: str) -> str | None:
+        """A filesystem path for memory-mapping, when the backend has one."""
+        return None
+
+    def check_create(self) -> None:
+        """Raise StorageError if this storage does not honour create-if-absent (a no-op where it always does)."""
+
+    def sync_dirs(self, paths: list[str]) -> None:
+        """Make the directory entries of written ``paths`` durable (local filesystems only)."""
+
+    def open_stream(self, path: str) -> ObjectStream:
+        """A data object to be written piece by piece, complete only once passed to
+        :meth:`write_objects`. This default is buffered (copies of the pieces in memory)."""
+        return ObjectStream(path)
+
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
+        """Write data objects, each the concatenation of its buffers, and complete ``streams``
+        (each holding what was written to it); all of them (and their directory entries) are
+        durable when this returns. This default writes one after another."""
+        for path, parts in objects.items():
+            self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
+        for stream in streams:
+            self.write(stream.path, stream.data())
+        self.sync_dirs([*objects, *(s.path for s in streams)])
+
+    def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """``prod(shape)`` items of an object from byte ``offset`` as an array (memory-mapped where possible)."""
+        count = int(np.prod(shape))
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        local = self.local_path(path)
+        if local is not None:
+            return np.memmap(local, dtype=dtype, mode="r", shape=shape, offset=offset)
+        data = self.read(path)
+        return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes stored under ``prefix`` (recursively)."""
+        total = 0
+        for name in self.list(prefix):
+            path = f"{prefix}/{name}" if prefix else name
+            total += self.total_size(path) if self.is_dir(path) else self.size(path)
+        return total
+
+    @abc.abstractmethod
+    def is_dir(self, path: str) -> bool: ...
+
+    def delete_objects(self, paths: list[str]) -> None:
+        """Remove these objects (not prefixes); absent ones are ignored. Backends may batch the requests."""
+        for path in paths:
+            self.delete(path)
+
+    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
+
+        This default serves backends with a local path (``local_path``); others override it.
+        """
+        top = self.local_path(prefix)
+        root = self.local_path("")
+        if top is None or root is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot list objects with their times")
+        out = []
+        for directory, _, files in os.walk(top):
+            for name in files:
+                full = os.path.join(directory, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:  # deleted since the listing
+                    continue
+                out.append(ObjectInfo(os.path.relpath(full, root).replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
+        return sorted(out, key=lambda o: o.path)

@@ -1,0 +1,350 @@
+"""Storage on a local filesystem: a directory; create-if-absent by link(2); every write and
+directory entry made durable with fsync."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, ClassVar
+
+from replaystore.store.storage.base import Buffer, ObjectStream, Storage
+
+
+def _raise_open_file_limit() -> None:
+    """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
+    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the limit
+        pass
+
+
+class _FileStream(ObjectStream):
+    """A local file written as the pieces come (into the page cache; the fsync at completion
+    writes it back): for writing from memory maps (merges) without a copy."""
+
+    def __init__(self, storage: LocalStorage, path: str) -> None:
+        super().__init__(path)
+        full = storage._p(path)
+        directory = os.path.dirname(full)
+        storage._makedirs(directory)
+        self.fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        storage._entry_made(directory)
+
+    def write(self, pieces: Sequence[Buffer]) -> None:
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                n = os.pwrite(self.fd, view, self.size)
+                view = view[n:]
+                self.size += n
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class LocalStorage(Storage):
+    """A directory on a local filesystem. Commit records use link(2) for create-if-absent.
+
+    Durability of directory entries: a handle fsyncs a directory when it created an entry in
+    it since its last fsync of it started (``_dirty``), or when a directory on the way to a
+    written object is not known to have a durable entry in its parent (``_durable``: those
+    whose parent this handle fsynced after seeing them). The store root and the levels above
+    a fragment are therefore fsynced once per handle, not on every commit.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        self._dir_lock = threading.Lock()
+        self._dirty: dict[str, int] = {}  # directory -> entries created in it not yet covered by an fsync of it
+        self._durable: set[str] = {self.root}  # directories whose entry in their parent is durable
+        _raise_open_file_limit()
+
+    def _p(self, path: str) -> str:
+        return os.path.join(self.root, path) if path else self.root
+
+    def read(self, path: str) -> bytes:
+        with open(self._p(path), "rb") as f:
+            return f.read()
+
+    def _fsync_dir(self, directory: str) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _entry_made(self, directory: str) -> None:
+        """Note that an entry was just created in ``directory`` (after creating it: see _unsynced)."""
+        with self._dir_lock:
+            self._dirty[directory] = self._dirty.get(directory, 0) + 1
+
+    def _makedirs(self, directory: str) -> None:
+        """``os.makedirs(directory, exist_ok=True)``, noting each directory it creates in its parent."""
+        if os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        if parent != directory:
+            self._makedirs(parent)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:  # made concurrently: its entry counts as unknown (not in _durable)
+            if not os.path.isdir(directory):
+                raise
+            return
+        self._entry_made(parent)
+
+    def _unsynced(self, paths: Iterable[str]) -> list[tuple[str, int, list[str]]]:
+        """The directories to fsync so that every entry from the root down to each of ``paths``
+        is durable: ``(directory, its dirty count now, its children to remember as durable)``.
+
+        Counts are read after the entries were created, so an fsync that starts later covers
+        them; an entry created concurrently after the read keeps its directory dirty.
+        """
+        need: dict[str, list[str]] = {}
+        with self._dir_lock:
+            for path in paths:
+                d = os.path.dirname(self._p(path))
+                while True:
+                    if d in self._dirty:
+                        need.setdefault(d, [])
+                    if d == self.root or not d.startswith(self.root + os.sep):
+                        break
+                    parent = os.path.dirname(d)
+                    if d not in self._durable and parent not in self._dirty:
+                        need.setdefault(parent, []).append(d)  # an existing directory of unknown durability
+                    d = parent
+            return [(d, self._dirty.get(d, 0), children) for d, children in need.items()]
+
+    def _synced(self, directory: str, count: int, children: list[str]) -> None:
+        """Record a completed fsync of ``directory`` that started after ``count`` entries were noted."""
+        with self._dir_lock:
+            left = self._dirty.get(directory, 0) - count
+            if left > 0:
+                self._dirty[directory] = left
+            else:
+                self._dirty.pop(directory, None)
+            self._durable.update(children)
+
+    def _write_synced(self, full: str, data: bytes | memoryview) -> None:
+        with open(full, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._entry_made(os.path.dirname(full))
+
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        full = self._p(path)
+        self._makedirs(os.path.dirname(full))
+        self._write_synced(full, data)
+
+    def open_stream(self, path: str) -> ObjectStream:
+        return _FileStream(self, path)
+
+    def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
+        (sparse where the filesystem allows) and return read-write descriptors of them; durable,
+        with their directory entries, once passed to :meth:`write_objects` as ``created``.
+        On error the files created are closed and removed."""
+        fds: dict[str, int] = {}
+        try:
+            for path, size in sizes.items():
+                full = self._p(path)
+                directory = os.path.dirname(full)
+                self._makedirs(directory)
+                fds[path] = fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self._entry_made(directory)
+                os.ftruncate(fd, size)
+        except BaseException:
+            for path, fd in fds.items():
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._p(path))
+            raise
+        return fds
+
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
+                      created: Mapping[str, int] | None = None) -> None:
+        """Hand each file stream's fsync to a thread pool, write each buffered stream and object
+        and hand its fsync over at once (the disk writes it back while the next ones are
+        written), then fsync the directories whose entries are not yet durable (see the class)
+        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
+        where one after another paid a commit each. Nothing is referenced before this returns.
+        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too."""
+        pool = self._fsync_pool()
+        files: list[Any] = []
+        created = created or {}
+        syncs: list[Future[None]] = [pool.submit(os.fsync, fd) for fd in created.values()]
+        whole: list[tuple[str, Sequence[Buffer]]] = []
+        for stream in streams:
+            if isinstance(stream, _FileStream):
+                syncs.append(pool.submit(os.fsync, stream.fd))
+            else:
+                whole.append((stream.path, stream.pieces()))
+        try:
+            for path, parts in [*whole, *objects.items()]:
+                full = self._p(path)
+                directory = os.path.dirname(full)
+                self._makedirs(directory)
+                f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
+                files.append(f)
+                self._entry_made(directory)
+                f.writelines(parts)
+                f.flush()
+                syncs.append(pool.submit(os.fsync, f.fileno()))
+            for job in self._unsynced([*objects, *(s.path for s in streams), *created]):
+                syncs.append(pool.submit(self._sync_path, *job))
+        finally:
+            wait(syncs)  # every fsync ends before any descriptor is closed
+            for f in files:
+                f.close()
+        for sync in syncs:
+            sync.result()  # raises the first error
+
+    _pool: ClassVar[tuple[int, ThreadPoolExecutor] | None] = None  # (owning pid, pool): rebuilt after fork
+    _pool_lock: ClassVar[threading.Lock] = threading.Lock()
+    FSYNC_THREADS: ClassVar[int] = 8
+
+    @classmethod
+    def _fsync_pool(cls) -> ThreadPoolExecutor:
+        with cls._pool_lock:
+            if cls._pool is None or cls._pool[0] != os.getpid():
+                cls._pool = (os.getpid(), ThreadPoolExecutor(cls.FSYNC_THREADS, thread_name_prefix="replaystore-fsync"))
+            return cls._pool[1]
+
+    def _sync_entries(self, paths: Iterable[str]) -> None:
+        """fsync, concurrently, the directories that make the entries of ``paths`` durable (see the class)."""
+        jobs = self._unsynced(paths)
+        for _ in self._fsync_pool().map(lambda job: self._sync_path(*job), jobs):
+            pass
+
+    def _sync_path(self, directory: str, count: int, children: list[str]) -> None:
+        self._fsync_dir(directory)
+        self._synced(directory, count, children)
+
+    def sync_dirs(self, paths: list[str]) -> None:
+        """Make the directory entries of written ``paths`` durable: their directories and the
+        directories above them up to the root, where this handle has not already (see the class).
+
+        A write may have created directories (a fragment's, its arrays'): the entry of each new
+        directory lives in its parent, so the parents must be synced too, or a power loss after
+        the commit record is durable could still lose the data it references.
+        """
+        self._sync_entries(paths)
+
+    def create(self, path: str, data: bytes) -> bool:
+        return self.create_after(path, data, ())
+
+    def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
+        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
+        (concurrently with the new file's own fsync: one journal commit can cover both) and
+        ``check()`` has returned (it may raise: then nothing is created)."""
+        full = self._p(path)
+        directory = os.path.dirname(full)
+        new_root = not os.path.isdir(self.root)
+        self._makedirs(directory)
+        if new_root:  # the store's own directory entry
+            self._fsync_dir(os.path.dirname(self.root))
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        try:
+            syncs = [self._fsync_pool().submit(os.fdatasync, fd) for fd in fds]
+            self._write_synced(tmp, data)
+            for done in syncs:
+                done.result()
+            if check is not None:
+                check()
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        try:
+            os.link(tmp, full)  # atomic, fails if the name exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+            # the record's entry, and those of directories made for it (concurrently, as in write_objects)
+            self._sync_entries([path])
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._p(path))
+
+    def list(self, prefix: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self._p(prefix)) if not n.startswith(".tmp-"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+        """Where the filesystem counts a directory's subdirectories in its link count (2 + their
+        number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an unchanged count means none
+        came or went: the directory is stat'ed first, then listed, and the count is a token only if
+        it matches the listing (a subdirectory made in between shows as a change next time)."""
+        full = self._p(prefix)
+        try:
+            links = os.stat(full).st_nlink
+        except (FileNotFoundError, NotADirectoryError):
+            return [], None
+        if token is not None and token == links:
+            return None, token
+        try:
+            with os.scandir(full) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return [], None
+        dirs = sum(d for _, d in entries)
+        return sorted(n for n, _ in entries if not n.startswith(".tmp-")), (links if links == dirs + 2 else None)
+
+    def delete(self, path: str) -> None:
+        import shutil
+
+        full = self._p(path)
+        if os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+            with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
+                gone = [d for d in (*self._durable, *self._dirty) if d == full or d.startswith(full + os.sep)]
+                self._durable.difference_update(gone)
+                for d in gone:
+                    self._dirty.pop(d, None)
+        else:
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                pass
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(self._p(path))
+
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes the files under ``prefix`` occupy on disk (allocated blocks: a segment's chunk
+        files are sparse past what was written)."""
+        total = 0
+        for directory, _, files in os.walk(self._p(prefix)):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(directory, name)).st_blocks * 512
+                except FileNotFoundError:  # deleted meanwhile
+                    pass
+        return total
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(self._p(path))
+
+    def local_path(self, path: str) -> str | None:
+        return self._p(path)
