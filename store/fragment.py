@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,44 +14,13 @@ from replaystore.schemas import Columns, Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store import layout
 from replaystore.store.storage import Storage
+from replaystore.store.streamkeys import STREAM_CODE, StreamKey
 from replaystore.store.zarrio import read_array
 
-STREAM_CODE = np.dtype(np.int32)
 STEP = np.dtype(np.int64)
 RESET = np.dtype(np.bool_)
 INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 """The dtypes of the index arrays every fragment and segment holds beside the schema's."""
-
-
-class StreamKeys:
-    """The stream keys of records being written and their ``_stream`` codes (in order of first use)."""
-
-    def __init__(self) -> None:
-        self.keys: list[int | str] = []
-        self._code: dict[int | str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._code
-
-    def codes(self, keys: Sequence[int | str]) -> np.ndarray:
-        """The code of each of ``keys``; keys not seen before get the next codes."""
-        out = np.empty(len(keys), dtype=STREAM_CODE)
-        for i, key in enumerate(keys):
-            code = self._code.get(key)
-            if code is None:
-                code = self._code[key] = len(self.keys)
-                self.keys.append(key)
-            out[i] = code
-        return out
-
-    def truncate(self, count: int) -> None:
-        """Forget every key after the first ``count``."""
-        for key in self.keys[count:]:
-            del self._code[key]
-        del self.keys[count:]
 
 
 @dataclass(frozen=True)
@@ -97,7 +65,7 @@ class Fragment:
     row_start: int
     rows: int
     nnz: dict[str, int]
-    streams: list[int | str]
+    streams: list[StreamKey]
     parts: list[tuple[int, int, int]]
     segment: SegmentRef | None = None
     first_id: int = field(init=False, repr=False, compare=False)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from replaystore.store.segments import Segments, grown
+from replaystore.store.streamkeys import StreamKey
 
-StreamKey = int | str
 _TOUCHED_KEPT = 64  # changes whose touched streams the index remembers for followers
 
 COLUMNS = {"rows": np.dtype(np.int64), "steps": np.dtype(np.int64), "resets": np.dtype(np.bool_)}

@@ -27,11 +27,11 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
-from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, SegmentRef, StreamKeys
+from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, SegmentRef
 from replaystore.store.storage import LocalStorage
+from replaystore.store.streamkeys import StreamKey, StreamKeys
 from replaystore.store.zarrio import array_object, chunk_path, group_object, raw_bytes
 
-StreamKey = int | str
 MAX_STREAMS = 4096
 """Stream keys one segment may hold: every commit record repeats the segment's key list."""
 WRITEBACK_BYTES = 1 << 18

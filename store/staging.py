@@ -18,11 +18,11 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
-from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, StreamKeys, shape_of
+from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.storage import Buffer, Storage
+from replaystore.store.streamkeys import StreamKey, StreamKeys
 from replaystore.store.zarrio import ChunkWriter, array_object, group_object
 
-StreamKey = int | str
 Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 
 

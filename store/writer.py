@@ -16,24 +16,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.errors import ReadOnlyError, StaleReadError, StepOrderError, StoreError, StreamKeyError
+from replaystore.errors import ReadOnlyError, StepOrderError, StoreError, StreamKeyError
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
 from replaystore.store import layout, liveness, records
-from replaystore.store.fragment import STREAM_CODE, Fragment, FragmentData, coalesce
+from replaystore.store.compaction import due_run, full_runs, rewrite
+from replaystore.store.fragment import Fragment, coalesce
 from replaystore.store.log import CLOSE
 from replaystore.store.segment import SEGMENT_FLOOR_BYTES, VALUES_PER_ROW, Segment, fixed_row_bytes
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import LocalStorage
+from replaystore.store.streamkeys import STREAM_CODE, Coded, StreamKey, group_positions, per_record_keys, stream_codes
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store
 
-StreamKey = int | str
-COMPACT_FANIN = 8
 MAX_FRAGMENT_ROWS = 1 << 20
 TRASH_GRACE_NS = 30 * 10**9
-MERGE_FETCH_THREADS = 8
 
 
 @dataclass
@@ -44,20 +43,6 @@ class _Pending:
     meta: dict[str, Any]
 
 
-def _codes(keys: list[StreamKey]) -> tuple[np.ndarray, list[StreamKey]]:
-    """Each record's index into the distinct ``keys`` (in order of appearance), and those keys."""
-    uniq = list(dict.fromkeys(keys))
-    if len(uniq) <= 1:
-        return np.zeros(len(keys), dtype=STREAM_CODE), uniq
-    code_of = {k: i for i, k in enumerate(uniq)}
-    return np.fromiter((code_of[k] for k in keys), dtype=STREAM_CODE, count=len(keys)), uniq
-
-
-Coded = tuple[np.ndarray, list[StreamKey]]
-"""Stream keys of a batch's records: each record's code, an index into the distinct keys in
-order of first appearance, and those keys."""
-
-
 @dataclass(frozen=True)
 class CommitResult:
     """What one commit made visible."""
@@ -65,65 +50,6 @@ class CommitResult:
     writer: int
     seq: int
     rows: dict[str, tuple[int, int]]  # table -> [first, end) row ids
-
-
-def _key(value: Any) -> StreamKey:
-    if isinstance(value, (bool, np.bool_)):
-        raise StreamKeyError("stream", "an int or str stream key", f"bool {value!r}")
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (str, np.str_)):
-        return str(value)
-    raise StreamKeyError("stream", "an int or str stream key", f"{type(value).__name__} {value!r}")
-
-
-def _keys(stream: Any, n: int) -> list[StreamKey]:
-    """One key per record (``stream``: a key or ``n`` keys)."""
-    values = _values(stream, n)
-    return [_key(stream)] * n if values is None else [_key(v) for v in values]
-
-
-def _stream_codes(stream: Any, n: int) -> Coded:
-    """The :data:`Coded` keys of ``n`` records (``stream``: a key or ``n`` keys); integer and
-    string arrays are coded without a Python object per record."""
-    values = _values(stream, n)
-    if values is None:
-        return np.zeros(n, dtype=STREAM_CODE), [_key(stream)] if n else []
-    if isinstance(stream, np.ndarray) and stream.ndim == 1 and stream.dtype.kind in "iuU":
-        uniq, first, inverse = np.unique(stream, return_index=True, return_inverse=True)
-        order = np.argsort(first)
-        rank = np.empty(len(order), dtype=STREAM_CODE)
-        rank[order] = np.arange(len(order), dtype=STREAM_CODE)
-        return rank[inverse.reshape(-1)], uniq[order].tolist()
-    return _codes([_key(v) for v in values])
-
-
-def _values(stream: Any, n: int) -> list[Any] | None:
-    """``stream``'s ``n`` per-record values, or None when it is one key for every record."""
-    if stream is None:
-        raise StreamKeyError("stream", "a stream key (int or str) or one key per record", "None")
-    if isinstance(stream, (int, str, np.integer, np.str_, bool, np.bool_)):
-        return None
-    if hasattr(stream, "tolist"):
-        values = stream.tolist()
-    else:
-        try:
-            values = list(stream)
-        except TypeError:  # not iterable: a scalar of the wrong type (float, object, ...)
-            values = stream
-    if not isinstance(values, list):  # numpy scalars and 0-d arrays: one key for every record
-        return None
-    if len(values) != n:
-        raise StreamKeyError("stream", f"{n} per-record stream keys", f"{len(values)}")
-    return values
-
-
-def _groups(codes: np.ndarray, count: int) -> list[np.ndarray]:
-    """The positions of each code ``0 .. count - 1`` in ``codes``, ascending."""
-    if count <= 1:
-        return [np.arange(len(codes))] * count
-    order = np.argsort(codes, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(codes, minlength=count))[:-1])
 
 
 class Writer:
@@ -209,7 +135,7 @@ class Writer:
         done_updates: dict[tuple[str, StreamKey], bool] = {}
         tables = self._convert(batch, 0 if stream is None else stream, stream is None, reset, table, done_updates)
         new_last: dict[tuple[str, StreamKey], int] = {}
-        steps = {name: self._steps(name, *coded, step, new_last) for name, (_, coded, _) in tables.items()}
+        steps = {name: self._steps(name, coded, step, new_last) for name, (_, coded, _) in tables.items()}
         added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
             for name, (cols, (codes, streams), resets) in tables.items():
@@ -332,14 +258,14 @@ class Writer:
                 if isinstance(stream, (Sequence, np.ndarray)) and not isinstance(stream, str):
                     raise StreamKeyError("stream", "one stream key for a batch split across tables",
                                          "per-record keys")
-                coded = _stream_codes(stream, len(cols))
+                coded = stream_codes(stream, len(cols))
                 out[name] = (cols, coded, self._resets(reset, coded))
             return out
         (name, schema), = schemas.items()
         items = batch_items(batch)
         if "final_obs" in items and "truncated" in schema:
             cols = episode_columns(schema, items)
-            coded = _stream_codes(stream, len(cols))
+            coded = stream_codes(stream, len(cols))
             resets = np.zeros(len(cols), dtype=bool)
             resets[0] = True
             return {name: (cols, coded, resets)}
@@ -347,7 +273,7 @@ class Writer:
         if ("truncated" in schema and obs_field is not None and "obs" in items
                 and to_numpy("obs", items["obs"]).ndim == len(obs_field.shape) + 2):
             cols, steps_t, slots, resets = rollout_columns(schema, items)
-            slot_keys: list[StreamKey] = list(range(slots)) if default_stream else _keys(stream, slots)
+            slot_keys: list[StreamKey] = list(range(slots)) if default_stream else per_record_keys(stream, slots)
             if len(set(slot_keys)) != slots:  # one key for several slots would splice their steps together
                 raise StreamKeyError("stream", f"{slots} distinct stream keys, one per environment slot",
                                      f"{stream!r}")
@@ -361,7 +287,7 @@ class Writer:
                 done_updates[(name, k)] = bool(done[(b + 1) * steps_t - 1])
             return {name: (cols, coded, resets)}
         cols = schema.validate(items)
-        coded = _stream_codes(stream, len(cols))
+        coded = stream_codes(stream, len(cols))
         return {name: (cols, coded, self._resets(reset, coded))}
 
     @staticmethod
@@ -396,11 +322,11 @@ class Writer:
             self._last_step[(table, key)] = last
         return last
 
-    def _steps(self, table: str, codes: np.ndarray, uniq: list[StreamKey], step: Any,
-               staged: dict[tuple[str, StreamKey], int]) -> np.ndarray:
-        """Each record's step (``codes``: its index into the batch's stream keys ``uniq``)."""
+    def _steps(self, table: str, coded: Coded, step: Any, staged: dict[tuple[str, StreamKey], int]) -> np.ndarray:
+        """Each record's step (``coded``: the records' stream keys)."""
+        codes, uniq = coded
         n = len(codes)
-        groups = _groups(codes, len(uniq))
+        groups = group_positions(codes, len(uniq))
         if step is None:
             steps = np.empty(n, dtype=np.int64)
             for k, pos in zip(uniq, groups, strict=True):
@@ -720,44 +646,16 @@ class Writer:
         return {f.name for f, v in zip(reader.fragments, reader.vis_from, strict=True) if v == 0 and f.writer == self.id}
 
     def _next_merge(self) -> tuple[str, list[Fragment]] | None:
-        """This writer's trailing run of small fragments due for a merge (tiered: fan-in 8), or of
-        segment-backed fragments of one segment due to be described as one, if any."""
+        """This writer's trailing run of fragments due for a merge (store/compaction.py), if any."""
         with self._lock:
             fragments = {t: list(frags) for t, frags in self.fragments.items()}
         for table, frags in fragments.items():
-            run = self._segment_run(frags) if frags and frags[-1].segment is not None else self._tiered_run(frags)
-            if len(run) < COMPACT_FANIN:
-                continue
-            visible = self._fully_visible(table)
-            if all(f.name in visible for f in run):
-                return table, run
+            run = due_run(frags, self._max_rows())
+            if run:
+                visible = self._fully_visible(table)
+                if all(f.name in visible for f in run):
+                    return table, run
         return None
-
-    @staticmethod
-    def _segment_run(frags: list[Fragment]) -> list[Fragment]:
-        """The trailing fragments in the last fragment's segment (merging them moves no data)."""
-        seg = frags[-1].segment
-        n = 1
-        while n < len(frags) and frags[-1 - n].segment is not None and frags[-1 - n].segment.name == seg.name:  # type: ignore[union-attr]
-            n += 1
-        return frags[-n:]
-
-    def _tiered_run(self, frags: list[Fragment]) -> list[Fragment]:
-        """The trailing run of small fragments a merge would rewrite (size-tiered)."""
-        max_rows = self._max_rows()
-        run: list[Fragment] = []
-        total = 0
-        for f in reversed(frags):
-            if f.segment is not None or f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
-                break
-            if run and f.rows > total:
-                # size-tiered: an older fragment joins only if the newer ones at least match it,
-                # so every merge at least doubles a record's fragment and each record is
-                # rewritten O(log n) times (re-merging one growing fragment was O(n) per record)
-                break
-            run.insert(0, f)
-            total += f.rows
-        return run
 
     def compact(self) -> int:
         """Merge this writer's committed fragments into as few as the fragment size cap allows
@@ -778,23 +676,8 @@ class Writer:
             visible = self._fully_visible(table)
             with self._lock:
                 frags = list(self.fragments[table])
-            runs: list[list[Fragment]] = [[]]
-            for f in frags:
-                run = runs[-1]
-                adjacent = bool(run) and run[-1].row_start + run[-1].rows == f.row_start
-                if f.name not in visible or (f.rows >= max_rows and f.segment is None):
-                    runs.append([])
-                    continue
-                same = not run or (run[-1].segment is None) == (f.segment is None) and (
-                    f.segment is None or run[-1].segment.name == f.segment.name)  # type: ignore[union-attr]
-                big = f.segment is None and sum(g.rows for g in run) + f.rows > max_rows
-                if not adjacent or not same or big:
-                    runs.append([f])
-                else:
-                    run.append(f)
-            for run in runs:
-                if len(run) > 1:
-                    merges += self._merge(table, run)
+            for run in full_runs(frags, visible, max_rows):
+                merges += self._merge(table, run)
         self._refresh_view()
         return merges
 
@@ -833,26 +716,8 @@ class Writer:
         merged = coalesce(run, self._new_name())
         if merged is not None:
             return self._publish_merge(table, run, merged, None)
-        schema = self.store.schemas[table]
-        staged = StagedFragment(self.storage, schema, self.id, table, self._new_name(), run[0].row_start)
-        try:
-            datas = [FragmentData(self.storage, schema, f, cached=False) for f in run]  # read once: not worth a cache
-            if self.storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
-                names = [spec.name for spec in schema.zarr_layout()] + list(layout.INDEX_ARRAYS)
-                with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:
-                    for _ in pool.map(lambda job: job[0].array(job[1]), [(d, n) for d in datas for n in names]):
-                        pass
-            for f, data in zip(run, datas, strict=True):
-                staged.add(data.columns(), data.array("_stream"), f.streams, data.array("_step"),
-                           data.array("_reset"))
-            merged = staged.finish([p for f in run for p in f.parts])
-        except BaseException as exc:
-            staged.abort()
-            if isinstance(exc, StaleReadError):  # part of the run was evicted and reclaimed while it was read
-                return False
-            raise
-        staged.close()
-        return self._publish_merge(table, run, merged, staged.path)
+        done = rewrite(self.storage, self.store.schemas[table], self.id, table, self._new_name(), run)
+        return done is not None and self._publish_merge(table, run, *done)
 
     def _publish_merge(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
         """Publish ``merged`` in place of ``run`` with a ``compact`` commit record (True), or abandon

@@ -14,7 +14,7 @@ from support.storecheck import Backend, snapshot
 
 from replaystore.schemas import dqn
 from replaystore.store import layout
-from replaystore.store.writer import COMPACT_FANIN
+from replaystore.store.compaction import COMPACT_FANIN
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

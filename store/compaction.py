@@ -1,0 +1,103 @@
+"""Compaction policy and the rewrite of a run of fragments as one (docs/FORMAT.md, "Compaction").
+
+Which of a writer's fragments to merge is decided here, from their sizes, segments and row
+ranges alone; the writer (store/writer.py) runs the merges and publishes them with
+``compact`` commit records.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from replaystore.errors import StaleReadError
+from replaystore.schemas import Schema
+from replaystore.store import layout
+from replaystore.store.fragment import Fragment, FragmentData
+from replaystore.store.staging import StagedFragment
+from replaystore.store.storage import Storage
+
+COMPACT_FANIN = 8
+"""Fragments per merge in the background policy: a run is merged once it has this many."""
+MERGE_FETCH_THREADS = 8
+
+
+def segment_run(frags: list[Fragment]) -> list[Fragment]:
+    """The trailing fragments in the last fragment's segment (merging them moves no data)."""
+    seg = frags[-1].segment
+    n = 1
+    while n < len(frags) and frags[-1 - n].segment is not None and frags[-1 - n].segment.name == seg.name:  # type: ignore[union-attr]
+        n += 1
+    return frags[-n:]
+
+
+def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
+    """The trailing run of small fragments a merge would rewrite (size-tiered; ``max_rows``:
+    the fragment size cap)."""
+    run: list[Fragment] = []
+    total = 0
+    for f in reversed(frags):
+        if f.segment is not None or f.rows * COMPACT_FANIN > max_rows or total + f.rows > max_rows:
+            break
+        if run and f.rows > total:
+            # size-tiered: an older fragment joins only if the newer ones at least match it,
+            # so every merge at least doubles a record's fragment and each record is
+            # rewritten O(log n) times (re-merging one growing fragment was O(n) per record)
+            break
+        run.insert(0, f)
+        total += f.rows
+    return run
+
+
+def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
+    """The trailing run due for a background merge, if it has reached the fan-in (else empty):
+    segment-backed fragments of one segment, to be described as one, or small fragments."""
+    if not frags:
+        return []
+    run = segment_run(frags) if frags[-1].segment is not None else tiered_run(frags, max_rows)
+    return run if len(run) >= COMPACT_FANIN else []
+
+
+def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[list[Fragment]]:
+    """Every run a full compaction merges (``frags`` in row order; ``visible``: the names of
+    those every reader sees whole): adjacent fragments of one kind (one segment's, or
+    fragments of their own) up to ``max_rows`` records; runs of one fragment are left out."""
+    runs: list[list[Fragment]] = [[]]
+    for f in frags:
+        run = runs[-1]
+        adjacent = bool(run) and run[-1].row_start + run[-1].rows == f.row_start
+        if f.name not in visible:
+            runs.append([])
+            continue
+        same = not run or (run[-1].segment is None) == (f.segment is None) and (
+            f.segment is None or run[-1].segment.name == f.segment.name)  # type: ignore[union-attr]
+        big = f.segment is None and sum(g.rows for g in run) + f.rows > max_rows
+        if not adjacent or not same or big:
+            runs.append([f])
+        else:
+            run.append(f)
+    return [run for run in runs if len(run) > 1]
+
+
+def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str,
+            run: list[Fragment]) -> tuple[Fragment, str] | None:
+    """Write ``run``'s records as one new fragment ``name`` of ``writer`` (durable, not yet
+    referenced by any commit record); returns it and the path of its objects, or None (and
+    nothing left behind) if part of the run was evicted and reclaimed while it was read."""
+    staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start)
+    try:
+        datas = [FragmentData(storage, schema, f, cached=False) for f in run]  # read once: not worth a cache
+        if storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
+            names = [spec.name for spec in schema.zarr_layout()] + list(layout.INDEX_ARRAYS)
+            with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:
+                for _ in pool.map(lambda job: job[0].array(job[1]), [(d, n) for d in datas for n in names]):
+                    pass
+        for f, data in zip(run, datas, strict=True):
+            staged.add(data.columns(), data.array("_stream"), f.streams, data.array("_step"), data.array("_reset"))
+        merged = staged.finish([p for f in run for p in f.parts])
+    except BaseException as exc:
+        staged.abort()
+        if isinstance(exc, StaleReadError):
+            return None
+        raise
+    staged.close()
+    return merged, staged.path
