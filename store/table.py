@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import operator
 import warnings
@@ -17,10 +16,12 @@ from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.fragment import Fragment, FragmentData
-from replaystore.store.index import Piece, StreamIndex, StreamKey
+from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
+from replaystore.store.streamkeys import StreamKey
+from replaystore.store.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.vmap import available as contiguous_views_available
 
 
@@ -49,7 +50,7 @@ class TableReader:
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
         # per stream key of the index: (first_id, position in its stream list) of the first
-        # visible fragment listing it, in the index's key order (see _grown_order)
+        # visible fragment listing it, in the index's key order (see grown_order)
         self._key_at: dict[StreamKey, tuple[int, int]] = {}
         # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
         self._listed: set[StreamKey] = set()
@@ -76,7 +77,7 @@ class TableReader:
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
         self.all_fragments: list[Fragment] = []  # the live ones (visible or not), as of sync
         self._vis_all = np.zeros(0, dtype=np.int64)  # the local row each is visible from
-        self._all_ids = _identities(self.all_fragments)  # and which object each is
+        self._all_ids = identities(self.all_fragments)  # and which object each is
         self._sync_all(self.all_fragments, self._vis_all)
         self.sync()
 
@@ -92,7 +93,7 @@ class TableReader:
         if self._index is not None and self._index_view is None:
             self._index_view = (self.fragments, self.vis_from, self._all_ids[self._shown], self._data)
         frags = self.log.fragments(self.name)
-        ids = _identities(frags)
+        ids = identities(frags)
         vis_all = self._evict(frags) if self.capacity is not None else np.zeros(len(frags), dtype=np.int64)
         if len(frags) <= _REDO_UP_TO or not self._follow(frags, ids, vis_all):
             self._sync_all(frags, vis_all)
@@ -143,11 +144,11 @@ class TableReader:
         """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` (objects
         ``ids``), each visible from local row ``vis_all``. A fragment that is the same object,
         visible from the same row, in both views keeps what was computed for it; the rest is
-        computed for what changed. Cost: array operations over both views (:func:`_pair`),
+        computed for what changed. Cost: array operations over both views (:func:`pair`),
         plus what changed. False, with nothing changed, where more than a quarter of the
         fragments changed."""
         was, shown = self.all_fragments, self._shown
-        head, tail, src, kept, stays = _pair(self._all_ids, self._vis_all, ids, vis_all)
+        head, tail, src, kept, stays = pair(self._all_ids, self._vis_all, ids, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
         vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
@@ -505,7 +506,7 @@ class TableReader:
                 parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
                               np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
             self._index = StreamIndex.build(parts)
-            self._key_at = _first_listings(self.fragments)
+            self._key_at = first_listings(self.fragments)
         return self._index
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
@@ -513,7 +514,7 @@ class TableReader:
         """Apply the change from the view ``(frags, vis_from)`` (objects ``ids``) to the current
         one to the stream index: the row-id intervals that appeared or left (appends,
         eviction; compaction replaces fragments without changing them), and the new stream
-        order. Cost: array operations over both views (:func:`_pair`) + the fragments and
+        order. Cost: array operations over both views (:func:`pair`) + the fragments and
         rows changed (see StreamIndex.apply for what a stream's update costs).
 
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
@@ -524,11 +525,11 @@ class TableReader:
         # only fragments that are not the same objects, visible from the same row, in both views
         # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
         # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept, stays = _pair(ids, vis_from, self._all_ids[self._shown], self.vis_from)
+        head, tail, src, kept, stays = pair(ids, vis_from, self._all_ids[self._shown], self.vis_from)
         gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
-        old = _intervals([frags[i] for i in gone], vis_from[gone])
-        new = _intervals([self.fragments[i] for i in came], self.vis_from[came])
-        appeared, left = _subtract(new, old), _subtract(old, new)
+        old = intervals([frags[i] for i in gone], vis_from[gone])
+        new = intervals([self.fragments[i] for i in came], self.vis_from[came])
+        appeared, left = subtract(new, old), subtract(old, new)
         changed = sum(hi - lo for _, lo, hi in appeared + left)
         if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
             return False
@@ -538,12 +539,12 @@ class TableReader:
                                    frag, lo, hi, steps=False) for frag, lo, hi in left]
         except StaleReadError:
             return False
-        grown = _grown_order(self._key_at, self._index.keys, [frags[i] for i in gone],
+        grown = grown_order(self._key_at, self._index.keys, [frags[i] for i in gone],
                              [self.fragments[i] for i in came])
         if grown is not None:
             known = self._index.slot_of
             return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
-        self._key_at = _first_listings(self.fragments)
+        self._key_at = first_listings(self.fragments)
         return self._index.apply(added, removed, keys=list(self._key_at))
 
     @staticmethod
@@ -572,111 +573,10 @@ _PAIR = np.array([0, 1], dtype=np.int64)
 """Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
 
 _ZERO = np.zeros(1, dtype=np.int64)
-_PLACE = operator.itemgetter(1)
 _ROWS = operator.attrgetter("rows")
 _NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
 _max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
-
-
-def _pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
-          ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Two views of fragments ``was`` and ``now`` (their :func:`_identities` ``a`` and ``b``),
-    each visible from a local row: ``(head, tail, src, kept, stays)``. The first ``head`` and
-    last ``tail`` fragments of both are the same objects visible from the same rows; between
-    them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same object as
-    ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row,
-    and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both
-    views."""
-    n = min(len(a), len(b))
-    differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
-    head = int(differ.argmax()) if differ.any() else n
-    m = n - head  # the suffix after the prefix
-    differ = (a[len(a) - m:] != b[len(b) - m:]) | (vis_was[len(a) - m:] != vis_now[len(b) - m:])
-    tail = m - 1 - int(np.flatnonzero(differ)[-1]) if differ.any() else m
-    mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
-    src = np.full(len(mid_b), -1, dtype=np.int64)
-    if len(mid_a) and len(mid_b):
-        order = np.argsort(mid_a, kind="stable")
-        at = order[np.searchsorted(mid_a, mid_b, sorter=order).clip(max=len(mid_a) - 1)]
-        same = mid_a[at] == mid_b
-        src[same] = at[same]
-    kept = src >= 0
-    kept[kept] = vis_was[head:len(a) - tail][src[kept]] == vis_now[head:len(b) - tail][kept]
-    stays = np.zeros(len(mid_a), dtype=bool)
-    stays[src[kept]] = True
-    return head, tail, src, kept, stays
-
-
-def _identities(frags: list[Fragment]) -> np.ndarray:
-    """``id`` of each fragment (object identity, as an array)."""
-    return np.fromiter(map(id, frags), dtype=np.uint64, count=len(frags))
-
-
-def _first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
-    """Per stream key listed by ``frags`` (a view, ordered by row id): ``(first_id, position)``
-    of its first listing, in order of first listing (the stream index's key order)."""
-    out: dict[StreamKey, tuple[int, int]] = {}
-    for f in frags:
-        for j, k in enumerate(f.streams):
-            if k not in out:
-                out[k] = (f.first_id, j)
-    return out
-
-
-def _grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey], gone: list[Fragment],
-                 came: list[Fragment]) -> list[StreamKey] | None:
-    """The keys that a change of view (fragments ``gone`` replaced by ``came``; the rest
-    kept) appends to the stream order ``keys`` (first listings ``key_at``, updated), or None
-    where the order may change otherwise. A view's fragments are ordered by their disjoint
-    row ids, so a key's place is its first listing's ``(first_id, position)``: only the keys
-    the changed fragments list can move, and each keeps its place where its first listing
-    stays or a fragment that came lists it at the same place (a fragment growing or compacted
-    from its start), and the order only grows where the keys new to it come after every old
-    one. Cost: the changed fragments' stream lists."""
-    came_at: dict[StreamKey, tuple[int, int]] = {}
-    for f in came:
-        for j, k in enumerate(f.streams):
-            if k not in came_at or (f.first_id, j) < came_at[k]:
-                came_at[k] = (f.first_id, j)
-    gone_ids = {f.first_id for f in gone}
-    for f in gone:
-        for k in f.streams:
-            at = key_at[k]
-            if at[0] in gone_ids and came_at.get(k) != at:
-                return None  # its first listing left: the next one may be anywhere
-    if any(at < key_at[k] for k, at in came_at.items() if k in key_at):
-        return None  # listed before its old place
-    new = sorted(((k, at) for k, at in came_at.items() if k not in key_at), key=_PLACE)
-    if new and keys and new[0][1] < key_at[keys[-1]]:
-        return None  # a new key before an old one
-    key_at.update(new)
-    return [k for k, _ in new]
-
-
-def _intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:
-    """Visible row ids ``[lo, hi)`` per fragment, sorted."""
-    return sorted(((f.first_id + int(v), f.first_id + f.rows, f) for f, v in zip(frags, vis_from, strict=True)),
-                  key=lambda t: t[0])
-
-
-def _subtract(a: list[tuple[int, int, Fragment]], b: list[tuple[int, int, Fragment]],
-              ) -> list[tuple[Fragment, int, int]]:
-    """Rows of ``a``'s intervals in none of ``b``'s, as ``(fragment, local lo, local hi)``."""
-    out = []
-    starts = [lo for lo, _, _ in b]
-    for lo, hi, frag in a:
-        j = max(bisect.bisect_right(starts, lo) - 1, 0)
-        cur = lo
-        while cur < hi and j < len(b):
-            blo, bhi, _ = b[j]
-            if blo > cur:
-                out.append((frag, cur - frag.first_id, min(blo, hi) - frag.first_id))
-            cur = max(cur, bhi)
-            j += 1
-        if cur < hi:
-            out.append((frag, cur - frag.first_id, hi - frag.first_id))
-    return out
 
 
 def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 from replaystore.store.fragment import Fragment
-from replaystore.store.table import _first_listings, _grown_order
+from replaystore.store.viewdiff import first_listings, grown_order
 
 KEYS = [0, 1, 2, "a", "b"]
 SLOTS = 8
@@ -60,13 +60,13 @@ def test_followed_key_order_equals_the_new_views(slots: list[tuple[Any, str, lis
             new.append(g := _fragment(i, 1, grown))
             gone.append(f)
             came.append(g)
-    key_at = _first_listings(old)
+    key_at = first_listings(old)
     keys = list(key_at)
-    grown_keys = _grown_order(key_at, keys, gone, came)
-    want = _first_listings(new)
+    grown_keys = grown_order(key_at, keys, gone, came)
+    want = first_listings(new)
     if grown_keys is None:
         assert not in_place, "an in-place change was not followed"
-        assert key_at == _first_listings(old)  # left as it was
+        assert key_at == first_listings(old)  # left as it was
         return
     assert [*keys, *grown_keys] == list(want)
     assert list(key_at.items()) == list(want.items())
