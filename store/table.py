@@ -16,6 +16,7 @@ from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.fragment import Fragment, FragmentData
+from replaystore.store import retention
 from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
@@ -94,7 +95,8 @@ class TableReader:
             self._index_view = (self.fragments, self.vis_from, self._all_ids[self._shown], self._data)
         frags = self.log.fragments(self.name)
         ids = identities(frags)
-        vis_all = self._evict(frags) if self.capacity is not None else np.zeros(len(frags), dtype=np.int64)
+        vis_all = (retention.visible_from(frags, self.capacity) if self.capacity is not None
+                   else np.zeros(len(frags), dtype=np.int64))
         if len(frags) <= _REDO_UP_TO or not self._follow(frags, ids, vis_all):
             self._sync_all(frags, vis_all)
         self.all_fragments, self._all_ids, self._vis_all = frags, ids, vis_all
@@ -200,41 +202,12 @@ class TableReader:
         if self.storage.cache is not None:
             self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
-    def _evict(self, frags: list[Fragment]) -> np.ndarray:
-        """Per fragment, the local offset from which its rows are among the newest ``capacity``:
-        all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),
-        records taken from them until ``capacity`` are (docs/FORMAT.md, "Reading a store")."""
-        vis_from = np.array([f.rows for f in frags], dtype=np.int64)
-        if not frags:
-            return vis_from
-        tables = [f.part_table for f in frags]
-        counts = np.array([len(t) for t in tables], dtype=np.int64)
-        parts = np.concatenate(tables)
-        frag = np.repeat(np.arange(len(frags), dtype=np.int64), counts)
-        writer = np.repeat(np.array([f.writer for f in frags], dtype=np.int64), counts)
-        time_ns, seq, rows, offset = parts.T
-        order = np.lexsort((rows, offset, frag, seq, writer, time_ns))[::-1]
-        rows, offset, frag = rows[order], offset[order], frag[order]
-        before = np.cumsum(rows) - rows  # records taken before each part
-        taken = before < int(self.capacity or 0)
-        take = np.minimum(rows[taken], int(self.capacity or 0) - before[taken])
-        # a fragment's rows are visible from the oldest part taken from it: its last in this order
-        last = frag[taken][::-1]
-        ids, at = np.unique(last, return_index=True)
-        vis_from[ids] = (offset[taken] + rows[taken] - take)[::-1][at]
-        return vis_from
-
     def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
         """Each fragment with how many of its rows (its first ones) are older than the newest
         ``capacity + grace`` records; none in a store without a capacity."""
         if self.capacity is None:
             return []
-        saved = self.capacity
-        self.capacity = saved + grace
-        try:
-            vis_from = self._evict(self.all_fragments)
-        finally:
-            self.capacity = saved
+        vis_from = retention.visible_from(self.all_fragments, self.capacity + grace)
         return [(f, int(v)) for f, v in zip(self.all_fragments, vis_from, strict=True)]
 
     def evicted_fragments(self, grace: int) -> list[Fragment]:
@@ -243,16 +216,7 @@ class TableReader:
 
     def retained_parts(self, grace: int) -> set[tuple[int, int]]:
         """``(writer, seq)`` of the append parts holding any of the newest ``capacity + grace`` records."""
-        parts = sorted(((t, f.writer, seq, rows) for f in self.all_fragments for seq, t, rows in f.parts),
-                       reverse=True)
-        kept: set[tuple[int, int]] = set()
-        budget = int(self.capacity or 0) + grace
-        for _, writer, seq, rows in parts:
-            if budget <= 0:
-                break
-            kept.add((writer, seq))
-            budget -= rows
-        return kept
+        return retention.retained_parts(self.all_fragments, int(self.capacity or 0) + grace)
 
     def __len__(self) -> int:
         return int(self.cum[-1])

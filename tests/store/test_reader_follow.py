@@ -12,8 +12,7 @@ sessions (a writer, one commit, close) made between them, so that older writers'
 in the middle of the fragment list; with and without a capacity; on local disk, and on
 ``memory://`` read through a chunk cache (object storage's lazy layouts: a fragment is mapped
 when a read first touches it, so the reader reads a random part of the rows before all of
-them). Eviction's vectorised order is checked on its own against the format's rule taken
-record by record.
+them). Eviction's order is checked on its own in test_retention.py.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from hypothesis import strategies as hs
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
 from replaystore.store.chunkcache import ChunkCache
-from replaystore.store.fragment import Fragment
 from replaystore.store.storage import LocalStorage
 from replaystore.store import table as table_module
 from replaystore.store.table import TableReader
@@ -227,53 +225,3 @@ def test_a_reader_sees_a_writer_registered_after_its_last_listing(tmp_path: Any)
             w.append(dqn_batch(rng, 5, extra=0), stream=i)
     assert reader.refresh()
     assert len(reader) == 15 and sorted(reader.streams()) == [0, 1, 2]
-
-
-def _visible_from(frags: list[Fragment], capacity: int) -> list[int]:
-    """docs/FORMAT.md, "Reading a store", step 5, record by record: every part of every fragment,
-    newest first by ``(time_ns, writer, seq)``; records taken until ``capacity`` are."""
-    parts = []
-    for i, f in enumerate(frags):
-        offset = 0
-        for seq, time_ns, rows in f.parts:
-            parts.append((time_ns, f.writer, seq, i, offset, rows))
-            offset += rows
-    vis_from = [f.rows for f in frags]
-    budget = capacity
-    for _, _, _, i, offset, rows in sorted(parts, reverse=True):
-        for r in reversed(range(offset, offset + rows)):  # newer records: higher rows
-            if budget == 0:
-                return vis_from
-            vis_from[i] = r
-            budget -= 1
-    return vis_from
-
-
-PARTS = hs.lists(hs.tuples(hs.integers(0, 3), hs.booleans(),
-                          hs.lists(hs.tuples(hs.integers(0, 6), hs.integers(0, 5)), min_size=1, max_size=5)),
-                max_size=8)
-
-
-@settings(max_examples=300, deadline=None)
-@given(spec=PARTS, capacity=hs.integers(1, 40))
-def test_eviction_keeps_the_newest_records(spec: list[tuple[int, bool, list[tuple[int, int]]]],
-                                           capacity: int) -> None:
-    """The reader's vectorised eviction (``TableReader._evict``) against the format's rule taken
-    record by record: fragments of four writers (a writer's fragments in row order, its commit
-    times increasing; a commit may go on in the writer's next fragment), parts of other writers
-    sharing commit times (ties broken by writer), parts without records."""
-    frags, seqs, clock = [], dict.fromkeys(range(4), 0), dict.fromkeys(range(4), 0)
-    for writer, spills, parts in spec:
-        described = []
-        if spills and seqs[writer]:  # the writer's last commit went on in this fragment (a new segment)
-            described.append((seqs[writer] - 1, clock[writer], parts[0][1]))
-            parts = parts[1:]
-        for step, rows in parts:  # a writer's commit times increase; other writers' may tie with them
-            clock[writer] += 1 + step
-            described.append((seqs[writer], clock[writer], rows))
-            seqs[writer] += 1
-        n = sum(r for _, _, r in described)
-        frags.append(Fragment(writer, "records", f"f{len(frags)}", 0, n, {}, [], described))
-    reader = TableReader.__new__(TableReader)
-    reader.capacity = capacity
-    assert reader._evict(frags).tolist() == _visible_from(frags, capacity)

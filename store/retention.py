@@ -1,0 +1,48 @@
+"""Which records a capped store keeps: the newest ``capacity`` records across all writers, by
+commit time (docs/FORMAT.md, "Reading a store" and "Capacity and reclamation"). Pure functions
+of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
+lies beyond it and a grace margin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaystore.store.fragment import Fragment
+
+
+def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
+    """Per fragment, the local offset from which its rows are among the newest ``capacity``:
+    all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),
+    records taken from them until ``capacity`` are."""
+    vis_from = np.array([f.rows for f in frags], dtype=np.int64)
+    if not frags:
+        return vis_from
+    tables = [f.part_table for f in frags]
+    counts = np.array([len(t) for t in tables], dtype=np.int64)
+    parts = np.concatenate(tables)
+    frag = np.repeat(np.arange(len(frags), dtype=np.int64), counts)
+    writer = np.repeat(np.array([f.writer for f in frags], dtype=np.int64), counts)
+    time_ns, seq, rows, offset = parts.T
+    order = np.lexsort((rows, offset, frag, seq, writer, time_ns))[::-1]
+    rows, offset, frag = rows[order], offset[order], frag[order]
+    before = np.cumsum(rows) - rows  # records taken before each part
+    taken = before < capacity
+    take = np.minimum(rows[taken], capacity - before[taken])
+    # a fragment's rows are visible from the oldest part taken from it: its last in this order
+    last = frag[taken][::-1]
+    ids, at = np.unique(last, return_index=True)
+    vis_from[ids] = (offset[taken] + rows[taken] - take)[::-1][at]
+    return vis_from
+
+
+def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
+    """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records (and
+    of empty parts among them: kept is the safe side for a reclaim)."""
+    parts = sorted(((t, f.writer, seq, rows) for f in frags for seq, t, rows in f.parts), reverse=True)
+    kept: set[tuple[int, int]] = set()
+    for _, writer, seq, rows in parts:
+        if budget <= 0:
+            break
+        kept.add((writer, seq))
+        budget -= rows
+    return kept
