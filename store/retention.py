@@ -1,9 +1,11 @@
 """Which records a capped store keeps: the newest ``capacity`` records across all writers, by
 commit time (docs/FORMAT.md, "Reading a store" and "Capacity and reclamation"). Pure functions
 of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
-lies beyond it and a grace margin."""
+lies beyond it and a grace margin (:func:`reclaimable`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,3 +48,24 @@ def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
         kept.add((writer, seq))
         budget -= rows
     return kept
+
+
+def reclaimable(counts: list[tuple[Fragment, int]], writer: int, writing: set[str],
+                is_gone: Callable[[int], bool]) -> set[str]:
+    """The units writer ``writer`` may delete (docs/FORMAT.md, "Capacity and reclamation"), from
+    each live fragment with its rows beyond the grace margin (``counts``): fragments of their
+    own wholly evicted, and segments all of whose fragments are, when nobody adds to them any
+    more: full ones, ``writer``'s own not in ``writing``, and those of writers ``is_gone``
+    (asked last: it may probe liveness)."""
+    evicted = {(f.writer, f.name) for f, v in counts if v >= f.rows}
+    paths = {f.path for f, v in counts if v >= f.rows and f.segment is None}
+    segments: dict[tuple[int, str], list[Fragment]] = {}
+    for f, _ in counts:
+        if f.segment is not None:
+            segments.setdefault((f.writer, f.segment.name), []).append(f)
+    for (owner, name), backed in segments.items():
+        if all((f.writer, f.name) in evicted for f in backed) and (
+                max(f.segment.row + f.rows for f in backed) == backed[0].segment.capacity  # type: ignore[union-attr]
+                or (name not in writing if owner == writer else is_gone(owner))):
+            paths.add(backed[0].path)
+    return paths

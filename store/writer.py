@@ -19,7 +19,7 @@ import numpy as np
 from replaystore.errors import ReadOnlyError, StepOrderError, StoreError, StreamKeyError
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
-from replaystore.store import layout, liveness, records
+from replaystore.store import layout, liveness, records, retention
 from replaystore.store.compaction import due_run, full_runs, rewrite
 from replaystore.store.fragment import Fragment, coalesce
 from replaystore.store.log import CLOSE
@@ -570,7 +570,7 @@ class Writer:
             for entry in self._trash:
                 t, frag = entry
                 # compacted-away originals go after the time grace or, in a capped store, as soon as
-                # all their records are older than the newest capacity + grace (the rule below)
+                # all their records are older than the newest capacity + grace (retention.py)
                 gone = cap is not None and not any((frag.writer, seq) in retained[frag.table]
                                                    for seq, _, _ in frag.parts)
                 (due if t <= now or gone else kept).append(entry)
@@ -579,41 +579,25 @@ class Writer:
             self._delete_later(frag.path)
         if cap is None:
             return
-        mine = ({seg.name for seg in self._open.values()} | {seg.name for segs in self._filling.values() for seg in segs}
-                | self._in_flight_segments)
+        mine = ({seg.name for seg in self._open.values()}
+                | {seg.name for segs in self._filling.values() for seg in segs} | self._in_flight_segments)
         for table in self.store.schemas:
-            reader = self.store.table(table).reader
-            counts = reader.evicted_rows(self._grace(cap))
-            evicted = [f for f, v in counts if v >= f.rows]
-            gone = {(f.writer, f.name) for f in evicted}
-            segments: dict[tuple[int, str], list[Fragment]] = {}
-            for f in reader.all_fragments:
-                if f.segment is not None:
-                    segments.setdefault((f.writer, f.segment.name), []).append(f)
-            self._seal_if_evicted(table, {(f.writer, f.name) for f, v in counts if v > 0}, segments)
-            paths = {f.path for f in evicted if f.segment is None}
-            for (writer, name), backed in segments.items():
-                # a segment goes when all it backs is evicted and nobody adds to it any more: it is
-                # full, or it is this writer's and not written, or its writer is gone
-                # (docs/FORMAT.md, "Capacity and reclamation")
-                if all((f.writer, f.name) in gone for f in backed) and (
-                        max(f.segment.row + f.rows for f in backed) == backed[0].segment.capacity  # type: ignore[union-attr]
-                        or (name not in mine if writer == self.id else self._is_gone(writer))):
-                    paths.add(backed[0].path)
-            for path in sorted(paths):
+            counts = self.store.table(table).reader.evicted_rows(self._grace(cap))
+            self._seal_if_evicted(table, counts)
+            for path in sorted(retention.reclaimable(counts, self.id, mine, self._is_gone)):
                 self._delete_later(path)
 
-    def _seal_if_evicted(self, table: str, touched: set[tuple[int, str]],
-                         segments: dict[tuple[int, str], list[Fragment]]) -> None:
-        """Seal the table's open segment once eviction has reached its records (``touched``: the
-        fragments with rows beyond the grace margin): the next append starts a new segment, and
+    def _seal_if_evicted(self, table: str, counts: list[tuple[Fragment, int]]) -> None:
+        """Seal the table's open segment once eviction has reached its records (``counts``: each
+        fragment's rows beyond the grace margin): the next append starts a new segment, and
         this one is reclaimed once the rest of it is evicted. A writer that gets a small share
         of the appends (one of many collectors) would otherwise keep the evicted records of a
         long-filling segment on disk until it was full (docs/FORMAT.md, "Capacity and
         reclamation")."""
         seg = self._open.get(table)
         if seg is None or seg.sealed or not any(
-                (f.writer, f.name) in touched for f in segments.get((self.id, seg.name), ())):
+                v > 0 and f.writer == self.id and f.segment is not None and f.segment.name == seg.name
+                for f, v in counts):
             return
         seg.sealed = True
         if table not in self._spares:

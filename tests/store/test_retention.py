@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replaystore.store.fragment import Fragment
-from replaystore.store.retention import retained_parts, visible_from
+from replaystore.store.fragment import Fragment, SegmentRef
+from replaystore.store.retention import reclaimable, retained_parts, visible_from
 
 
 def _visible_from(frags: list[Fragment], capacity: int) -> list[int]:
@@ -71,3 +71,51 @@ def test_eviction_keeps_the_newest_records(spec: list[tuple[int, bool, list[tupl
         frags.append(Fragment(writer, "records", f"f{len(frags)}", 0, n, {}, [], described))
     assert visible_from(frags, capacity).tolist() == _visible_from(frags, capacity)
     assert retained_parts(frags, capacity) == _retained(frags, capacity)
+
+
+# a live fragment: (writer 0-2, segment 0-2 of that writer or None, rows 1-4, rows evicted 0-4)
+FRAG = st.tuples(st.integers(0, 2), st.sampled_from([None, 0, 1, 2]), st.integers(1, 4), st.integers(0, 4))
+
+
+@given(frags=st.lists(FRAG, max_size=12), writing=st.sets(st.sampled_from(["s0", "s1", "s2"])),
+       gone=st.sets(st.integers(0, 2)), capacity=st.integers(1, 10))
+def test_reclaimable_follows_the_format_rule(frags: list[tuple[int, int | None, int, int]], writing: set[str],
+                                             gone: set[int], capacity: int) -> None:
+    """docs/FORMAT.md, "Capacity and reclamation": writer 0 may delete a fragment of its own
+    once wholly evicted, and a segment once every fragment it backs is and nobody adds to it:
+    it is full, or writer 0's and not being written, or its writer is gone. Whether another
+    writer is gone is asked only about such a segment that is not full."""
+    counts, filled = [], {}
+    for i, (writer, seg, rows, evicted) in enumerate(frags):
+        ref = None
+        if seg is not None:
+            at = filled.get((writer, seg), 0)
+            ref = SegmentRef(f"s{seg}", at, {}, capacity, {}, {})
+            filled[(writer, seg)] = at + rows
+        counts.append((Fragment(writer, "records", f"f{i}", i * 10, rows, {}, [0], [(i, i, rows)], ref),
+                       min(evicted, rows)))
+    asked: list[int] = []
+
+    def is_gone(writer: int) -> bool:
+        asked.append(writer)
+        return writer in gone
+
+    got = reclaimable(counts, 0, writing, is_gone)
+    want, segments = set(), {}
+    for f, v in counts:
+        if f.segment is None:
+            if v == f.rows:
+                want.add(f.path)
+        else:
+            segments.setdefault(f.path, []).append((f, v))
+    should_ask = set()
+    for path, backed in segments.items():
+        owner, name = backed[0][0].writer, backed[0][0].segment.name
+        if all(v == f.rows for f, v in backed):
+            full = sum(f.rows for f, _ in backed) == capacity
+            if not full and owner != 0:
+                should_ask.add(owner)
+            if full or (name not in writing if owner == 0 else owner in gone):
+                want.add(path)
+    assert got == want
+    assert set(asked) == should_ask
