@@ -209,24 +209,32 @@ class Store:
         return sorted(self.log.writers)
 
     # -- SQL ------------------------------------------------------------------------------
-    def sql(self, query: str) -> Any:
+    def sql(self, query: str, unsafe: bool = False) -> Any:
         """Run DuckDB SQL over the store; returns a ``pyarrow.Table``.
 
         Each table is a view under its name (a single-schema store: ``records``) with
         ``row, stream, step, reset``, every schema field (ragged fields as LIST,
         multi-dimensional dense fields as fixed-size arrays), ``writer, commit,
         commit_time``; ``commits`` and ``appends`` hold the commit log and per-append
-        batch metadata. Scans stream and read only the columns the query uses.
+        batch metadata. Scans stream and read only the columns the query uses. float16
+        fields read as float32 (DuckDB has no half floats).
+
+        The connection is read-only towards everything but the store: file readers and
+        writers (``read_csv``, ``COPY ... TO``), ``ATTACH``, ``INSTALL``/``LOAD`` and network
+        access are refused with :class:`QueryError`, as is an empty query. ``unsafe=True``
+        lifts that for trusted queries (e.g. ``COPY (SELECT ...) TO 'out.parquet'``).
         """
         from replaystore.store.sql import query as run_query
 
-        return run_query(self, query)
+        return run_query(self, query, unsafe=unsafe)
 
-    def duckdb(self, connection: Any = None) -> Any:
-        """A DuckDB connection with this store's views registered (see :meth:`sql`)."""
+    def duckdb(self, connection: Any = None, unsafe: bool = False) -> Any:
+        """A DuckDB connection with this store's views registered (see :meth:`sql`): read-only
+        towards the outside world unless ``unsafe``; a ``connection`` passed in keeps its own
+        settings."""
         from replaystore.store.sql import connect
 
-        return connect(self, connection)
+        return connect(self, connection, unsafe=unsafe)
 
     # -- state slots -------------------------------------------------------------------
     def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> int:

@@ -75,7 +75,7 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     from replaystore.tools.query import run_query
 
-    return run_query(_open(args), args.sql, args.format, args.output)
+    return run_query(_open(args), args.sql, args.format, args.output, args.allow_file_access)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table",
                    help="output format (default: an aligned table on stdout)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout (required for parquet)")
+    p.add_argument("--allow-file-access", action="store_true",
+                   help="let the query itself read or write files and load extensions (COPY ... TO, "
+                        "read_csv, ATTACH, INSTALL); off by default: only the store is readable")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_query)
 
