@@ -351,6 +351,8 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
         data = storage.read(layout.MANIFEST)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
     body = records.decode(layout.MANIFEST, data)
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{storage.url}: not a replaystore store")
@@ -380,6 +382,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0):
         raise StoreError(f"capacity: expected None or a positive int, got {capacity!r}")
     schemas = _schemas_arg(schema)
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise StoreError(f"storage_options: expected a mapping of fsspec options, got "
+                         f"{type(storage_options).__name__}")
     storage = open_storage(url, storage_options)
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
     if storage.local_path("") is not None:  # local files are read in place
