@@ -241,8 +241,9 @@ class Store:
         """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version."""
         if self.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
-        if not slot or "/" in slot:
-            raise StoreError(f"state slot {slot!r}: expected a non-empty name without '/'")
+        layout.given_name("state slot", slot, "save_state slot")
+        for name in arrays or {}:
+            layout.given_name("state array", name, "save_state arrays")
         doc = records.json_document("state", dict(doc))
         token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
         names = {}
@@ -273,12 +274,14 @@ class Store:
         A damaged latest record (or one whose arrays are missing) is skipped with a
         warning naming it, and the newest intact version is returned instead.
         """
+        layout.given_name("state slot", slot, "load_state slot")
         for version in reversed(self._state_versions(slot)):
             path = layout.state_record(slot, version)
             try:
                 body = records.decode(path, self.storage.read(path))
+                paths = {name: layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items()}
                 arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                          for name, p in body["arrays"].items()}
+                          for name, p in paths.items()}
             except (CorruptObjectError, FileNotFoundError, ValueError) as exc:
                 warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
                 continue
@@ -340,8 +343,7 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
         return {DEFAULT_TABLE: schema}
     if isinstance(schema, Mapping) and schema and all(isinstance(s, Schema) for s in schema.values()):
         for name in schema:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise StoreError(f"table name {name!r}: expected an identifier")
+            layout.given_name("table", name, "schema")
         return dict(schema)
     raise StoreError(f"schema: expected a Schema or a non-empty mapping of table name -> Schema, got {schema!r}")
 
@@ -359,6 +361,8 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     if body.get("format_version") not in layout.READ_VERSIONS:
         raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
                                  f"replaystore reads versions {layout.READ_VERSIONS}")
+    for table in body.get("tables") or {}:
+        layout.stored_name("table", table, layout.MANIFEST)
     return body
 
 
