@@ -12,12 +12,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from replaystore.errors import ReplayStoreError
+from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store.chunkcache import StoreCache
 
 
 class StorageError(ReplayStoreError):
     """The storage backend failed or lacks a guarantee the format needs."""
+
+
+def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
+    return CorruptObjectError(path, f"{size} bytes: larger than any record document ({limit} bytes at most)")
 
 
 @dataclass(frozen=True)
@@ -88,13 +92,23 @@ class Storage(abc.ABC):
         with open(local, "wb") as f:
             f.write(data)
 
-    def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
+    def read_capped(self, path: str, limit: int) -> bytes:
+        """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes
+        (a record document: its readers never take an unbounded read); FileNotFoundError if
+        absent. This default checks after reading; local storage checks before."""
+        data = self.read(path)
+        if len(data) > limit:
+            raise _too_large(path, len(data), limit)
+        return data
+
+    def read_many(self, paths: Sequence[str], limit: int | None = None) -> list[bytes | None]:
         """Each object whole, None where absent (any other error raises). Object stores read them
-        concurrently: a reader probing many writers' next commit records pays one round trip."""
+        concurrently: a reader probing many writers' next commit records pays one round trip.
+        ``limit``: as :meth:`read_capped` (record documents)."""
         out: list[bytes | None] = []
         for path in paths:
             try:
-                out.append(self.read(path))
+                out.append(self.read(path) if limit is None else self.read_capped(path, limit))
             except FileNotFoundError:
                 out.append(None)
         return out
