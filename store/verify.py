@@ -13,7 +13,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store import bodies, layout, records
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
-from replaystore.store.log import CLOSE, decode_checkpoint
+from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
@@ -216,6 +216,17 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
+def _replay(store: Store) -> None:
+    """Apply every commit record from the first, as a reader opening without a checkpoint does,
+    and order each table's live fragments (raises on a log that no reader can apply: records
+    of another writer, overlapping live fragments), whatever ``store`` has applied already.
+    Cost: every commit record read once more."""
+    log = CommitLog(store.storage, store.schemas, checkpoints=False)
+    log.refresh()
+    for table in store.tables:
+        log.fragments(table)
+
+
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
     """Every problem found; empty means everything reads back and every checksum matches.
 
@@ -249,8 +260,9 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         problems += _check_checkpoint(store, number, counts)
     try:
         store.refresh()
+        _replay(store)
     except ReplayStoreError as exc:
-        problems.append(Problem(getattr(exc, "path", store.url), str(exc)))
+        problems.append(Problem(getattr(exc, "path", store.url), str(exc).split(": ", 1)[-1]))
         return problems
     for slot in store.storage.list(layout.STATE):
         for name in store.storage.list(layout.state_dir(slot)):
