@@ -330,7 +330,7 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None
     chosen = sorted(set(numbers[:CAPACITY_WITNESSES] + numbers[-CAPACITY_WITNESSES:]))
     paths = [layout.writer_record(w) for w in chosen]
     try:
-        datas = storage.read_many(paths, records.MAX_BYTES)
+        datas = storage.read_many(paths)
     except CorruptObjectError:  # (one of them is no regular file: read them one by one)
         datas = []
         for path in paths:

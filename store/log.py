@@ -127,7 +127,7 @@ class CommitLog:
         while pending:
             starts = {w: self.writers[w].next_seq + len(new.get(w, ())) for w in pending}
             paths = [layout.commit_record(w, starts[w] + k) for w in pending for k in range(window)]
-            datas = self.storage.read_many(paths, records.MAX_BYTES)
+            datas = self.storage.read_many(paths)
             advancing = []
             for i, writer in enumerate(pending):
                 for path, data in zip(paths[i * window:(i + 1) * window], datas[i * window:(i + 1) * window],
@@ -224,7 +224,7 @@ class CommitLog:
         out: list[CommitInfo] = []
         while chunk := list(itertools.islice(wanted, HISTORY_BATCH)):
             paths = [layout.commit_record(w, seq) for w, seq in chunk]
-            for (w, seq), path, data in zip(chunk, paths, self.storage.read_many(paths, records.MAX_BYTES),
+            for (w, seq), path, data in zip(chunk, paths, self.storage.read_many(paths),
                                             strict=True):
                 if data is None:
                     raise StoreError(f"{path}: commit record missing (records are never deleted); "
@@ -246,7 +246,7 @@ class CommitLog:
         for number in reversed(self.checkpoint_numbers()):
             path = layout.checkpoint(number)
             try:
-                data = self.storage.read_many([path], records.MAX_BYTES)[0]
+                data = self.storage.read_many([path])[0]
                 if data is None:
                     continue
                 self.writers, self.time_ns = decode_checkpoint(path, data, number, self.offsets)

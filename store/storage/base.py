@@ -101,14 +101,13 @@ class Storage(abc.ABC):
             raise _too_large(path, len(data), limit)
         return data
 
-    def read_many(self, paths: Sequence[str], limit: int | None = None) -> list[bytes | None]:
+    def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
         """Each object whole, None where absent (any other error raises). Object stores read them
-        concurrently: a reader probing many writers' next commit records pays one round trip.
-        ``limit``: as :meth:`read_capped` (record documents)."""
+        concurrently: a reader probing many writers' next commit records pays one round trip."""
         out: list[bytes | None] = []
         for path in paths:
             try:
-                out.append(self.read(path) if limit is None else self.read_capped(path, limit))
+                out.append(self.read(path))
             except FileNotFoundError:
                 out.append(None)
         return out

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replaystore.store.storage.base import ObjectInfo, Storage, StorageError, _too_large
+from replaystore.store.storage.base import ObjectInfo, Storage, StorageError
 
 _MEMORY_LOCK = threading.RLock()
 
@@ -89,9 +89,9 @@ class FsspecStorage(Storage):
     def download(self, path: str, local: str) -> None:
         self.fs.get_file(self._p(path), local)  # s3fs: one GET, the body copied in 64 KiB pieces
 
-    def read_many(self, paths: Sequence[str], limit: int | None = None) -> list[bytes | None]:
+    def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
         if len(paths) < 2:
-            return super().read_many(paths, limit)
+            return super().read_many(paths)
         full = [self._p(p) for p in paths]
         got = self.fs.cat(full, on_error="return")  # s3fs: concurrent GETs on its event loop
         out: list[bytes | None] = []
@@ -101,8 +101,6 @@ class FsspecStorage(Storage):
                 out.append(None)
             elif isinstance(value, BaseException):
                 raise value
-            elif limit is not None and len(value) > limit:
-                raise _too_large(f[len(self.root) + 1:] if f.startswith(self.root + "/") else f, len(value), limit)
             else:
                 out.append(value)
         return out
