@@ -11,8 +11,11 @@ writer registrations).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
+
+import numpy as np
 
 from replaystore.errors import CorruptObjectError, FormatVersionError
 from replaystore.store import layout, records
@@ -25,6 +28,8 @@ COUNT_LIMIT = 1 << 48
 """Bound of sequence numbers, value counts and other counters."""
 WRITER_LIMIT = 1 << 23
 """Writer numbers lie in ``[0, 2**23)``: a row id ``writer << 40 | local`` fits an int64."""
+RECORD_BYTES_LIMIT = 1 << 32
+"""The most bytes one record of a dense field may take (its trailing shape times its item size)."""
 TIME_LIMIT = 1 << 63
 CRC_LIMIT = 1 << 32
 COMMIT_KINDS = ("append", "compact", "close")
@@ -101,11 +106,16 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
     for name, doc in tables.items():
         try:
-            Schema.from_dict(b.mapping(doc, f"tables.{name}"))
+            schema = Schema.from_dict(b.mapping(doc, f"tables.{name}"))
         except CorruptObjectError:
             raise
         except (ReplayStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
             b.problem(f"field 'tables.{name}': not a valid schema document ({exc})")
+        for f in schema.dense_fields:
+            size = math.prod(f.shape) * np.dtype(f.dtype).itemsize  # (Python ints: no overflow)
+            if size > RECORD_BYTES_LIMIT:
+                b.problem(f"field 'tables.{name}': field {f.name!r} of shape {list(f.shape)} takes {size} bytes "
+                          f"per record (at most {_power(RECORD_BYTES_LIMIT)})")
     capacity = b.key(body, "capacity", "")
     if capacity is not None:
         b.integer(capacity, "capacity", 1, ROW_LIMIT)

@@ -319,6 +319,7 @@ MANIFEST_DAMAGE = {
     "tables a list": _set("tables", value=[]),
     "schema malformed": _set("tables", "records", value={"format": "replaystore.schema/1", "fields": 3}),
     "created_ns a string": _set("created_ns", value="yesterday"),
+    "dense shape absurd": lambda b: b["tables"]["records"]["fields"][0].update(shape=[2**40, 2**40]),
 }
 
 
