@@ -17,7 +17,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from replaystore.errors import CorruptObjectError, FormatVersionError
+from replaystore.errors import CorruptObjectError, FormatVersionError, ReplayStoreError
+from replaystore.schemas import Schema
 from replaystore.store import layout, records
 
 ROW_LIMIT = 1 << layout.ROW_BITS
@@ -94,16 +95,13 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{url}: not a replaystore store")
     version = body.get("format_version")
-    if isinstance(version, bool) or version not in layout.READ_VERSIONS:
+    if type(version) is not int or version not in layout.READ_VERSIONS:  # (not 1.0, not true)
         raise FormatVersionError(f"{url}: format version {version!r}; this replaystore reads versions "
                                  f"{layout.READ_VERSIONS}")
     b = _Body(path)
     tables = b.mapping(b.key(body, "tables", ""), "tables")
     if not tables:
         b.fail("tables", "at least one table", tables)
-    from replaystore.errors import ReplayStoreError
-    from replaystore.schemas import Schema
-
     for name, doc in tables.items():
         try:
             schema = Schema.from_dict(b.mapping(doc, f"tables.{name}"))
