@@ -14,7 +14,6 @@ import numpy as np
 
 from replaystore.errors import (
     CorruptObjectError,
-    FormatVersionError,
     ReadOnlyError,
     SchemaMismatchError,
     StoreError,
@@ -22,7 +21,7 @@ from replaystore.errors import (
     StoreNotFoundError,
 )
 from replaystore.schemas import Columns, Schema
-from replaystore.store import chunkcache, layout, records
+from replaystore.store import bodies, chunkcache, layout, records
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
@@ -114,7 +113,7 @@ class Store:
         self.manifest = manifest
         self.schemas: dict[str, Schema] = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
         self.capacity: int | None = manifest["capacity"]
-        self.log = CommitLog(storage, list(self.schemas))
+        self.log = CommitLog(storage, self.schemas)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
@@ -278,10 +277,9 @@ class Store:
         for version in reversed(self._state_versions(slot)):
             path = layout.state_record(slot, version)
             try:
-                body = records.decode(path, self.storage.read(path))
-                paths = {name: layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items()}
+                body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
                 arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                          for name, p in paths.items()}
+                          for name, p in body["arrays"].items()}
             except (CorruptObjectError, FileNotFoundError, ValueError) as exc:
                 warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
                 continue
@@ -350,20 +348,13 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
 
 def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     try:
-        data = storage.read(layout.MANIFEST)
+        data = records.read(storage, layout.MANIFEST)
     except FileNotFoundError:
         return None
     except NotADirectoryError:
         raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
-    body = records.decode(layout.MANIFEST, data)
-    if body.get("format") != layout.FORMAT_NAME:
-        raise FormatVersionError(f"{storage.url}: not a replaystore store")
-    if body.get("format_version") not in layout.READ_VERSIONS:
-        raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
-                                 f"replaystore reads versions {layout.READ_VERSIONS}")
-    for table in body.get("tables") or {}:
-        layout.stored_name("table", table, layout.MANIFEST)
-    return body
+    # format and version first (FormatVersionError), then every field (CorruptObjectError)
+    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
 
 
 def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: str = "a",
