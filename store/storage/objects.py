@@ -220,6 +220,11 @@ class FsspecStorage(Storage):
             except FileNotFoundError:
                 pass
 
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes stored under ``prefix``: the sizes one recursive listing reports (S3: one ``LIST``
+        per 1000 objects), so an object deleted meanwhile (a compaction's originals) is no error."""
+        return sum(o.size for o in self.walk(prefix))
+
     def walk(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` with its size and modification time (S3: LastModified)."""
         full = self._p(prefix)

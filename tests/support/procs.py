@@ -358,10 +358,10 @@ def register_writer(url: str, storage_options: dict | None, seed: int, tag: str)
     _say(json.dumps({"tag": tag, "writer": w.id, "rows": list(result.rows["records"])}))
 
 
-def idle_writer(url: str, seed: int, tag: str, max_records: int) -> None:
+def idle_writer(url: str, seed: int, tag: str, max_records: int, storage_options: dict | None = None) -> None:
     """Commit batch 0 of ``tag`` to stream ``tag`` and print ``c <writer id> 1``; then, per line on
     stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit."""
-    w = open_store(url, mode="a").writer()
+    w = open_store(url, mode="a", storage_options=storage_options).writer()
     i = 0
     while True:
         w.append(crash_batch(seed, tag, i, max_records), stream=tag)
