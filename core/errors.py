@@ -128,3 +128,13 @@ class CorruptObjectError(StoreError):
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         super().__init__(f"{path}: {problem}")
+
+
+class NotAStoreError(StoreError):
+    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store
+    (no manifest, or one that is not replaystore's); nothing was deleted."""
+
+
+class StoreReplacedError(StoreError):
+    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
+    opened it; the opener that lost wrote and deleted nothing."""

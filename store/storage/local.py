@@ -315,7 +315,7 @@ class LocalStorage(Storage):
         import shutil
 
         full = self._p(path)
-        if os.path.isdir(full):
+        if os.path.isdir(full) and not os.path.islink(full):  # a link is removed, never followed
             shutil.rmtree(full, ignore_errors=True)
             with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
                 gone = [d for d in (*self._durable, *self._dirty) if d == full or d.startswith(full + os.sep)]
