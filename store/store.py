@@ -19,6 +19,7 @@ from replaystore.errors import (
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
+    StoreReplacedError,
 )
 from replaystore.schemas import Columns, Schema
 from replaystore.store import bodies, chunkcache, layout, records
@@ -200,7 +201,14 @@ class Store:
         return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
     def writer(self) -> Writer:
-        """A new writer (one per process; several processes may write at once)."""
+        """A new writer (one per process; several processes may write at once).
+
+        Raises StoreReplacedError if the store was replaced (``mode="w+"``) since this handle
+        opened it. Cost: one read of the manifest, then the registration.
+        """
+        if _read_manifest(self.storage) != self.manifest:
+            raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
+                                     "it; open it again")
         return Writer(self)
 
     @property
@@ -365,7 +373,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     ``url`` is a local path or fsspec URL (``file://``, ``memory://``, ``s3://bucket/prefix``).
     ``schema`` is one Schema (table ``records``) or ``{table name: Schema}``; required to
     create, checked against the stored one otherwise. ``mode``: "r" read-only, "a" open
-    or create, "w" create (error if a store exists), "w+" replace. ``capacity``: None for
+    or create, "w" create (error if a store exists), "w+" replace a store (NotAStoreError,
+    deleting nothing, if the location holds something else; StoreReplacedError if another
+    opener is replacing it at the same time; docs/FORMAT.md, "Replacing a store"). ``capacity``: None for
     an unbounded dataset, N to keep the newest N records per table. ``cache``: where a
     reader keeps the chunk objects of a store on S3 (store/chunkcache.py): None, the default
     :class:`ChunkCache` (``$REPLAYSTORE_CACHE_DIR`` or ``~/.cache/replaystore``); a directory
@@ -384,9 +394,10 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
     if storage.local_path("") is not None:  # local files are read in place
         chunk_cache = None
-    if mode == "w+":
-        storage.check_create()  # refuse before deleting anything, not after
-        storage.delete("")
+    if mode == "w+":  # only a store is replaced, by one opener at a time (store/replace.py)
+        from replaystore.store.replace import clear_for_create
+
+        clear_for_create(storage)
     manifest = _read_manifest(storage)
     if manifest is None:
         if mode == "r":

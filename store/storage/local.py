@@ -98,12 +98,13 @@ class LocalStorage(Storage):
             raise UnsafeNameError(path, "not a relative path inside the store (absolute, '..', '.', '//' or NUL)")
         return os.path.join(self.root, *parts)
 
-    def _inside(self, path: str) -> str:
+    def _inside(self, path: str, follow_last: bool = True) -> str:
         """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
         every write, delete and data read (a link planted in a store cannot redirect them).
-        Cost: one ``realpath`` (an lstat per path component)."""
+        ``follow_last=False`` checks only the directories on the way (a delete removes a link
+        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component)."""
         full = self._p(path)
-        real = os.path.realpath(full)
+        real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
         if real != self.real_root and not real.startswith(self.real_root + os.sep):
             raise UnsafeNameError(path, f"leads outside the store root through a symbolic link (to {real})")
         return full
@@ -357,8 +358,8 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         import shutil
 
-        full = self._inside(path)
-        if os.path.isdir(full):
+        full = self._inside(path, follow_last=False)
+        if os.path.isdir(full) and not os.path.islink(full):  # a link is removed, never followed
             shutil.rmtree(full, ignore_errors=True)
             with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
                 gone = [d for d in (*self._durable, *self._dirty) if d == full or d.startswith(full + os.sep)]
