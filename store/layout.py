@@ -22,8 +22,8 @@ INDEX_ARRAYS = ("_stream", "_step", "_reset")
 
 NAME_BYTES = 200
 """The longest table, state slot or state array name, in UTF-8 bytes (one path component each)."""
-FRAGMENT_NAME = re.compile(r"f[0-9]{10,20}")
-SEGMENT_NAME = re.compile(r"s[0-9]{10,20}")
+FRAGMENT_NAME = re.compile(r"f[0-9]{1,20}")
+SEGMENT_NAME = re.compile(r"s[0-9]{1,20}")
 PAYLOAD_TOKEN = re.compile(r"[0-9a-f]{1,64}")
 _STATE_NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*")
 
