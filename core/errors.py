@@ -128,3 +128,7 @@ class CorruptObjectError(StoreError):
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         super().__init__(f"{path}: {problem}")
+
+
+class StepRangeError(StepOrderError):
+    """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``)."""
