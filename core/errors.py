@@ -149,3 +149,30 @@ class NotAStoreError(StoreError):
 class StoreReplacedError(StoreError):
     """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
     opened it; the opener that lost wrote and deleted nothing."""
+
+class StepRangeError(StepOrderError):
+    """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``)."""
+
+
+class SamplerParameterError(StoreError, ValueError):
+    """A sampler argument (``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every``, ...) is
+    out of its valid range: ``field`` got ``actual``, wanted ``expected``."""
+
+    def __init__(self, field: str, expected: Any, actual: Any) -> None:
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{field}: expected {expected}, got {actual}")
+
+
+class ResumeMismatchError(StoreError):
+    """``resume=True`` found saved sampler state whose hyperparameters differ from the ones
+    given; ``parameters`` maps each differing name to ``(saved, given)``. Pass
+    ``override=True`` to resume with the given ones."""
+
+    def __init__(self, slot: str, parameters: dict[str, tuple[Any, Any]], detail: str = "") -> None:
+        self.slot = slot
+        self.parameters = parameters
+        diff = ", ".join(f"{k}: saved {s!r}, given {g!r}" for k, (s, g) in parameters.items())
+        super().__init__(f"state slot {slot!r}: hyperparameters differ from the saved ones ({diff})"
+                         + (f"; {detail}" if detail else "; pass override=True to resume with the given ones"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from replaystore.errors import ReplayStoreError, StoreError
+from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in, visible_intervals
 from replaystore.store import Store, Table
 
@@ -35,16 +37,39 @@ class StoreSampler(Sampler[Request]):
     ``subset`` restricts draws to those row ids (e.g. rows a SQL query returned, or
     the latest commit's records). ``num_batches`` bounds iteration (None: endless,
     except for samplers with passes). ``name`` is the state slot; ``resume=True``
-    restores the state saved there by :meth:`save`.
+    restores the state saved there by :meth:`save` (see :meth:`restore` for
+    ``override``). ``refresh_every`` (a positive int: minibatches) and/or
+    ``refresh_every_s`` (a positive float: seconds) make iteration call
+    ``store.refresh()`` by itself before a minibatch when that many minibatches were drawn,
+    or that many seconds passed, since the last refresh it made; the sampler then follows
+    the new commits (and evictions) as after an explicit refresh. Cost of a refresh: reading
+    the log records committed since the last one.
+    Raises SamplerParameterError for a bad ``batch_size``, ``refresh_every`` or
+    ``refresh_every_s``; ResumeMismatchError (see :meth:`restore`).
     """
 
     kind = "sampler"
+    overridable: frozenset[str] = frozenset({"batch_size", "seed"})
+    """The hyperparameters ``restore(override=True)`` lets the given values replace."""
 
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
-                 resume: bool = False) -> None:
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise StoreError(f"batch_size: expected a positive int, got {batch_size!r}")
+                 resume: bool = False, override: bool = False, refresh_every: int | None = None,
+                 refresh_every_s: float | None = None) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
+        if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
+                                          or refresh_every <= 0):
+            raise SamplerParameterError("refresh_every", "None or a positive int (minibatches)", repr(refresh_every))
+        if refresh_every_s is not None and (isinstance(refresh_every_s, bool)
+                                            or not isinstance(refresh_every_s, (int, float))
+                                            or not math.isfinite(refresh_every_s) or refresh_every_s <= 0):
+            raise SamplerParameterError("refresh_every_s", "None or a positive finite number of seconds",
+                                        repr(refresh_every_s))
+        self.refresh_every = refresh_every
+        self.refresh_every_s = None if refresh_every_s is None else float(refresh_every_s)
+        self._since_refresh = 0
+        self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
         self.batch_size = batch_size
@@ -59,7 +84,7 @@ class StoreSampler(Sampler[Request]):
         self.batches_drawn = 0
         self.tracker = ViewTracker(self.table.reader)  # changes of the visible rows, for incremental samplers
         if resume:
-            self.restore()
+            self.restore(override=override)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> Request:
@@ -69,8 +94,26 @@ class StoreSampler(Sampler[Request]):
     def __iter__(self) -> Iterator[Request]:
         drawn = 0
         while self.num_batches is None or drawn < self.num_batches:
+            self.auto_refresh()
             yield self.sample()
             drawn += 1
+
+    def auto_refresh(self) -> bool:
+        """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went
+        by since this sampler last did (iteration calls this before each minibatch; call it
+        before :meth:`sample` when drawing by hand). Returns whether it refreshed."""
+        if self.refresh_every is None and self.refresh_every_s is None:
+            return False
+        due = self.refresh_every is not None and self._since_refresh >= self.refresh_every
+        if self.refresh_every_s is not None and time.monotonic() - self._refreshed_at >= self.refresh_every_s:
+            due = True
+        self._since_refresh += 1
+        if not due:
+            return False
+        self.store.refresh()
+        self._since_refresh = 1
+        self._refreshed_at = time.monotonic()
+        return True
 
     def __len__(self) -> int:
         if self.num_batches is None:
@@ -115,10 +158,15 @@ class StoreSampler(Sampler[Request]):
                                "(append and commit first, then refresh())")
 
     # -- state ----------------------------------------------------------------------------
+    def hyperparameters(self) -> dict[str, Any]:
+        """The constructor arguments saved state must agree with (:meth:`restore`)."""
+        return {"batch_size": self.batch_size, "seed": self.seed}
+
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue sampling exactly: RNG, counters, sampler data."""
+        """Everything needed to continue sampling exactly: RNG, counters, sampler data, and the
+        :meth:`hyperparameters` it was drawn with."""
         return {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
-                "batches_drawn": self.batches_drawn}
+                "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("kind") != self.kind:
@@ -133,11 +181,42 @@ class StoreSampler(Sampler[Request]):
         doc = {k: v for k, v in state.items() if k not in arrays}
         return self.store.save_state(self.name, doc, arrays)
 
-    def restore(self) -> bool:
-        """Load the state saved in slot ``name``; False if none was saved."""
+    def restore(self, override: bool = False) -> bool:
+        """Load the state saved in slot ``name``; False if none was saved.
+
+        The saved :meth:`hyperparameters` must equal this sampler's, else ResumeMismatchError
+        names every differing one and nothing is loaded. With ``override=True`` the given
+        values win for the parameters in :attr:`overridable`, and the state is kept otherwise:
+        ``batch_size`` applies to the next minibatch; a new ``seed`` starts a fresh RNG from it
+        (the saved RNG state is dropped, counters and sampler data are kept); see the
+        subclasses for theirs. A differing parameter outside :attr:`overridable` is a
+        ResumeMismatchError even then. States saved without hyperparameters are checked on the
+        ones they hold. Cost: reading the slot.
+        """
         saved = self.store.load_state(self.name)
         if saved is None:
             return False
         doc, arrays = saved
-        self.load_state_dict({**doc, **arrays})
+        state = {**doc, **arrays}
+        given = self.hyperparameters()
+        stored = state.get("hyperparameters")
+        if not isinstance(stored, dict):  # saved before hyperparameters were: those the state holds
+            stored = {k: state[k] for k in given if k in state}
+        diff = {k: (stored[k], v) for k, v in given.items() if k in stored and stored[k] != v}
+        fixed = {k: d for k, d in diff.items() if k not in self.overridable}
+        if fixed and override:
+            raise ResumeMismatchError(self.name, fixed, f"{sorted(fixed)} cannot be overridden "
+                                      f"(overridable: {sorted(self.overridable)})")
+        if diff and not override:
+            raise ResumeMismatchError(self.name, diff)
+        self.load_state_dict(state)
+        if diff:
+            self._override(given, diff)
         return True
+
+    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
+        """After loading state saved with other hyperparameters: make the ``given`` ones current."""
+        self.batch_size = given["batch_size"]
+        if "seed" in diff:
+            self.seed = given["seed"]
+            self.rng = np.random.default_rng(self.seed)

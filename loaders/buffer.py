@@ -37,7 +37,10 @@ class ReplayBuffer:
         self.commit_every = commit_every
         self._writer: Writer | None = None
         self._pending = 0  # records appended since the last commit
-        self._sampler = UniformSampler(self.store, 1, seed, name="replay-buffer", resume=True)
+        self._sampler = UniformSampler(self.store, 1, seed, name="replay-buffer")
+        saved = self.store.load_state("replay-buffer")  # the saved draws continue, whatever the seed and
+        if saved is not None:  # sample sizes given now (no hyperparameter check: sample(n) sets the size)
+            self._sampler.load_state_dict({**saved[0], **saved[1]})
 
     def add(self, batch: Any) -> None:
         """Append a batch of records (any size); committed once ``commit_every`` are pending."""

@@ -99,9 +99,14 @@ class StoreDataset(Dataset):
     """A map-style dataset whose items are whole :class:`Request` minibatches (``__getitems__``).
 
     Each process opens the store itself (read-only) on first use, so DataLoader
-    workers never share an opened store across fork or spawn. A request naming rows
-    this process does not see yet refreshes the store once and retries. In a worker an
-    item is a :class:`WorkerBatch` (numpy arrays); :func:`make_loader` turns it into tensors.
+    workers never share an opened store across fork or spawn. In a capped store that
+    handle also shows the records evicted within the grace margin (``max(N // 4, 1)``
+    beyond capacity N; :meth:`TableReader.widen`): a handle newer than the sampler's still
+    reads rows the sampler drew and a writer evicted since. A request naming rows this
+    process does not see refreshes the store once and retries; StaleReadError if they
+    are still not readable (reclaimed: the sampler's view lags by more than the grace
+    margin). In a worker an item is a :class:`WorkerBatch` (numpy arrays);
+    :func:`make_loader` turns it into tensors.
     """
 
     def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None,
@@ -117,6 +122,10 @@ class StoreDataset(Dataset):
         if self._store is None or self._pid != os.getpid():
             self._store = open_store(self.url, mode="r", storage_options=self.storage_options, cache=self.cache)
             self._pid = os.getpid()
+            capacity = self._store.capacity
+            if capacity is not None:  # the grace margin of docs/FORMAT.md, "Capacity and reclamation"
+                for name in self._store.tables:
+                    self._store.table(name).reader.widen(max(capacity // 4, 1))
         return self._store.table(self.table_name)
 
     def __getitems__(self, request: Request) -> dict[str, Any] | WorkerBatch:

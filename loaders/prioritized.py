@@ -7,10 +7,44 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError
+from replaystore.errors import SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
+
+
+MAX_LEAF = 2.0 ** 960
+"""The largest leaf value ``priority ** alpha``: a sum of up to 2**63 of them stays finite
+(float64 max ~ 2**1024), so the tree's total never overflows."""
+
+MIN_LEAF = float(np.finfo(np.float64).tiny)
+"""Leaf values below this (the smallest normal float64; ``0`` included) are raised to it, so no
+stored record ever has zero mass and importance weights stay finite."""
+
+
+def _real(name: str, value: Any, lo: float = 0.0) -> float:
+    """``value`` as a finite float >= ``lo``; SamplerParameterError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SamplerParameterError(name, f"a finite real number >= {lo}", repr(value))
+    out = float(value)
+    if not math.isfinite(out) or out < lo:
+        raise SamplerParameterError(name, f"a finite real number >= {lo}", repr(value))
+    return out
+
+
+def leaf_values(priorities: np.ndarray, alpha: float) -> np.ndarray:
+    """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`;
+    SamplerParameterError naming ``priorities`` when one exceeds :data:`MAX_LEAF` (the whole
+    call is then refused). Cost: O(n)."""
+    with np.errstate(over="ignore", under="ignore"):
+        values = priorities ** alpha
+    if len(values) and not float(values.max()) <= MAX_LEAF:
+        bad = float(priorities[int(np.argmax(values))])
+        limit = MAX_LEAF ** (1.0 / alpha) if alpha else math.inf
+        raise SamplerParameterError("priorities", f"priorities whose |p| + eps is at most {limit:.6g} "
+                                    f"(priority ** alpha <= 2**960 with alpha={alpha})", repr(bad))
+    np.maximum(values, MIN_LEAF, out=values)
+    return values
 
 
 def _numpy(values: Any, dtype: Any) -> np.ndarray:
@@ -30,17 +64,25 @@ class PrioritizedSampler(StoreSampler):
     priority. Sampling is stratified (one draw per equal slice of the total mass, in
     random order);
     sampling and updates cost O(log n) per record, as whole-batch numpy operations.
+
+    Valid ranges: ``alpha``, ``beta`` and ``eps`` finite and >= 0; a priority must be finite
+    (its sign is dropped) with ``(|p| + eps) ** alpha <= 2**960`` (:data:`MAX_LEAF`), else
+    ``update`` raises SamplerParameterError and changes nothing; smaller values, 0 included,
+    count as at least the smallest normal float (:data:`MIN_LEAF`), so draws stay proportional
+    to ``max(p ** alpha, MIN_LEAF)`` and never collapse. On ``resume=True, override=True``,
+    ``alpha``, ``beta`` and ``eps`` may change: a new ``alpha`` re-exponentiates the saved
+    priorities (``p ** new_alpha``; from a state saved with ``alpha=0``, whose priorities are
+    lost, every record restarts at priority 1), refused like ``update`` if one would overflow.
     """
 
     kind = "prioritized"
+    overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
                  eps: float = 1e-6, **kwargs: Any) -> None:
-        if alpha < 0 or beta < 0:
-            raise StoreError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.eps = float(eps)
+        self.alpha = _real("alpha", alpha)
+        self.beta = _real("beta", beta)
+        self.eps = _real("eps", eps)
         self.max_priority = 1.0
         self.slots = RowSlots()
         self.tree = SumTree(1024)
@@ -62,7 +104,7 @@ class PrioritizedSampler(StoreSampler):
             new = self.slots.add(self.restrict(change.added))
         self.tree.grow(len(self.slots.row_of))
         self.tree.set(freed, np.zeros(len(freed)))
-        self.tree.set(new, np.full(len(new), self.max_priority ** self.alpha))
+        self.tree.set(new, np.full(len(new), leaf_values(np.array([self.max_priority]), self.alpha)[0]))
 
     def sample(self) -> Request:
         self._sync()
@@ -92,6 +134,8 @@ class PrioritizedSampler(StoreSampler):
 
         Rows evicted since they were sampled are ignored. Priorities are made
         non-negative (absolute value) and offset by ``eps`` so no record starves.
+        Raises SamplerParameterError (``field`` ``"priorities"``), changing nothing, for a
+        NaN or infinite priority or one whose leaf value would exceed :data:`MAX_LEAF`.
         """
         rows = _numpy(indices, np.int64)
         prios = np.abs(_numpy(priorities, np.float64)) + self.eps
@@ -99,16 +143,19 @@ class PrioritizedSampler(StoreSampler):
             raise StoreError(f"update: {len(rows)} indices but {len(prios)} priorities")
         top = float(prios.max()) if len(prios) else 0.0
         if not top < np.inf:  # NaN or inf somewhere
-            raise StoreError("update: priorities must be finite")
+            bad = _numpy(priorities, np.float64)
+            raise SamplerParameterError("priorities", "finite priorities",
+                                        repr(float(bad[~np.isfinite(bad)][0])))
+        values = leaf_values(prios, self.alpha)
         self._sync()
         slots, found = self.slots.lookup(rows)
         if not found.all():  # rows evicted since they were sampled
             if not found.any():
                 return
-            slots, prios = slots[found], prios[found]
+            slots, prios, values = slots[found], prios[found], values[found]
             top = float(prios.max())
         self.max_priority = max(self.max_priority, top)
-        self.tree.set(slots, prios ** self.alpha)
+        self.tree.set(slots, values)
 
     def priorities(self, rows: Any) -> np.ndarray:
         """Current priorities of rows (NaN for rows not tracked)."""
@@ -116,6 +163,28 @@ class PrioritizedSampler(StoreSampler):
         slots, found = self.slots.lookup(_numpy(rows, np.int64))
         vals = self.tree.leaves()[slots] ** (1.0 / self.alpha) if self.alpha else np.ones(len(slots))
         return np.where(found, vals, np.nan)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {**super().hyperparameters(), "alpha": self.alpha, "beta": self.beta, "eps": self.eps}
+
+    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
+        super()._override(given, diff)
+        self.beta, self.eps = given["beta"], given["eps"]
+        if "alpha" not in diff:
+            return
+        old, new = self.alpha, given["alpha"]
+        leaves = self.tree.leaves()
+        live = np.flatnonzero(leaves > 0)
+        if old:
+            with np.errstate(under="ignore"):
+                prios = leaves[live] ** (1.0 / old)
+            max_priority = self.max_priority
+        else:  # every leaf was 1: the priorities are lost
+            prios, max_priority = np.ones(len(live)), 1.0
+        values = leaf_values(prios, new)  # refused before anything changes
+        leaf_values(np.array([max_priority]), new)
+        self.alpha, self.max_priority = new, max_priority
+        self.tree.set(live, values)
 
     def state_dict(self) -> dict[str, Any]:
         self._sync()

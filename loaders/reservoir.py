@@ -38,6 +38,10 @@ class ReservoirSampler(StoreSampler):
         self.offered_upto: dict[int, int] = {}  # writer -> next local row not yet offered
         super().__init__(store, batch_size, seed, **kwargs)
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """``capacity`` too (never overridable: the members are a sample of that size)."""
+        return {**super().hyperparameters(), "capacity": self.capacity}
+
     def _not_offered(self, rows: np.ndarray) -> np.ndarray:
         """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order).
 

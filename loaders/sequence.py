@@ -224,6 +224,16 @@ class SequenceSampler(StoreSampler):
         self._windows: StreamWindows | None = None
         super().__init__(store, batch_size, seed, **kwargs)
 
+    overridable = StoreSampler.overridable | {"length", "burn_in"}
+    """``length``/``burn_in`` overridden on resume: windows are rebuilt from the stream index."""
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {**super().hyperparameters(), "length": self.length, "burn_in": self.burn_in}
+
+    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
+        super()._override(given, diff)
+        self._windows = None  # rebuilt for the given window on next use
+
     @property
     def window(self) -> int:
         return self.burn_in + self.length

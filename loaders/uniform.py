@@ -59,6 +59,16 @@ class EpochSampler(StoreSampler):
         self._pass_check = [0, 0]  # the pass's row count and row-id sum: a resumed pass must be over the same rows
         super().__init__(store, batch_size, seed, **kwargs)
 
+    overridable = StoreSampler.overridable | {"drop_last"}
+    """``drop_last`` overridden on resume: applies from the pass in progress on."""
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {**super().hyperparameters(), "drop_last": self.drop_last}
+
+    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
+        super()._override(given, diff)
+        self.drop_last = given["drop_last"]
+
     def _start_pass(self) -> None:
         self.tracker.poll()  # later changes count from this view
         self._pass_rows = self.tracker.view
@@ -117,6 +127,7 @@ class EpochSampler(StoreSampler):
             self._next_pass()
         drawn = 0
         while not self._exhausted() and (self.num_batches is None or drawn < self.num_batches):
+            self.auto_refresh()
             yield self.sample()
             drawn += 1
 

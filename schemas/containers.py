@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.errors import DTypeError, MissingFieldError, ShapeError
+from replaystore.errors import DTypeError, MissingFieldError, ShapeError, UnknownFieldError
 from replaystore.schemas.columns import Columns
 from replaystore.schemas.validate import batch_items, to_numpy
 
@@ -14,6 +14,15 @@ if TYPE_CHECKING:
     from replaystore.schemas.schema import Schema
 
 STEP_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+EPISODE_FIELDS = ("obs", "action", "reward", "final_obs", "terminated", "truncated")
+
+
+def _reject_unknown(items: dict[str, Any], known: tuple[str, ...], what: str) -> None:
+    """UnknownFieldError naming the first item of ``items`` not in ``known``."""
+    unknown = sorted(set(items) - set(known))
+    if unknown:
+        raise UnknownFieldError(unknown[0], f"one of {sorted(known)}", "an unknown field",
+                                f"{what} has no field(s) {unknown}")
 
 
 def _require(items: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -30,12 +39,16 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def episode_columns(schema: Schema, episode: Any) -> Columns:
-    """One episode (``obs`` [T, ...], ``action``, ``reward``, ``final_obs``, ``terminated``) as T step records.
+    """One episode (``obs`` [T, ...], ``action``, ``reward``, ``final_obs``, ``terminated`` and
+    optionally ``truncated``, both scalar bools) as T step records.
 
-    ``next_obs`` of step t is ``obs[t + 1]`` and, for the last step, ``final_obs``;
-    the last step carries ``terminated`` or, when not terminated, ``truncated``.
+    ``next_obs`` of step t is ``obs[t + 1]`` and, for the last step, ``final_obs``; the last
+    step carries ``terminated`` and ``truncated`` as given (``truncated`` left out: ``not
+    terminated``); earlier steps carry neither. Raises UnknownFieldError for any other item,
+    MissingFieldError, ShapeError, DTypeError. Cost: one copy of the episode.
     """
     items = batch_items(episode)
+    _reject_unknown(items, EPISODE_FIELDS, "an episode")
     _require(items, ("obs", "action", "reward", "final_obs", "terminated"))
     obs = to_numpy("obs", items["obs"])
     final = to_numpy("final_obs", items["final_obs"])
@@ -47,9 +60,10 @@ def episode_columns(schema: Schema, episode: Any) -> Columns:
         raise DTypeError("final_obs", f"dtype {obs.dtype} (as 'obs')", f"dtype {final.dtype}")
     steps = len(obs)
     terminated = _flag("terminated", items["terminated"])
+    truncated = _flag("truncated", items["truncated"]) if "truncated" in items else not terminated
     term = np.zeros(steps, dtype=bool)
     trunc = np.zeros(steps, dtype=bool)
-    (term if terminated else trunc)[-1] = True
+    term[-1], trunc[-1] = terminated, truncated
     return schema.validate({
         "obs": obs,
         "action": items["action"],
@@ -65,9 +79,12 @@ def rollout_columns(schema: Schema, rollout: Any) -> tuple[Columns, int, int, np
 
     Returns ``(columns, T, B, reset)``: record ``b * T + t`` is step t of slot b, and
     ``reset`` is true where the previous step of the same slot ended an episode
-    (terminated or truncated), i.e. where a new episode starts inside the rollout.
+    (terminated or truncated), i.e. where a new episode starts inside the rollout. Every
+    field, ``truncated`` included, is stored as given. Raises UnknownFieldError for an item
+    that is not a step field, MissingFieldError, ShapeError, and the schema's field errors.
     """
     items = batch_items(rollout)
+    _reject_unknown(items, STEP_FIELDS, "a rollout")
     _require(items, STEP_FIELDS)
     arrays = {name: to_numpy(name, items[name]) for name in STEP_FIELDS}
     lead = arrays["obs"].shape[:2]

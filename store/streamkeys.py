@@ -8,11 +8,15 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from replaystore.errors import StreamKeyError
+from replaystore.errors import StepRangeError, StreamKeyError
 
 StreamKey: TypeAlias = int | str
 STREAM_CODE = np.dtype(np.int32)
 """The dtype of the ``_stream`` codes: indices into a fragment's (or a batch's) stream keys."""
+
+MAX_STEP = 2**63 - 2
+"""The largest step a record may carry (docs/FORMAT.md, "Streams and steps"): steps are int64
+and ``step + 1`` (the adjacent step) must be one too."""
 
 Coded: TypeAlias = tuple[np.ndarray, list[StreamKey]]
 """Stream keys of a batch's records: each record's code, an index into the distinct keys in
@@ -59,6 +63,15 @@ def check_key(value: Any) -> StreamKey:
     if isinstance(value, (str, np.str_)):
         return str(value)
     raise StreamKeyError("stream", "an int or str stream key", f"{type(value).__name__} {value!r}")
+
+
+def check_step_range(first: int, last: int, key: StreamKey | None) -> None:
+    """StepRangeError unless the steps ``first .. last`` (Python ints) lie in ``[0, MAX_STEP]``."""
+    where = "" if key is None else f" in stream {key!r}"
+    if first < 0:
+        raise StepRangeError("step", f"steps in [0, {MAX_STEP}]{where}", f"step {first}")
+    if last > MAX_STEP:
+        raise StepRangeError("step", f"steps in [0, {MAX_STEP}]{where}", f"step {last}")
 
 
 def per_record_keys(stream: Any, n: int) -> list[StreamKey]:

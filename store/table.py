@@ -202,6 +202,17 @@ class TableReader:
         if self.storage.cache is not None:
             self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
+    def widen(self, extra: int) -> None:
+        """Show ``extra`` more records than the capacity: those evicted most recently, still
+        stored while within the grace margin (docs/FORMAT.md, "Capacity and reclamation"). For
+        a handle that only gathers rows another handle's (possibly older) view chose, such as a
+        DataLoader worker's. No effect without a capacity. Cost: one :meth:`sync`."""
+        if self.capacity is None or extra <= 0:
+            return
+        self.capacity += int(extra)
+        self._version = -1
+        self.sync()
+
     def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
         """Each fragment with how many of its rows (its first ones) are older than the newest
         ``capacity + grace`` records; none in a store without a capacity."""

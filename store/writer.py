@@ -26,7 +26,15 @@ from replaystore.store.log import CLOSE
 from replaystore.store.segment import SEGMENT_FLOOR_BYTES, VALUES_PER_ROW, Segment, fixed_row_bytes
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import LocalStorage
-from replaystore.store.streamkeys import STREAM_CODE, Coded, StreamKey, group_positions, per_record_keys, stream_codes
+from replaystore.store.streamkeys import (
+    STREAM_CODE,
+    Coded,
+    StreamKey,
+    group_positions,
+    per_record_keys,
+    stream_codes,
+)
+from replaystore.store.streamkeys import check_step_range as _check_range
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store
@@ -337,17 +345,21 @@ class Writer:
             for k, pos in zip(uniq, groups, strict=True):
                 last = self._known_last(table, k, staged)
                 start = 0 if last is None else last + 1
+                _check_range(start, start + len(pos) - 1, k)
                 steps[pos] = np.arange(start, start + len(pos))
                 staged[(table, k)] = start + len(pos) - 1
             return steps
         if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
             if len(uniq) != 1:
                 raise StepOrderError("step", "one step per record when a batch spans several streams", "a scalar")
+            _check_range(int(step), int(step) + n - 1, uniq[0] if uniq else None)
             steps = np.arange(int(step), int(step) + n, dtype=np.int64)
         else:
             steps = to_numpy("step", step)
             if steps.dtype.kind not in "iu" or steps.shape != (n,):
                 raise StepOrderError("step", f"{n} integer steps", f"{steps.dtype} of shape {steps.shape}")
+            if n:  # before the cast: a uint64 step past the int64 range would wrap negative
+                _check_range(int(steps.min()), int(steps.max()), None)
             steps = steps.astype(np.int64)
         for k, pos in zip(uniq, groups, strict=True):
             s = steps[pos]

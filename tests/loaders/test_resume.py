@@ -154,7 +154,7 @@ def test_saved_states_are_versioned_and_named_per_sampler(new_url: Any) -> None:
     v1 = s.save()
     assert v1 == v0 + 1
     reopened = open_store(h.store.url)
-    r = UniformSampler(reopened, batch_size=3, seed=0, name="learner-7", resume=True)
+    r = UniformSampler(reopened, batch_size=3, seed=4, name="learner-7", resume=True)
     assert r.batches_drawn == 2 and np.array_equal(r.sample().rows, s.sample().rows)
     other = UniformSampler(reopened, batch_size=3, seed=0, name="someone-else", resume=True)
     assert other.batches_drawn == 0
