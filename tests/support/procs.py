@@ -362,14 +362,18 @@ def register_writer(url: str, storage_options: dict | None, seed: int, tag: str)
     _say(json.dumps({"tag": tag, "writer": w.id, "rows": list(result.rows["records"])}))
 
 
-def idle_writer(url: str, seed: int, tag: str, max_records: int) -> None:
+def idle_writer(url: str, seed: int, tag: str, max_records: int, spares: bool = False) -> None:
     """Commit batch 0 of ``tag`` to stream ``tag`` and print ``c <writer id> 1``; then, per line on
-    stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit."""
+    stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit.
+    With ``spares``, each report waits until the writer's spare segments being created exist."""
     w = open_store(url, mode="a").writer()
     i = 0
     while True:
         w.append(crash_batch(seed, tag, i, max_records), stream=tag)
         w.commit()
+        if spares:
+            for future in list(w._spares.values()):
+                future.result()
         i += 1
         _say(f"c {w.id} {i}")
         if not sys.stdin.readline():
