@@ -271,7 +271,8 @@ class Store:
         """Delete the slot's versions older than the newest ``keep_last`` up to ``saved`` (just
         created, intact): each record first, then its arrays, so that a crash at any instant
         leaves every remaining record whole (arrays of a deleted record are vacuum's)."""
-        older = [v for v in self._state_versions(slot) if v <= saved][:-keep_last]
+        # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
+        older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
         for version in older:
             path = layout.state_record(slot, version)
             try:
