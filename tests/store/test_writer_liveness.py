@@ -274,3 +274,13 @@ def test_a_killed_writers_spare_segment_is_reclaimed_with_its_other_segments(tmp
     st.refresh()
     assert_same(st.read(st.row_ids()), columns_of(DQN, batches[-CAPACITY // 5:]))
     assert verify(st) == []
+
+
+def test_only_well_formed_unreferenced_segment_names_are_swept() -> None:
+    """Names listed under a dead writer's data directory are data: only ``s`` + ten digits that no
+    live fragment is backed by are deleted (never fragments, temporaries or anything else)."""
+    from replaystore.store.retention import unreferenced_segments
+
+    names = ["s0000000001", "s0000000002", "f0000000003", "..", "s12", "s0000000004x", ".tmp-s0000000005",
+             "s0000000006"]
+    assert unreferenced_segments(names, {"s0000000002"}) == ["s0000000001", "s0000000006"]
