@@ -3,8 +3,8 @@
     python bench/loader_bench.py            # full sizes (a few minutes on 2 cores)
     python bench/loader_bench.py --quick    # smaller sizes (< 1 minute)
 
-Prints one table: our figure, the reference figure, the ratio and the target from
-issue 4 ("Performance"). What is measured (docs/PERFORMANCE.md, "Loaders", has the details):
+Prints one table: our figure, the reference figure, the ratio and the target.
+What is measured (docs/PERFORMANCE.md, "Loaders", has the details):
 
 1. uniform: 256 records, every field of ``dqn(observation_size=64, heads=2, actions=9)``,
    from a 1M-record store: ``UniformSampler.sample()`` + ``gather(table, request)`` (the

@@ -5,7 +5,7 @@
     python bench/store_bench.py --append-only   # section 1 alone (with --quick: smaller)
 
 Prints one table: our figure, the peer's figure, the ratio (higher is better for us)
-and the target from issue 3. What is measured (docs/PERFORMANCE.md has the details):
+and the target. What is measured (docs/PERFORMANCE.md has the details):
 
 1. append: DqnBatch-shaped records (obs/next_obs 64 float32, 2 heads, 9 actions, CSR
    legal ids) appended in batches of 1,000 with a durable commit (fsync) every 10,000

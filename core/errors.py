@@ -128,3 +128,15 @@ class CorruptObjectError(StoreError):
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         super().__init__(f"{path}: {problem}")
+
+
+class UnsafeNameError(CorruptObjectError):
+    """A name read from a store breaks the format's name grammar (``..``, a separator, an
+    absolute path, a control character), or a path under the store root leads outside it
+    through a symbolic link. Nothing was read, written or deleted through it."""
+
+
+class InvalidNameError(StoreError, ValueError):
+    """A name given as an argument (a table, state slot or state array) breaks the format's name
+    grammar (docs/FORMAT.md, "Object names")."""
+

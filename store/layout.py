@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
+from replaystore.errors import InvalidNameError, UnsafeNameError
+
 FORMAT_NAME = "replaystore"
 FORMAT_VERSION = 2
 """Written into new stores' manifests (segments, docs/FORMAT.md); readers also read version 1."""
@@ -13,6 +18,57 @@ CHECKPOINTS = "checkpoints"
 ROW_BITS = 40
 """A row id is ``writer << ROW_BITS | local row``: stable across refreshes, evictions and compaction."""
 INDEX_ARRAYS = ("_stream", "_step", "_reset")
+
+
+NAME_BYTES = 200
+"""The longest table, state slot or state array name, in UTF-8 bytes (one path component each)."""
+FRAGMENT_NAME = re.compile(r"f[0-9]{10,20}")
+SEGMENT_NAME = re.compile(r"s[0-9]{10,20}")
+PAYLOAD_TOKEN = re.compile(r"[0-9a-f]{1,64}")
+_STATE_NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*")
+
+
+def name_problem(kind: str, name: object) -> str | None:
+    """Why ``name`` is not a valid ``kind`` name of the format (docs/FORMAT.md, "Object names"),
+    or None if it is. ``kind``: ``"table"``, ``"fragment"``, ``"segment"``, ``"state slot"``,
+    ``"state array"`` or ``"payload token"``. Cost: one regular-expression match."""
+    if not isinstance(name, str):
+        return f"{kind} name {name!r}: expected a string"
+    if kind == "table":
+        ok = name.isidentifier() and len(name.encode()) <= NAME_BYTES
+        expected = f"an identifier of at most {NAME_BYTES} bytes"
+    elif kind in ("state slot", "state array"):
+        ok = _STATE_NAME.fullmatch(name) is not None and len(name.encode()) <= NAME_BYTES
+        expected = (f"1 to {NAME_BYTES} bytes, not starting with '.', without '/', '\\' or control "
+                    "characters")
+    else:
+        pattern = {"fragment": FRAGMENT_NAME, "segment": SEGMENT_NAME, "payload token": PAYLOAD_TOKEN}[kind]
+        ok = pattern.fullmatch(name) is not None
+        expected = f"the pattern {pattern.pattern}"
+    return None if ok else f"{kind} name {name!r}: expected {expected}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked(kind: str, name: str) -> str | None:
+    return name_problem(kind, name)
+
+
+def stored_name(kind: str, name: object, where: str) -> str:
+    """``name``, read from the store object ``where``, if it is a valid ``kind`` name; else
+    raises :class:`UnsafeNameError` naming ``where``. Cost: a cache lookup once seen."""
+    problem = _checked(kind, name) if isinstance(name, str) else name_problem(kind, name)
+    if problem:
+        raise UnsafeNameError(where, problem)
+    return name  # type: ignore[return-value]
+
+
+def given_name(kind: str, name: object, argument: str) -> str:
+    """``name``, given as ``argument``, if it is a valid ``kind`` name; else raises
+    :class:`InvalidNameError` naming the argument."""
+    problem = name_problem(kind, name)
+    if problem:
+        raise InvalidNameError(f"{argument}: {problem}")
+    return name  # type: ignore[return-value]
 
 
 def writer_dir(writer: int) -> str:
@@ -32,7 +88,15 @@ def commit_record(writer: int, seq: int) -> str:
 
 
 def fragment_dir(writer: int, table: str, name: str) -> str:
-    return f"{writer_dir(writer)}/data/{table}/{name}"
+    """The directory of fragment or segment ``name`` of ``table``; both names checked
+    (:func:`stored_name`), as they come from commit records."""
+    where = f"{writer_dir(writer)}/data"
+    stored_name("table", table, where)
+    if not (isinstance(name, str) and name[:1] == "s"):
+        stored_name("fragment", name, f"{where}/{table}")
+    else:
+        stored_name("segment", name, f"{where}/{table}")
+    return f"{where}/{table}/{name}"
 
 
 def fragment_name(seq: int) -> str:
@@ -48,7 +112,7 @@ def checkpoint(number: int) -> str:
 
 
 def state_dir(slot: str) -> str:
-    return f"{STATE}/{slot}"
+    return f"{STATE}/{stored_name('state slot', slot, STATE)}"
 
 
 def state_record(slot: str, version: int) -> str:
@@ -56,7 +120,21 @@ def state_record(slot: str, version: int) -> str:
 
 
 def state_payload(slot: str, token: str, name: str) -> str:
+    """The object of state array ``name`` (``<array>.npy``) saved under ``token``."""
+    stored_name("payload token", token, state_dir(slot))
+    stored_name("state array", name, state_dir(slot))
     return f"{state_dir(slot)}/payload-{token}/{name}"
+
+
+def state_payload_of(slot: str, array: str, path: object, where: str) -> str:
+    """``path``, read from state record ``where`` for array ``array``, if it names that array's
+    payload in ``slot`` (``state/<slot>/payload-<token>/<array>.npy``); else UnsafeNameError."""
+    stored_name("state array", array, where)
+    prefix = f"{state_dir(slot)}/payload-"
+    if not (isinstance(path, str) and path.startswith(prefix) and path.endswith(f"/{array}.npy")
+            and PAYLOAD_TOKEN.fullmatch(path[len(prefix):-len(array) - 5]) is not None):
+        raise UnsafeNameError(where, f"array {array!r}: path {path!r} is not a payload of slot {slot!r}")
+    return path
 
 
 def row_id(writer: int, local: int) -> int:

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
 
 RESERVED_VIEWS = ("commits", "appends")
 
+SAFE_CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "python_enable_replacements": False,
+}
+"""DuckDB settings of a connection made for a store (unless ``unsafe``): no file, network or
+extension access (``COPY ... TO``, ``ATTACH``, ``INSTALL``/``LOAD``, ``read_csv`` and every other
+file reader or writer are refused), no scans of the caller's Python variables, and the
+configuration locked so a query cannot turn them back on."""
+
 
 class QueryError(StoreError):
     """DuckDB rejected a query (syntax, unknown column, type error)."""
@@ -35,7 +47,8 @@ class TableDataset(ds.InMemoryDataset):
 
     def __init__(self, reader: TableReader) -> None:
         reader.sync()
-        super().__init__(scan_schema(reader).empty_table())
+        self.stored = scan_schema(reader)
+        super().__init__(sql_schema(self.stored).empty_table())
         self.reader = reader
 
     def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
@@ -47,7 +60,28 @@ class TableDataset(ds.InMemoryDataset):
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
         batches = scan(self.reader, needed)
         schema = pa.schema([full.field(n) for n in needed])
+        if schema != pa.schema([self.stored.field(n) for n in needed]):
+            batches = (b.cast(schema) for b in batches)
         return ds.Scanner.from_batches(batches, schema=schema, columns=wanted, filter=filter)
+
+
+def _sql_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with float16 (which DuckDB cannot scan) widened to float32, also inside lists."""
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(pa.field(t.value_field.name, _sql_type(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(pa.field(t.value_field.name, _sql_type(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _sql_type(t.value_type)))
+    return t
+
+
+def sql_schema(stored: pa.Schema) -> pa.Schema:
+    """The schema DuckDB sees for a table scanned as ``stored``: float16 values read as float32
+    (exact: every float16 is a float32); every other type as stored."""
+    return pa.schema([f.with_type(_sql_type(f.type)) for f in stored], metadata=stored.metadata)
 
 
 def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
@@ -87,11 +121,21 @@ def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
     return pa.table(commits, schema=commit_schema), pa.table(appends, schema=append_schema)
 
 
-def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
+            unsafe: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every table of ``store`` registered under its name,
     plus ``commits`` (one row per commit) and ``appends`` (one row per append, with
-    its ``telemetry``). Metadata columns hold JSON text (``metadata->>'$.iteration'``)."""
-    con = connection or duckdb.connect()
+    its ``telemetry``). Metadata columns hold JSON text (``metadata->>'$.iteration'``).
+
+    A connection made here is read-only towards the outside world (:data:`SAFE_CONFIG`) unless
+    ``unsafe`` is true; a ``connection`` passed in keeps the settings its caller gave it.
+    Cost: one refresh of the store and one pass over the commit log."""
+    if connection is not None:
+        con = connection
+    elif unsafe:
+        con = duckdb.connect()
+    else:
+        con = duckdb.connect(config=dict(SAFE_CONFIG))
     store.refresh()
     for name in store.tables:
         if name in RESERVED_VIEWS:
@@ -100,6 +144,8 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None) -
     commits, appends = _commit_tables(store)
     con.register("commits", commits)
     con.register("appends", appends)
+    if connection is None and not unsafe:
+        con.execute("SET lock_configuration = true")
     return con
 
 
@@ -109,11 +155,21 @@ def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
     return convert()
 
 
-def query(store: Store, sql: str) -> pa.Table:
-    """Run ``sql`` over the store; the result as a pyarrow Table."""
-    con = connect(store)
+def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
+    """Run ``sql`` over the store; the result as a pyarrow Table.
+
+    A statement that returns nothing (``COPY``, ``SET``) gives an empty table. Raises
+    :class:`QueryError` for an empty query (nothing but whitespace and comments) or anything
+    DuckDB rejects, including file, network and
+    extension access unless ``unsafe`` (see :func:`connect`)."""
+    if not isinstance(sql, str):
+        raise QueryError(f"query: expected SQL text, got {type(sql).__name__}")
+    con = connect(store, unsafe=unsafe)
     try:
-        return to_arrow(con.sql(sql))
+        if not con.extract_statements(sql):
+            raise QueryError("query: expected an SQL statement, got an empty query")
+        relation = con.sql(sql)
+        return pa.table({}) if relation is None else to_arrow(relation)
     except duckdb.Error as exc:
         raise QueryError(str(exc).splitlines()[0]) from None
     finally:

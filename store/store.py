@@ -211,24 +211,32 @@ class Store:
         return sorted(self.log.writers)
 
     # -- SQL ------------------------------------------------------------------------------
-    def sql(self, query: str) -> Any:
+    def sql(self, query: str, unsafe: bool = False) -> Any:
         """Run DuckDB SQL over the store; returns a ``pyarrow.Table``.
 
         Each table is a view under its name (a single-schema store: ``records``) with
         ``row, stream, step, reset``, every schema field (ragged fields as LIST,
         multi-dimensional dense fields as fixed-size arrays), ``writer, commit,
         commit_time``; ``commits`` and ``appends`` hold the commit log and per-append
-        batch metadata. Scans stream and read only the columns the query uses.
+        batch metadata. Scans stream and read only the columns the query uses. float16
+        fields read as float32 (DuckDB has no half floats).
+
+        The connection is read-only towards everything but the store: file readers and
+        writers (``read_csv``, ``COPY ... TO``), ``ATTACH``, ``INSTALL``/``LOAD`` and network
+        access are refused with :class:`QueryError`, as is an empty query. ``unsafe=True``
+        lifts that for trusted queries (e.g. ``COPY (SELECT ...) TO 'out.parquet'``).
         """
         from replaystore.store.sql import query as run_query
 
-        return run_query(self, query)
+        return run_query(self, query, unsafe=unsafe)
 
-    def duckdb(self, connection: Any = None) -> Any:
-        """A DuckDB connection with this store's views registered (see :meth:`sql`)."""
+    def duckdb(self, connection: Any = None, unsafe: bool = False) -> Any:
+        """A DuckDB connection with this store's views registered (see :meth:`sql`): read-only
+        towards the outside world unless ``unsafe``; a ``connection`` passed in keeps its own
+        settings."""
         from replaystore.store.sql import connect
 
-        return connect(self, connection)
+        return connect(self, connection, unsafe=unsafe)
 
     # -- state slots -------------------------------------------------------------------
     def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
@@ -245,8 +253,9 @@ class Store:
         """
         if self.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
-        if not slot or "/" in slot:
-            raise StoreError(f"state slot {slot!r}: expected a non-empty name without '/'")
+        layout.given_name("state slot", slot, "save_state slot")
+        for name in arrays or {}:
+            layout.given_name("state array", name, "save_state arrays")
         _check_keep_last(keep_last)
         doc = records.json_document("state", dict(doc))
         token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
@@ -277,13 +286,13 @@ class Store:
             path = layout.state_record(slot, version)
             try:
                 body = records.decode(path, self.storage.read(path))
-                payloads = {"/".join(p.split("/")[:3]) for p in body["arrays"].values()}
+                payloads = {"/".join(layout.state_payload_of(slot, name, p, path).split("/")[:3])
+                            for name, p in body["arrays"].items()}
             except (CorruptObjectError, FileNotFoundError, KeyError, TypeError, AttributeError):
-                payloads = set()  # (damaged: its arrays, if any, are left to vacuum)
+                payloads = set()  # (damaged or unsafe: its arrays, if any, are left to vacuum)
             self.storage.delete(path)
             for payload in sorted(payloads):
-                if payload.startswith(f"{layout.state_dir(slot)}/payload-"):  # (a name read is data, never a path)
-                    self.storage.delete(payload)
+                self.storage.delete(payload)
 
     def _state_versions(self, slot: str) -> list[int]:
         return sorted(int(n[:-5]) for n in self.storage.list(layout.state_dir(slot))
@@ -311,6 +320,7 @@ class Store:
         a concurrent save deleted while this load read them are not damage: the slot is
         listed again. Cost: a listing and the newest intact version's objects.
         """
+        layout.given_name("state slot", slot, "load_state slot")
         seen = -1
         while True:
             versions = self._state_versions(slot)
@@ -321,8 +331,9 @@ class Store:
                 path = layout.state_record(slot, version)
                 try:
                     body = records.decode(path, self.storage.read(path))
+                    paths = {name: layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items()}
                     arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                              for name, p in body["arrays"].items()}
+                              for name, p in paths.items()}
                 except FileNotFoundError as exc:
                     if version not in self._state_versions(slot):
                         continue  # superseded and deleted meanwhile by a save (keep_last)
@@ -403,8 +414,7 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
         return {DEFAULT_TABLE: schema}
     if isinstance(schema, Mapping) and schema and all(isinstance(s, Schema) for s in schema.values()):
         for name in schema:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise StoreError(f"table name {name!r}: expected an identifier")
+            layout.given_name("table", name, "schema")
         return dict(schema)
     raise StoreError(f"schema: expected a Schema or a non-empty mapping of table name -> Schema, got {schema!r}")
 
@@ -414,12 +424,16 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
         data = storage.read(layout.MANIFEST)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
     body = records.decode(layout.MANIFEST, data)
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{storage.url}: not a replaystore store")
     if body.get("format_version") not in layout.READ_VERSIONS:
         raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
                                  f"replaystore reads versions {layout.READ_VERSIONS}")
+    for table in body.get("tables") or {}:
+        layout.stored_name("table", table, layout.MANIFEST)
     return body
 
 
@@ -443,6 +457,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0):
         raise StoreError(f"capacity: expected None or a positive int, got {capacity!r}")
     schemas = _schemas_arg(schema)
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise StoreError(f"storage_options: expected a mapping of fsspec options, got "
+                         f"{type(storage_options).__name__}")
     storage = open_storage(url, storage_options)
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
     if storage.local_path("") is not None:  # local files are read in place

@@ -528,7 +528,7 @@ _FOLLOW_MIN = 8
 _REDO_UP_TO = 64
 """Live fragments up to which :meth:`TableReader.sync` redoes its view: following has a fixed
 cost in array operations, redoing grows with the fragments; they cross at 50-70 fragments
-(``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Session 23")."""
+(``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Following a commit vs redoing the view")."""
 
 _REBUILD_MIN = 1 << 16
 """Rows changed below which the stream index always follows a change rather than rebuilding."""

@@ -205,6 +205,10 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         problems.append(Problem(getattr(exc, "path", store.url), str(exc)))
         return problems
     for slot in store.storage.list(layout.STATE):
+        problem = layout.name_problem("state slot", slot)
+        if problem:
+            problems.append(Problem(f"{layout.STATE}/{slot}", problem))
+            continue
         for name in store.storage.list(layout.state_dir(slot)):
             if name.endswith(".json"):
                 p = _check_record(store, f"{layout.state_dir(slot)}/{name}")
@@ -214,7 +218,10 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
     for table in store.tables:
         reader = store.table(table).reader
         for frag in reader.fragments:  # the live ones; wholly evicted fragments may be reclaimed
-            problems += _check_fragment(store, frag)
+            try:
+                problems += _check_fragment(store, frag)
+            except CorruptObjectError as exc:  # a name that is no path (layout.stored_name), say
+                problems.append(Problem(exc.path, str(exc).split(": ", 1)[-1]))
             checked += 1
             if progress:
                 progress(checked)

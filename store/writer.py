@@ -445,7 +445,7 @@ class Writer:
         read of storage). Other writers' new commits are read too only in a capped store, where
         eviction (and so what this writer retires and reclaims) follows them: reading everyone's
         records after every commit costs each writer work, and requests on object storage, in
-        proportion to the number of writers (docs/PERFORMANCE.md, "Session 16").
+        proportion to the number of writers (docs/PERFORMANCE.md, "Many writers into one store").
         ``st.refresh()`` picks them up on demand."""
         if self.store.capacity is not None:
             self.store.refresh()

@@ -1,13 +1,39 @@
-"""The ``replaystore`` command: one clear error line and a non-zero exit for user mistakes."""
+"""The ``replaystore`` command: one clear error line and a distinct non-zero exit code for every
+operational error (:data:`EXIT_CODES`); never a traceback unless ``REPLAYSTORE_TRACEBACK=1``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from replaystore import __version__
-from replaystore.errors import ReplayStoreError
+from replaystore.errors import CorruptObjectError, FormatVersionError, ReplayStoreError, StoreNotFoundError
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_CORRUPT = 4
+EXIT_STORAGE = 5
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_DAMAGED: "verify found damage (each damaged object printed)",
+    EXIT_USAGE: "a usage mistake: bad arguments or options, an unknown URL protocol, a query DuckDB "
+                "rejects, a mode or schema that does not fit the store",
+    EXIT_NOT_FOUND: "no store at the URL (nothing there, or a file)",
+    EXIT_CORRUPT: "the store is damaged or not a replaystore store of a known format version",
+    EXIT_STORAGE: "the storage failed or refused: missing credentials, unreachable endpoint, "
+                  "permission denied, disk full, an unwritable output file",
+    EXIT_INTERNAL: "an internal error (a bug: please report it with REPLAYSTORE_TRACEBACK=1's output)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_BROKEN_PIPE: "the output pipe was closed early (e.g. by head); nothing is printed",
+}
 
 
 def _cmd_schemas(args: argparse.Namespace) -> int:
@@ -38,9 +64,12 @@ def _options(args: argparse.Namespace) -> dict | None:
     if not getattr(args, "storage_options", None):
         return None
     try:
-        return json.loads(args.storage_options)
+        options = json.loads(args.storage_options)
     except ValueError as exc:
         raise ReplayStoreError(f"--storage-options: expected a JSON object ({exc})") from None
+    if not isinstance(options, dict):
+        raise ReplayStoreError(f"--storage-options: expected a JSON object, got {type(options).__name__}")
+    return options
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -85,7 +114,7 @@ def _cmd_copy(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     from replaystore.tools.query import run_query
 
-    return run_query(_open(args), args.sql, args.format, args.output)
+    return run_query(_open(args), args.sql, args.format, args.output, args.allow_file_access)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -175,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table",
                    help="output format (default: an aligned table on stdout)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout (required for parquet)")
+    p.add_argument("--allow-file-access", action="store_true",
+                   help="let the query itself read or write files and load extensions (COPY ... TO, "
+                        "read_csv, ATTACH, INSTALL); off by default: only the store is readable")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_query)
 
@@ -220,10 +252,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
-    except ReplayStoreError as exc:
-        print(f"replaystore {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print(f"replaystore {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        code = exit_code(exc)
+        what = "internal error: " + type(exc).__name__ + ": " if code == EXIT_INTERNAL else "error: "
+        print(f"replaystore {args.command}: {what}{_one_line(exc)}", file=sys.stderr)
+        if os.environ.get("REPLAYSTORE_TRACEBACK") == "1":
+            traceback.print_exc()
+        return code
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of the command that raised ``exc`` (see :data:`EXIT_CODES`)."""
+    from replaystore.store.storage import StorageURLError
+
+    if isinstance(exc, StoreNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, (CorruptObjectError, FormatVersionError)):
+        return EXIT_CORRUPT
+    if isinstance(exc, StorageURLError):
+        return EXIT_USAGE
+    if isinstance(exc, OSError) or type(exc).__name__ == "StorageError":
+        return EXIT_STORAGE
+    if isinstance(exc, ReplayStoreError):
+        return EXIT_USAGE
+    return EXIT_INTERNAL
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (OSError: its strerror and file name, as the shell shows them)."""
+    if isinstance(exc, OSError) and not isinstance(exc, ReplayStoreError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's own flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

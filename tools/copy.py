@@ -92,10 +92,7 @@ def _state_objects(st: Store) -> list[str]:
                 body = records.decode(path, st.storage.read(path))
             except FileNotFoundError:  # superseded by a save meanwhile
                 continue
-            payloads = [p for p in body["arrays"].values()
-                        if isinstance(p, str) and p.startswith(f"{layout.state_dir(slot)}/payload-")
-                        and ".." not in p.split("/")]
-            out += [path, *payloads]
+            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items())]
     return out
 
 
@@ -107,7 +104,8 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     Returns a :class:`CopyReport`. Raises StoreNotFoundError (no store at ``src_url``),
     StoreExistsError (``dst_url`` holds anything), StoreError (the copy does not verify: a
     writer or vacuum of the source deleted data while it was copied; copy again, or stop them),
-    CorruptObjectError (a damaged source object). Cost: reading and writing what is copied
+    CorruptObjectError (a damaged source object; UnsafeNameError, a name that is not the
+    format's). Cost: reading and writing what is copied
     (holes of local sparse files excluded), then a ``verify`` of the copy.
     """
     src = open_store(src_url, mode="r", storage_options=src_options)

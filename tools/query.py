@@ -19,9 +19,20 @@ def _json_lines(table: pa.Table) -> str:
     return "".join(json.dumps(row, default=str) + "\n" for row in table.to_pylist())
 
 
-def run_query(st: Store, sql: str, fmt: str = "table", output: str | None = None) -> int:
-    """Run ``sql``; print it as a table, or write csv / json (one object per line) / parquet."""
-    result = st.sql(sql)
+def run_query(st: Store, sql: str, fmt: str = "table", output: str | None = None,
+              allow_file_access: bool = False) -> int:
+    """Run ``sql``; print it as a table, or write csv / json (one object per line) / parquet.
+    ``allow_file_access`` lets the query itself read and write files (``Store.sql(unsafe=True)``)."""
+    result = st.sql(sql, unsafe=allow_file_access)
+    try:
+        return _write(result, fmt, output)
+    except OSError as exc:
+        if output is None:
+            raise
+        raise OSError(exc.errno, f"cannot write --output {output}: {exc.strerror or exc}") from None
+
+
+def _write(result: pa.Table, fmt: str, output: str | None) -> int:
     if fmt == "parquet":
         if not output:
             raise ReplayStoreError("--format parquet needs --output FILE")

@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from replaystore.store.storage.base import Buffer, ObjectInfo, ObjectStream, Storage, StorageError
+from replaystore.store.storage.base import (Buffer, ObjectInfo, ObjectStream, Storage, StorageError,
+                                            StorageUnavailableError, StorageURLError)
 from replaystore.store.storage.local import LocalStorage
 from replaystore.store.storage.objects import FsspecStorage
 
@@ -25,4 +26,4 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
 
 
 __all__ = ["Buffer", "FsspecStorage", "LocalStorage", "ObjectInfo", "ObjectStream", "Storage", "StorageError",
-           "open_storage"]
+           "StorageUnavailableError", "StorageURLError", "open_storage"]

@@ -20,6 +20,17 @@ class StorageError(ReplayStoreError):
     """The storage backend failed or lacks a guarantee the format needs."""
 
 
+class StorageURLError(StorageError, ValueError):
+    """A URL or its storage options cannot be opened: an unknown protocol, a filesystem package
+    that is not installed, options the filesystem does not take."""
+
+
+class StorageUnavailableError(StorageError, OSError):
+    """The storage backend could not be reached or refused the request: no credentials, an
+    unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write
+    is; the operation that met it changed nothing visible."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One stored object: its path under the store root, size and last modification (storage clock)."""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar
 
+from replaystore.errors import UnsafeNameError
 from replaystore.store.storage.base import Buffer, ObjectStream, Storage
 
 
@@ -33,7 +34,7 @@ class _FileStream(ObjectStream):
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
-        full = storage._p(path)
+        full = storage._inside(path)
         directory = os.path.dirname(full)
         storage._makedirs(directory)
         self.fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -69,6 +70,7 @@ class LocalStorage(Storage):
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
+        self.real_root = os.path.realpath(self.root)  # a store reached through a symlink is that directory
         self.url = self.root
         self._dir_lock = threading.Lock()
         self._dirty: dict[str, int] = {}  # directory -> entries created in it not yet covered by an fsync of it
@@ -76,10 +78,29 @@ class LocalStorage(Storage):
         _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
-        return os.path.join(self.root, path) if path else self.root
+        """The file of ``path``, a '/'-separated path relative to the root. Refuses (with
+        :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL,
+        whatever the caller: nothing a store names can point above its root. Cost: a split."""
+        if not path:
+            return self.root
+        parts = path.rstrip("/").split("/")
+        if path[0] == "/" or "\x00" in path or any(p in ("", ".", "..") for p in parts) or (
+                os.sep != "/" and os.sep in path):
+            raise UnsafeNameError(path, "not a relative path inside the store (absolute, '..', '.', '//' or NUL)")
+        return os.path.join(self.root, *parts)
+
+    def _inside(self, path: str) -> str:
+        """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
+        every write, delete and data read (a link planted in a store cannot redirect them).
+        Cost: one ``realpath`` (an lstat per path component)."""
+        full = self._p(path)
+        real = os.path.realpath(full)
+        if real != self.real_root and not real.startswith(self.real_root + os.sep):
+            raise UnsafeNameError(path, f"leads outside the store root through a symbolic link (to {real})")
+        return full
 
     def read(self, path: str) -> bytes:
-        with open(self._p(path), "rb") as f:
+        with open(self._inside(path), "rb") as f:
             return f.read()
 
     def _fsync_dir(self, directory: str) -> None:
@@ -149,7 +170,7 @@ class LocalStorage(Storage):
         self._entry_made(os.path.dirname(full))
 
     def write(self, path: str, data: bytes | memoryview) -> None:
-        full = self._p(path)
+        full = self._inside(path)
         self._makedirs(os.path.dirname(full))
         self._write_synced(full, data)
 
@@ -164,7 +185,7 @@ class LocalStorage(Storage):
         fds: dict[str, int] = {}
         try:
             for path, size in sizes.items():
-                full = self._p(path)
+                full = self._inside(path)
                 directory = os.path.dirname(full)
                 self._makedirs(directory)
                 fds[path] = fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -198,7 +219,7 @@ class LocalStorage(Storage):
                 whole.append((stream.path, stream.pieces()))
         try:
             for path, parts in [*whole, *objects.items()]:
-                full = self._p(path)
+                full = self._inside(path)
                 directory = os.path.dirname(full)
                 self._makedirs(directory)
                 f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
@@ -254,7 +275,7 @@ class LocalStorage(Storage):
         """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
         (concurrently with the new file's own fsync: one journal commit can cover both) and
         ``check()`` has returned (it may raise: then nothing is created)."""
-        full = self._p(path)
+        full = self._inside(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
         self._makedirs(directory)
@@ -314,7 +335,7 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         import shutil
 
-        full = self._p(path)
+        full = self._inside(path)
         if os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
             with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
@@ -359,4 +380,4 @@ class LocalStorage(Storage):
         return os.path.isdir(self._p(path))
 
     def local_path(self, path: str) -> str | None:
-        return self._p(path)
+        return self._inside(path)

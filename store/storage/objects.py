@@ -10,7 +10,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replaystore.store.storage.base import ObjectInfo, Storage, StorageError
+from replaystore.errors import ReplayStoreError
+from replaystore.store.storage.base import ObjectInfo, Storage, StorageError, StorageUnavailableError, StorageURLError
 
 _MEMORY_LOCK = threading.RLock()
 
@@ -52,6 +53,42 @@ class _Serialized:
         return call
 
 
+_CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from the S3 client stack untranslated (s3fs turns S3's own error
+    responses into ``OSError`` subclasses, but not missing credentials or connection failures)."""
+    return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
+
+
+class _Translated:
+    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` (an ``OSError``)
+    for client-side failures that s3fs lets through as botocore or aiohttp exceptions."""
+
+    def __init__(self, fs: Any, url: str) -> None:
+        self._fs = fs
+        self._url = url
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except TypeError as exc:
+                if "keyword argument" in str(exc):  # s3fs passes unknown options on to its session lazily
+                    raise StorageURLError(f"{self._url}: a storage option is not accepted ({exc})") from None
+                raise
+            except Exception as exc:
+                if _is_client_error(exc):
+                    raise StorageUnavailableError(f"{self._url}: {type(exc).__name__}: {exc}") from exc
+                raise
+        return call
+
+
 class FsspecStorage(Storage):
     """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
     (``If-None-Match: *``, checked to be honoured before the first create through an
@@ -64,7 +101,13 @@ class FsspecStorage(Storage):
 
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except ImportError as exc:
+            raise StorageURLError(f"{url}: the filesystem's package is not installed ({exc}); for s3:// "
+                               "install replaystore[s3]") from None
+        except (ValueError, TypeError) as exc:
+            raise StorageURLError(f"{url}: cannot open this URL with the storage options given ({exc})") from None
         self.root = root.rstrip("/")
         self.conflict_retries = CONFLICT_RETRIES  # attempts of a conditional PUT answered 409 (see _conditional_put)
         self.conflict_backoff_s = CONFLICT_BACKOFF_S
@@ -75,6 +118,7 @@ class FsspecStorage(Storage):
         elif {"s3", "s3a"} & set(protocols):
             self._create_mode = "conditional-put"
             self.remote = True
+            self.fs = _Translated(self.fs, self.url)
         else:
             raise StorageError(
                 f"{url}: fsspec filesystem {protocols[0]!r} offers no known create-if-absent primitive; "

@@ -132,3 +132,70 @@ def test_scans_stream_in_bounded_batches(ppo_store):
     batches = list(scan(st.default.reader, ["row", "obs"], batch_rows=16))
     assert max(b.num_rows for b in batches) == 16
     assert sum(b.num_rows for b in batches) == 200
+
+
+@pytest.mark.parametrize("dtype", ["bool", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8"])
+def test_every_schema_dtype_is_queryable(tmp_path, dtype):
+    from replaystore.schemas import Dense, Ragged, Schema
+
+    schema = Schema("dtypes", [Dense("x", dtype, ()), Dense("v", dtype, (2,)),
+                               Ragged("r", dtype, offsets="r_offsets")])
+    st = open_store(str(tmp_path / "s"), schema)
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 2, 6) if dtype == "bool" else rng.integers(0, 100, 6)).astype(dtype)
+    v = x.repeat(2).reshape(6, 2)
+    with st.writer() as w:
+        w.append({"x": x, "v": v, "r": x[:4], "r_offsets": np.array([0, 1, 1, 2, 3, 4, 4])}, stream=0)
+        w.commit()
+    t = st.sql("SELECT x, v, r FROM records ORDER BY row")
+    assert np.array_equal(np.asarray(t.column("x").to_pylist(), dtype=dtype), x)
+    assert np.array_equal(np.asarray(t.column("v").to_pylist(), dtype=dtype), v)
+    assert [len(r) for r in t.column("r").to_pylist()] == [1, 0, 1, 1, 1, 0]
+    assert st.sql("SELECT count(*) AS n FROM records WHERE x = x").column("n").to_pylist() == [6]
+
+
+@pytest.mark.parametrize("sql", ["", "   \n", "-- nothing here\n", "/* c */ ;"])
+def test_empty_query_is_a_typed_error(ppo_store, sql):
+    st, _ = ppo_store
+    with pytest.raises(QueryError, match="empty query"):
+        st.sql(sql)
+
+
+FORBIDDEN = [
+    "COPY (SELECT * FROM records) TO '{out}/copy.parquet'",
+    "COPY commits TO '{out}/copy.csv'",
+    "ATTACH '{out}/attached.db'",
+    "EXPORT DATABASE '{out}/exported'",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SELECT * FROM read_csv('{secret}')",
+    "SELECT * FROM read_text('{secret}')",
+    "SELECT * FROM '{secret}'",
+    "SELECT * FROM glob('{out}/*')",
+    "SET enable_external_access = true",
+    "SELECT * FROM ppo_store",
+]
+
+
+@pytest.mark.parametrize("template", FORBIDDEN)
+def test_sql_is_read_only_by_default(ppo_store, tmp_path, template):
+    st, _ = ppo_store
+    out = tmp_path / "outside"
+    out.mkdir()
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a,b\n1,2\n")
+    with pytest.raises(QueryError):
+        st.sql(template.format(out=out, secret=secret))
+    assert list(out.iterdir()) == []
+    con = st.duckdb()
+    with pytest.raises(Exception):
+        con.sql(template.format(out=out, secret=secret)).fetchall()
+    assert list(out.iterdir()) == []
+
+
+def test_file_access_is_an_explicit_opt_in(ppo_store, tmp_path):
+    st, _ = ppo_store
+    out = tmp_path / "rows.parquet"
+    st.sql(f"COPY (SELECT row FROM records) TO '{out}' (FORMAT parquet)", unsafe=True)
+    t = st.sql(f"SELECT count(*) AS n FROM read_parquet('{out}')", unsafe=True)
+    assert t.column("n").to_pylist() == [200]

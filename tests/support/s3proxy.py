@@ -18,6 +18,7 @@ real server's. The server is shut down when the context exits.
   distant endpoint (``bench/log_bench.py``); ``requests`` counts them.
 - ``Faults(deny_reads="...")``: a GET of a key containing that text is answered ``403
   AccessDenied`` (a policy that hides part of the store), counted in ``denied``.
+- ``Faults.down = True``: an outage; every request's connection is closed unanswered.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Faults:
     lost_reply: bool = False
     latency_s: float = 0.0
     deny_reads: str = ""
+    down: bool = False
     requests: int = 0  # requests received
     denied: int = 0  # GETs answered 403
     conflicts: int = 0  # 409 answers given
@@ -117,6 +119,9 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             with faults._lock:
                 faults.requests += 1
+            if faults.down:
+                self.close_connection = True  # an outage: no answer, the connection dropped
+                return
             if faults.latency_s:
                 time.sleep(faults.latency_s)  # a distant endpoint: each request's round trip
             length = int(self.headers.get("Content-Length") or 0)

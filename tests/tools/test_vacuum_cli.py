@@ -77,7 +77,7 @@ def test_vacuum_command(backend: Backend) -> None:
 
 def test_vacuum_command_mistakes_are_one_line(tmp_path) -> None:
     r = run("vacuum", str(tmp_path / "nothing"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no replaystore store" in r.stderr
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "no replaystore store" in r.stderr
     b = Backend(str(tmp_path / "store"))
     b.open(dqn(16, 2, actions=9), mode="w")
     r = run("vacuum", b.url, "--older-than", "-5")
