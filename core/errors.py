@@ -140,3 +140,12 @@ class InvalidNameError(StoreError, ValueError):
     """A name given as an argument (a table, state slot or state array) breaks the format's name
     grammar (docs/FORMAT.md, "Object names")."""
 
+
+class NotAStoreError(StoreError):
+    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store
+    (no manifest, or one that is not replaystore's); nothing was deleted."""
+
+
+class StoreReplacedError(StoreError):
+    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
+    opened it; the opener that lost wrote and deleted nothing."""

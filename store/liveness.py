@@ -56,7 +56,7 @@ def is_dead(storage: Storage, writer: int) -> bool:
     if path is None:
         return False
     try:
-        doc = records.decode(layout.writer_record(writer), storage.read(layout.writer_record(writer)))
+        doc = records.decode(layout.writer_record(writer), records.read(storage, layout.writer_record(writer)))
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, CorruptObjectError):
         return False

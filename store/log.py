@@ -11,12 +11,16 @@ import bisect
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from replaystore.errors import CorruptObjectError, StoreError
-from replaystore.store import layout, records
+from replaystore.store import bodies, layout, records
 from replaystore.store.fragment import Fragment
 from replaystore.store.storage import Storage
+
+if TYPE_CHECKING:
+    from replaystore.schemas import Schema
 
 CLOSE = "close"  # the kind of a writer's last record: no commit follows it (docs/FORMAT.md)
 CHECKPOINT = "checkpoint"  # the kind of a log checkpoint document
@@ -42,7 +46,13 @@ class WriterLog:
         """The writer's live fragments of ``table`` in row-id order (kept until they change)."""
         out = self._ordered.get(table)
         if out is None:
-            out = self._ordered[table] = sorted(self.fragments.get(table, {}).values(), key=_FIRST_ID)
+            out = sorted(self.fragments.get(table, {}).values(), key=_FIRST_ID)
+            for a, b in itertools.pairwise([f for f in out if f.rows]):
+                if a.row_start + a.rows > b.row_start:  # (their records would show twice)
+                    raise CorruptObjectError(layout.commits_dir(self.writer),
+                                             f"live fragments {a.name!r} and {b.name!r} of table {table!r} overlap "
+                                             f"(rows [{a.row_start}, {a.row_start + a.rows}) and from {b.row_start})")
+            self._ordered[table] = out
         return out
 
     def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
@@ -69,9 +79,12 @@ class CommitLog:
     reads them back when asked, and keeps them from then on.
     """
 
-    def __init__(self, storage: Storage, tables: list[str], *, checkpoints: bool = True) -> None:
+    def __init__(self, storage: Storage, tables: list[str] | Mapping[str, Schema], *, checkpoints: bool = True) -> None:
         self.storage = storage
-        self.tables = tables
+        self.tables = list(tables)
+        # the known tables, with their CSR offsets arrays where given schemas: what records are checked against
+        self.offsets: Mapping[str, Collection[str]] | Collection[str] = (
+            {t: tuple(s.offsets_groups) for t, s in tables.items()} if isinstance(tables, Mapping) else self.tables)
         self.writers: dict[int, WriterLog] = {}
         self.version = 0  # bumps whenever something new was applied
         self.time_ns = 0  # the latest commit time applied
@@ -121,9 +134,10 @@ class CommitLog:
                                       strict=True):
                     if data is None:  # records are created in order: none after it is applied yet
                         break
-                    body = records.decode(path, data)
+                    seq = self.writers[writer].next_seq + len(new.get(writer, ()))
+                    body = bodies.commit(path, records.decode(path, data), writer, seq, self.offsets)
                     new.setdefault(writer, []).append(body)
-                    if body.get("kind") == CLOSE:
+                    if body["kind"] == CLOSE:
                         break
                 else:
                     advancing.append(writer)
@@ -147,13 +161,15 @@ class CommitLog:
         wlog = self.writers[writer]
         for seq in [s for s in list(created) if s < wlog.next_seq]:  # (applied by a refresh)
             created.pop(seq, None)
-        bodies = []
-        while not wlog.closed and (data := created.pop(wlog.next_seq + len(bodies), None)) is not None:
-            bodies.append(records.decode(layout.commit_record(writer, wlog.next_seq + len(bodies)), data))
-            if bodies[-1].get("kind") == CLOSE:
+        docs = []
+        while not wlog.closed and (data := created.pop(wlog.next_seq + len(docs), None)) is not None:
+            seq = wlog.next_seq + len(docs)
+            path = layout.commit_record(writer, seq)
+            docs.append(bodies.commit(path, records.decode(path, data), writer, seq, self.offsets))
+            if docs[-1]["kind"] == CLOSE:
                 break
-        self._apply_new({writer: bodies} if bodies else {})
-        return bool(bodies)
+        self._apply_new({writer: docs} if docs else {})
+        return bool(docs)
 
     def _apply_new(self, new: dict[int, list[dict[str, Any]]]) -> None:
         """Apply each writer's next records ``new`` (decoded, in seq order)."""
@@ -202,17 +218,18 @@ class CommitLog:
         return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
 
     def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
-        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError."""
-        wanted = [(w, seq) for w in sorted(ends) for seq in range(ends[w])]
+        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError (raised
+        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd)."""
+        wanted = ((w, seq) for w in sorted(ends) for seq in range(ends[w]))
         out: list[CommitInfo] = []
-        for lo in range(0, len(wanted), HISTORY_BATCH):
-            chunk = wanted[lo:lo + HISTORY_BATCH]
+        while chunk := list(itertools.islice(wanted, HISTORY_BATCH)):
             paths = [layout.commit_record(w, seq) for w, seq in chunk]
-            for (w, seq), path, data in zip(chunk, paths, self.storage.read_many(paths), strict=True):
+            for (w, seq), path, data in zip(chunk, paths, self.storage.read_many(paths),
+                                            strict=True):
                 if data is None:
                     raise StoreError(f"{path}: commit record missing (records are never deleted); "
                                      "run replaystore verify")
-                out.append(CommitInfo(w, seq, records.decode(path, data)))
+                out.append(CommitInfo(w, seq, bodies.commit(path, records.decode(path, data), w, seq, self.offsets)))
         return out
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -228,11 +245,11 @@ class CommitLog:
         meanwhile (superseded) likewise: the commit records hold everything it summarised."""
         for number in reversed(self.checkpoint_numbers()):
             path = layout.checkpoint(number)
-            data = self.storage.read_many([path])[0]
-            if data is None:
-                continue
             try:
-                self.writers, self.time_ns = decode_checkpoint(path, data)
+                data = self.storage.read_many([path])[0]
+                if data is None:
+                    continue
+                self.writers, self.time_ns = decode_checkpoint(path, data, number, self.offsets)
             except CorruptObjectError:
                 continue
             self.checkpoint = number
@@ -299,18 +316,16 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
     })
 
 
-def decode_checkpoint(path: str, data: bytes) -> tuple[dict[int, WriterLog], int]:
-    """``(writers, latest commit time)`` of a checkpoint document; CorruptObjectError if it is
-    damaged or not a checkpoint."""
-    body = records.decode(path, data)
-    try:
-        if body["kind"] != CHECKPOINT:
-            raise CorruptObjectError(path, f"not a log checkpoint (kind {body['kind']!r})")
-        writers: dict[int, WriterLog] = {}
-        for key, doc in body["writers"].items():
-            w = int(key)
-            frags = {t: {d["name"]: Fragment.from_dict(w, t, d) for d in ds} for t, ds in doc["tables"].items()}
-            writers[w] = WriterLog(w, int(doc["next_seq"]), bool(doc["closed"]), frags)
-        return writers, int(body["time_ns"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CorruptObjectError(path, f"not a well-formed log checkpoint ({exc!r})") from None
+def decode_checkpoint(path: str, data: bytes, number: int | None = None,
+                      tables: Mapping[str, Collection[str]] | Collection[str] | None = None,
+                      ) -> tuple[dict[int, WriterLog], int]:
+    """``(writers, latest commit time)`` of checkpoint ``number`` (where given); CorruptObjectError
+    if it is damaged, not a checkpoint or malformed (store/bodies.py; ``tables``: the known
+    tables, with their CSR offsets arrays where a mapping)."""
+    body = bodies.checkpoint(path, records.decode(path, data), number, tables)
+    writers: dict[int, WriterLog] = {}
+    for key, doc in body["writers"].items():
+        w = int(key)
+        frags = {t: {d["name"]: Fragment.from_dict(w, t, d) for d in ds} for t, ds in doc["tables"].items()}
+        writers[w] = WriterLog(w, doc["next_seq"], doc["closed"], frags)
+    return writers, body["time_ns"]

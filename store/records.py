@@ -28,18 +28,36 @@ def encode(body: dict[str, Any]) -> bytes:
     return b"".join((_HEAD, raw, _TAIL, str(google_crc32c.value(raw)).encode(), b"}"))
 
 
+MAX_BYTES = 64 << 20
+"""The largest record document a reader accepts (the reference writer's are kilobytes)."""
+
+
 def decode(path: str, data: bytes) -> dict[str, Any]:
+    """The body of the record document ``data`` read from ``path``. Raises CorruptObjectError
+    naming ``path`` if it is over :data:`MAX_BYTES`, does not parse, fails its checksum or its
+    body is not a JSON object (what the body holds is checked by store/bodies.py).
+    Cost: one parse (two where the layout is not :func:`encode`'s)."""
+    if len(data) > MAX_BYTES:
+        raise CorruptObjectError(path, f"{len(data)} bytes: larger than any record ({MAX_BYTES} bytes at most)")
     body = _decode_canonical(data)
-    if body is not None:
-        return body
-    try:
-        doc = json.loads(data)
-        body, crc = doc["body"], doc["crc32c"]
-    except (ValueError, KeyError, TypeError):
-        raise CorruptObjectError(path, "not a replaystore record (truncated or garbage)") from None
-    if google_crc32c.value(_canonical(body)) != crc:
-        raise CorruptObjectError(path, "record checksum mismatch")
+    if body is None:
+        try:
+            doc = json.loads(data)
+            body, crc = doc["body"], doc["crc32c"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise CorruptObjectError(path, "not a replaystore record (truncated or garbage)") from None
+        if google_crc32c.value(_canonical(body)) != crc:
+            raise CorruptObjectError(path, "record checksum mismatch")
+    if not isinstance(body, dict):
+        raise CorruptObjectError(path, f"record body is a JSON {type(body).__name__}, not an object")
     return body
+
+
+def read(storage: Any, path: str) -> bytes:
+    """The bytes of record document ``path`` of ``storage`` (a Storage), refused with
+    CorruptObjectError if larger than :data:`MAX_BYTES` or (local storage) not a regular file;
+    FileNotFoundError if absent."""
+    return storage.read_capped(path, MAX_BYTES)
 
 
 def _decode_canonical(data: bytes) -> Any:
@@ -54,7 +72,7 @@ def _decode_canonical(data: bytes) -> Any:
         return None
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

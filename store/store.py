@@ -14,15 +14,15 @@ import numpy as np
 
 from replaystore.errors import (
     CorruptObjectError,
-    FormatVersionError,
     ReadOnlyError,
     SchemaMismatchError,
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
+    StoreReplacedError,
 )
 from replaystore.schemas import Columns, Schema
-from replaystore.store import chunkcache, layout, records
+from replaystore.store import bodies, chunkcache, layout, records
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
@@ -116,7 +116,7 @@ class Store:
         self.manifest = manifest
         self.schemas: dict[str, Schema] = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
         self.capacity: int | None = manifest["capacity"]
-        self.log = CommitLog(storage, list(self.schemas))
+        self.log = CommitLog(storage, self.schemas)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
@@ -203,7 +203,14 @@ class Store:
         return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
     def writer(self) -> Writer:
-        """A new writer (one per process; several processes may write at once)."""
+        """A new writer (one per process; several processes may write at once).
+
+        Raises StoreReplacedError if the store was replaced (``mode="w+"``) since this handle
+        opened it. Cost: one read of the manifest, then the registration.
+        """
+        if _read_manifest(self.storage) != self.manifest:
+            raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
+                                     "it; open it again")
         return Writer(self)
 
     @property
@@ -330,10 +337,9 @@ class Store:
             for version in reversed(versions):
                 path = layout.state_record(slot, version)
                 try:
-                    body = records.decode(path, self.storage.read(path))
-                    paths = {name: layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items()}
+                    body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
                     arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                              for name, p in paths.items()}
+                              for name, p in body["arrays"].items()}
                 except FileNotFoundError as exc:
                     if version not in self._state_versions(slot):
                         continue  # superseded and deleted meanwhile by a save (keep_last)
@@ -421,20 +427,13 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
 
 def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     try:
-        data = storage.read(layout.MANIFEST)
+        data = records.read(storage, layout.MANIFEST)
     except FileNotFoundError:
         return None
     except NotADirectoryError:
         raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
-    body = records.decode(layout.MANIFEST, data)
-    if body.get("format") != layout.FORMAT_NAME:
-        raise FormatVersionError(f"{storage.url}: not a replaystore store")
-    if body.get("format_version") not in layout.READ_VERSIONS:
-        raise FormatVersionError(f"{storage.url}: format version {body.get('format_version')!r}; this "
-                                 f"replaystore reads versions {layout.READ_VERSIONS}")
-    for table in body.get("tables") or {}:
-        layout.stored_name("table", table, layout.MANIFEST)
-    return body
+    # format and version first (FormatVersionError), then every field (CorruptObjectError)
+    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
 
 
 def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: str = "a",
@@ -445,7 +444,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     ``url`` is a local path or fsspec URL (``file://``, ``memory://``, ``s3://bucket/prefix``).
     ``schema`` is one Schema (table ``records``) or ``{table name: Schema}``; required to
     create, checked against the stored one otherwise. ``mode``: "r" read-only, "a" open
-    or create, "w" create (error if a store exists), "w+" replace. ``capacity``: None for
+    or create, "w" create (error if a store exists), "w+" replace a store (NotAStoreError,
+    deleting nothing, if the location holds something else; StoreReplacedError if another
+    opener is replacing it at the same time; docs/FORMAT.md, "Replacing a store"). ``capacity``: None for
     an unbounded dataset, N to keep the newest N records per table. ``cache``: where a
     reader keeps the chunk objects of a store on S3 (store/chunkcache.py): None, the default
     :class:`ChunkCache` (``$REPLAYSTORE_CACHE_DIR`` or ``~/.cache/replaystore``); a directory
@@ -464,9 +465,10 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
     if storage.local_path("") is not None:  # local files are read in place
         chunk_cache = None
-    if mode == "w+":
-        storage.check_create()  # refuse before deleting anything, not after
-        storage.delete("")
+    if mode == "w+":  # only a store is replaced, by one opener at a time (store/replace.py)
+        from replaystore.store.replace import clear_for_create
+
+        clear_for_create(storage)
     manifest = _read_manifest(storage)
     if manifest is None:
         if mode == "r":

@@ -13,7 +13,8 @@ Garbage comes in units, each judged and deleted whole:
 A unit goes only when it is older than ``older_than_s``: its age counts from the newest
 modification time of its objects and, for a removed fragment, of the commit record that
 removed it (storage clock: S3 LastModified, file mtimes). The listing is taken before the
-commit log is read, so anything committed before the listing counts as referenced.
+commit log is read, so anything committed before the listing counts as referenced; the log
+is read again right before deleting, and a unit a commit made since references is kept.
 Everything else (manifest, writer records, commit and state records, unknown names) is
 never touched.
 """
@@ -185,11 +186,21 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
     report.dry_run = dry_run
     if dry_run:
         return report
+    _keep_referenced(store, report)
     # only the objects judged, never a whole prefix: nothing written since the listing goes
     store.storage.delete_objects([o.path for u in report.deleted for o in u.objects])
     for unit in report.deleted:
         _prune_empty_dirs(store, unit)
     return report
+
+
+def _keep_referenced(store: Store, report: VacuumReport) -> None:
+    """Read the log again right before deleting and keep every fragment unit that a commit
+    created since :func:`find_garbage` read it references (its objects were listed before that
+    commit existed). Cost: one refresh (the records created since)."""
+    store.refresh()
+    live, _ = _live_fragments(store)
+    report.deleted = [u for u in report.deleted if not (u.kind == "fragment" and u.path in live)]
 
 
 def _empty_fragment_dirs(store: Store) -> dict[str, int]:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
-from replaystore.store import layout, records
+from replaystore.store import bodies, layout, records
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
-from replaystore.store.log import decode_checkpoint
+from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
@@ -28,26 +29,63 @@ class Problem:
         return f"{self.path}: {self.problem}"
 
 
-def _check_record(store: Store, path: str) -> Problem | None:
+def _check_record(store: Store, path: str,
+                  check: Callable[[dict[str, Any]], object] | None = None) -> Problem | None:
+    """A record document reads back whole and its body passes ``check`` (store/bodies.py)."""
     try:
-        records.decode(path, store.storage.read(path))
+        body = records.decode(path, records.read(store.storage, path))
+        if check is not None:
+            check(body)
     except FileNotFoundError:
         return Problem(path, "missing")
     except CorruptObjectError as exc:
-        return Problem(path, str(exc).split(": ", 1)[-1])
+        return Problem(exc.path, str(exc).split(": ", 1)[-1])
     return None
 
 
-def _check_checkpoint(store: Store, number: int) -> list[Problem]:
+def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
+    """Writer ``writer``'s commit records: each well-formed and in its place, numbered densely from
+    0, none after a close record (readers stop at a gap or a close, so records beyond either
+    never show). Also the number of records listed."""
+    problems: list[Problem] = []
+    directory = layout.commits_dir(writer)
+    seqs = sorted(int(n[:-5]) for n in store.storage.list(directory) if n.endswith(".json") and n[:-5].isdigit())
+    closed_at = None
+    for seq in seqs:
+        path = layout.commit_record(writer, seq)
+        kind: list[str] = []
+        p = _check_record(store, path, lambda b, s=seq: kind.append(
+            bodies.commit(path, b, writer, s, store.log.offsets)["kind"]))
+        if p:
+            problems.append(p)
+        elif kind[0] == CLOSE and closed_at is None:
+            closed_at = seq
+    if seqs and seqs[-1] != len(seqs) - 1:
+        gap = next(i for i, s in enumerate(seqs) if s != i)
+        problems.append(Problem(directory, f"commit {gap} is missing: readers stop there and never show the "
+                                           f"{len(seqs) - gap} record(s) after it"))
+    if closed_at is not None and seqs[-1] > closed_at:
+        problems.append(Problem(directory, f"{seqs[-1] - closed_at} commit record(s) after the close record "
+                                           f"(commit {closed_at}): readers stop at a close and never show them"))
+    return problems, len(seqs)
+
+
+def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list[Problem]:
     """A log checkpoint reads back whole and holds exactly what the commit records it
-    summarises say (each writer's next seq, closed flag and live fragments)."""
+    summarises say (each writer's next seq, closed flag and live fragments); ``listed``: the
+    number of commit records listed per writer."""
     path = layout.checkpoint(number)
     try:
-        writers, _ = decode_checkpoint(path, store.storage.read(path))
+        writers, _ = decode_checkpoint(path, records.read(store.storage, path), number, store.log.offsets)
     except FileNotFoundError:
         return []  # superseded and deleted since the listing
     except CorruptObjectError as exc:
         return [Problem(path, str(exc).split(": ", 1)[-1])]
+    beyond = [w for w, wlog in sorted(writers.items()) if wlog.next_seq > listed.get(w, 0)]
+    if beyond:
+        w = beyond[0]
+        return [Problem(path, f"its commit records cannot be read back: it summarises writer {w}'s records "
+                              f"0..{writers[w].next_seq - 1}, but {listed.get(w, 0)} are listed")]
     try:
         replayed = store.log.state_at({w: wlog.next_seq for w, wlog in writers.items()})
     except ReplayStoreError as exc:
@@ -178,31 +216,53 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
+def _replay(store: Store) -> None:
+    """Apply every commit record from the first, as a reader opening without a checkpoint does,
+    and order each table's live fragments (raises on a log that no reader can apply: records
+    of another writer, overlapping live fragments), whatever ``store`` has applied already.
+    Cost: every commit record read once more."""
+    log = CommitLog(store.storage, store.schemas, checkpoints=False)
+    log.refresh()
+    for table in store.tables:
+        log.fragments(table)
+
+
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
     """Every problem found; empty means everything reads back and every checksum matches.
 
     ``progress`` is called with the number of fragments checked so far.
     """
     problems: list[Problem] = []
+    storage = store.storage
     # a writer directory with neither its record nor a commit is a registration killed before its
     # record was created: a crash leftover, not damage (its commits would need the record first)
-    registered = [w for w in store.log.writers
-                  if store.storage.exists(layout.writer_record(w)) or store.storage.list(layout.commits_dir(w))]
-    for path in [layout.MANIFEST] + [layout.writer_record(w) for w in registered]:
-        p = _check_record(store, path)
+    listed = {int(n) for n in storage.list(layout.WRITERS) if n.isdigit()} | set(store.log.writers)
+    registered = sorted(w for w in listed
+                        if storage.exists(layout.writer_record(w)) or storage.list(layout.commits_dir(w)))
+    p = _check_record(store, layout.MANIFEST, lambda b: bodies.manifest(store.url, layout.MANIFEST, b))
+    if p:
+        problems.append(p)
+    capacities: dict[int, Any] = {}
+    for w in registered:
+        p = _check_record(store, layout.writer_record(w), lambda b, w=w: capacities.__setitem__(
+            w, bodies.registration(layout.writer_record(w), b, w).get("capacity", store.capacity)))
         if p:
             problems.append(p)
-    for w in sorted(registered):
-        for name in store.storage.list(layout.commits_dir(w)):
-            p = _check_record(store, f"{layout.commits_dir(w)}/{name}")
-            if p:
-                problems.append(p)
+    for w, cap in capacities.items():
+        if cap != store.capacity:
+            problems.append(Problem(layout.MANIFEST, f"capacity {store.capacity!r}, but writer {w} registered "
+                                                     f"under capacity {cap!r}: the manifest was changed"))
+    counts: dict[int, int] = {}
+    for w in registered:
+        found, counts[w] = _check_commits(store, w)
+        problems += found
     for number in store.log.checkpoint_numbers():
-        problems += _check_checkpoint(store, number)
+        problems += _check_checkpoint(store, number, counts)
     try:
         store.refresh()
+        _replay(store)
     except ReplayStoreError as exc:
-        problems.append(Problem(getattr(exc, "path", store.url), str(exc)))
+        problems.append(Problem(getattr(exc, "path", store.url), str(exc).split(": ", 1)[-1]))
         return problems
     for slot in store.storage.list(layout.STATE):
         problem = layout.name_problem("state slot", slot)
@@ -211,7 +271,9 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
             continue
         for name in store.storage.list(layout.state_dir(slot)):
             if name.endswith(".json"):
-                p = _check_record(store, f"{layout.state_dir(slot)}/{name}")
+                path = f"{layout.state_dir(slot)}/{name}"
+                p = _check_record(store, path, None if not name[:-5].isdigit() else (
+                    lambda b, s=slot, v=int(name[:-5]), path=path: bodies.state(path, b, s, v)))
                 if p:
                     problems.append(p)
     checked = 0

@@ -19,7 +19,7 @@ import numpy as np
 from replaystore.errors import ReadOnlyError, StepOrderError, StoreError, StreamKeyError
 from replaystore.schemas import Columns, episode_columns, rollout_columns, validate_tables
 from replaystore.schemas.validate import batch_items, to_numpy
-from replaystore.store import layout, liveness, records, retention
+from replaystore.store import bodies, layout, liveness, records, retention
 from replaystore.store.compaction import due_run, full_runs, rewrite
 from replaystore.store.fragment import Fragment, coalesce
 from replaystore.store.log import CLOSE
@@ -109,8 +109,13 @@ class Writer:
         self.closed = False
 
     def _register(self) -> int:
-        n = len(self.storage.list(layout.WRITERS))
-        doc = liveness.registration(self.storage)
+        """Take the next free writer number; its registration records the capacity this writer
+        works under. CorruptObjectError, registering nothing, where the manifest's capacity
+        differs from one an earlier writer registered under (:func:`bodies.check_capacity`)."""
+        names = self.storage.list(layout.WRITERS)
+        bodies.check_capacity(self.storage, self.store.capacity, names)
+        n = len(names)
+        doc = {**liveness.registration(self.storage), "capacity": self.store.capacity}
         while True:
             if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
                 return n

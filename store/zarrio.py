@@ -15,7 +15,7 @@ from typing import IO
 import google_crc32c
 import numpy as np
 
-from replaystore.errors import StaleReadError
+from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.storage import Buffer, ObjectStream, Storage
 
 CRC_BYTES = 4
@@ -128,6 +128,9 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
             return storage.read_array(cpath, dtype, shape, offset)
         except FileNotFoundError:
             raise missing_chunk(cpath) from None
+        except ValueError:  # the object is shorter than its commit record says (mmap, frombuffer)
+            raise CorruptObjectError(cpath, f"shorter than the {shape[0]} rows from row {first} its commit record "
+                                            "declares (run replaystore verify)") from None
     got = open_cached(storage, cpath, dtype, shape, checksum)
     if isinstance(got, bytes):  # the cache could not keep it
         return np.frombuffer(got, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from replaystore.errors import ReplayStoreError
+from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store.chunkcache import StoreCache
 
 
@@ -29,6 +29,10 @@ class StorageUnavailableError(StorageError, OSError):
     """The storage backend could not be reached or refused the request: no credentials, an
     unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write
     is; the operation that met it changed nothing visible."""
+
+
+def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
+    return CorruptObjectError(path, f"{size} bytes: larger than any record document ({limit} bytes at most)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,15 @@ class Storage(abc.ABC):
         data = self.read(path)
         with open(local, "wb") as f:
             f.write(data)
+
+    def read_capped(self, path: str, limit: int) -> bytes:
+        """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes
+        (a record document: its readers never take an unbounded read); FileNotFoundError if
+        absent. This default checks after reading; local storage checks before."""
+        data = self.read(path)
+        if len(data) > limit:
+            raise _too_large(path, len(data), limit)
+        return data
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
         """Each object whole, None where absent (any other error raises). Object stores read them

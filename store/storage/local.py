@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar
 
-from replaystore.errors import UnsafeNameError
-from replaystore.store.storage.base import Buffer, ObjectStream, Storage
+from replaystore.errors import CorruptObjectError, UnsafeNameError
+from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_large
 
 
 def _raise_open_file_limit() -> None:
@@ -26,6 +27,14 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the limit
         pass
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 class _FileStream(ObjectStream):
@@ -89,18 +98,32 @@ class LocalStorage(Storage):
             raise UnsafeNameError(path, "not a relative path inside the store (absolute, '..', '.', '//' or NUL)")
         return os.path.join(self.root, *parts)
 
-    def _inside(self, path: str) -> str:
+    def _inside(self, path: str, follow_last: bool = True) -> str:
         """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
         every write, delete and data read (a link planted in a store cannot redirect them).
-        Cost: one ``realpath`` (an lstat per path component)."""
+        ``follow_last=False`` checks only the directories on the way (a delete removes a link
+        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component)."""
         full = self._p(path)
-        real = os.path.realpath(full)
+        real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
         if real != self.real_root and not real.startswith(self.real_root + os.sep):
             raise UnsafeNameError(path, f"leads outside the store root through a symbolic link (to {real})")
         return full
 
     def read(self, path: str) -> bytes:
-        with open(self._inside(path), "rb") as f:
+        """The whole file; CorruptObjectError, without reading, where ``path`` is not a regular
+        file (a FIFO, a device, a directory, a symlink to one): it is opened non-blocking and
+        checked with ``fstat`` first, so a FIFO never blocks and ``/dev/zero`` is never read."""
+        return self.read_capped(path, None)
+
+    def read_capped(self, path: str, limit: int | None) -> bytes:
+        """:meth:`read`, refused before reading where the file is over ``limit`` bytes."""
+        fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb", closefd=True) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptObjectError(path, f"not a regular file ({_file_kind(st.st_mode)}): refused unread")
+            if limit is not None and st.st_size > limit:
+                raise _too_large(path, st.st_size, limit)
             return f.read()
 
     def _fsync_dir(self, directory: str) -> None:
@@ -335,8 +358,8 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         import shutil
 
-        full = self._inside(path)
-        if os.path.isdir(full):
+        full = self._inside(path, follow_last=False)
+        if os.path.isdir(full) and not os.path.islink(full):  # a link is removed, never followed
             shutil.rmtree(full, ignore_errors=True)
             with self._dir_lock:  # a directory made again at this path has an entry of unknown durability
                 gone = [d for d in (*self._durable, *self._dirty) if d == full or d.startswith(full + os.sep)]

@@ -102,7 +102,7 @@ class FsspecStorage(Storage):
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         try:
-            self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self.fs, root = fsspec.core.url_to_fs(self.url, **_fresh_listings(self.url, self.storage_options))
         except ImportError as exc:
             raise StorageURLError(f"{url}: the filesystem's package is not installed ({exc}); for s3:// "
                                "install replaystore[s3]") from None
@@ -264,6 +264,11 @@ class FsspecStorage(Storage):
             except FileNotFoundError:
                 pass
 
+    def total_size(self, prefix: str = "") -> int:
+        """Bytes stored under ``prefix``: the sizes one recursive listing reports (S3: one ``LIST``
+        per 1000 objects), so an object deleted meanwhile (a compaction's originals) is no error."""
+        return sum(o.size for o in self.walk(prefix))
+
     def walk(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix`` with its size and modification time (S3: LastModified)."""
         full = self._p(prefix)
@@ -281,6 +286,24 @@ class FsspecStorage(Storage):
             rel = name.lstrip("/")[len(base.lstrip("/")):].lstrip("/")
             out.append(ObjectInfo(rel, int(info.get("size") or 0), _mtime_ns(info)))
         return sorted(out, key=lambda o: o.path)
+
+
+def _fresh_listings(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` for an S3 URL with s3fs's listings cache (its ``dircache``) turned off.
+
+    s3fs keeps every listing it made (``ls``, ``find``) per filesystem instance, and fsspec
+    shares one instance among all calls with equal options in a process. With the cache on,
+    ``info``/``exists``/``size``, and ``cat_file`` (which asks for the size first), answer
+    "absent" for any object created after its directory was listed, without asking the
+    server: a commit record created by another process after a listing (vacuum's, ``info``'s,
+    ``verify``'s) would read as absent and a refresh would miss it. The format trusts no
+    listing that may be stale (docs/FORMAT.md, "Object storage"), so the cache is off here
+    whatever the caller passed; it costs nothing the format relies on (every listing it
+    makes is a fresh ``LIST``). Other URLs are returned unchanged.
+    """
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        return {**options, "use_listings_cache": False}
+    return dict(options)
 
 
 def _s3_error(exc: BaseException) -> tuple[str, int | None]:

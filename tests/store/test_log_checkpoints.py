@@ -80,8 +80,11 @@ def test_open_starts_from_the_newest_checkpoint_and_reads_no_record_before_it(ba
     with pytest.raises(StoreError, match="commit record missing"):
         again.commits()  # the history is read from the records, and one is gone
     problems = verify(again)  # both checkpoints summarise records that are gone
-    assert [p.path for p in problems] == [layout.checkpoint(n) for n in numbers]
-    assert all("commit records cannot be read back" in p.problem for p in problems)
+    ours = [p for p in problems if p.path.startswith(layout.CHECKPOINTS)]
+    assert [p.path for p in ours] == [layout.checkpoint(n) for n in numbers]
+    assert all("commit records cannot be read back" in p.problem for p in ours)
+    # and the writers whose first records are gone: readers without the checkpoint stop at the gap
+    assert all(p.path.startswith(layout.WRITERS) and "is missing" in p.problem for p in problems if p not in ours)
 
 
 def test_a_store_keeps_growing_from_a_checkpoint_and_a_writer_continues_its_streams(backend: Backend) -> None:
@@ -164,7 +167,9 @@ def test_verify_reports_a_checkpoint_that_differs_from_its_records(fast_backend:
         assert storage.create(layout.checkpoint(newest), encode_checkpoint(newest, {int(writer): wlog}, doc["time_ns"]))
         problems = verify(fast_backend.open(mode="r"))
         assert [p.path for p in problems] == [layout.checkpoint(newest)], mutate
-        assert "differs from writer" in problems[0].problem
+        # (a next_seq moved below a live fragment's part is malformed on its face: refused when decoded)
+        assert ("differs from writer" in problems[0].problem or
+                mutate == "move next_seq" and ".parts[" in problems[0].problem), problems
     storage.delete(layout.checkpoint(newest))
     assert storage.create(layout.checkpoint(newest), good)
     assert verify(fast_backend.open(mode="r")) == []

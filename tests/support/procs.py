@@ -25,6 +25,8 @@ Roles:
   content and prints a JSON summary: the keys it won, and every exception (none expected).
 - ``register-writer``: opens the store, prints ``ready``, waits for the gate, then
   registers a writer, appends one batch and commits; prints a JSON summary.
+- ``replace-racer``: opens a store with mode "w+" and its own schema once released, reports
+  whether it opened, then (at EOF on stdin) writes one batch if it did; see :func:`replace_racer`.
 - ``idle-writer``: commits one :func:`crash_batch` to its stream, prints ``c <writer id> 1`` and
   waits; each line on stdin makes it commit the next batch and print ``c <writer id> <batches>``;
   at EOF it closes its writer and exits. The parent kills it, or keeps it alive, while waiting.
@@ -362,11 +364,51 @@ def register_writer(url: str, storage_options: dict | None, seed: int, tag: str)
     _say(json.dumps({"tag": tag, "writer": w.id, "rows": list(result.rows["records"])}))
 
 
-def idle_writer(url: str, seed: int, tag: str, max_records: int, spares: bool = False) -> None:
+def replace_racer(url: str, storage_options: dict | None, seed: int, i: int) -> None:
+    """Open ``url`` with mode "w+" and schema :func:`racer_schema` ``(i)`` once released (one line on
+    stdin), print a JSON line (``error``: the exception's class name, or null); at EOF, if it
+    opened, register a writer and commit :func:`racer_batch` ``(seed, i)``, then print another."""
+    from replaystore.errors import ReplayStoreError
+    from replaystore.store.storage import open_storage
+
+    open_storage(url, storage_options).check_create()  # the endpoint probe, before the gate
+    _gate()
+    try:
+        st = open_store(url, racer_schema(i), mode="w+", storage_options=storage_options)
+        error = None
+    except ReplayStoreError as exc:
+        st, error = None, type(exc).__name__
+    _say(json.dumps({"i": i, "error": error}))
+    sys.stdin.readline()  # the second gate: EOF
+    wrote, error = False, None
+    if st is not None:
+        try:
+            w = st.writer()
+            w.append(racer_batch(seed, i), stream=f"r{i}")
+            w.commit()
+            w.close()
+            wrote = True
+        except ReplayStoreError as exc:
+            error = type(exc).__name__
+    _say(json.dumps({"i": i, "wrote": wrote, "error": error}))
+
+
+def racer_schema(i: int) -> Schema:
+    """Racer ``i``'s schema: each racer's differs (its observation size)."""
+    return dqn(observation_size=OBS + i, heads=HEADS, actions=ACTIONS)
+
+
+def racer_batch(seed: int, i: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, i])
+    return as_arrays(dqn_batch(rng, 5, observation_size=OBS + i, heads=HEADS, actions=ACTIONS, extra=0))
+
+
+def idle_writer(url: str, seed: int, tag: str, max_records: int, storage_options: dict | None = None,
+                spares: bool = False) -> None:
     """Commit batch 0 of ``tag`` to stream ``tag`` and print ``c <writer id> 1``; then, per line on
     stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit.
     With ``spares``, each report waits until the writer's spare segments being created exist."""
-    w = open_store(url, mode="a").writer()
+    w = open_store(url, mode="a", storage_options=storage_options).writer()
     i = 0
     while True:
         w.append(crash_batch(seed, tag, i, max_records), stream=tag)
@@ -554,7 +596,7 @@ class Child:
 
 ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
          "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer,
-         "idle-writer": idle_writer, "state-saver": state_saver}
+         "idle-writer": idle_writer, "replace-racer": replace_racer, "state-saver": state_saver}
 
 
 def main(argv: list[str]) -> None:
