@@ -175,7 +175,8 @@ class StoreSampler(Sampler[Request]):
         self.batches_drawn = int(state["batches_drawn"])
 
     def save(self) -> int:
-        """Persist :meth:`state_dict` into the store's state slot ``name``; returns its version."""
+        """Persist :meth:`state_dict` into the store's state slot ``name``; returns its version. The
+        slot keeps its newest two versions (``Store.save_state``'s ``keep_last``)."""
         state = self.state_dict()
         arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
         doc = {k: v for k, v in state.items() if k not in arrays}

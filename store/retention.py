@@ -5,7 +5,8 @@ lies beyond it and a grace margin (:func:`reclaimable`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -69,3 +70,14 @@ def reclaimable(counts: list[tuple[Fragment, int]], writer: int, writing: set[st
                 or (name not in writing if owner == writer else is_gone(owner))):
             paths.add(backed[0].path)
     return paths
+
+
+_SEGMENT_NAME = re.compile(r"s[0-9]{10}")
+
+
+def unreferenced_segments(names: Iterable[str], live: set[str]) -> list[str]:
+    """Of the names listed under a gone writer's ``data/<table>/`` (``names``: data, validated
+    here), its segments no live fragment of its final log is backed by (``live``): spares, a
+    segment its last uncommitted appends went to, segments it retired and did not finish
+    deleting (docs/FORMAT.md, "Capacity and reclamation"). Cost: the names."""
+    return sorted(n for n in names if _SEGMENT_NAME.fullmatch(n) and n not in live)

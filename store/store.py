@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from replaystore.store.vacuum import VacuumReport
 
 MODES = ("r", "a", "w", "w+")
+STATE_KEEP_LAST = 2
+"""Versions of a state slot kept by default (``save_state``, ``vacuum``)."""
 DEFAULT_TABLE = "records"
 
 
@@ -244,13 +246,24 @@ class Store:
         return connect(self, connection, unsafe=unsafe)
 
     # -- state slots -------------------------------------------------------------------
-    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> int:
-        """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version."""
+    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
+                   keep_last: int = STATE_KEEP_LAST) -> int:
+        """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version.
+
+        Parameters: ``slot``, a non-empty name without '/'; ``doc``, a JSON document; ``arrays``,
+        named arrays; ``keep_last``, how many versions of the slot to keep (>= 1): once the new
+        version's record exists, the versions older than the newest ``keep_last`` are deleted,
+        each record before its arrays (docs/FORMAT.md, "State slots").
+        Returns the new version number. Raises ReadOnlyError (mode 'r'), StoreError (bad
+        ``slot`` or ``keep_last``). Cost: one object per array and one record, plus a listing
+        of the slot and the deletion of what it no longer keeps.
+        """
         if self.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
         layout.given_name("state slot", slot, "save_state slot")
         for name in arrays or {}:
             layout.given_name("state array", name, "save_state arrays")
+        _check_keep_last(keep_last)
         doc = records.json_document("state", dict(doc))
         token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
         names = {}
@@ -265,8 +278,28 @@ class Store:
         while True:
             body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names}
             if self.storage.create(layout.state_record(slot, version), records.encode(body)):
-                return version
+                break
             version += 1
+        self._drop_states(slot, version, keep_last)
+        return version
+
+    def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
+        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved`` (just
+        created, intact): each record first, then its arrays, so that a crash at any instant
+        leaves every remaining record whole (arrays of a deleted record are vacuum's)."""
+        # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
+        older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
+        for version in older:
+            path = layout.state_record(slot, version)
+            try:
+                body = records.decode(path, self.storage.read(path))
+                payloads = {"/".join(layout.state_payload_of(slot, name, p, path).split("/")[:3])
+                            for name, p in body["arrays"].items()}
+            except (CorruptObjectError, FileNotFoundError, KeyError, TypeError, AttributeError):
+                payloads = set()  # (damaged or unsafe: its arrays, if any, are left to vacuum)
+            self.storage.delete(path)
+            for payload in sorted(payloads):
+                self.storage.delete(payload)
 
     def _state_versions(self, slot: str) -> list[int]:
         return sorted(int(n[:-5]) for n in self.storage.list(layout.state_dir(slot))
@@ -275,42 +308,73 @@ class Store:
     def _latest_state(self, slot: str) -> int:
         return max(self._state_versions(slot), default=-1)
 
+    def state_slots(self) -> dict[str, dict[str, Any]]:
+        """Every state slot: ``{slot: {"versions": [V, ...], "bytes": n}}``, versions ascending,
+        bytes stored under the slot (records and arrays). Cost: a listing of ``state/`` and of
+        each slot."""
+        out = {}
+        for slot in self.storage.list(layout.STATE):
+            versions = self._state_versions(slot)
+            if versions:
+                out[slot] = {"versions": versions, "bytes": self.storage.total_size(layout.state_dir(slot))}
+        return out
+
     def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
         """The latest saved ``(doc, arrays)`` of a slot, or None if it was never saved.
 
         A damaged latest record (or one whose arrays are missing) is skipped with a
-        warning naming it, and the newest intact version is returned instead.
+        warning naming it, and the newest intact version is returned instead. Versions that
+        a concurrent save deleted while this load read them are not damage: the slot is
+        listed again. Cost: a listing and the newest intact version's objects.
         """
         layout.given_name("state slot", slot, "load_state slot")
-        for version in reversed(self._state_versions(slot)):
-            path = layout.state_record(slot, version)
-            try:
-                body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
-                arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                          for name, p in body["arrays"].items()}
-            except (CorruptObjectError, FileNotFoundError, ValueError) as exc:
-                warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
-                continue
-            return body["doc"], arrays
-        return None
+        seen = -1
+        while True:
+            versions = self._state_versions(slot)
+            if not versions or versions[-1] <= seen:
+                return None
+            seen = versions[-1]
+            for version in reversed(versions):
+                path = layout.state_record(slot, version)
+                try:
+                    body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
+                    arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
+                              for name, p in body["arrays"].items()}
+                except FileNotFoundError as exc:
+                    if version not in self._state_versions(slot):
+                        continue  # superseded and deleted meanwhile by a save (keep_last)
+                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
+                    continue
+                except (CorruptObjectError, ValueError) as exc:
+                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
+                    continue
+                return body["doc"], arrays
 
     # -- storage ---------------------------------------------------------------------------
-    def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False) -> VacuumReport:
+    def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False,
+               state_keep_last: int = STATE_KEEP_LAST) -> VacuumReport:
         """Delete objects no live commit references, once older than ``older_than_s`` (docs/FORMAT.md, "Vacuum").
 
         Removes crashed writers' uncommitted fragments, compacted-away and retired fragments,
-        unnamed state payloads and temporary objects. ``dry_run`` deletes nothing; the report
+        unnamed state payloads, state versions older than each slot's newest ``state_keep_last``
+        and temporary objects. ``dry_run`` deletes nothing; the report
         lists what was (or would be) deleted with its bytes, and what was too recent.
         """
         from replaystore.store.vacuum import vacuum
 
         if self.mode == "r" and not dry_run:
             raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
-        return vacuum(self, older_than_s, dry_run)
+        return vacuum(self, older_than_s, dry_run, state_keep_last)
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        """Schema, record counts, streams, writers, capacity, size on disk, format version."""
+        """Schema, record counts, streams, writers, capacity, size, state slots, format version.
+
+        ``bytes`` is the storage the store occupies (local: allocated blocks), ``apparent_bytes``
+        the sum of its objects' sizes (local: file sizes, counting the unwritten, sparse tail
+        of open segments; on object storage the two are equal). ``state`` is
+        :meth:`state_slots`. Cost: a walk of the store's files and a listing of each slot.
+        """
         self.refresh()
         return {
             "url": self.url,
@@ -322,6 +386,8 @@ class Store:
             "commits": sum(w.next_seq - w.closed for w in self.log.writers.values()),
             "log_checkpoint": self.log.checkpoint,
             "bytes": self.storage.total_size(),
+            "apparent_bytes": self.storage.apparent_size(),
+            "state": self.state_slots(),
             # where this reader caches the store's chunk objects, and how much of them it holds
             "chunk_cache": None if self.storage.cache is None else {
                 "directory": self.storage.cache.root, "bytes": self.storage.cache.size()},
@@ -340,6 +406,11 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
+
+
+def _check_keep_last(keep_last: int) -> None:
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise StoreError(f"keep_last: expected an int >= 1 (state versions to keep), got {keep_last!r}")
 
 
 def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Schema] | None:

@@ -5,6 +5,9 @@ Garbage comes in units, each judged and deleted whole:
 - a fragment directory no live commit lists: a crashed writer's uncommitted fragment, or
   one a later commit removed (compacted-away originals, retired evictions);
 - a state payload directory no state record names (a saver that died before its record);
+- a superseded state version: a state record older than its slot's newest ``state_keep_last``,
+  with the payload directories it names (record first, so a crash leaves no record without
+  its arrays);
 - a temporary object (``.tmp-`` name) left by a create that was killed.
 
 A unit goes only when it is older than ``older_than_s``: its age counts from the newest
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from replaystore.store.store import Store
 
 DEFAULT_OLDER_THAN_S = 3600.0
+DEFAULT_STATE_KEEP_LAST = 2  # (store.STATE_KEEP_LAST: this module is imported by store.py lazily)
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class Unit:
     """One piece of garbage: a directory of objects or a single temporary object."""
 
     path: str
-    kind: str  # "fragment" | "payload" | "temporary"
+    kind: str  # "fragment" | "payload" | "state" | "temporary"
     objects: tuple[ObjectInfo, ...]
     since_ns: int  # unreferenced since (newest of its objects' times and its removing commit's)
 
@@ -105,14 +109,47 @@ def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], 
     return named, unreadable
 
 
-def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S) -> VacuumReport:
+def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
+                       unreadable: set[str]) -> dict[str, list[ObjectInfo]]:
+    """State record path -> the record and its payload objects, for each record older than its slot's
+    newest ``keep_last`` (slots with an unreadable record are left whole)."""
+    versions: dict[str, list[tuple[int, ObjectInfo]]] = {}
+    payloads: dict[str, list[ObjectInfo]] = {}
+    for o in objects:
+        parts = o.path.split("/")
+        if parts[0] != layout.STATE or len(parts) < 3 or parts[1] in unreadable:
+            continue
+        if len(parts) == 3 and parts[2].endswith(".json") and parts[2][:-5].isdigit():
+            versions.setdefault(parts[1], []).append((int(parts[2][:-5]), o))
+        elif len(parts) > 3 and parts[2].startswith("payload-"):
+            payloads.setdefault("/".join(parts[:3]), []).append(o)
+    out: dict[str, list[ObjectInfo]] = {}
+    for slot, found in versions.items():
+        for _, record in sorted(found, key=lambda vo: vo[0])[:-keep_last]:
+            try:
+                body = records.decode(record.path, store.storage.read(record.path))
+            except FileNotFoundError:  # (deleted since the listing: by a save that superseded it)
+                continue
+            dirs = {"/".join(p.split("/")[:3]) for p in body["arrays"].values()}
+            out[record.path] = [record, *(o for d in sorted(dirs) for o in payloads.get(d, []))]
+    return out
+
+
+def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
+                 state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
     """Classify the store's unreferenced objects (deletes nothing); ``deleted`` lists what vacuum would delete."""
     if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not older_than_s >= 0:
         raise StoreError(f"older_than_s: expected a number of seconds >= 0, got {older_than_s!r}")
+    if isinstance(state_keep_last, bool) or not isinstance(state_keep_last, int) or state_keep_last < 1:
+        raise StoreError(f"state_keep_last: expected an int >= 1 (state versions to keep), got {state_keep_last!r}")
     objects = store.storage.walk("")  # first the listing, then the log: what is listed and committed is kept
     store.refresh()
     live, removed = _live_fragments(store)
     named, unreadable = _named_payloads(store, objects)
+    superseded = _superseded_states(store, objects, state_keep_last, unreadable)
+    in_superseded = {o.path for objs in superseded.values() for o in objs}
+    named -= {"/".join(p.split("/")[:3]) for p in in_superseded if p.count("/") > 2}
+    objects = [o for o in objects if o.path not in in_superseded]
     mtimes = {o.path: o.mtime_ns for o in objects}
     units: dict[tuple[str, str], list[ObjectInfo]] = {}
     for o in objects:
@@ -125,6 +162,8 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S) -> Va
         if kind == "payload" and (path in named or path.split("/")[1] in unreadable):
             continue
         units.setdefault(unit, []).append(o)
+    for path, objs in superseded.items():
+        units[(path, "state")] = objs
     for path, mtime in _empty_fragment_dirs(store).items():
         if path not in live:
             units[(path, "fragment")] = []
@@ -140,9 +179,10 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S) -> Va
     return report
 
 
-def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False) -> VacuumReport:
+def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
+           state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
     """Delete every garbage unit older than ``older_than_s`` (see the module doc); the report lists them."""
-    report = find_garbage(store, older_than_s)
+    report = find_garbage(store, older_than_s, state_keep_last)
     report.dry_run = dry_run
     if dry_run:
         return report
@@ -186,6 +226,10 @@ def _empty_fragment_dirs(store: Store) -> dict[str, int]:
 
 def _prune_empty_dirs(store: Store, unit: Unit) -> None:
     """Remove a deleted unit's now-empty directories (local filesystems; object stores have none)."""
+    if unit.kind == "state":  # a record and its payload directories
+        for path in sorted({"/".join(o.path.split("/")[:3]) for o in unit.objects[1:]}):
+            _prune_empty_dirs(store, Unit(path, "payload", (), unit.since_ns))
+        return
     top = store.storage.local_path(unit.path)
     if top is None or unit.kind == "temporary" or not os.path.isdir(top):
         return

@@ -77,6 +77,7 @@ class Writer:
         # released by close(), or when the writer is collected unclosed (it is then gone)
         self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd is not None else None
         self._dead: set[int] = set()  # other writers found dead: their segments are reclaimable
+        self._swept: set[int] = set()  # dead writers whose unreferenced segments (spares) were deleted
         self.seq = 0
         self.next_row = dict.fromkeys(store.schemas, 0)
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
@@ -603,6 +604,24 @@ class Writer:
             self._seal_if_evicted(table, counts)
             for path in sorted(retention.reclaimable(counts, self.id, mine, self._is_gone)):
                 self._delete_later(path)
+        for writer in sorted(self._dead - self._swept):
+            self._sweep(writer)
+
+    def _sweep(self, writer: int) -> None:
+        """Delete the segments of dead writer ``writer`` that its log does not reference: its spares
+        and the segment of appends it never committed (docs/FORMAT.md, "Capacity and reclamation").
+        Its death was proved first, so its log is final: the directories are listed, then the log
+        is read, and a segment committed before it died is seen as referenced. Once per writer.
+        Cost: a listing per table and a refresh of the log."""
+        self._swept.add(writer)
+        listed = {t: self.storage.list(f"{layout.writer_dir(writer)}/data/{t}") for t in self.store.schemas}
+        self.store.refresh()
+        wlog = self.store.log.writers.get(writer)
+        for table, names in listed.items():
+            frags = wlog.fragments.get(table, {}).values() if wlog is not None else ()
+            live = {f.segment.name if f.segment is not None else f.name for f in frags}
+            for name in retention.unreferenced_segments(names, live):
+                self._delete_later(layout.fragment_dir(writer, table, name))
 
     def _seal_if_evicted(self, table: str, counts: list[tuple[Fragment, int]]) -> None:
         """Seal the table's open segment once eviction has reached its records (``counts``: each

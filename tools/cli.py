@@ -101,6 +101,16 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_copy(args: argparse.Namespace) -> int:
+    from replaystore.tools.copy import copy_store
+
+    options = _options(args)
+    report = copy_store(args.src, args.dst, src_options=options, dst_options=options)
+    print(f"copied {report.objects} objects ({report.bytes} bytes, {report.written} written) "
+          f"from {args.src} to {args.dst}; verified")
+    return 0
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from replaystore.tools.query import run_query
 
@@ -176,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_vacuum)
+
+    p = sub.add_parser("copy", help="copy a store's committed state to a new location, keeping sparse files sparse",
+                       description="Copy what the source's log references (records, live data, state slots) "
+                                   "into a new store, writing only the data ranges of sparse segment files, "
+                                   "then verify the copy (docs/GUIDE.md, 'Copying a store').")
+    p.add_argument("src", help="source store path or URL")
+    p.add_argument("dst", help="destination path or URL (must not exist, or be empty)")
+    p.add_argument("--storage-options", help="fsspec storage options (JSON object) for both locations")
+    p.set_defaults(func=_cmd_copy)
 
     p = sub.add_parser("query", help="DuckDB SQL over a store",
                        description="Run DuckDB SQL over a store. Each table is a view under its name "

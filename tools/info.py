@@ -30,10 +30,15 @@ def print_info(st: Store) -> None:
     print(f"commits         {info['commits']}")
     checkpoint = info["log_checkpoint"]
     print(f"log checkpoint  {'none' if checkpoint is None else f'#{checkpoint}'}")
-    print(f"size on disk    {_size(info['bytes'])}")
+    print(f"size on disk    {_size(info['bytes'])} allocated, {_size(info['apparent_bytes'])} apparent")
     cache = info["chunk_cache"]
     if cache is not None:  # a store on S3: where this machine keeps its chunk objects
         print(f"chunk cache     {cache['directory']} ({_size(cache['bytes'])} of this store here)")
+    slots = info["state"]
+    print(f"state slots     {len(slots) or 'none'}")
+    for slot, st_info in slots.items():
+        versions = st_info["versions"]
+        print(f"  {slot!r}: {len(versions)} version(s) {versions[0]}..{versions[-1]}, {_size(st_info['bytes'])}")
     for name, t in info["tables"].items():
         print(f"\ntable {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")
         print("\n".join("  " + line for line in st.schemas[name].describe().splitlines()))

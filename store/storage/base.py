@@ -195,6 +195,11 @@ class Storage(abc.ABC):
             total += self.total_size(path) if self.is_dir(path) else self.size(path)
         return total
 
+    def apparent_size(self, prefix: str = "") -> int:
+        """Bytes of the objects under ``prefix`` as their sizes say (equal to :meth:`total_size`
+        where objects cannot be sparse)."""
+        return self.total_size(prefix)
+
     @abc.abstractmethod
     def is_dir(self, path: str) -> bool: ...
 

@@ -115,8 +115,8 @@ def test_vacuum_keeps_a_fragment_committed_after_it_read_the_log(
     assert held.wait(TIMEOUT_S)  # its data are listed, its record not created yet
     find_garbage = vacuum_module.find_garbage
 
-    def then_commit(store: Any, older_than_s: float) -> Any:
-        report = find_garbage(store, older_than_s)  # listed, then read the log: the fragment looks unreferenced
+    def then_commit(store: Any, older_than_s: float, *rest: Any) -> Any:
+        report = find_garbage(store, older_than_s, *rest)  # listed, then read the log: the fragment looks unreferenced
         gate.set()
         committer.join(TIMEOUT_S)  # the commit record now exists, before vacuum deletes
         assert not committer.is_alive()

@@ -17,7 +17,7 @@ def test_concurrent_savers_never_mix_their_arrays(tmp_path):
 
     def save(i: int) -> None:
         barrier.wait()
-        st.save_state("slot", {"saver": i}, {"values": np.full(100, i, dtype=np.int64)})
+        st.save_state("slot", {"saver": i}, {"values": np.full(100, i, dtype=np.int64)}, keep_last=6)
 
     threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
     for t in threads:

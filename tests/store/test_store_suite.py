@@ -505,6 +505,21 @@ def test_state_slots_round_trip(backend: Backend) -> None:
             st.save_state(bad, {})
 
 
+def test_state_slots_keep_their_newest_versions(backend: Backend) -> None:
+    st = backend.open(DQN)
+    for i in range(5):
+        st.save_state("sampler", {"i": i}, {"a": np.full(3, i)})
+    assert st.state_slots()["sampler"]["versions"] == [3, 4]
+    assert len([n for n in backend.storage().list("state/sampler") if n.startswith("payload-")]) == 2
+    for i in range(5, 8):
+        st.save_state("sampler", {"i": i}, {"a": np.full(3, i)}, keep_last=5)
+    assert st.state_slots()["sampler"]["versions"] == [3, 4, 5, 6, 7]
+    st.vacuum(older_than_s=0)
+    assert st.state_slots()["sampler"]["versions"] == [6, 7]
+    doc, arrays = backend.open(mode="r").load_state("sampler")
+    assert doc == {"i": 7} and arrays["a"].tolist() == [7, 7, 7]
+
+
 # -- third-party readability -----------------------------------------------------------------------
 def _zarr_group(backend: Backend, path: str) -> zarr.Group:
     if backend.kind == "local":

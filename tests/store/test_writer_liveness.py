@@ -234,3 +234,53 @@ def test_a_writer_dropped_without_close_releases_its_files_and_its_lock(tmp_path
     assert descriptors_under(tmp_path) == 0
     assert liveness.is_dead(st.storage, writer)
     assert len(open_store(url, mode="r")) == 4
+
+
+def test_a_killed_writers_spare_segment_is_reclaimed_with_its_other_segments(tmp_path: Path) -> None:
+    """A writer process fills its segment past half (it creates its next one ahead, a spare, that
+    no commit references) and is killed. The next writer whose eviction reclaims the dead one's
+    segment deletes its spare too; every record still visible reads back intact."""
+    rng = np.random.default_rng(8)
+    url = str(tmp_path / "st")
+    root = tmp_path / "st"
+    open_store(url, DQN, mode="w", capacity=CAPACITY).close()
+    with procs.Child("idle-writer", stdin=True, url=url, seed=3, tag="dead", max_records=4, spares=True) as dead:
+        line = dead.readline(timeout=120)
+        assert line is not None and line.startswith("c "), (line, dead.stderr())
+        writer = int(line.split()[1])
+        for i in range(2, 40):  # until its segment is half full: it has made a spare (reported made)
+            if len({name for w, name in segments_on_disk(root) if w == writer}) == 2:
+                break
+            dead.proc.stdin.write(b"go\n")  # type: ignore[union-attr]
+            dead.proc.stdin.flush()  # type: ignore[union-attr]
+            assert dead.readline(timeout=120) == f"c {writer} {i}", dead.stderr()
+        dead.proc.send_signal(signal.SIGKILL)
+        assert dead.proc.wait(timeout=60) == -signal.SIGKILL
+    st = open_store(url, mode="r")
+    committed = _writer_segment(st, writer)
+    mine = {name for w, name in segments_on_disk(root) if w == writer}
+    assert committed in mine and len(mine) == 2  # its segment and its spare
+    (spare,) = mine - {committed}
+
+    batches = []
+    with open_store(url, mode="a").writer() as w:
+        for _ in range(2 * CAPACITY // 5):
+            batches.append(_batch(rng, 5))
+            w.append(batches[-1], stream="evictor")
+            w.commit()
+    assert (writer, committed) not in segments_on_disk(root)
+    assert (writer, spare) not in segments_on_disk(root)
+    assert segments_on_disk(root) == segments_retained(st)
+    st.refresh()
+    assert_same(st.read(st.row_ids()), columns_of(DQN, batches[-CAPACITY // 5:]))
+    assert verify(st) == []
+
+
+def test_only_well_formed_unreferenced_segment_names_are_swept() -> None:
+    """Names listed under a dead writer's data directory are data: only ``s`` + ten digits that no
+    live fragment is backed by are deleted (never fragments, temporaries or anything else)."""
+    from replaystore.store.retention import unreferenced_segments
+
+    names = ["s0000000001", "s0000000002", "f0000000003", "..", "s12", "s0000000004x", ".tmp-s0000000005",
+             "s0000000006"]
+    assert unreferenced_segments(names, {"s0000000002"}) == ["s0000000001", "s0000000006"]

@@ -30,6 +30,10 @@ Roles:
 - ``idle-writer``: commits one :func:`crash_batch` to its stream, prints ``c <writer id> 1`` and
   waits; each line on stdin makes it commit the next batch and print ``c <writer id> <batches>``;
   at EOF it closes its writer and exits. The parent kills it, or keeps it alive, while waiting.
+- ``state-saver``: saves state slot ``slot`` (``keep_last``) over and over, version ``i`` holding
+  ``{"i": i}`` and array ``a = [i] * 100``, printing ``s <version> <i>`` after each save returned.
+  With ``hold_delete``, its first deletion of a superseded version (after the new record exists)
+  prints ``d`` and blocks until the parent kills it.
 - ``fsize-writer``: appends and commits to a new local store while its file size limit
   (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored) is lowered at chosen moments, so that
   file writes and file sizing past the limit fail with ``EFBIG`` as they would on a full
@@ -399,19 +403,42 @@ def racer_batch(seed: int, i: int) -> dict[str, np.ndarray]:
     return as_arrays(dqn_batch(rng, 5, observation_size=OBS + i, heads=HEADS, actions=ACTIONS, extra=0))
 
 
-def idle_writer(url: str, seed: int, tag: str, max_records: int, storage_options: dict | None = None) -> None:
+def idle_writer(url: str, seed: int, tag: str, max_records: int, storage_options: dict | None = None,
+                spares: bool = False) -> None:
     """Commit batch 0 of ``tag`` to stream ``tag`` and print ``c <writer id> 1``; then, per line on
-    stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit."""
+    stdin, commit the next batch and print ``c <writer id> <batches>``; at EOF close and exit.
+    With ``spares``, each report waits until the writer's spare segments being created exist."""
     w = open_store(url, mode="a", storage_options=storage_options).writer()
     i = 0
     while True:
         w.append(crash_batch(seed, tag, i, max_records), stream=tag)
         w.commit()
+        if spares:
+            for future in list(w._spares.values()):
+                future.result()
         i += 1
         _say(f"c {w.id} {i}")
         if not sys.stdin.readline():
             w.close()
             return
+
+
+def state_saver(url: str, slot: str, keep_last: int, hold_delete: bool = False) -> None:
+    st = open_store(url, mode="a")
+    if hold_delete:
+        delete = st.storage.delete
+
+        def hold_then_delete(path: str) -> None:
+            _say("d")
+            threading.Event().wait()  # never set: only the parent's SIGKILL ends this
+            delete(path)
+
+        st.storage.delete = hold_then_delete  # type: ignore[method-assign]
+    i = 0
+    while True:
+        version = st.save_state(slot, {"i": i}, {"a": np.full(100, i, dtype=np.int64)}, keep_last=keep_last)
+        _say(f"s {version} {i}")
+        i += 1
 
 
 # -- parent side ------------------------------------------------------------------------------------
@@ -569,7 +596,7 @@ class Child:
 
 ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
          "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer,
-         "idle-writer": idle_writer, "replace-racer": replace_racer}
+         "idle-writer": idle_writer, "replace-racer": replace_racer, "state-saver": state_saver}
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,144 @@
+"""``replaystore copy SRC DST``: a store's committed state into a new location, sparse files kept sparse.
+
+A segment's chunk files are created at their full capacity and read as zeros past what was
+written (docs/FORMAT.md, "Segments"): on a local filesystem they occupy only the blocks written,
+but tools that do not know about holes (``cp`` without ``--sparse``, ``rsync`` without ``-S``,
+``tar`` without ``-S``, uploads) write them out at full size. This copy takes the source's log as
+one refresh shows it and copies exactly what that state references: the manifest, the
+registrations and commit records of its writers, the data units its live fragments name (on
+local filesystems, data ranges only: holes stay holes), and each state slot's records with the
+arrays they name. Crash leftovers, compacted-away data and vacuum's other garbage are not
+copied. The manifest is written last, so an interrupted copy leaves no store at DST, and the
+result is verified before the copy returns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import StoreError, StoreExistsError
+from replaystore.store import Store, layout, open_store, records
+from replaystore.store.storage import Storage, open_storage
+from replaystore.store.verify import verify
+
+
+@dataclass
+class CopyReport:
+    """What :func:`copy_store` copied: objects, their bytes (apparent sizes) and the data bytes written."""
+
+    objects: int = 0
+    bytes: int = 0
+    written: int = 0
+
+
+def _copy_sparse(src: str, dst: str) -> int:
+    """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data
+    ranges (``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole file is data).
+    Returns the bytes written. The file is fsynced."""
+    written = 0
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        os.ftruncate(fout.fileno(), size)
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fin.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past pos
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                chunk = os.pread(fin.fileno(), min(end - start, 16 << 20), start)
+                if not chunk:
+                    break
+                os.pwrite(fout.fileno(), chunk, start)
+                start += len(chunk)
+                written += len(chunk)
+            pos = end
+        os.fsync(fout.fileno())
+    return written
+
+
+def _copy_object(src: Storage, dst: Storage, path: str, report: CopyReport) -> None:
+    local_src, local_dst = src.local_path(path), dst.local_path(path)
+    if local_src is not None and local_dst is not None:
+        os.makedirs(os.path.dirname(local_dst), exist_ok=True)
+        report.written += _copy_sparse(local_src, local_dst)
+        report.bytes += os.path.getsize(local_dst)
+    else:
+        data = src.read(path)
+        dst.write(path, data)
+        report.written += len(data)
+        report.bytes += len(data)
+    report.objects += 1
+
+
+def _data_units(st: Store) -> list[str]:
+    """Directories of the data units the live log names (a segment once for all its fragments)."""
+    return sorted({f.path for w in st.log.writers.values() for frags in w.fragments.values() for f in frags.values()})
+
+
+def _state_objects(st: Store) -> list[str]:
+    """Every state record of every slot and the payload objects it names."""
+    out = []
+    for slot, info in st.state_slots().items():
+        for version in info["versions"]:
+            path = layout.state_record(slot, version)
+            try:
+                body = records.decode(path, st.storage.read(path))
+            except FileNotFoundError:  # superseded by a save meanwhile
+                continue
+            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items())]
+    return out
+
+
+def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | None = None,
+               dst_options: Mapping[str, Any] | None = None) -> CopyReport:
+    """Copy the store at ``src_url`` into a new store at ``dst_url`` and verify it.
+
+    Parameters: the two locations (local paths or fsspec URLs) and their storage options.
+    Returns a :class:`CopyReport`. Raises StoreNotFoundError (no store at ``src_url``),
+    StoreExistsError (``dst_url`` holds anything), StoreError (the copy does not verify: a
+    writer or vacuum of the source deleted data while it was copied; copy again, or stop them),
+    CorruptObjectError (a damaged source object; UnsafeNameError, a name that is not the
+    format's). Cost: reading and writing what is copied
+    (holes of local sparse files excluded), then a ``verify`` of the copy.
+    """
+    src = open_store(src_url, mode="r", storage_options=src_options)
+    dst = open_storage(dst_url, dst_options)
+    if dst.list(""):
+        raise StoreExistsError(f"{dst.url}: not empty; copy needs a new (or empty) destination")
+    src.refresh()
+    snapshot = {t: src.table(t).row_ids() for t in src.tables}
+    paths = [layout.writer_record(w) for w in sorted(src.log.writers)]
+    paths += [layout.commit_record(w, seq) for w, wlog in sorted(src.log.writers.items()) for seq in range(wlog.next_seq)]
+    for unit in _data_units(src):
+        paths += [o.path for o in src.storage.walk(unit) if not o.path.rsplit("/", 1)[-1].startswith(".tmp-")]
+    paths += _state_objects(src)
+    report = CopyReport()
+    for path in paths:
+        try:
+            _copy_object(src.storage, dst, path, report)
+        except FileNotFoundError:  # (a reclaimed unit, or gone since: the verification below decides)
+            continue
+    dst.sync_dirs(paths)
+    manifest = src.storage.read(layout.MANIFEST)
+    if not dst.create(layout.MANIFEST, manifest):
+        raise StoreExistsError(f"{dst.url}: a store was created here during the copy")
+    report.objects += 1
+    report.bytes += len(manifest)
+    report.written += len(manifest)
+    copied = open_store(dst_url, mode="r", storage_options=dst_options)
+    problems = verify(copied)
+    if problems:
+        raise StoreError(f"{dst.url}: the copy does not verify ({len(problems)} problem(s), e.g. {problems[0]}); "
+                         "the source changed while it was copied? stop its writers and vacuum, and copy again")
+    for table, rows in snapshot.items():
+        if not np.array_equal(copied.table(table).row_ids(), rows):
+            raise StoreError(f"{dst.url}: table {table!r} of the copy shows other records than the source did")
+    return report
+
