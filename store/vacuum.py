@@ -168,6 +168,10 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
         if path not in live:
             units[(path, "fragment")] = []
             mtimes[path] = mtime
+    for path, mtime in _empty_fragment_dirs(store, layout.STATE, ("*", "payload-*")).items():
+        if path not in named and path.split("/")[1] not in unreadable:
+            units[(path, "payload")] = []
+            mtimes[path] = mtime
     report = VacuumReport(dry_run=True, older_than_s=float(older_than_s))
     now = time.time_ns()
     for (path, kind), objs in sorted(units.items()):
@@ -203,15 +207,18 @@ def _keep_referenced(store: Store, report: VacuumReport) -> None:
     report.deleted = [u for u in report.deleted if not (u.kind == "fragment" and u.path in live)]
 
 
-def _empty_fragment_dirs(store: Store) -> dict[str, int]:
+def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
+                         pattern: tuple[str, ...] = ("*", "data", "*", "*")) -> dict[str, int]:
     """Local filesystems: fragment directories holding no file (a writer killed right after creating
-    them) -> their newest directory mtime. Object stores have no directories."""
-    top = store.storage.local_path(layout.WRITERS)
+    them) -> their newest directory mtime; with ``top_name=STATE`` and ``pattern=("*",
+    "payload-*")``, the same for state payload directories (a saver killed right after creating
+    one). Object stores have no directories."""
+    top = store.storage.local_path(top_name)
     root = store.storage.local_path("")
     if top is None or root is None or not os.path.isdir(top):
         return {}
     out: dict[str, int] = {}
-    for frag_dir in glob.glob(os.path.join(glob.escape(top), "*", "data", "*", "*")):
+    for frag_dir in glob.glob(os.path.join(glob.escape(top), *pattern)):
         newest, empty = 0, True
         for directory, _, files in os.walk(frag_dir):
             empty &= not files

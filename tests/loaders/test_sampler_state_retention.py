@@ -21,5 +21,5 @@ def test_sampler_save_keeps_the_newest_two_versions(tmp_path) -> None:
         versions.append(s.save())
     assert st.state_slots()["learner"]["versions"] == versions[-2:]
     state = s.state_dict()
-    r = UniformSampler(open_store(str(tmp_path / "s"), mode="r"), batch_size=5, seed=0, name="learner", resume=True)
+    r = UniformSampler(open_store(str(tmp_path / "s"), mode="r"), batch_size=5, seed=3, name="learner", resume=True)
     assert r.state_dict()["rng"] == state["rng"] and r.batches_drawn == s.batches_drawn

@@ -141,3 +141,16 @@ def test_concurrent_savers_leave_the_newest_versions_whole(tmp_path):
     assert st._state_versions("slot") == versions[-2:]
     assert len(_payload_dirs(tmp_path / "s", "slot")) == 2
     assert st.load_state("slot")[0] == doc
+
+
+def test_vacuum_removes_an_empty_payload_directory_a_killed_saver_left(tmp_path):
+    """A saver killed between creating its payload directory and writing into it leaves an empty
+    directory: no object names it, and vacuum removes it once old enough."""
+    st = open_store(str(tmp_path / "s"), transitions(4))
+    st.save_state("slot", {"i": 0}, {"a": np.zeros(3)})
+    empty = tmp_path / "s" / "state" / "slot" / f"payload-{'ab' * 16}"
+    empty.mkdir()
+    assert not st.vacuum(older_than_s=3600).deleted and empty.is_dir()
+    report = st.vacuum(older_than_s=0)
+    assert [u.path for u in report.deleted] == [f"state/slot/payload-{'ab' * 16}"] and not empty.exists()
+    assert len(_payload_dirs(tmp_path / "s", "slot")) == 1 and st.load_state("slot") is not None
