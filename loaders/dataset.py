@@ -14,6 +14,7 @@ from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.schemas import Schema
 from replaystore.store import ChunkCache, Store, Table, open_store
+from replaystore.store.retention import grace
 
 
 def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray, shape: tuple[int, int],
@@ -125,7 +126,7 @@ class StoreDataset(Dataset):
             capacity = self._store.capacity
             if capacity is not None:  # the grace margin of docs/FORMAT.md, "Capacity and reclamation"
                 for name in self._store.tables:
-                    self._store.table(name).reader.widen(max(capacity // 4, 1))
+                    self._store.table(name).reader.widen(grace(capacity))
         return self._store.table(self.table_name)
 
     def __getitems__(self, request: Request) -> dict[str, Any] | WorkerBatch:

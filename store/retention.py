@@ -13,6 +13,12 @@ import numpy as np
 from replaystore.store.fragment import Fragment
 
 
+def grace(capacity: int) -> int:
+    """The grace margin of a capped store (docs/FORMAT.md, "Capacity and reclamation"): how many
+    records beyond ``capacity`` stay stored after eviction, for readers whose view lags."""
+    return max(capacity // 4, 1)
+
+
 def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
     """Per fragment, the local offset from which its rows are among the newest ``capacity``:
     all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),

@@ -558,7 +558,7 @@ class Writer:
 
     # -- retention and compaction --------------------------------------------------------------
     def _grace(self, capacity: int) -> int:
-        return max(capacity // 4, 1)
+        return retention.grace(capacity)
 
     def _retire(self) -> dict[str, list[Fragment]]:
         """This writer's fragments wholly evicted (beyond the grace margin): dropped from its log."""
