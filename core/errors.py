@@ -96,7 +96,7 @@ class StoreNotFoundError(StoreError, FileNotFoundError):
 
 
 class StoreExistsError(StoreError, FileExistsError):
-    """Mode "w" found an existing store."""
+    """A creating mode (``"w"``, ``"w-"``, ``"x"``) found an existing store at the URL."""
 
 
 class ReadOnlyError(StoreError):
@@ -176,3 +176,14 @@ class ResumeMismatchError(StoreError):
         diff = ", ".join(f"{k}: saved {s!r}, given {g!r}" for k, (s, g) in parameters.items())
         super().__init__(f"state slot {slot!r}: hyperparameters differ from the saved ones ({diff})"
                          + (f"; {detail}" if detail else "; pass override=True to resume with the given ones"))
+
+
+class ModeError(StoreError, ValueError):
+    """``open_store`` got a ``mode`` it does not know: ``field`` is ``"mode"``, ``actual`` the
+    value given, ``expected`` the accepted spellings."""
+
+    def __init__(self, actual: Any, expected: tuple[str, ...]) -> None:
+        self.field = "mode"
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"mode: expected one of {', '.join(repr(m) for m in expected)}, got {actual!r}")

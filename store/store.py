@@ -8,12 +8,13 @@ import time
 import uuid
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from replaystore.errors import (
     CorruptObjectError,
+    ModeError,
     ReadOnlyError,
     SchemaMismatchError,
     StoreError,
@@ -33,7 +34,11 @@ from replaystore.store.writer import Writer
 if TYPE_CHECKING:
     from replaystore.store.vacuum import VacuumReport
 
-MODES = ("r", "a", "w", "w+")
+Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
+"""How :func:`open_store` opens a store (its docstring has the table of modes)."""
+MODES: tuple[Mode, ...] = get_args(Mode)
+CREATE_EXCLUSIVE: tuple[Mode, ...] = ("w", "w-", "x")
+"""The modes that create a store and refuse a location that already holds one."""
 STATE_KEEP_LAST = 2
 """Versions of a state slot kept by default (``save_state``, ``vacuum``)."""
 DEFAULT_TABLE = "records"
@@ -110,7 +115,7 @@ class Table:
 class Store:
     """A replaystore store: named tables, a commit log, state slots. Use :func:`open_store`."""
 
-    def __init__(self, storage: Storage, manifest: dict[str, Any], mode: str) -> None:
+    def __init__(self, storage: Storage, manifest: dict[str, Any], mode: Mode) -> None:
         self.storage = storage
         self.mode = mode
         self.manifest = manifest
@@ -436,25 +441,107 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
 
 
-def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: str = "a",
+def _exists(url: str, mode: str) -> StoreExistsError:
+    return StoreExistsError(f"{url}: a store already exists (mode {mode!r}); use 'a' or 'r+' to open it, "
+                            "'w+' to replace it")
+
+
+def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: Mode = "a",
                capacity: int | None = None, storage_options: Mapping[str, Any] | None = None,
                cache: ChunkCache | str | os.PathLike[str] | bool | None = None) -> Store:
     """Open or create a store.
 
-    ``url`` is a local path or fsspec URL (``file://``, ``memory://``, ``s3://bucket/prefix``).
-    ``schema`` is one Schema (table ``records``) or ``{table name: Schema}``; required to
-    create, checked against the stored one otherwise. ``mode``: "r" read-only, "a" open
-    or create, "w" create (error if a store exists), "w+" replace a store (NotAStoreError,
-    deleting nothing, if the location holds something else; StoreReplacedError if another
-    opener is replacing it at the same time; docs/FORMAT.md, "Replacing a store"). ``capacity``: None for
-    an unbounded dataset, N to keep the newest N records per table. ``cache``: where a
-    reader keeps the chunk objects of a store on S3 (store/chunkcache.py): None, the default
-    :class:`ChunkCache` (``$REPLAYSTORE_CACHE_DIR`` or ``~/.cache/replaystore``); a directory
-    or a ChunkCache; False, none (objects read are held in memory). Local stores are read in
-    place: it does not apply to them (nor, unless given, to ``memory://``).
+    ======================  =====================  ==================================  =========
+    mode                    store absent           store present                       can write
+    ======================  =====================  ==================================  =========
+    ``"r"``                 StoreNotFoundError     opens it                            no
+    ``"r+"``                StoreNotFoundError     opens it                            yes
+    ``"a"`` (default)       creates it             opens it                            yes
+    ``"w"``, ``"w-"``,      creates it             StoreExistsError                    yes
+    ``"x"``
+    ``"w+"``                creates it             replaces it (deletes it, creates)   yes
+    ======================  =====================  ==================================  =========
+
+    ``"w"`` creates exclusively, like zarr's and h5py's ``"w-"``; ``"w+"`` is the mode that
+    overwrites. A refused open (any error above) leaves the location as it was.
+
+    Parameters
+    ----------
+    url : str
+        A local path or an fsspec URL: ``file://``, ``memory://`` (this process only) or
+        ``s3://bucket/prefix``.
+    schema : Schema or mapping of str to Schema, optional
+        One schema (table ``records``) or ``{table name: Schema}``. Required to create a store;
+        checked against the stored one otherwise (omit it to open a store as it is).
+    mode : {"r", "r+", "a", "w", "w-", "x", "w+"}, default "a"
+        How to open it: the table above.
+    capacity : int, optional
+        None for an unbounded dataset; N to keep the newest N records per table. Fixed at
+        creation: checked against the stored one otherwise.
+    storage_options : mapping, optional
+        fsspec options for the URL (e.g. s3fs's ``endpoint_url``, ``key``, ``secret``).
+    cache : ChunkCache, str, os.PathLike, bool or None, optional
+        Where a reader keeps the chunk objects of a store on S3: None, the default
+        :class:`ChunkCache` (``$REPLAYSTORE_CACHE_DIR`` or ``~/.cache/replaystore``); a directory
+        or a ChunkCache; False, none (objects read are held in memory). Local stores are read
+        in place: it does not apply to them (nor, unless given, to ``memory://``).
+
+    Returns
+    -------
+    Store
+        The open store; ``store.mode`` is ``mode`` as given.
+
+    Raises
+    ------
+    ModeError
+        ``mode`` is not one of the modes above.
+    StoreNotFoundError
+        Modes ``"r"`` and ``"r+"``: no store at ``url``.
+    StoreExistsError
+        Modes ``"w"``, ``"w-"`` and ``"x"``: a store already exists at ``url`` (also when
+        another opener created it first).
+    NotAStoreError
+        Mode ``"w+"``: the location holds objects that are not a replaystore store (nothing
+        is deleted).
+    StoreReplacedError
+        Mode ``"w+"``: another opener is replacing the store at the same time
+        (docs/FORMAT.md, "Replacing a store").
+    SchemaMismatchError
+        ``schema`` differs from the stored schema.
+    FormatVersionError
+        The store was written in an unknown or newer format version.
+    StoreError
+        A bad ``capacity``, ``schema`` or ``storage_options``; no schema to create a store
+        with; a ``capacity`` that differs from the stored one.
+
+    Notes
+    -----
+    Cost: one read of the manifest (creating: one create-if-absent; ``"w+"`` on a store: a
+    listing and the deletion of every object), then a read of the commit log (its checkpoint
+    and the records since).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.schemas import transitions
+    >>> st = open_store("memory://doc-open-store", transitions(obs_shape=2), mode="x")
+    >>> batch = {"obs": np.zeros((3, 2), np.float32), "action": np.array([0, 1, 1]),
+    ...          "reward": np.ones(3, np.float32), "next_obs": np.ones((3, 2), np.float32),
+    ...          "terminated": np.array([False, False, True])}
+    >>> with st.writer() as w:  # committed when the block ends
+    ...     w.append(batch, stream="actor-0")
+    3
+    >>> len(st), st.streams()
+    (3, ['actor-0'])
+    >>> open_store("memory://doc-open-store", mode="r").read([0, 2])["action"]
+    array([0, 1])
+    >>> open_store("memory://doc-open-store", mode="x")
+    Traceback (most recent call last):
+    ...
+    replaystore.errors.StoreExistsError: memory://doc-open-store: a store already exists (mode 'x'); ...
     """
-    if mode not in MODES:
-        raise StoreError(f"mode {mode!r}: expected one of {MODES}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ModeError(mode, MODES)
     if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0):
         raise StoreError(f"capacity: expected None or a positive int, got {capacity!r}")
     schemas = _schemas_arg(schema)
@@ -465,24 +552,28 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
     if storage.local_path("") is not None:  # local files are read in place
         chunk_cache = None
+    if mode == "w+" and schemas is None:  # refused before the old store is deleted
+        raise StoreError(f"{storage.url}: mode 'w+' creates a store, which needs a schema")
     if mode == "w+":  # only a store is replaced, by one opener at a time (store/replace.py)
         from replaystore.store.replace import clear_for_create
 
         clear_for_create(storage)
     manifest = _read_manifest(storage)
     if manifest is None:
-        if mode == "r":
-            raise StoreNotFoundError(f"{storage.url}: no replaystore store here")
+        if mode in ("r", "r+"):
+            raise StoreNotFoundError(f"{storage.url}: no replaystore store here (mode {mode!r} does not create one)")
         if schemas is None:
             raise StoreError(f"{storage.url}: creating a store needs a schema")
         body = {"format": layout.FORMAT_NAME, "format_version": layout.FORMAT_VERSION,
                 "tables": {n: s.to_dict() for n, s in schemas.items()}, "capacity": capacity,
                 "created_ns": time.time_ns()}
-        storage.create(layout.MANIFEST, records.encode(body))  # a concurrent creator may win: re-read
-        manifest = _read_manifest(storage)
+        created = storage.create(layout.MANIFEST, records.encode(body))
+        if not created and mode in CREATE_EXCLUSIVE:  # a concurrent creator won
+            raise _exists(storage.url, mode)
+        manifest = _read_manifest(storage)  # (theirs, if a concurrent creator won)
         assert manifest is not None
-    elif mode == "w":
-        raise StoreExistsError(f"{storage.url}: a store already exists (mode 'w'); use 'a' or 'w+'")
+    elif mode in CREATE_EXCLUSIVE:
+        raise _exists(storage.url, mode)
     stored = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
     if schemas is not None and schemas != stored:
         raise SchemaMismatchError(f"{storage.url}: the stored schema differs from the one given "

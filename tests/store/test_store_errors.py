@@ -91,7 +91,7 @@ def test_mode_w_plus_replaces(backend: Backend) -> None:
     assert len(sib.open(SCHEMA, mode="w+")) == 0
 
 
-@pytest.mark.parametrize("mode", ["x", "rw", "", "W", None])
+@pytest.mark.parametrize("mode", ["rw", "", "W", "R+", None])
 def test_unknown_mode(backend: Backend, mode: object) -> None:
     with pytest.raises(StoreError, match="mode"):
         backend.open(SCHEMA, mode=mode)
