@@ -113,7 +113,26 @@ class Table:
 
 
 class Store:
-    """A replaystore store: named tables, a commit log, state slots. Use :func:`open_store`."""
+    """A replaystore store: named tables, a commit log, state slots.
+
+    Obtain one from :func:`open_store`. A single-table store answers the read methods of
+    :class:`Table` itself (``len(st)``, ``st.read``, ``st.streams``, ...); with several
+    tables, use :meth:`table`.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage (from ``open_storage``).
+    manifest : dict
+        The manifest body, as read and checked by :func:`open_store`.
+    mode : Mode
+        The mode it was opened with; ``"r"`` refuses every mutation.
+
+    Notes
+    -----
+    Cost: constructing reads the commit log (from its newest checkpoint) and builds each
+    table's view.
+    """
 
     def __init__(self, storage: Storage, manifest: dict[str, Any], mode: Mode) -> None:
         self.storage = storage
@@ -136,13 +155,36 @@ class Store:
 
     @property
     def url(self) -> str:
+        """The store's URL as its storage spells it (a local path, ``memory://...``, ``s3://...``)."""
         return self.storage.url
 
     @property
     def tables(self) -> list[str]:
+        """The names of the store's tables, in manifest order (fixed at creation)."""
         return list(self.schemas)
 
     def table(self, name: str) -> Table:
+        """One table of the store.
+
+        Parameters
+        ----------
+        name : str
+            The table's name (a single-schema store has one, ``"records"``).
+
+        Returns
+        -------
+        Table
+            The table's read API; the same object on every call.
+
+        Raises
+        ------
+        StoreError
+            No table of that name; the message lists the tables there are.
+
+        Notes
+        -----
+        Cost: a dictionary lookup.
+        """
         try:
             return self._tables[name]
         except KeyError:
@@ -150,38 +192,183 @@ class Store:
 
     @property
     def default(self) -> Table:
+        """The store's only table; :class:`StoreError` if it has several (use :meth:`table`)."""
         if len(self._tables) == 1:
             return next(iter(self._tables.values()))
         raise StoreError(f"this store has tables {sorted(self.schemas)}: use st.table(name)")
 
     @property
     def schema(self) -> Schema:
+        """The schema of the store's only table; :class:`StoreError` if it has several."""
         return self.default.schema
 
     def __len__(self) -> int:
+        """The number of visible records of the only table (after following new commits)."""
         return len(self.default)
 
     def read(self, rows: Any) -> dict[str, np.ndarray]:
+        """The records at ``rows`` of the only table, in that order.
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Row ids of visible records (:meth:`row_ids`, :meth:`lookup`).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            One array per field: dense fields ``(len(rows), *shape)``; ragged values with
+            their offsets rebased to start at 0.
+
+        Raises
+        ------
+        StoreError
+            The store has several tables (use :meth:`table`).
+        RowError
+            A row id is not a visible record (never written, or evicted).
+        StaleReadError
+            Rows this handle still showed were evicted and their storage reclaimed.
+        CorruptObjectError
+            A stored object fails its checks.
+
+        Notes
+        -----
+        Cost: a refresh of the view if the log changed, then one gather per array.
+        """
         return self.default.read(rows)
 
     def row_ids(self) -> np.ndarray:
+        """Every visible row id of the only table, ascending (see :meth:`Table.row_ids`).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+
+        Raises
+        ------
+        StoreError
+            The store has several tables.
+
+        Notes
+        -----
+        Cost: one array of ``len(self)`` ids.
+        """
         return self.default.row_ids()
 
     def streams(self) -> list[StreamKey]:
+        """The keys of the streams with visible records in the only table.
+
+        Returns
+        -------
+        list of int or str
+            Stream keys.
+
+        Raises
+        ------
+        StoreError
+            The store has several tables.
+
+        Notes
+        -----
+        Cost: a list of the stream index's keys.
+        """
         return self.default.streams()
 
     def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
+        """One stream's visible records in the only table, in step order.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``(row ids, steps)``, both int64 (empty for an unknown stream).
+
+        Raises
+        ------
+        StoreError
+            The store has several tables.
+
+        Notes
+        -----
+        Cost: a copy of the stream's slice of the index.
+        """
         return self.default.rows(stream)
 
     def runs(self, stream: StreamKey) -> np.ndarray:
+        """Contiguous step runs of one stream in the only table; gaps lie between runs.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[[first step, last step], ...]``, shape ``(runs, 2)``.
+
+        Raises
+        ------
+        StoreError
+            The store has several tables.
+
+        Notes
+        -----
+        Cost: one pass over the stream's steps.
+        """
         return self.default.runs(stream)
 
     def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
+        """Row ids of ``(stream, step)`` pairs in the only table.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+        steps : int or array_like of int
+            Steps of that stream.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids shaped like ``steps``; -1 where the step is not visible.
+
+        Raises
+        ------
+        StoreError
+            The store has several tables.
+
+        Notes
+        -----
+        Cost: a binary search per step.
+        """
         return self.default.lookup(stream, steps)
 
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:
-        """Pick up commits made since the last refresh (by any writer); True if any."""
+        """Pick up commits made since the last refresh, by any writer.
+
+        Returns
+        -------
+        bool
+            True if any commit was applied.
+
+        Raises
+        ------
+        CorruptObjectError
+            A new commit record is damaged.
+
+        Notes
+        -----
+        Cost: a listing of the writers (skipped on local disk while it cannot have changed),
+        one probe per writer that has not closed, plus the new records; the tables' views
+        then follow what changed.
+        """
         changed = self.log.refresh()
         if changed:
             self._sync_tables()
@@ -201,17 +388,50 @@ class Store:
             t.reader.sync()
 
     def commits(self) -> list[dict[str, Any]]:
-        """Every applied commit (``append`` and ``compact``): writer, seq, time_ns, kind, metadata and
-        per-append batch metadata, ordered by commit time, then writer and seq. A writer's ``close``
-        record is not listed: it commits nothing. The first call reads the records back from
-        storage (opening keeps none in memory); later calls cost only what was applied since."""
+        """Every applied commit (``append`` and ``compact``), oldest first.
+
+        A writer's ``close`` record is not listed: it commits nothing.
+
+        Returns
+        -------
+        list of dict
+            The commit record bodies: ``writer``, ``seq``, ``time_ns``, ``kind``, ``metadata``
+            and per table the per-append batch metadata; ordered by commit time, then writer and
+            seq.
+
+        Raises
+        ------
+        CorruptObjectError
+            A commit record is damaged.
+
+        Notes
+        -----
+        Cost: the first call reads the records back from storage (opening keeps none in
+        memory); later calls cost only what was applied since.
+        """
         return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
     def writer(self) -> Writer:
-        """A new writer (one per process; several processes may write at once).
+        """Register a new writer (one per process; several processes may write at once).
 
-        Raises StoreReplacedError if the store was replaced (``mode="w+"``) since this handle
-        opened it. Cost: one read of the manifest, then the registration.
+        Returns
+        -------
+        Writer
+            The writer; use it as a context manager, or call ``close()``.
+
+        Raises
+        ------
+        ReadOnlyError
+            The store was opened with mode ``"r"``.
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) since this handle opened it.
+        CorruptObjectError
+            A writer registration records a capacity that differs from the manifest's.
+
+        Notes
+        -----
+        Cost: one read of the manifest, a listing of ``writers/``, then one create-if-absent
+        per writer number tried.
         """
         if _read_manifest(self.storage) != self.manifest:
             raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
@@ -220,32 +440,86 @@ class Store:
 
     @property
     def writers(self) -> list[int]:
+        """Numbers of the writers this handle's log knows of, ascending (closed ones included)."""
         return sorted(self.log.writers)
 
     # -- SQL ------------------------------------------------------------------------------
     def sql(self, query: str, unsafe: bool = False) -> Any:
-        """Run DuckDB SQL over the store; returns a ``pyarrow.Table``.
+        """Run DuckDB SQL over the store.
 
         Each table is a view under its name (a single-schema store: ``records``) with
         ``row, stream, step, reset``, every schema field (ragged fields as LIST,
         multi-dimensional dense fields as fixed-size arrays), ``writer, commit,
         commit_time``; ``commits`` and ``appends`` hold the commit log and per-append
-        batch metadata. Scans stream and read only the columns the query uses. float16
-        fields read as float32 (DuckDB has no half floats).
+        batch metadata. float16 fields read as float32 (DuckDB has no half floats).
 
-        The connection is read-only towards everything but the store: file readers and
-        writers (``read_csv``, ``COPY ... TO``), ``ATTACH``, ``INSTALL``/``LOAD`` and network
-        access are refused with :class:`QueryError`, as is an empty query. ``unsafe=True``
-        lifts that for trusted queries (e.g. ``COPY (SELECT ...) TO 'out.parquet'``).
+        Parameters
+        ----------
+        query : str
+            One or more SQL statements; the last one's result is returned.
+        unsafe : bool, default False
+            The connection is read-only towards everything but the store: file readers and
+            writers (``read_csv``, ``COPY ... TO``), ``ATTACH``, ``INSTALL``/``LOAD`` and
+            network access are refused. True lifts that for trusted queries (e.g.
+            ``COPY (SELECT ...) TO 'out.parquet'``).
+
+        Returns
+        -------
+        pyarrow.Table
+            The result (an empty table for a statement that returns nothing).
+
+        Raises
+        ------
+        QueryError
+            An empty query, anything DuckDB rejects, or outside access without ``unsafe``.
+
+        Notes
+        -----
+        Cost: a new DuckDB connection; scans stream and read only the columns the query uses.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from replaystore.schemas import transitions
+        >>> st = open_store("memory://doc-sql", transitions(obs_shape=1), mode="x")
+        >>> with st.writer() as w:
+        ...     for actor in ("a", "b"):
+        ...         _ = w.append({"obs": np.zeros((2, 1), np.float32), "action": np.array([0, 1]),
+        ...                       "reward": np.array([0.5, 1.0], np.float32),
+        ...                       "next_obs": np.zeros((2, 1), np.float32),
+        ...                       "terminated": np.array([False, True])}, stream=actor)
+        >>> st.sql("SELECT stream, sum(reward) AS r FROM records GROUP BY stream ORDER BY stream").to_pylist()
+        [{'stream': 'a', 'r': 1.5}, {'stream': 'b', 'r': 1.5}]
         """
         from replaystore.store.sql import query as run_query
 
         return run_query(self, query, unsafe=unsafe)
 
     def duckdb(self, connection: Any = None, unsafe: bool = False) -> Any:
-        """A DuckDB connection with this store's views registered (see :meth:`sql`): read-only
-        towards the outside world unless ``unsafe``; a ``connection`` passed in keeps its own
-        settings."""
+        """A DuckDB connection with this store's views registered (see :meth:`sql`).
+
+        Parameters
+        ----------
+        connection : duckdb.DuckDBPyConnection, optional
+            A connection to register the views on; it keeps its own settings. None: a new
+            in-memory connection.
+        unsafe : bool, default False
+            A new connection is read-only towards the outside world unless True.
+
+        Returns
+        -------
+        duckdb.DuckDBPyConnection
+            The connection; close it when done.
+
+        Raises
+        ------
+        StoreError
+            A table's name clashes with a built-in view (``commits``, ``appends``).
+
+        Notes
+        -----
+        Cost: registering one lazily scanned view per table; nothing is read until queried.
+        """
         from replaystore.store.sql import connect
 
         return connect(self, connection, unsafe=unsafe)
@@ -255,13 +529,39 @@ class Store:
                    keep_last: int = STATE_KEEP_LAST) -> int:
         """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version.
 
-        Parameters: ``slot``, a non-empty name without '/'; ``doc``, a JSON document; ``arrays``,
-        named arrays; ``keep_last``, how many versions of the slot to keep (>= 1): once the new
-        version's record exists, the versions older than the newest ``keep_last`` are deleted,
-        each record before its arrays (docs/FORMAT.md, "State slots").
-        Returns the new version number. Raises ReadOnlyError (mode 'r'), StoreError (bad
-        ``slot`` or ``keep_last``). Cost: one object per array and one record, plus a listing
-        of the slot and the deletion of what it no longer keeps.
+        Parameters
+        ----------
+        slot : str
+            The slot's name (docs/FORMAT.md, "Object names": no ``/``, not starting with ``.``).
+        doc : mapping
+            A JSON document (str keys; no NaN or infinity).
+        arrays : mapping of str to numpy.ndarray, optional
+            Named arrays (names as slot names); never pickled (object arrays are refused).
+        keep_last : int, default 2
+            How many versions of the slot to keep (>= 1): once the new version's record
+            exists, the versions older than the newest ``keep_last`` are deleted, each record
+            before its arrays (docs/FORMAT.md, "State slots").
+
+        Returns
+        -------
+        int
+            The new version number.
+
+        Raises
+        ------
+        ReadOnlyError
+            The store was opened with mode ``"r"``.
+        InvalidNameError
+            ``slot`` or an array name breaks the name grammar.
+        MetadataError
+            ``doc`` is not a JSON document.
+        StoreError
+            A bad ``keep_last``.
+
+        Notes
+        -----
+        Cost: one object per array and one record, plus a listing of the slot and the
+        deletion of what it no longer keeps.
         """
         if self.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
@@ -314,9 +614,18 @@ class Store:
         return max(self._state_versions(slot), default=-1)
 
     def state_slots(self) -> dict[str, dict[str, Any]]:
-        """Every state slot: ``{slot: {"versions": [V, ...], "bytes": n}}``, versions ascending,
-        bytes stored under the slot (records and arrays). Cost: a listing of ``state/`` and of
-        each slot."""
+        """Every state slot with its saved versions and size.
+
+        Returns
+        -------
+        dict
+            ``{slot: {"versions": [V, ...], "bytes": n}}``: versions ascending, bytes stored
+            under the slot (records and arrays).
+
+        Notes
+        -----
+        Cost: a listing of ``state/`` and of each slot.
+        """
         out = {}
         for slot in self.storage.list(layout.STATE):
             versions = self._state_versions(slot)
@@ -325,12 +634,32 @@ class Store:
         return out
 
     def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-        """The latest saved ``(doc, arrays)`` of a slot, or None if it was never saved.
+        """The latest saved ``(doc, arrays)`` of a slot.
 
         A damaged latest record (or one whose arrays are missing) is skipped with a
         warning naming it, and the newest intact version is returned instead. Versions that
         a concurrent save deleted while this load read them are not damage: the slot is
-        listed again. Cost: a listing and the newest intact version's objects.
+        listed again.
+
+        Parameters
+        ----------
+        slot : str
+            The slot's name.
+
+        Returns
+        -------
+        tuple of (dict, dict of str to numpy.ndarray) or None
+            The document and the arrays of the newest intact version; None if the slot has
+            none (never saved, or every version damaged).
+
+        Raises
+        ------
+        InvalidNameError
+            ``slot`` breaks the name grammar.
+
+        Notes
+        -----
+        Cost: a listing and the newest intact version's objects.
         """
         layout.given_name("state slot", slot, "load_state slot")
         seen = -1
@@ -358,12 +687,38 @@ class Store:
     # -- storage ---------------------------------------------------------------------------
     def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False,
                state_keep_last: int = STATE_KEEP_LAST) -> VacuumReport:
-        """Delete objects no live commit references, once older than ``older_than_s`` (docs/FORMAT.md, "Vacuum").
+        """Delete objects no live commit references, once older than ``older_than_s``.
 
         Removes crashed writers' uncommitted fragments, compacted-away and retired fragments,
         unnamed state payloads, state versions older than each slot's newest ``state_keep_last``
-        and temporary objects. ``dry_run`` deletes nothing; the report
-        lists what was (or would be) deleted with its bytes, and what was too recent.
+        and temporary objects (docs/FORMAT.md, "Vacuum").
+
+        Parameters
+        ----------
+        older_than_s : float, default 3600.0
+            Only units unreferenced for at least this long go. Shorter than the longest
+            commit of a running writer risks its data (docs/FORMAT.md, "Vacuum").
+        dry_run : bool, default False
+            Delete nothing; report what would be deleted.
+        state_keep_last : int, default 2
+            Versions of each state slot to keep.
+
+        Returns
+        -------
+        VacuumReport
+            What was (or would be) deleted with its bytes, and what was too recent.
+
+        Raises
+        ------
+        ReadOnlyError
+            Mode ``"r"`` without ``dry_run``.
+        CorruptObjectError
+            A commit record is damaged (nothing is deleted).
+
+        Notes
+        -----
+        Cost: a listing of every object, two reads of the commit log, one delete per object
+        (S3: one request per 1000).
         """
         from replaystore.store.vacuum import vacuum
 
@@ -373,12 +728,26 @@ class Store:
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        """Schema, record counts, streams, writers, capacity, size, state slots, format version.
+        """A summary of the store: format version, capacity, writers, sizes, state slots, tables.
 
-        ``bytes`` is the storage the store occupies (local: allocated blocks), ``apparent_bytes``
-        the sum of its objects' sizes (local: file sizes, counting the unwritten, sparse tail
-        of open segments; on object storage the two are equal). ``state`` is
-        :meth:`state_slots`. Cost: a walk of the store's files and a listing of each slot.
+        Returns
+        -------
+        dict
+            ``url``, ``format_version``, ``capacity``, ``writers``, ``writers_closed``,
+            ``commits``, ``log_checkpoint``, ``bytes`` (the storage the store occupies; local:
+            allocated blocks), ``apparent_bytes`` (the sum of its objects' sizes; local: file
+            sizes, counting the unwritten, sparse tail of open segments; on object storage
+            the two are equal), ``state`` (:meth:`state_slots`), ``chunk_cache`` and per table
+            its schema name, records, streams and fragments.
+
+        Raises
+        ------
+        CorruptObjectError
+            A new commit record is damaged.
+
+        Notes
+        -----
+        Cost: a refresh, a walk of the store's objects and a listing of each slot.
         """
         self.refresh()
         return {
@@ -401,9 +770,12 @@ class Store:
         }
 
     def close(self) -> None:
+        """Mark the handle closed. It holds no resource that needs releasing: writers are closed
+        on their own (``Writer.close``). Cost: none."""
         self.closed = True
 
     def __enter__(self) -> Store:
+        """The store itself; leaving the block calls :meth:`close`."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
