@@ -23,11 +23,10 @@ import pytest
 
 from replaystore.store import open_store
 from replaystore.store.storage import StorageError, open_storage
+from replaystore.store.store import MODES  # every mode, the zarr/h5py spellings included
 from support.procs import crash_batch, schema, stream_batch
 from support.s3 import S3Server
 from support.s3proxy import options_via, unconditional_s3
-
-MODES = ("r", "a", "w", "w+")
 
 
 @pytest.mark.parametrize("mode", MODES)
