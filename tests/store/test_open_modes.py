@@ -124,7 +124,7 @@ def test_an_unknown_mode_names_mode_and_the_accepted_ones(backend: Backend, mode
     with pytest.raises(ModeError) as info:
         backend.open(SCHEMA, mode=mode)
     err = info.value
-    assert isinstance(err, ValueError) and isinstance(err, StoreError)
+    assert issubclass(ModeError, ValueError) and issubclass(ModeError, StoreError)
     assert err.field == "mode" and err.actual == mode and err.expected == MODES
     assert str(err).startswith("mode: expected one of")
     assert all(repr(m) in str(err) for m in MODES)
