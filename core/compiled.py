@@ -22,10 +22,18 @@ from types import ModuleType
 
 
 def kernel_cache_directory() -> str:
-    """Where numba keeps replaystore's compiled kernels: ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/replaystore-kernels``, else ``~/.cache/replaystore-kernels`` (beside the
-    chunk cache's default directory, not inside it: the chunk cache prunes what it holds).
-    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents."""
+    """Where numba keeps replaystore's compiled kernels.
+
+    ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/replaystore-kernels``,
+    else ``~/.cache/replaystore-kernels`` (beside the chunk cache's default
+    directory, not inside it: the chunk cache prunes what it holds).
+    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents.
+
+    Returns
+    -------
+    str
+        The directory path (not created here).
+    """
     env = os.environ.get("REPLAYSTORE_KERNEL_CACHE_DIR")
     if env:
         return env
@@ -51,8 +59,22 @@ def _kernel_cache() -> Iterator[None]:
 
 
 def kernels(module: str) -> ModuleType | None:
-    """The kernel module ``module`` (e.g. ``"replaystore.store.csrkernels"``), or None: numba is
-    not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again."""
+    """The kernel module ``module``, or None when the kernels cannot or may not be used.
+
+    None when numba is not installed, cannot load with this numpy, or
+    ``REPLAYSTORE_NUMBA=0``. Cheap to call again (the first call in a process
+    costs numba's import and load, ~0.5-1 s).
+
+    Parameters
+    ----------
+    module : str
+        Dotted module name, e.g. ``"replaystore.store.csrkernels"``.
+
+    Returns
+    -------
+    types.ModuleType or None
+        The imported kernel module.
+    """
     if os.environ.get("REPLAYSTORE_NUMBA", "1") == "0":
         return None
     try:
