@@ -40,7 +40,19 @@ DEFAULT_STATE_KEEP_LAST = 2  # (store.STATE_KEEP_LAST: this module is imported b
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of garbage: a directory of objects or a single temporary object."""
+    """One piece of garbage: a directory of objects or a single temporary object.
+
+    Attributes
+    ----------
+    path : str
+        The directory or object path.
+    kind : str
+        ``"fragment"``, ``"payload"``, ``"state"`` or ``"temporary"``.
+    objects : tuple of ObjectInfo
+        Its objects.
+    since_ns : int
+        Unreferenced since (newest of its objects' times and its removing commit's).
+    """
 
     path: str
     kind: str  # "fragment" | "payload" | "state" | "temporary"
@@ -49,12 +61,25 @@ class Unit:
 
     @property
     def bytes(self) -> int:
+        """Bytes of its objects."""
         return sum(o.size for o in self.objects)
 
 
 @dataclass
 class VacuumReport:
-    """What a vacuum deleted (or, with ``dry_run``, would delete), and what it left as too recent."""
+    """What a vacuum deleted (or, with ``dry_run``, would delete), and what it left as too recent.
+
+    Attributes
+    ----------
+    dry_run : bool
+        Whether nothing was deleted.
+    older_than_s : float
+        The age threshold used.
+    deleted : list of Unit
+        Units deleted (or that would be).
+    recent : list of Unit
+        Garbage units left because they are younger than the threshold.
+    """
 
     dry_run: bool
     older_than_s: float
@@ -63,10 +88,12 @@ class VacuumReport:
 
     @property
     def bytes(self) -> int:
+        """Bytes of the deleted units."""
         return sum(u.bytes for u in self.deleted)
 
     @property
     def objects(self) -> int:
+        """Objects in the deleted units."""
         return sum(len(u.objects) for u in self.deleted)
 
 
@@ -137,7 +164,32 @@ def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
 
 def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
-    """Classify the store's unreferenced objects (deletes nothing); ``deleted`` lists what vacuum would delete."""
+    """Classify the store's unreferenced objects (deletes nothing).
+
+    Cost: one walk of every object under the store, one refresh, and reading
+    the state records.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    older_than_s : float, optional
+        Units younger than this many seconds go to ``recent``.
+    state_keep_last : int, optional
+        State versions each slot keeps (older ones are garbage).
+
+    Returns
+    -------
+    VacuumReport
+        ``deleted`` lists what vacuum would delete (``dry_run`` is True).
+
+    Raises
+    ------
+    StoreError
+        ``older_than_s`` is not a number >= 0, or ``state_keep_last`` not an int >= 1.
+    CorruptObjectError
+        A commit record is damaged.
+    """
     if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not older_than_s >= 0:
         raise StoreError(f"older_than_s: expected a number of seconds >= 0, got {older_than_s!r}")
     if isinstance(state_keep_last, bool) or not isinstance(state_keep_last, int) or state_keep_last < 1:
@@ -185,7 +237,35 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
 
 def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
            state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
-    """Delete every garbage unit older than ``older_than_s`` (see the module doc); the report lists them."""
+    """Delete every garbage unit older than ``older_than_s`` (see the module docstring).
+
+    The log is read again right before deleting, and a unit a commit made since
+    references is kept; only the objects judged are deleted, never a whole
+    prefix. Cost: :func:`find_garbage`, one more refresh, and the deletes.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store (writable).
+    older_than_s : float, optional
+        Only units unreferenced for at least this many seconds go.
+    dry_run : bool, optional
+        Delete nothing; report what would go.
+    state_keep_last : int, optional
+        State versions each slot keeps.
+
+    Returns
+    -------
+    VacuumReport
+        The units deleted (or that would be) and those left as too recent.
+
+    Raises
+    ------
+    StoreError
+        A bad ``older_than_s`` or ``state_keep_last``.
+    CorruptObjectError
+        A commit record is damaged.
+    """
     report = find_garbage(store, older_than_s, state_keep_last)
     report.dry_run = dry_run
     if dry_run:

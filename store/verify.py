@@ -20,12 +20,21 @@ from replaystore.store.zarrio import chunk_path, verify_chunk
 
 @dataclass(frozen=True)
 class Problem:
-    """One damaged or missing object."""
+    """One damaged or missing object.
+
+    Attributes
+    ----------
+    path : str
+        The object's path.
+    problem : str
+        What is wrong with it.
+    """
 
     path: str
     problem: str
 
     def __str__(self) -> str:
+        """``"<path>: <problem>"``."""
         return f"{self.path}: {self.problem}"
 
 
@@ -230,7 +239,27 @@ def _replay(store: Store) -> None:
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
     """Every problem found; empty means everything reads back and every checksum matches.
 
-    ``progress`` is called with the number of fragments checked so far.
+    Checks the manifest, writer records, commit records, checkpoints (against
+    the records they summarise), state records and every live fragment's
+    arrays. Cost: reading every record and every live object once.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    progress : callable, optional
+        Called with the number of fragments checked so far.
+
+    Returns
+    -------
+    list of Problem
+        The problems found (problems are reported, not raised).
+
+    Raises
+    ------
+    OSError
+        The storage failed (an object that cannot be read for another reason
+        than damage).
     """
     problems: list[Problem] = []
     storage = store.storage
