@@ -43,9 +43,12 @@ def kernel_cache_directory() -> str:
 
 @contextlib.contextmanager
 def _kernel_cache() -> Iterator[None]:
-    """While a kernel module is imported (its functions decorated, which is when numba picks a
-    cache location), point numba's cache at :func:`kernel_cache_directory`, unless the user set
-    ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is not affected."""
+    """Point numba's cache at :func:`kernel_cache_directory` while a kernel module is imported.
+
+    Its functions are decorated then, which is when numba picks a cache location. Not
+    when the user set ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is
+    not affected.
+    """
     from numba.core import config
 
     if config.CACHE_DIR:

@@ -298,7 +298,7 @@ class StepRangeError(StepOrderError):
 class SamplerParameterError(StoreError, ValueError):
     """A sampler argument is out of its valid range.
 
-    Raised by the samplers' constructors and ``update_priorities`` for
+    Raised by the samplers' constructors and ``PrioritizedSampler.update`` for
     ``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every`` and the
     like: ``field`` got ``actual``, wanted ``expected``. It is also a
     ``ValueError``.

@@ -46,7 +46,9 @@ def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray
 
 
 def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy arrays -> torch tensors (sharing memory); other values pass through.
+    """Convert numpy arrays to torch tensors (sharing memory).
+
+    Other values pass through.
 
     Non-contiguous arrays are copied to contiguous ones first.
 

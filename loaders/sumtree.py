@@ -32,8 +32,10 @@ def compiled_kernels() -> ModuleType | None:
 
 
 def _aligned_zeros(n: int) -> np.ndarray:
-    """``n`` float64 zeros starting on a 64-byte boundary (so every run of 8 children that starts
-    at a multiple of 8 is one cache line)."""
+    """``n`` float64 zeros starting on a 64-byte boundary.
+
+    So every run of 8 children that starts at a multiple of 8 is one cache line.
+    """
     raw = np.zeros(n + FANOUT)
     skip = (-(raw.ctypes.data >> 3)) % FANOUT
     return raw[skip:skip + n]
@@ -222,8 +224,10 @@ class SumTree:
         return self._off_zero(node)
 
     def _off_zero(self, leaf: np.ndarray) -> np.ndarray:
-        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end):
-        floating-point slack can land a target on a zero leaf at the far right."""
+        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end).
+
+        Floating-point slack can land a target on a zero leaf at the far right.
+        """
         bad = self.leaves().take(leaf) <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)

@@ -1,12 +1,13 @@
-"""What a reader refuses in a record body: key presence, types and ranges of every record kind
-(docs/FORMAT.md, "What a reader must refuse").
+"""What a reader refuses in a record body.
 
-A record document whose checksum matches may still be malformed (written by a buggy or
-foreign writer, or edited and re-checksummed). Each function here checks one kind of body
-right where it is decoded and raises :class:`CorruptObjectError` naming the object and the
-field, before anything is applied or allocated from it. ``bool`` is never an integer here.
-Cost: linear in the body's size, no I/O (except :func:`check_capacity`, which reads a few
-writer registrations).
+Key presence, types and ranges of every record kind (docs/FORMAT.md, "What a reader must
+refuse").
+
+A record document whose checksum matches may still be malformed (written by a buggy or foreign
+writer, or edited and re-checksummed). Each function here checks one kind of body right where it
+is decoded and raises :class:`CorruptObjectError` naming the object and the field, before
+anything is applied or allocated from it. ``bool`` is never an integer here. Cost: linear in the
+body's size, no I/O (except :func:`check_capacity`, which reads a few writer registrations).
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class _Body:
         return value
 
     def name(self, kind: str, value: Any, where: str) -> str:
-        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names");
-        else :class:`UnsafeNameError`: a name is never used as a path before this check."""
+        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names").
+
+        Else :class:`UnsafeNameError`: a name is never used as a path before this check.
+        """
         problem = layout.name_problem(kind, value)
         if problem:
             raise UnsafeNameError(self.path, f"field {where!r}: {problem}")

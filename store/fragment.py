@@ -1,5 +1,8 @@
-"""Fragments: runs of one writer's records of one table, each in its own immutable Zarr group
-or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Segments")."""
+"""Fragments: runs of one writer's records of one table.
+
+Each in its own immutable Zarr group or (format 2, local storage) in rows of a
+segment's arrays (docs/FORMAT.md, "Segments").
+"""
 
 from __future__ import annotations
 

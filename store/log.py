@@ -346,8 +346,11 @@ class CommitLog:
         return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
 
     def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
-        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError (raised
-        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd)."""
+        """Records ``0 .. ends[w] - 1`` of each writer ``w``.
+
+        A missing one is a StoreError (raised at the first batch that meets it: ``ends`` from a
+        damaged checkpoint may be absurd).
+        """
         wanted = ((w, seq) for w in sorted(ends) for seq in range(ends[w]))
         out: list[CommitInfo] = []
         while chunk := list(itertools.islice(wanted, HISTORY_BATCH)):
@@ -375,10 +378,11 @@ class CommitLog:
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def _start_from_checkpoint(self) -> None:
-        """Take the state of the newest checkpoint that reads back whole; none: start empty.
+        """Take the state of the newest checkpoint that reads back whole (none: start empty).
 
         A damaged checkpoint is skipped (``replaystore verify`` reports it); one deleted
-        meanwhile (superseded) likewise: the commit records hold everything it summarised."""
+        meanwhile (superseded) likewise: the commit records hold everything it summarised.
+        """
         for number in reversed(self.checkpoint_numbers()):
             path = layout.checkpoint(number)
             try:

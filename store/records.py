@@ -120,9 +120,11 @@ def read(storage: Any, path: str) -> bytes:
 
 
 def _decode_canonical(data: bytes) -> Any:
-    """The body of a document laid out as :func:`encode` writes it whose checksum matches the
-    body's bytes as stored (one parse, no re-encoding); None for any other input, which
-    :func:`decode` then parses and checks in full."""
+    """The body of a document laid out as :func:`encode` writes it, if its checksum matches.
+
+    Matches the body's bytes as stored (one parse, no re-encoding); None for any other
+    input, which :func:`decode` then parses and checks in full.
+    """
     cut = data.rfind(_TAIL)
     if cut < 0 or not data.startswith(_HEAD) or not data.endswith(b"}"):
         return None

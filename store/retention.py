@@ -1,7 +1,10 @@
-"""Which records a capped store keeps: the newest ``capacity`` records across all writers, by
-commit time (docs/FORMAT.md, "Reading a store" and "Capacity and reclamation"). Pure functions
-of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
-lies beyond it and a grace margin (:func:`reclaimable`)."""
+"""Which records a capped store keeps.
+
+The newest ``capacity`` records across all writers, by commit time (docs/FORMAT.md, "Reading a
+store" and "Capacity and reclamation"). Pure functions of the live fragments: readers show what
+:func:`visible_from` keeps, writers reclaim what lies beyond it and a grace margin
+(:func:`reclaimable`).
+"""
 
 from __future__ import annotations
 

@@ -55,10 +55,12 @@ _LITTLE = sys.byteorder == "little"
 
 
 class _Writeback:
-    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that
-    an append never waits for the device's queue; durability still comes only from the commit's
-    ``fdatasync``. A request for a descriptor closed meanwhile fails or starts the write-back of
-    another file's pages: either is harmless."""
+    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process.
+
+    So an append never waits for the device's queue; durability still comes only from
+    the commit's ``fdatasync``. A request for a descriptor closed meanwhile fails or
+    starts the write-back of another file's pages: either is harmless.
+    """
 
     def __init__(self) -> None:
         self._pid = -1

@@ -1,11 +1,13 @@
-"""Fragments being written: records are added in order, ``finish`` makes the fragment
-complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
+"""Fragments being written.
+
+Records are added in order, ``finish`` makes the fragment complete and durable (docs/FORMAT.md,
+"Fragments" and "Durable whole-object writes").
 
 A writer adds each appended batch to its table's staged fragment at ``append``, buffered
-(copies: the caller may reuse its buffers; the files are written at the commit). A merge
-stages unbuffered: each input's arrays go from their memory maps straight to the files.
-Nothing references a staged fragment's objects until a commit record does: a crash leaves
-unreferenced objects, which vacuum removes.
+(copies: the caller may reuse its buffers; the files are written at the commit). A merge stages
+unbuffered: each input's arrays go from their memory maps straight to the files. Nothing
+references a staged fragment's objects until a commit record does: a crash leaves unreferenced
+objects, which vacuum removes.
 """
 
 from __future__ import annotations

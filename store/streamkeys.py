@@ -1,5 +1,7 @@
-"""Stream keys: checking them, coding a batch's keys as small integers (the ``_stream`` index
-array's codes), and grouping records by stream."""
+"""Stream keys: checking them, coding them as small integers, grouping records by stream.
+
+The codes are the ``_stream`` index array's: a batch's (or a fragment's) keys, numbered.
+"""
 
 from __future__ import annotations
 

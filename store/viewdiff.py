@@ -1,6 +1,9 @@
-"""How two views of a table differ: which fragments stayed, came and left between two syncs of
-a reader, which rows appeared and left, and how the stream index's key order grows. Pure
-functions of fragment lists; the reader (store/table.py) follows a change with them."""
+"""How two views of a table differ.
+
+Which fragments stayed, came and left between two syncs of a reader, which rows appeared and
+left, and how the stream index's key order grows. Pure functions of fragment lists; the reader
+(store/table.py) follows a change with them.
+"""
 
 from __future__ import annotations
 

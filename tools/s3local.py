@@ -73,6 +73,7 @@ class LoopbackS3:
     pid : int, optional
         The server process (for CPU accounting in benchmarks).
     """
+
     endpoint_url: str
     bucket: str
     storage_options: dict[str, Any]

@@ -1,7 +1,8 @@
-"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees"): whole-object
-writes that become visible atomically or not at all to readers that only follow commit
-records; create-if-absent for commit records; read-after-write consistency for objects and
-listings; delete. Paths are '/'-separated and relative to the store root.
+"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees").
+
+Whole-object writes that become visible atomically or not at all to readers that only follow
+commit records; create-if-absent for commit records; read-after-write consistency for objects
+and listings; delete. Paths are '/'-separated and relative to the store root.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Storage on a local filesystem: a directory; create-if-absent by link(2); every write and
-directory entry made durable with fsync."""
+"""Storage on a local filesystem.
+
+A directory; create-if-absent by link(2); every write and directory entry made durable with
+fsync.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_l
 
 
 def _raise_open_file_limit() -> None:
-    """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
-    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment."""
+    """Lift the soft open-file limit to the hard one.
+
+    Each memory map holds a descriptor (CPython's mmap keeps a dup), and a reader maps one
+    object per column and fragment.
+    """
     try:
         import resource
 
@@ -38,8 +44,10 @@ def _file_kind(mode: int) -> str:
 
 
 class _FileStream(ObjectStream):
-    """A local file written as the pieces come (into the page cache; the fsync at completion
-    writes it back): for writing from memory maps (merges) without a copy."""
+    """A local file written as the pieces come (into the page cache; the fsync at completion writes it back).
+
+    For writing from memory maps (merges) without a copy.
+    """
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
@@ -96,9 +104,12 @@ class LocalStorage(Storage):
         _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
-        """The file of ``path``, a '/'-separated path relative to the root. Refuses (with
-        :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL,
-        whatever the caller: nothing a store names can point above its root. Cost: a split."""
+        """The file of ``path``, a '/'-separated path relative to the root.
+
+        Refuses (with :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..``
+        component and NUL, whatever the caller: nothing a store names can point above its root.
+        Cost: a split.
+        """
         if not path:
             return self.root
         parts = path.rstrip("/").split("/")
@@ -108,10 +119,12 @@ class LocalStorage(Storage):
         return os.path.join(self.root, *parts)
 
     def _inside(self, path: str, follow_last: bool = True) -> str:
-        """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
-        every write, delete and data read (a link planted in a store cannot redirect them).
+        """:meth:`_p`, checked also to stay under the root once symbolic links are followed.
+
+        For every write, delete and data read (a link planted in a store cannot redirect them).
         ``follow_last=False`` checks only the directories on the way (a delete removes a link
-        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component)."""
+        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component).
+        """
         full = self._p(path)
         real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
         if real != self.real_root and not real.startswith(self.real_root + os.sep):
@@ -210,8 +223,9 @@ class LocalStorage(Storage):
         self._entry_made(parent)
 
     def _unsynced(self, paths: Iterable[str]) -> list[tuple[str, int, list[str]]]:
-        """The directories to fsync so that every entry from the root down to each of ``paths``
-        is durable: ``(directory, its dirty count now, its children to remember as durable)``.
+        """The directories to fsync so that every entry from the root down to each of ``paths`` is durable.
+
+        ``(directory, its dirty count now, its children to remember as durable)``.
 
         Counts are read after the entries were created, so an fsync that starts later covers
         them; an entry created concurrently after the read keeps its directory dirty.

@@ -17,8 +17,11 @@ _MEMORY_LOCK = threading.RLock()
 
 
 def _new_memory_lock() -> None:
-    """In a forked child (a DataLoader worker, say) no thread holds the lock: a parent thread
-    inside a ``memory://`` call at the fork would otherwise leave the child's copy held forever."""
+    """In a forked child (a DataLoader worker, say) no thread holds the lock.
+
+    A parent thread inside a ``memory://`` call at the fork would otherwise leave the child's
+    copy held forever.
+    """
     global _MEMORY_LOCK
     _MEMORY_LOCK = threading.RLock()
 
@@ -34,10 +37,12 @@ PROBE_PREFIX = ".tmp-create-probe-"
 
 
 class _Serialized:
-    """An fsspec filesystem whose every call runs under one lock. fsspec's ``memory://`` keeps
-    all files in one process-wide dict and walks it unlocked (``find``, ``rm``, ``ls``); a
-    thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk
-    raise "dictionary changed size during iteration"."""
+    """An fsspec filesystem whose every call runs under one lock.
+
+    Fsspec's ``memory://`` keeps all files in one process-wide dict and walks it unlocked
+    (``find``, ``rm``, ``ls``); a thread writing meanwhile (a writer's I/O threads, a
+    DataLoader's) can make that walk raise "dictionary changed size during iteration".
+    """
 
     def __init__(self, fs: Any) -> None:
         self._fs = fs
@@ -57,14 +62,20 @@ _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
 
 
 def _is_client_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from the S3 client stack untranslated (s3fs turns S3's own error
-    responses into ``OSError`` subclasses, but not missing credentials or connection failures)."""
+    """Whether ``exc`` comes from the S3 client stack untranslated.
+
+    s3fs turns S3's own error responses into ``OSError`` subclasses, but not missing
+    credentials or connection failures.
+    """
     return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
 
 
 class _Translated:
-    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` (an ``OSError``)
-    for client-side failures that s3fs lets through as botocore or aiohttp exceptions."""
+    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` for client-side failures.
+
+    An ``OSError``, for the failures that s3fs lets through as botocore or aiohttp
+    exceptions.
+    """
 
     def __init__(self, fs: Any, url: str) -> None:
         self._fs = fs

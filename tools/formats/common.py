@@ -1,9 +1,10 @@
-"""What the episode formats (Minari, D4RL) share: the field mapping, bounded per-stream reading,
-episode assembly, ragged-id masks, progress bars.
+"""What the episode formats (Minari, D4RL) share.
+
+The field mapping, bounded per-stream reading, episode assembly, ragged-id masks, progress bars.
 
 Reading is per stream, in step order, ``chunk`` records at a time (``Table.read`` of that
-stream's row ids), so memory holds one chunk plus — for Minari — the episode being built,
-never a whole table. See docs/EXPORT.md for the mapping each format uses.
+stream's row ids), so memory holds one chunk plus — for Minari — the episode being built, never
+a whole table. See docs/EXPORT.md for the mapping each format uses.
 """
 
 from __future__ import annotations

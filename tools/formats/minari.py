@@ -493,8 +493,11 @@ class _HDF5Reader:
 
 
 def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[Any, int]]:
-    """``(stream, first step)`` per episode: replaystore's own keys when every episode has them
-    and they are consistent (increasing, non-overlapping steps per stream), else one stream per episode."""
+    """``(stream, first step)`` per episode.
+
+    Replaystore's own keys when every episode has them and they are consistent (increasing,
+    non-overlapping steps per stream), else one stream per episode.
+    """
     plan: list[tuple[Any, int]] = []
     last: dict[Any, int] = {}
     for meta, n in zip(metas, lengths, strict=True):
