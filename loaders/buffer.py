@@ -50,6 +50,21 @@ class ReplayBuffer:
     StoreError
         ``commit_every`` is not a positive int, or the store cannot be opened
         (see ``open_store``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.loaders import ReplayBuffer
+    >>> from replaystore.schemas import transitions
+    >>> buf = ReplayBuffer("memory://examples/replay-buffer", transitions(4), capacity=100)
+    >>> buf.add({"obs": np.zeros((8, 4), np.float32), "action": np.arange(8), "reward": np.ones(8, np.float32),
+    ...          "next_obs": np.zeros((8, 4), np.float32), "terminated": np.zeros(8, bool)})
+    >>> len(buf)
+    8
+    >>> minibatch = buf.sample(4)
+    >>> minibatch["obs"].shape, minibatch["indices"].shape
+    (torch.Size([4, 4]), torch.Size([4]))
+    >>> buf.close()
     """
 
     def __init__(self, url: str, schema: Schema | None = None, capacity: int | None = None, *, seed: int = 0,

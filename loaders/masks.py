@@ -32,6 +32,13 @@ def legal_mask(batch: Mapping[str, Any], actions: int, ids: str = "legal_ids", o
     -------
     torch.Tensor
         The bool mask.
+
+    Examples
+    --------
+    >>> import torch
+    >>> batch = {"legal_ids": torch.tensor([0, 2, 1]), "legal_offsets": torch.tensor([0, 2, 3])}
+    >>> legal_mask(batch, 3).tolist()
+    [[True, False, True], [False, True, False]]
     """
     off = batch[offsets]
     values = batch[ids]

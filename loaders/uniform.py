@@ -19,6 +19,22 @@ class UniformSampler(StoreSampler):
     Sees records committed by other writers once the store was ``refresh()``-ed.
     Takes :class:`StoreSampler`'s parameters. Cost per minibatch: O(batch_size)
     (plus a binary search per draw with a subset).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.loaders import UniformSampler, make_loader
+    >>> from replaystore.schemas import transitions
+    >>> from replaystore.store import open_store
+    >>> store = open_store("memory://examples/uniform", transitions(4), mode="w+")
+    >>> with store.writer() as writer:
+    ...     n = writer.append({"obs": np.zeros((10, 4), np.float32), "action": np.arange(10),
+    ...                        "reward": np.ones(10, np.float32), "next_obs": np.zeros((10, 4), np.float32),
+    ...                        "terminated": np.zeros(10, bool)})
+    ...     result = writer.commit()
+    >>> sampler = UniformSampler(store, batch_size=4, seed=0, num_batches=2)
+    >>> [batch["obs"].shape for batch in make_loader(store, sampler)]
+    [torch.Size([4, 4]), torch.Size([4, 4])]
     """
 
     kind = "uniform"

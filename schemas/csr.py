@@ -23,6 +23,13 @@ def gather_csr(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nd
         int64, starts at 0 and delimits each chosen row's slice in the gathered values.
     value_index : numpy.ndarray
         int64 indices into the original values array (``values[value_index]``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> new_offsets, value_index = gather_csr(np.array([0, 2, 2, 5]), np.array([2, 0]))
+    >>> new_offsets.tolist(), value_index.tolist()
+    ([0, 3, 5], [2, 3, 4, 0, 1])
     """
     starts = offsets[rows]
     counts = offsets[rows + 1] - starts

@@ -73,6 +73,17 @@ class Schema:
         An empty name, a version that is not a positive int, metadata that is not a
         JSON-serialisable mapping, an object that is not a field, a field defined
         twice, an offsets name that clashes with a field, or no dense or ragged field.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.schemas import Dense, Schema
+    >>> schema = Schema("pong", [Dense("obs", np.float32, (4,)), Dense("action", np.int64)])
+    >>> schema.names
+    ('obs', 'action')
+    >>> columns = schema.validate({"obs": np.zeros((2, 4), np.float32), "action": np.array([0, 1])})
+    >>> columns.num_records
+    2
     """
 
     def __init__(

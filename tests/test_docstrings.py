@@ -8,13 +8,16 @@ DQN helpers the README's examples import), and for each public
 method of each exported class, the docstring must exist, parse without numpydoc
 warnings, list every parameter of the signature under ``Parameters`` (a class
 lists its constructor's under ``Parameters`` or ``Attributes``), and carry a
-``Returns`` or ``Yields`` section when the function returns something.
+``Returns`` or ``Yields`` section when the function returns something. The
+``Examples`` sections of a few modules run as doctests.
 """
 
 from __future__ import annotations
 
+import doctest
 import importlib
 import inspect
+import io
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -188,3 +191,25 @@ def test_pending_names_exist() -> None:
     """The names skipped as pending are real entry points (a typo would skip nothing)."""
     exported = dict(_exported())
     assert _pending() <= set(exported), sorted(_pending() - set(exported))
+
+
+EXAMPLE_MODULES = [
+    "replaystore.schemas.schema",
+    "replaystore.schemas.csr",
+    "replaystore.loaders.buffer",
+    "replaystore.loaders.uniform",
+    "replaystore.loaders.masks",
+]
+
+
+@pytest.mark.parametrize("module_name", EXAMPLE_MODULES)
+def test_docstring_examples_run(module_name: str) -> None:
+    """The ``Examples`` sections run as written (stores on ``memory://``)."""
+    module = importlib.import_module(module_name)
+    out = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in doctest.DocTestFinder().find(module):
+        runner.run(test, out=out.write)
+    results = runner.summarize(verbose=False)
+    assert results.attempted > 0, f"{module_name}: no examples found"
+    assert results.failed == 0, out.getvalue()
