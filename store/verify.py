@@ -236,9 +236,9 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
 def _replay(store: Store) -> None:
     """Apply every commit record from the first, as a reader opening without a checkpoint does.
 
-    And order each table's live fragments (raises on a log that no reader can apply:
-    records of another writer, overlapping live fragments), whatever ``store`` has
-    applied already. Cost: every commit record read once more.
+    Then order each table's live fragments, whatever ``store`` has applied already:
+    raises on a log that no reader can apply (records of another writer, overlapping
+    live fragments). Cost: every commit record read once more.
     """
     log = CommitLog(store.storage, store.schemas, checkpoints=False)
     log.refresh()

@@ -39,7 +39,7 @@ PROBE_PREFIX = ".tmp-create-probe-"
 class _Serialized:
     """An fsspec filesystem whose every call runs under one lock.
 
-    Fsspec's ``memory://`` keeps all files in one process-wide dict and walks it unlocked
+    The ``memory://`` of fsspec keeps all files in one process-wide dict and walks it unlocked
     (``find``, ``rm``, ``ls``); a thread writing meanwhile (a writer's I/O threads, a
     DataLoader's) can make that walk raise "dictionary changed size during iteration".
     """

@@ -495,7 +495,7 @@ class _HDF5Reader:
 def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[Any, int]]:
     """``(stream, first step)`` per episode.
 
-    Replaystore's own keys when every episode has them and they are consistent (increasing,
+    The keys replaystore wrote, when every episode has them and they are consistent (increasing,
     non-overlapping steps per stream), else one stream per episode.
     """
     plan: list[tuple[Any, int]] = []
