@@ -22,10 +22,18 @@ from types import ModuleType
 
 
 def kernel_cache_directory() -> str:
-    """Where numba keeps replaystore's compiled kernels: ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/replaystore-kernels``, else ``~/.cache/replaystore-kernels`` (beside the
-    chunk cache's default directory, not inside it: the chunk cache prunes what it holds).
-    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents."""
+    """Where numba keeps replaystore's compiled kernels.
+
+    ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/replaystore-kernels``,
+    else ``~/.cache/replaystore-kernels`` (beside the chunk cache's default
+    directory, not inside it: the chunk cache prunes what it holds).
+    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents.
+
+    Returns
+    -------
+    str
+        The directory path (not created here).
+    """
     env = os.environ.get("REPLAYSTORE_KERNEL_CACHE_DIR")
     if env:
         return env
@@ -35,9 +43,12 @@ def kernel_cache_directory() -> str:
 
 @contextlib.contextmanager
 def _kernel_cache() -> Iterator[None]:
-    """While a kernel module is imported (its functions decorated, which is when numba picks a
-    cache location), point numba's cache at :func:`kernel_cache_directory`, unless the user set
-    ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is not affected."""
+    """Point numba's cache at :func:`kernel_cache_directory` while a kernel module is imported.
+
+    Its functions are decorated then, which is when numba picks a cache location. Not
+    when the user set ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is
+    not affected.
+    """
     from numba.core import config
 
     if config.CACHE_DIR:
@@ -51,8 +62,22 @@ def _kernel_cache() -> Iterator[None]:
 
 
 def kernels(module: str) -> ModuleType | None:
-    """The kernel module ``module`` (e.g. ``"replaystore.store.csrkernels"``), or None: numba is
-    not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again."""
+    """The kernel module ``module``, or None when the kernels cannot or may not be used.
+
+    None when numba is not installed, cannot load with this numpy, or
+    ``REPLAYSTORE_NUMBA=0``. Cheap to call again (the first call in a process
+    costs numba's import and load, ~0.5-1 s).
+
+    Parameters
+    ----------
+    module : str
+        Dotted module name, e.g. ``"replaystore.store.csrkernels"``.
+
+    Returns
+    -------
+    types.ModuleType or None
+        The imported kernel module.
+    """
     if os.environ.get("REPLAYSTORE_NUMBA", "1") == "0":
         return None
     try:

@@ -11,19 +11,59 @@ from typing import Any
 
 
 class ReplayStoreError(Exception):
-    """Base class of every error replaystore raises on purpose."""
+    """Base class of every error replaystore raises on purpose.
+
+    Catch it to handle any error a user can cause; its subclasses below say which
+    calls raise them. Errors replaystore does not raise on purpose (an ``OSError``
+    from the disk, a bug) do not derive from it.
+    """
 
 
 class SchemaError(ReplayStoreError, ValueError):
-    """A schema or field definition is invalid, or two schemas disagree."""
+    """A schema or field definition is invalid, or two schemas disagree.
+
+    Raised when a :class:`~replaystore.schemas.Schema` or a field (``Dense``,
+    ``Ragged``) is constructed with bad arguments, when a schema document read back
+    (``Schema.from_json``, Arrow metadata) is malformed, and when an Arrow schema
+    cannot be mapped to a replaystore schema.
+    """
 
 
 class ValidationError(ReplayStoreError, ValueError):
-    """A batch does not conform to its schema; nothing was written."""
+    """A batch does not conform to its schema; nothing was written.
+
+    Raised by batch validation (``Schema.validate`` and every append that runs it)
+    before anything reaches the store; the subclasses name the offending field.
+    """
 
 
 class FieldError(ValidationError):
-    """A named field of a batch is wrong: ``field`` got ``actual``, wanted ``expected``."""
+    """A named field of a batch is wrong: ``field`` got ``actual``, wanted ``expected``.
+
+    Raised by batch validation and by the table/container builders; the
+    subclasses say which check failed.
+
+    Parameters
+    ----------
+    field : str
+        Name of the offending field (for stream keys and steps, ``"stream"`` or
+        ``"step"``).
+    expected : Any
+        What the schema requires (a dtype, a shape, a range, ...).
+    actual : Any
+        What the batch holds.
+    detail : str, optional
+        Extra text appended to the message in parentheses.
+
+    Attributes
+    ----------
+    field : str
+        As given.
+    expected : Any
+        As given.
+    actual : Any
+        As given.
+    """
 
     def __init__(self, field: str, expected: Any, actual: Any, detail: str = "") -> None:
         self.field = field
@@ -36,94 +76,182 @@ class FieldError(ValidationError):
 
 
 class MissingFieldError(FieldError):
-    """The schema requires a field the batch does not have."""
+    """The schema requires a field the batch does not have.
+
+    Raised by batch validation and by the table/container builders.
+    """
 
 
 class UnknownFieldError(FieldError):
-    """The batch has a field the schema does not know."""
+    """The batch has a field the schema does not know.
+
+    Raised by batch validation and by the table/container builders.
+    """
 
 
 class DTypeError(FieldError, TypeError):
-    """A field has the wrong dtype (replaystore never casts silently)."""
+    """A field has the wrong dtype (replaystore never casts silently).
+
+    Raised by batch validation and by the container builders. It is also a
+    ``TypeError``.
+    """
 
 
 class ShapeError(FieldError):
-    """A field has the wrong number of dimensions or trailing shape."""
+    """A field has the wrong number of dimensions or trailing shape.
+
+    Raised by batch validation and by the container builders.
+    """
 
 
 class RecordCountError(FieldError):
-    """Fields of one batch disagree on the number of records."""
+    """Fields of one batch disagree on the number of records.
+
+    Raised by batch validation.
+    """
 
 
 class OffsetsError(FieldError):
-    """A CSR offsets array is malformed (start, monotonicity, end or length)."""
+    """A CSR offsets array is malformed (start, monotonicity, end or length).
+
+    Raised by batch validation and when Arrow list offsets are converted.
+    """
 
 
 class RaggedAlignmentError(FieldError):
-    """Ragged fields sharing one offsets array have different value counts."""
+    """Ragged fields sharing one offsets array have different value counts.
+
+    Raised by batch validation.
+    """
 
 
 class IdRangeError(FieldError):
-    """An id lies outside ``[0, bound)`` for a field whose bound the schema knows."""
+    """An id lies outside ``[0, bound)`` for a field whose bound the schema knows.
+
+    Raised by batch validation.
+    """
 
 
 class NonFiniteError(FieldError):
-    """A field that forbids NaN/inf contains one."""
+    """A field that forbids NaN/inf contains one.
+
+    Raised by batch validation.
+    """
 
 
 class DeviceError(FieldError):
-    """A tensor lives on a device replaystore cannot read (e.g. CUDA)."""
+    """A tensor lives on a device replaystore cannot read (e.g. CUDA).
+
+    Raised by batch validation; move the tensor to the CPU first.
+    """
 
 
 class MetadataError(FieldError):
-    """Batch metadata is not a JSON-serialisable mapping."""
+    """Batch metadata is not a JSON-serialisable mapping.
+
+    Raised by batch validation and when a commit record's metadata is encoded.
+    """
 
 
 class StreamKeyError(FieldError):
-    """A stream key is not an int or a str, or per-record keys have the wrong length."""
+    """A stream key is not an int or a str, or per-record keys have the wrong length.
+
+    Raised when an append's ``stream`` argument is checked, before anything is
+    written.
+    """
 
 
 class StepOrderError(FieldError):
-    """Steps of a stream are not strictly increasing (within the batch or after stored steps)."""
+    """Steps of a stream are not strictly increasing (within the batch or after stored steps).
+
+    Raised by appends that carry steps; nothing is written.
+    """
 
 
 class StoreError(ReplayStoreError):
-    """A store-level mistake: bad arguments, wrong mode, mismatched schema."""
+    """A store-level mistake: bad arguments, wrong mode, mismatched schema.
+
+    The base of every error about a store, a table, a sampler or a tool's
+    arguments (as opposed to one field of a batch). Raised directly for bad
+    arguments throughout ``store``, ``loaders`` and ``tools``.
+    """
 
 
 class StoreNotFoundError(StoreError, FileNotFoundError):
-    """No store exists at the URL (and the mode does not create one)."""
+    """No store exists at the URL (and the mode does not create one).
+
+    Raised by ``open_store`` with mode ``"r"`` or ``"a"``. It is also a
+    ``FileNotFoundError``.
+    """
 
 
 class StoreExistsError(StoreError, FileExistsError):
-    """A creating mode (``"w"``, ``"w-"``, ``"x"``) found an existing store at the URL."""
+    """A creating mode (``"w"``, ``"w-"``, ``"x"``) found an existing store at the URL.
+
+    Raised by ``open_store`` (and by tools that create a store) when the target
+    already holds one. It is also a ``FileExistsError``.
+    """
 
 
 class ReadOnlyError(StoreError):
-    """A mutating call on a store opened with mode "r"."""
+    """A mutating call on a store opened with mode "r".
+
+    Raised by the store and its writers before anything is written.
+    """
 
 
 class FormatVersionError(StoreError):
-    """The store was written in an unknown or newer format version."""
+    """The store was written in an unknown or newer format version.
+
+    Raised when a manifest or another versioned document is read back.
+    """
 
 
 class SchemaMismatchError(StoreError, SchemaError):
-    """The schema given at open differs from the stored one (schemas are fixed at creation)."""
+    """The schema given at open differs from the stored one (schemas are fixed at creation).
+
+    Raised by ``open_store`` and when a table is opened with a schema.
+    """
 
 
 class RowError(StoreError, KeyError):
-    """A requested row id is not a visible record (never written, or evicted)."""
+    """A requested row id is not a visible record (never written, or evicted).
+
+    Raised by a table's ``read`` and the other row lookups. It is also a
+    ``KeyError``; its message is not quoted.
+    """
 
     def __str__(self) -> str:  # KeyError would repr() the message
+        """The message as given, not ``repr()``-quoted as ``KeyError`` would."""
         return str(self.args[0])
 
 
 class StaleReadError(StoreError):
-    """Rows this reader still saw were evicted and reclaimed; call ``refresh()``."""
+    """Rows this reader still saw were evicted and reclaimed; call ``refresh()``.
+
+    Raised by reads (in a loader worker, Ray Data, a table read) whose snapshot
+    names fragments a writer has since reclaimed.
+    """
 
 
 class CorruptObjectError(StoreError):
-    """A stored object fails its integrity check; ``path`` names it."""
+    """A stored object fails its integrity check; ``path`` names it.
+
+    Raised when a chunk, a commit record, a manifest, a span or a cache entry
+    read from a store is truncated, fails its checksum, or is malformed.
+
+    Parameters
+    ----------
+    path : str
+        The object's path (or key) relative to the store root.
+    problem : str
+        What is wrong with it; becomes the message after ``path``.
+
+    Attributes
+    ----------
+    path : str
+        As given.
+    """
 
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
@@ -131,32 +259,68 @@ class CorruptObjectError(StoreError):
 
 
 class UnsafeNameError(CorruptObjectError):
-    """A name read from a store breaks the format's name grammar (``..``, a separator, an
-    absolute path, a control character), or a path under the store root leads outside it
-    through a symbolic link. Nothing was read, written or deleted through it."""
+    """A name read from a store breaks the format's name grammar.
+
+    Raised for ``..``, a separator, an absolute path or a control character in a
+    name read from the store, or when a path under the store root leads outside
+    it through a symbolic link. Nothing was read, written or deleted through it.
+    """
 
 
 class InvalidNameError(StoreError, ValueError):
-    """A name given as an argument (a table, state slot or state array) breaks the format's name
-    grammar (docs/FORMAT.md, "Object names")."""
+    """A name given as an argument breaks the format's name grammar.
+
+    Raised for a table, state slot or state array name that breaks the grammar
+    of docs/FORMAT.md, "Object names". It is also a ``ValueError``.
+    """
 
 
 class NotAStoreError(StoreError):
-    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store
-    (no manifest, or one that is not replaystore's); nothing was deleted."""
+    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store.
+
+    There is no manifest, or one that is not replaystore's; nothing was deleted.
+    """
 
 
 class StoreReplacedError(StoreError):
-    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
-    opened it; the opener that lost wrote and deleted nothing."""
+    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle opened it.
+
+    The opener that lost wrote and deleted nothing.
+    """
 
 class StepRangeError(StepOrderError):
-    """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``)."""
+    """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``).
+
+    Raised by appends that carry steps; nothing is written.
+    """
 
 
 class SamplerParameterError(StoreError, ValueError):
-    """A sampler argument (``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every``, ...) is
-    out of its valid range: ``field`` got ``actual``, wanted ``expected``."""
+    """A sampler argument is out of its valid range.
+
+    Raised by the samplers' constructors and ``PrioritizedSampler.update`` for
+    ``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every`` and the
+    like: ``field`` got ``actual``, wanted ``expected``. It is also a
+    ``ValueError``.
+
+    Parameters
+    ----------
+    field : str
+        Name of the argument.
+    expected : Any
+        The valid range, in words.
+    actual : Any
+        The value given.
+
+    Attributes
+    ----------
+    field : str
+        As given.
+    expected : Any
+        As given.
+    actual : Any
+        As given.
+    """
 
     def __init__(self, field: str, expected: Any, actual: Any) -> None:
         self.field = field
@@ -166,9 +330,27 @@ class SamplerParameterError(StoreError, ValueError):
 
 
 class ResumeMismatchError(StoreError):
-    """``resume=True`` found saved sampler state whose hyperparameters differ from the ones
-    given; ``parameters`` maps each differing name to ``(saved, given)``. Pass
-    ``override=True`` to resume with the given ones."""
+    """Saved sampler state has hyperparameters that differ from the ones given.
+
+    Raised by a sampler constructed with ``resume=True``. Pass ``override=True``
+    to resume with the given ones.
+
+    Parameters
+    ----------
+    slot : str
+        The state slot the saved state was read from.
+    parameters : dict of str to tuple
+        Each differing name mapped to ``(saved, given)``.
+    detail : str, optional
+        Replaces the default hint at the end of the message.
+
+    Attributes
+    ----------
+    slot : str
+        As given.
+    parameters : dict of str to tuple
+        As given.
+    """
 
     def __init__(self, slot: str, parameters: dict[str, tuple[Any, Any]], detail: str = "") -> None:
         self.slot = slot

@@ -17,13 +17,31 @@ from replaystore.store import Store, Table
 
 
 class EmptyStoreError(ReplayStoreError):
-    """A sampler was asked for a minibatch while it has nothing to draw from."""
+    """A sampler was asked for a minibatch while it has nothing to draw from.
+
+    Raised by every sampler's ``sample`` (and by ``ReplayBuffer.sample``) when the
+    table, or the sampler's subset of it, has no visible record (or, for sequence
+    samplers, no legal window). Append and commit, then ``refresh()``.
+    """
 
 
 @dataclass
 class Request:
-    """One minibatch to gather: row ids (``-1`` marks padding, in ``sequence`` requests only) and
-    per-sample sampler outputs."""
+    """One minibatch to gather, as a sampler yields it.
+
+    Attributes
+    ----------
+    rows : numpy.ndarray
+        int64 row ids; ``[batch]``, or ``[batch, window]`` for ``sequence``
+        requests, where ``-1`` marks a padding slot.
+    outputs : dict of str to numpy.ndarray
+        Per-sample sampler outputs (e.g. importance ``weights``), passed through
+        into the minibatch.
+    sequence : bool
+        Whether ``rows`` is a ``[batch, window]`` array of sequence windows.
+    stream_keys : list of int or str, optional
+        For sequence requests, each window's stream key.
+    """
 
     rows: np.ndarray
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
@@ -34,18 +52,47 @@ class Request:
 class StoreSampler(Sampler[Request]):
     """Base class: yields :class:`Request` minibatches (a torch batch sampler) from one table.
 
-    ``subset`` restricts draws to those row ids (e.g. rows a SQL query returned, or
-    the latest commit's records). ``num_batches`` bounds iteration (None: endless,
-    except for samplers with passes). ``name`` is the state slot; ``resume=True``
-    restores the state saved there by :meth:`save` (see :meth:`restore` for
-    ``override``). ``refresh_every`` (a positive int: minibatches) and/or
-    ``refresh_every_s`` (a positive float: seconds) make iteration call
-    ``store.refresh()`` by itself before a minibatch when that many minibatches were drawn,
-    or that many seconds passed, since the last refresh it made; the sampler then follows
-    the new commits (and evictions) as after an explicit refresh. Cost of a refresh: reading
-    the log records committed since the last one.
-    Raises SamplerParameterError for a bad ``batch_size``, ``refresh_every`` or
-    ``refresh_every_s``; ResumeMismatchError (see :meth:`restore`).
+    ``refresh_every`` and/or ``refresh_every_s`` make iteration call
+    ``store.refresh()`` by itself before a minibatch when that many minibatches
+    were drawn, or that many seconds passed, since the last refresh it made; the
+    sampler then follows the new commits (and evictions) as after an explicit
+    refresh. Cost of a refresh: reading the log records committed since the last
+    one.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    batch_size : int
+        Records (or windows) per minibatch; a positive int.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    table : str, optional
+        Table to draw from (default: the store's default table).
+    subset : array_like of int, optional
+        Restrict draws to these row ids (e.g. rows a SQL query returned, or the
+        latest commit's records).
+    num_batches : int, optional
+        Bound on iteration (None: endless, except for samplers with passes).
+    name : str, optional
+        The state slot :meth:`save` and :meth:`restore` use (default
+        ``"{kind}-{table}"``).
+    resume : bool, optional
+        Restore the state saved in slot ``name`` at construction (see :meth:`restore`).
+    override : bool, optional
+        With ``resume``, let the given hyperparameters replace saved ones (see
+        :meth:`restore`).
+    refresh_every : int, optional
+        Refresh the store every this many minibatches.
+    refresh_every_s : float, optional
+        Refresh the store when this many seconds passed since the last refresh.
+
+    Raises
+    ------
+    SamplerParameterError
+        A bad ``batch_size``, ``refresh_every`` or ``refresh_every_s``.
+    ResumeMismatchError
+        With ``resume=True``: see :meth:`restore`.
     """
 
     kind = "sampler"
@@ -88,10 +135,24 @@ class StoreSampler(Sampler[Request]):
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> Request:
-        """Draw one minibatch request."""
+        """Draw one minibatch request.
+
+        Returns
+        -------
+        Request
+            The rows to gather and the sampler's per-sample outputs.
+
+        Raises
+        ------
+        EmptyStoreError
+            There is nothing to draw from (in the subclasses).
+        NotImplementedError
+            Called on the base class.
+        """
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Request]:
+        """Yield :meth:`sample` requests, :meth:`auto_refresh` before each, up to ``num_batches``."""
         drawn = 0
         while self.num_batches is None or drawn < self.num_batches:
             self.auto_refresh()
@@ -99,9 +160,17 @@ class StoreSampler(Sampler[Request]):
             drawn += 1
 
     def auto_refresh(self) -> bool:
-        """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went
-        by since this sampler last did (iteration calls this before each minibatch; call it
-        before :meth:`sample` when drawing by hand). Returns whether it refreshed."""
+        """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went by.
+
+        Counted since this sampler last refreshed. Iteration calls this before each
+        minibatch; call it before :meth:`sample` when drawing by hand. Cost: nothing
+        unless due; then one ``store.refresh()``.
+
+        Returns
+        -------
+        bool
+            Whether it refreshed.
+        """
         if self.refresh_every is None and self.refresh_every_s is None:
             return False
         due = self.refresh_every is not None and self._since_refresh >= self.refresh_every
@@ -116,6 +185,7 @@ class StoreSampler(Sampler[Request]):
         return True
 
     def __len__(self) -> int:
+        """``num_batches``; a TypeError for an endless sampler."""
         if self.num_batches is None:
             raise TypeError(f"{type(self).__name__} is endless; pass num_batches= for a length")
         return self.num_batches
@@ -135,14 +205,34 @@ class StoreSampler(Sampler[Request]):
         self._cum = np.r_[0, np.cumsum(self._spans[:, 1] - self._spans[:, 0])].astype(np.int64)
 
     def candidate_count(self) -> int:
-        """How many rows the sampler draws from (visible rows, of the subset if any)."""
+        """How many rows the sampler draws from (visible rows, of the subset if any).
+
+        Cost: O(1) without a subset; with one, O(fragments) once per change of the
+        table's view.
+
+        Returns
+        -------
+        int
+            The number of candidate rows.
+        """
         if self.subset is None:
             return len(self.table)
         self._subset_view()
         return int(self._cum[-1])
 
     def candidate_rows(self, positions: np.ndarray) -> np.ndarray:
-        """Row ids at positions ``0 <= p < candidate_count()`` in row-id order, vectorised."""
+        """Row ids at positions ``0 <= p < candidate_count()`` in row-id order, vectorised.
+
+        Parameters
+        ----------
+        positions : numpy.ndarray
+            Integer positions among the candidates.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids, one per position.
+        """
         if self.subset is None:
             return self.table.rows_at(positions)
         self._subset_view()
@@ -150,7 +240,20 @@ class StoreSampler(Sampler[Request]):
         return self.subset[self._spans[span, 0] + positions - self._cum[span]]
 
     def restrict(self, iv: np.ndarray) -> np.ndarray:
-        """The rows the sampler draws from among row-id intervals ``iv``, ascending (cost: the result)."""
+        """The rows the sampler draws from among row-id intervals ``iv``, ascending.
+
+        Cost: linear in the result (plus a binary search per interval with a subset).
+
+        Parameters
+        ----------
+        iv : numpy.ndarray
+            ``(n, 2)`` int64 half-open row-id intervals ``[lo, hi)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         return expand(iv) if self.subset is None else rows_in(self.subset, iv)
 
     def _empty(self, what: str = "records") -> EmptyStoreError:
@@ -159,40 +262,91 @@ class StoreSampler(Sampler[Request]):
 
     # -- state ----------------------------------------------------------------------------
     def hyperparameters(self) -> dict[str, Any]:
-        """The constructor arguments saved state must agree with (:meth:`restore`)."""
+        """The constructor arguments saved state must agree with (:meth:`restore`).
+
+        Returns
+        -------
+        dict of str to Any
+            Name to value; the base class has ``batch_size`` and ``seed``.
+        """
         return {"batch_size": self.batch_size, "seed": self.seed}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue sampling exactly: RNG, counters, sampler data, and the
-        :meth:`hyperparameters` it was drawn with."""
+        """Everything needed to continue sampling exactly.
+
+        Returns
+        -------
+        dict of str to Any
+            RNG state, counters, sampler data (numpy arrays for the large parts), and
+            the :meth:`hyperparameters` it was drawn with.
+        """
         return {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
                 "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` (RNG state and counters).
+
+        Parameters
+        ----------
+        state : dict of str to Any
+            A state of a sampler of the same kind.
+
+        Raises
+        ------
+        StoreError
+            The state was saved by a sampler of another kind.
+        """
         if state.get("kind") != self.kind:
             raise StoreError(f"state of a {state.get('kind')!r} sampler cannot load into a {self.kind!r} sampler")
         self.rng.bit_generator.state = state["rng"]
         self.batches_drawn = int(state["batches_drawn"])
 
     def save(self) -> int:
-        """Persist :meth:`state_dict` into the store's state slot ``name``; returns its version. The
-        slot keeps its newest two versions (``Store.save_state``'s ``keep_last``)."""
+        """Persist :meth:`state_dict` into the store's state slot ``name``.
+
+        The slot keeps its newest two versions (``Store.save_state``'s
+        ``keep_last``). Cost: one state-slot write (a JSON document plus the numpy
+        arrays of the state).
+
+        Returns
+        -------
+        int
+            The version of the saved state.
+        """
         state = self.state_dict()
         arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
         doc = {k: v for k, v in state.items() if k not in arrays}
         return self.store.save_state(self.name, doc, arrays)
 
     def restore(self, override: bool = False) -> bool:
-        """Load the state saved in slot ``name``; False if none was saved.
+        """Load the state saved in slot ``name``.
 
-        The saved :meth:`hyperparameters` must equal this sampler's, else ResumeMismatchError
-        names every differing one and nothing is loaded. With ``override=True`` the given
-        values win for the parameters in :attr:`overridable`, and the state is kept otherwise:
-        ``batch_size`` applies to the next minibatch; a new ``seed`` starts a fresh RNG from it
-        (the saved RNG state is dropped, counters and sampler data are kept); see the
-        subclasses for theirs. A differing parameter outside :attr:`overridable` is a
-        ResumeMismatchError even then. States saved without hyperparameters are checked on the
-        ones they hold. Cost: reading the slot.
+        The saved :meth:`hyperparameters` must equal this sampler's. With
+        ``override=True`` the given values win for the parameters in
+        :attr:`overridable`, and the state is kept otherwise: ``batch_size`` applies
+        to the next minibatch; a new ``seed`` starts a fresh RNG from it (the saved
+        RNG state is dropped, counters and sampler data are kept); see the subclasses
+        for theirs. States saved without hyperparameters are checked on the ones they
+        hold. Cost: reading the slot.
+
+        Parameters
+        ----------
+        override : bool, optional
+            Let the given values of overridable hyperparameters replace saved ones.
+
+        Returns
+        -------
+        bool
+            True if a state was loaded, False if none was saved.
+
+        Raises
+        ------
+        ResumeMismatchError
+            A saved hyperparameter differs (without ``override``), or one outside
+            :attr:`overridable` differs (with it); it names every differing one and
+            nothing is loaded.
+        StoreError
+            The slot holds the state of another kind of sampler.
         """
         saved = self.store.load_state(self.name)
         if saved is None:

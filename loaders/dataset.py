@@ -46,7 +46,22 @@ def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray
 
 
 def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy arrays -> torch tensors (sharing memory); other values pass through."""
+    """Convert numpy arrays to torch tensors (sharing memory).
+
+    Other values pass through.
+
+    Non-contiguous arrays are copied to contiguous ones first.
+
+    Parameters
+    ----------
+    arrays : dict of str to Any
+        Name to value.
+
+    Returns
+    -------
+    dict of str to Any
+        The same names, numpy arrays replaced by tensors.
+    """
     return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
             for k, v in arrays.items()}
 
@@ -54,11 +69,17 @@ def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
 class WorkerBatch:
     """A minibatch gathered in a DataLoader worker, on its way to the main process as numpy arrays.
 
-    Pickled through the worker's pipe, a 256-record DQN batch costs ~70 µs (dump + load);
-    torch tensors would instead each be moved to a new shared-memory segment per batch
-    (~600 µs even when packed into one; docs/PERFORMANCE.md, "DataLoader workers"). The
-    main process makes the tensors: :class:`StoreLoader` does, or the DataLoader's
-    pin-memory thread through :meth:`pin_memory`.
+    Pickled through the worker's pipe, a 256-record DQN batch costs ~70 µs (dump
+    + load); torch tensors would instead each be moved to a new shared-memory
+    segment per batch (~600 µs even when packed into one; docs/PERFORMANCE.md,
+    "DataLoader workers"). The main process makes the tensors:
+    :class:`StoreLoader` does, or the DataLoader's pin-memory thread through
+    :meth:`pin_memory`.
+
+    Parameters
+    ----------
+    arrays : dict of str to Any
+        The minibatch as :func:`gather_arrays` returns it.
     """
 
     __slots__ = ("arrays",)
@@ -67,14 +88,51 @@ class WorkerBatch:
         self.arrays = arrays
 
     def tensors(self) -> dict[str, Any]:
+        """The minibatch as tensors sharing the arrays' memory.
+
+        Returns
+        -------
+        dict of str to Any
+            See :func:`to_tensors`.
+        """
         return to_tensors(self.arrays)
 
     def pin_memory(self) -> dict[str, Any]:
+        """The minibatch as tensors in pinned memory (called by the DataLoader's pin-memory thread).
+
+        Cost: one copy of each tensor into page-locked memory.
+
+        Returns
+        -------
+        dict of str to Any
+            Tensors pinned; other values as they are.
+        """
         return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in self.tensors().items()}
 
 
 def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
-    """:func:`gather`'s minibatch as numpy arrays (``stream_keys`` as a list)."""
+    """:func:`gather`'s minibatch as numpy arrays (``stream_keys`` as a list).
+
+    Parameters
+    ----------
+    table : Table
+        The table to read.
+    request : Request
+        The rows and the sampler's outputs.
+
+    Returns
+    -------
+    dict of str to Any
+        Schema fields, ``indices``, the sampler's outputs, and ``stream_keys`` for
+        sequence requests.
+
+    Raises
+    ------
+    RowError
+        A requested row is not visible to this handle.
+    StaleReadError
+        A requested row was reclaimed since this handle's view.
+    """
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
@@ -90,8 +148,29 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
 def gather(table: Table, request: Request) -> dict[str, Any]:
     """The minibatch for ``request``: schema fields, ``indices`` and the sampler's outputs, as tensors.
 
-    Ragged fields come out as CSR of just these rows (values + offsets rebased to 0;
-    for sequences, over the flattened ``[batch, window]`` slots).
+    Ragged fields come out as CSR of just these rows (values + offsets rebased to
+    0; for sequences, over the flattened ``[batch, window]`` slots). Padding slots
+    of sequence windows read nothing and come out as zeros / empty lists. Cost:
+    one read of the rows (see ``Table.read``).
+
+    Parameters
+    ----------
+    table : Table
+        The table to read.
+    request : Request
+        The rows and the sampler's outputs.
+
+    Returns
+    -------
+    dict of str to Any
+        Name to tensor (``stream_keys``, if any, as a list).
+
+    Raises
+    ------
+    RowError
+        A requested row is not visible to this handle.
+    StaleReadError
+        A requested row was reclaimed since this handle's view.
     """
     return to_tensors(gather_arrays(table, request))
 
@@ -100,14 +179,24 @@ class StoreDataset(Dataset):
     """A map-style dataset whose items are whole :class:`Request` minibatches (``__getitems__``).
 
     Each process opens the store itself (read-only) on first use, so DataLoader
-    workers never share an opened store across fork or spawn. In a capped store that
-    handle also shows the records evicted within the grace margin (``max(N // 4, 1)``
-    beyond capacity N; :meth:`TableReader.widen`): a handle newer than the sampler's still
-    reads rows the sampler drew and a writer evicted since. A request naming rows this
-    process does not see refreshes the store once and retries; StaleReadError if they
-    are still not readable (reclaimed: the sampler's view lags by more than the grace
-    margin). In a worker an item is a :class:`WorkerBatch` (numpy arrays);
+    workers never share an opened store across fork or spawn. In a capped store
+    that handle also shows the records evicted within the grace margin
+    (``max(N // 4, 1)`` beyond capacity N): a handle newer than the sampler's
+    still reads rows the sampler drew and a writer evicted since. A request
+    naming rows this process does not see refreshes the store once and retries.
+    In a worker an item is a :class:`WorkerBatch` (numpy arrays);
     :func:`make_loader` turns it into tensors.
+
+    Parameters
+    ----------
+    url : str
+        The store's URL.
+    table : str
+        The table to read.
+    storage_options : dict, optional
+        Passed to the storage backend when opening.
+    cache : ChunkCache or bool, optional
+        ``open_store``'s ``cache``: the opener's, so workers share its directory.
     """
 
     def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None,
@@ -130,7 +219,24 @@ class StoreDataset(Dataset):
         return self._store.table(self.table_name)
 
     def __getitems__(self, request: Request) -> dict[str, Any] | WorkerBatch:
-        """The minibatch as tensors; in a DataLoader worker, as a :class:`WorkerBatch`."""
+        """The minibatch as tensors; in a DataLoader worker, as a :class:`WorkerBatch`.
+
+        Parameters
+        ----------
+        request : Request
+            The minibatch to gather.
+
+        Returns
+        -------
+        dict of str to Any or WorkerBatch
+            The gathered minibatch.
+
+        Raises
+        ------
+        StaleReadError
+            The rows are still not readable after one refresh (reclaimed: the
+            sampler's view lags by more than the grace margin).
+        """
         table = self._table()
         try:
             batch = gather_arrays(table, request)
@@ -144,9 +250,11 @@ class StoreDataset(Dataset):
         return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
 
     def __getitem__(self, request: Request) -> dict[str, Any]:
+        """Same as :meth:`__getitems__`."""
         return self.__getitems__(request)
 
     def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the opened store: each process opens its own."""
         return {**self.__dict__, "_store": None, "_pid": None}
 
 
@@ -155,10 +263,15 @@ def _first(batch: Any) -> Any:
 
 
 class StoreLoader(DataLoader):
-    """The DataLoader of :func:`make_loader`: batches that workers sent as :class:`WorkerBatch`
-    come out as mappings of tensors, like those gathered in the main process."""
+    """The DataLoader of :func:`make_loader`.
+
+    Batches that workers sent as :class:`WorkerBatch` come out as mappings of
+    tensors, like those gathered in the main process. Takes DataLoader's
+    arguments.
+    """
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield minibatches as mappings of tensors."""
         for batch in super().__iter__():
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
@@ -167,13 +280,36 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
                 **kwargs: Any) -> StoreLoader:
     """A torch DataLoader yielding minibatches (mappings of tensors) for ``sampler``.
 
-    Sampling runs in the main process (priority updates reach the next draw, up to
-    the ``prefetch_factor * num_workers`` minibatches already in flight); gathering
-    runs in ``num_workers`` worker processes that open the store themselves. Workers
-    are persistent by default (``persistent_workers=True``; torch's default is False):
-    an epoch sampler's passes reuse them instead of starting and opening the store
-    again every pass. Extra keyword arguments (``multiprocessing_context``,
-    ``prefetch_factor``, ``persistent_workers``, ...) go to the DataLoader.
+    Sampling runs in the main process (priority updates reach the next draw, up
+    to the ``prefetch_factor * num_workers`` minibatches already in flight);
+    gathering runs in ``num_workers`` worker processes that open the store
+    themselves. Workers are persistent by default (``persistent_workers=True``;
+    torch's default is False): an epoch sampler's passes reuse them instead of
+    starting and opening the store again every pass.
+
+    Parameters
+    ----------
+    store : Store
+        The store ``sampler`` draws from.
+    sampler : StoreSampler
+        The batch sampler.
+    num_workers : int, optional
+        Worker processes that gather (0: gather in the main process).
+    pin_memory : bool, optional
+        Pin the minibatches' memory (for fast host-to-GPU copies).
+    **kwargs
+        Passed to the DataLoader (``multiprocessing_context``,
+        ``prefetch_factor``, ``persistent_workers``, ...).
+
+    Returns
+    -------
+    StoreLoader
+        The DataLoader.
+
+    Raises
+    ------
+    StoreError
+        ``num_workers > 0`` with a ``memory://`` store (it lives in one process).
     """
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")

@@ -25,17 +25,37 @@ def _end_flags(table: Table) -> tuple[str, str | None]:
 
 def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only: bool = True,
                   ) -> Iterator[dict[str, Any]]:
-    """Yield each episode as a mapping of tensors: the schema's fields over T steps (ragged
-    fields as CSR of the episode's steps), plus
-    ``final_obs`` (the last ``next_obs``), ``terminated`` and ``truncated`` (bools),
-    ``stream`` and ``steps``.
+    """Yield each episode of a table's streams as a mapping of tensors.
 
-    An episode starts at a reset, after an episode end or after a step gap, and ends
-    at a step whose terminated/truncated (or ``dones``) flag is set. Only whole
-    episodes are yielded unless ``complete_only=False``: not the trailing steps of
-    a stream that has not ended yet, and not an episode whose beginning is missing
-    (it starts after a gap left by retention, without a reset, and not at step 0).
-    Each carries ``complete``; one cut off by the end of the data is ``truncated``.
+    An episode starts at a reset, after an episode end or after a step gap, and
+    ends at a step whose terminated/truncated (or ``dones``) flag is set. Only
+    whole episodes are yielded unless ``complete_only=False``: not the trailing
+    steps of a stream that has not ended yet, and not an episode whose beginning
+    is missing (it starts after a gap left by retention, without a reset, and not
+    at step 0). Cost: one read of each stream's rows.
+
+    Parameters
+    ----------
+    table : Table
+        A table whose schema has ``obs``, ``next_obs`` and ``terminated`` (with
+        optional ``truncated``) or ``dones``.
+    streams : list, optional
+        Stream keys to read, in this order (default: all of the table's streams).
+    complete_only : bool, optional
+        Yield only whole episodes (default True).
+
+    Yields
+    ------
+    dict of str to Any
+        The schema's fields over T steps (ragged fields as CSR of the episode's
+        steps), plus ``final_obs`` (the last ``next_obs``), ``terminated`` and
+        ``truncated`` (bools; one cut off by the end of the data is
+        ``truncated``), ``complete``, ``stream``, ``steps`` and ``rows``.
+
+    Raises
+    ------
+    StoreError
+        The schema lacks ``obs``/``next_obs`` or an end flag.
     """
     term_name, trunc_name = _end_flags(table)
     for stream in streams if streams is not None else table.streams():

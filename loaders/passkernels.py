@@ -15,8 +15,25 @@ import numpy as np
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def group(labels: np.ndarray, buckets: int, out: np.ndarray) -> np.ndarray:
-    """Fill ``out`` with the positions ``0..len(labels)-1`` grouped by label (each group ascending,
-    groups in label order) and return each group's end in ``out``. Labels are ``< buckets``."""
+    """Group the positions ``0..len(labels)-1`` by label into ``out``.
+
+    Each group ascending, groups in label order: a counting sort, one pass to
+    count and one to scatter.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Unsigned integer labels, each ``< buckets``.
+    buckets : int
+        The number of labels.
+    out : numpy.ndarray
+        ``len(labels)`` integers: receives the grouped positions.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64: each group's end in ``out``.
+    """
     ends = np.zeros(buckets, np.int64)
     for i in range(labels.shape[0]):
         ends[labels[i]] += 1

@@ -50,7 +50,17 @@ CHUNK = 1 << 16     # positions made at a time
 
 
 class PassRows:
-    """The rows of a pass, ascending: row-id intervals (no array of every id) or an array of ids."""
+    """The rows of a pass, ascending: row-id intervals (no array of every id) or an array of ids.
+
+    Give exactly one of the two.
+
+    Parameters
+    ----------
+    intervals : numpy.ndarray, optional
+        Sorted disjoint ``(k, 2)`` int64 ``[lo, hi)`` row-id intervals.
+    ids : numpy.ndarray, optional
+        Ascending int64 row ids.
+    """
 
     def __init__(self, *, intervals: np.ndarray | None = None, ids: np.ndarray | None = None) -> None:
         self._ids = ids
@@ -62,14 +72,34 @@ class PassRows:
         self.n = len(ids) if ids is not None else int(self._ends[-1]) if len(self._ends) else 0
 
     def __len__(self) -> int:
+        """The number of rows."""
         return self.n
 
     def ids(self) -> np.ndarray:
-        """Every row id, ascending, in an array the caller may reorder."""
+        """Every row id, ascending, in an array the caller may reorder.
+
+        Cost: linear in the rows (for intervals).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         return self._ids if self._ids is not None else expand(self._iv)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
-        """The row ids at ``positions`` (int64, ``0 <= p < n``)."""
+        """The row ids at ``positions`` (int64, ``0 <= p < n``).
+
+        Parameters
+        ----------
+        positions : numpy.ndarray
+            int64 positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         if self._ids is not None:
             return self._ids.take(positions)
         if len(self._shift) == 1:
@@ -77,7 +107,13 @@ class PassRows:
         return positions + self._shift[np.searchsorted(self._ends, positions, side="right")]
 
     def fingerprint(self) -> list[int]:
-        """Row count and the sum of the row ids (in int64, as numpy sums them)."""
+        """Row count and the sum of the row ids (in int64, as numpy sums them).
+
+        Returns
+        -------
+        list of int
+            ``[count, sum]``.
+        """
         if self._ids is not None:
             return [self.n, int(np.add.reduce(self._ids, dtype=np.int64))]
         total = sum((lo + hi - 1) * (hi - lo) // 2 for lo, hi in self._iv.tolist())
@@ -157,9 +193,28 @@ class _Blocks:
 
 
 class PassOrder:
-    """A pass's rows in a uniformly random order determined by ``seed`` (and ``method``), taken
-    from the front (``taken`` rows so far); :meth:`keep` drops rows not taken yet, after which
-    the order is no longer the seed's (``seed`` is None)."""
+    """A pass's rows in a uniformly random order determined by ``seed`` (and ``method``).
+
+    Rows are taken from the front (``taken`` rows so far); :meth:`keep` drops
+    rows not taken yet, after which the order is no longer the seed's (``seed``
+    is None). Construction costs one shuffle up to the in-cache size, else one
+    counting sort of bucket labels (``"buckets"``) or one blockwise shuffle
+    (``"blocks"``).
+
+    Parameters
+    ----------
+    rows : PassRows
+        The pass's rows.
+    seed : int
+        Seed of the order.
+    method : {"buckets", "blocks"}, optional
+        How the order is made (``"blocks"``: passes saved by earlier versions).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``method``.
+    """
 
     def __init__(self, rows: PassRows, seed: int, method: str = METHOD) -> None:
         if method not in METHODS:
@@ -181,7 +236,18 @@ class PassOrder:
 
     @classmethod
     def made(cls, order: np.ndarray) -> PassOrder:
-        """An order already made (no seed): ``order`` itself."""
+        """An order already made (no seed): ``order`` itself.
+
+        Parameters
+        ----------
+        order : numpy.ndarray
+            int64 row ids in order.
+
+        Returns
+        -------
+        PassOrder
+            An order that hands out ``order``.
+        """
         self = cls(PassRows(ids=np.zeros(0, dtype=np.int64)), 0)
         self.seed, self._made = None, order
         return self
@@ -191,7 +257,20 @@ class PassOrder:
         return len(self._made) - self._at + (self._source.remaining if self._source is not None else 0)
 
     def take(self, k: int) -> np.ndarray:
-        """The next ``k`` rows (fewer at the end)."""
+        """The next ``k`` rows (fewer at the end).
+
+        Cost: ``k``, plus making the buckets or chunks it reaches.
+
+        Parameters
+        ----------
+        k : int
+            Rows to take.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         source = self._source
         if source is not None and len(self._made) - self._at < k and source.remaining:
             parts = [self._made[self._at:]]
@@ -206,7 +285,13 @@ class PassOrder:
         return out
 
     def rest(self) -> np.ndarray:
-        """The rows not taken yet, in order (makes the whole order: cost the rows not taken)."""
+        """The rows not taken yet, in order (makes the whole order: cost the rows not taken).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         source = self._source
         if source is not None:
             chunks = [self._made[self._at:]]
@@ -216,6 +301,14 @@ class PassOrder:
         return self._made[self._at:]
 
     def keep(self, mask_of: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Keep, of the rows not taken yet, those where ``mask_of(rows)`` is true."""
+        """Keep, of the rows not taken yet, those where ``mask_of(rows)`` is true.
+
+        Cost: :meth:`rest`, plus the mask.
+
+        Parameters
+        ----------
+        mask_of : callable
+            Maps an array of row ids to a bool array of the same length.
+        """
         rest = self.rest()
         self._made, self._at, self.seed = rest[mask_of(rest)], 0, None

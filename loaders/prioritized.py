@@ -33,9 +33,28 @@ def _real(name: str, value: Any, lo: float = 0.0) -> float:
 
 
 def leaf_values(priorities: np.ndarray, alpha: float) -> np.ndarray:
-    """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`;
-    SamplerParameterError naming ``priorities`` when one exceeds :data:`MAX_LEAF` (the whole
-    call is then refused). Cost: O(n)."""
+    """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`.
+
+    Cost: O(n).
+
+    Parameters
+    ----------
+    priorities : numpy.ndarray
+        float64 priorities, finite and >= 0.
+    alpha : float
+        The exponent.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 leaf values.
+
+    Raises
+    ------
+    SamplerParameterError
+        A value exceeds :data:`MAX_LEAF` (``field`` ``"priorities"``); the whole
+        call is then refused.
+    """
     with np.errstate(over="ignore", under="ignore"):
         values = priorities ** alpha
     if len(values) and not float(values.max()) <= MAX_LEAF:
@@ -56,23 +75,49 @@ def _numpy(values: Any, dtype: Any) -> np.ndarray:
 class PrioritizedSampler(StoreSampler):
     """Proportional prioritized replay over the visible records.
 
-    Each stored record has a priority; records not yet seen by the sampler enter at
-    the running maximum priority. ``P(i) = p_i^alpha / sum_j p_j^alpha``; each
+    Each stored record has a priority; records not yet seen by the sampler enter
+    at the running maximum priority. ``P(i) = p_i^alpha / sum_j p_j^alpha``; each
     minibatch carries importance weights ``(N * P(i))^-beta / max`` (max over the
-    minibatch) as ``weights``. After the loss, call ``update(indices, priorities)``
-    with the minibatch's ``indices`` and |TD error|. Evicted records lose their
-    priority. Sampling is stratified (one draw per equal slice of the total mass, in
-    random order);
-    sampling and updates cost O(log n) per record, as whole-batch numpy operations.
+    minibatch) as ``weights``. After the loss, call ``update(indices,
+    priorities)`` with the minibatch's ``indices`` and |TD error|. Evicted records
+    lose their priority. Sampling is stratified (one draw per equal slice of the
+    total mass, in random order); sampling and updates cost O(log n) per record,
+    as whole-batch numpy operations.
 
-    Valid ranges: ``alpha``, ``beta`` and ``eps`` finite and >= 0; a priority must be finite
-    (its sign is dropped) with ``(|p| + eps) ** alpha <= 2**960`` (:data:`MAX_LEAF`), else
-    ``update`` raises SamplerParameterError and changes nothing; smaller values, 0 included,
-    count as at least the smallest normal float (:data:`MIN_LEAF`), so draws stay proportional
-    to ``max(p ** alpha, MIN_LEAF)`` and never collapse. On ``resume=True, override=True``,
-    ``alpha``, ``beta`` and ``eps`` may change: a new ``alpha`` re-exponentiates the saved
-    priorities (``p ** new_alpha``; from a state saved with ``alpha=0``, whose priorities are
-    lost, every record restarts at priority 1), refused like ``update`` if one would overflow.
+    A priority must be finite (its sign is dropped) with ``(|p| + eps) ** alpha
+    <= 2**960`` (:data:`MAX_LEAF`), else ``update`` raises and changes nothing;
+    smaller values, 0 included, count as at least the smallest normal float
+    (:data:`MIN_LEAF`), so draws stay proportional to ``max(p ** alpha,
+    MIN_LEAF)`` and never collapse. On ``resume=True, override=True``, ``alpha``,
+    ``beta`` and ``eps`` may change: a new ``alpha`` re-exponentiates the saved
+    priorities (``p ** new_alpha``; from a state saved with ``alpha=0``, whose
+    priorities are lost, every record restarts at priority 1), refused like
+    ``update`` if one would overflow.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    batch_size : int
+        Records per minibatch.
+    alpha : float, optional
+        Priority exponent; finite and >= 0 (0: uniform).
+    beta : float, optional
+        Importance-weight exponent; finite and >= 0.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    eps : float, optional
+        Added to ``|priority|`` so no record starves; finite and >= 0.
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    SamplerParameterError
+        ``alpha``, ``beta`` or ``eps`` is not a finite number >= 0, or a base
+        parameter is bad (see :class:`StoreSampler`).
+    ResumeMismatchError
+        With ``resume=True``: see :meth:`StoreSampler.restore`.
     """
 
     kind = "prioritized"
@@ -107,6 +152,20 @@ class PrioritizedSampler(StoreSampler):
         self.tree.set(new, np.full(len(new), leaf_values(np.array([self.max_priority]), self.alpha)[0]))
 
     def sample(self) -> Request:
+        """Draw a stratified minibatch proportional to priority^alpha.
+
+        Cost: the rows changed since the last call, then O(batch_size log n).
+
+        Returns
+        -------
+        Request
+            The rows and their importance ``weights`` (float32, max 1).
+
+        Raises
+        ------
+        EmptyStoreError
+            No candidate row is visible.
+        """
         self._sync()
         total = self.tree.total
         if not len(self.slots) or total <= 0:
@@ -134,8 +193,22 @@ class PrioritizedSampler(StoreSampler):
 
         Rows evicted since they were sampled are ignored. Priorities are made
         non-negative (absolute value) and offset by ``eps`` so no record starves.
-        Raises SamplerParameterError (``field`` ``"priorities"``), changing nothing, for a
-        NaN or infinite priority or one whose leaf value would exceed :data:`MAX_LEAF`.
+        Cost: O(n log N) for n rows.
+
+        Parameters
+        ----------
+        indices : array_like or torch.Tensor
+            Row ids (the minibatch's ``indices``).
+        priorities : array_like or torch.Tensor
+            One priority per row.
+
+        Raises
+        ------
+        SamplerParameterError
+            A NaN or infinite priority, or one whose leaf value would exceed
+            :data:`MAX_LEAF` (``field`` ``"priorities"``); nothing changes.
+        StoreError
+            ``indices`` and ``priorities`` differ in length.
         """
         rows = _numpy(indices, np.int64)
         prios = np.abs(_numpy(priorities, np.float64)) + self.eps
@@ -158,13 +231,31 @@ class PrioritizedSampler(StoreSampler):
         self.tree.set(slots, values)
 
     def priorities(self, rows: Any) -> np.ndarray:
-        """Current priorities of rows (NaN for rows not tracked)."""
+        """Current priorities of rows (NaN for rows not tracked).
+
+        Parameters
+        ----------
+        rows : array_like
+            Row ids.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 priorities (``leaf ** (1 / alpha)``; 1 where ``alpha`` is 0).
+        """
         self._sync()
         slots, found = self.slots.lookup(_numpy(rows, np.int64))
         vals = self.tree.leaves()[slots] ** (1.0 / self.alpha) if self.alpha else np.ones(len(slots))
         return np.where(found, vals, np.nan)
 
     def hyperparameters(self) -> dict[str, Any]:
+        """The base hyperparameters and ``alpha``, ``beta``, ``eps``.
+
+        Returns
+        -------
+        dict of str to Any
+            Name to value.
+        """
         return {**super().hyperparameters(), "alpha": self.alpha, "beta": self.beta, "eps": self.eps}
 
     def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
@@ -187,6 +278,16 @@ class PrioritizedSampler(StoreSampler):
         self.tree.set(live, values)
 
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus the priorities.
+
+        Cost: a copy of the tree's leaves and the row slots.
+
+        Returns
+        -------
+        dict of str to Any
+            Besides the base state: ``alpha``, ``beta``, ``eps``, ``max_priority``,
+            ``tree_leaves`` and the row-slot arrays.
+        """
         self._sync()
         state = super().state_dict()
         state.update(alpha=self.alpha, beta=self.beta, eps=self.eps, max_priority=self.max_priority,
@@ -194,6 +295,21 @@ class PrioritizedSampler(StoreSampler):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: priorities, row slots and RNG.
+
+        Cost: rebuilding the tree from the leaves, then comparing every visible row
+        with the rows tracked.
+
+        Parameters
+        ----------
+        state : dict of str to Any
+            A state saved by a prioritized sampler.
+
+        Raises
+        ------
+        StoreError
+            The state is of another sampler kind.
+        """
         super().load_state_dict(state)
         self.alpha, self.beta, self.eps = float(state["alpha"]), float(state["beta"]), float(state["eps"])
         self.max_priority = float(state["max_priority"])

@@ -21,10 +21,32 @@ class ReservoirSampler(StoreSampler):
     are drawn uniformly with replacement from the reservoir, so an unbounded
     DeepCFR advantage or strategy table trains on a bounded uniform sample; the
     schema's per-record iteration numbers come out with the batch for weighting.
-    Use it on an unbounded table: members evicted by a table capacity are dropped and
-    their slots refilled by the records offered in the same refresh and after it, or, if
-    every member was evicted and none of those took a slot, by a uniform choice of the
-    visible rows (the sample is then no longer uniform over everything appended).
+    Use it on an unbounded table: members evicted by a table capacity are dropped
+    and their slots refilled by the records offered in the same refresh and after
+    it, or, if every member was evicted and none of those took a slot, by a
+    uniform choice of the visible rows (the sample is then no longer uniform over
+    everything appended). Cost per refresh: the rows added (plus the members when
+    rows were evicted).
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    capacity : int
+        Reservoir size (a positive int; never overridable on resume).
+    batch_size : int
+        Records per minibatch.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    StoreError
+        ``capacity`` is not a positive int.
+    SamplerParameterError
+        See :class:`StoreSampler`.
     """
 
     kind = "reservoir"
@@ -39,14 +61,21 @@ class ReservoirSampler(StoreSampler):
         super().__init__(store, batch_size, seed, **kwargs)
 
     def hyperparameters(self) -> dict[str, Any]:
-        """``capacity`` too (never overridable: the members are a sample of that size)."""
+        """The base hyperparameters and ``capacity`` (never overridable: the members are a sample of that size).
+
+        Returns
+        -------
+        dict of str to Any
+            Name to value.
+        """
         return {**super().hyperparameters(), "capacity": self.capacity}
 
     def _not_offered(self, rows: np.ndarray) -> np.ndarray:
         """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order).
 
         A writer's rows are a contiguous run of ascending ``rows`` (its id is the high bits), so
-        each writer costs one search, not a pass over every row."""
+        each writer costs one search, not a pass over every row.
+        """
         parts = [rows[:0]]
         lo = 0
         while lo < len(rows):
@@ -97,6 +126,18 @@ class ReservoirSampler(StoreSampler):
         self.seen += len(rows)
 
     def sample(self) -> Request:
+        """Offer the newly visible rows, then draw uniformly with replacement from the reservoir.
+
+        Returns
+        -------
+        Request
+            The drawn rows.
+
+        Raises
+        ------
+        EmptyStoreError
+            The reservoir is empty.
+        """
         self._sync()
         if not len(self.members):
             raise self._empty()
@@ -105,6 +146,14 @@ class ReservoirSampler(StoreSampler):
         return Request(self.members[pos])
 
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus the reservoir.
+
+        Returns
+        -------
+        dict of str to Any
+            Besides the base state: ``capacity``, ``seen``, ``members`` and
+            ``offered_upto`` (per writer, the next local row not yet offered).
+        """
         self._sync()
         state = super().state_dict()
         state.update(capacity=self.capacity, seen=self.seen, members=self.members.copy(),
@@ -112,6 +161,18 @@ class ReservoirSampler(StoreSampler):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`.
+
+        Parameters
+        ----------
+        state : dict of str to Any
+            A state saved by a reservoir sampler.
+
+        Raises
+        ------
+        StoreError
+            The state is of another sampler kind.
+        """
         super().load_state_dict(state)
         self.capacity = int(state["capacity"])
         self.seen = int(state["seen"])

@@ -18,8 +18,15 @@ class Windows:
     """Every legal window of the current view, by the position of its first learning step.
 
     Positions index the table's stream index (sorted by stream, then step).
-    ``start`` is the position of the window's first real step and ``pad`` its
-    number of left-padded slots.
+
+    Attributes
+    ----------
+    learn : numpy.ndarray
+        int64 position of each window's first learning step.
+    start : numpy.ndarray
+        int64 position of each window's first real step.
+    pad : numpy.ndarray
+        int64 number of left-padded slots of each window.
     """
 
     learn: np.ndarray
@@ -33,10 +40,29 @@ def legal_windows(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray,
 
     The ``length`` learning steps must be consecutive steps of one stream (no
     stream switch, no step gap). The burn-in context is the up-to-``burn_in``
-    consecutive steps before them, cut at the latest reset inside it (a reset is a
-    recurrent boundary, so context before it is not used). Fewer than ``burn_in``
-    context steps are legal only when the context starts at an explicit reset; the
-    missing slots are left-padded.
+    consecutive steps before them, cut at the latest reset inside it (a reset is
+    a recurrent boundary, so context before it is not used). Fewer than
+    ``burn_in`` context steps are legal only when the context starts at an
+    explicit reset; the missing slots are left-padded. Cost: a few vectorised
+    passes over the entries.
+
+    Parameters
+    ----------
+    stream_ids : numpy.ndarray
+        Dense stream id of each entry, entries sorted by stream then step.
+    steps : numpy.ndarray
+        Step of each entry.
+    resets : numpy.ndarray
+        Bool: whether each entry starts a recurrent episode.
+    length : int
+        Learning steps per window.
+    burn_in : int
+        Context steps before them.
+
+    Returns
+    -------
+    Windows
+        Every legal window, in entry order.
     """
     m = len(steps)
     pos = np.arange(m, dtype=np.int64)
@@ -74,17 +100,29 @@ _COLUMNS = {"learn": np.dtype(np.int64), "start": np.dtype(np.int64), "pad": np.
 class StreamWindows:
     """The legal windows of every stream of a :class:`StreamIndex`, followed across its changes.
 
-    Windows are kept per index slot (stream) in :class:`Segments`, as relative positions
-    of the index's segments, sorted by first learning step. After an index change only
-    the streams it touched are revisited: entries appended after a stream's last step
-    add the windows that end in them (cost: the entries appended, plus ``burn_in +
-    length`` of context), oldest entries dropped drop the windows that used them (a
-    prefix: cost log), and a stream the index rewrote (out-of-order arrival, eviction
-    inside the stream) has its windows recomputed (cost: that stream). A new index
-    object (the table rebuilt it) means a full recomputation. Windows are drawn in the
-    order of :func:`legal_windows` on the index's dense views (stream id, then step), so
-    a sampler that followed the changes and one built afresh draw the same windows from
-    the same random numbers.
+    Windows are kept per index slot (stream) in :class:`Segments`, as relative
+    positions of the index's segments, sorted by first learning step. After an
+    index change only the streams it touched are revisited: entries appended
+    after a stream's last step add the windows that end in them (cost: the
+    entries appended, plus ``burn_in + length`` of context), oldest entries
+    dropped drop the windows that used them (a prefix: cost log), and a stream
+    the index rewrote (out-of-order arrival, eviction inside the stream) has its
+    windows recomputed (cost: that stream). A new index object (the table rebuilt
+    it) means a full recomputation. Windows are drawn in the order of
+    :func:`legal_windows` on the index's dense views (stream id, then step), so a
+    sampler that followed the changes and one built afresh draw the same windows
+    from the same random numbers. Construction costs one pass over the index.
+
+    Parameters
+    ----------
+    index : StreamIndex
+        The table's stream index, followed by :meth:`follow`.
+    length : int
+        Learning steps per window.
+    burn_in : int
+        Context steps before them.
+    subset : numpy.ndarray, optional
+        Sorted row ids a window's first learning step must be one of.
     """
 
     def __init__(self, index: StreamIndex, length: int, burn_in: int, subset: np.ndarray | None) -> None:
@@ -121,8 +159,11 @@ class StreamWindows:
         self.first = self.cum - counts
 
     def follow(self) -> None:
-        """Bring the windows up to the index's current version (cost: the streams touched since,
-        as the index remembers them; else one vectorised pass over every stream)."""
+        """Bring the windows up to the index's current version.
+
+        Cost: the streams touched since, as the index remembers them; else one
+        vectorised pass over every stream.
+        """
         index = self.index
         if index.version == self.version:
             return
@@ -179,11 +220,28 @@ class StreamWindows:
                 self.seg.append(s, cols)
 
     def __len__(self) -> int:
+        """The number of legal windows."""
         return int(self.cum[-1]) if len(self.cum) else 0
 
     def pick(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Windows number ``k`` (in draw order): ``(dense stream id, buffer position of the first
-        real step in the index's columns, pad)``."""
+        """Windows number ``k`` (in draw order).
+
+        Cost: a binary search per window.
+
+        Parameters
+        ----------
+        k : numpy.ndarray
+            Window numbers in ``[0, len(self))``.
+
+        Returns
+        -------
+        stream : numpy.ndarray
+            Dense stream id of each window.
+        start : numpy.ndarray
+            Buffer position of its first real step in the index's columns.
+        pad : numpy.ndarray
+            Its number of left-padded slots.
+        """
         g = np.searchsorted(self.cum, k, side="right")
         slot = self.index.order[g]
         at = self.seg.lo[slot] + (k - self.first[g])
@@ -191,7 +249,15 @@ class StreamWindows:
         return g, start, self.seg.cols["pad"][at]
 
     def dense(self) -> Windows:
-        """Every window in draw order, as positions of the index's dense views."""
+        """Every window in draw order, as positions of the index's dense views.
+
+        Cost: linear in the number of windows.
+
+        Returns
+        -------
+        Windows
+            The windows.
+        """
         at, counts = self.seg.positions(self.index.order)
         shift = np.repeat(self.index.dense_start()[self.index.order], counts)
         c = self.seg.cols
@@ -205,10 +271,34 @@ class SequenceSampler(StoreSampler):
     (shape ``[batch, burn_in + length]``): ``indices`` (row ids, -1 on padding),
     ``loss_mask`` (learning steps only), ``sequence_valid`` (real, not padded),
     ``steps`` (-1 on padding), ``reset`` (recurrent boundaries; a learner resets
-    its state there), and per window ``stream_keys`` (the stream key) and ``stream``
-    (the table's current internal stream number; valid until the store changes).
-    With ``burn_in=0, length=1`` it is plain transition sampling. ``subset``
-    restricts the rows a window's first learning step may be.
+    its state there), and per window ``stream_keys`` (the stream key) and
+    ``stream`` (the table's current internal stream number; valid until the
+    store changes). With ``burn_in=0, length=1`` it is plain transition
+    sampling. ``subset`` restricts the rows a window's first learning step may
+    be. ``length`` and ``burn_in`` are overridable on resume (windows are then
+    rebuilt from the stream index).
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    length : int
+        Learning steps per window; a positive int.
+    burn_in : int, optional
+        Context steps before them; an int >= 0.
+    batch_size : int, optional
+        Windows per minibatch.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    StoreError
+        ``length`` is not a positive int, or ``burn_in`` not an int >= 0.
+    SamplerParameterError
+        See :class:`StoreSampler`.
     """
 
     kind = "sequence"
@@ -228,6 +318,13 @@ class SequenceSampler(StoreSampler):
     """``length``/``burn_in`` overridden on resume: windows are rebuilt from the stream index."""
 
     def hyperparameters(self) -> dict[str, Any]:
+        """The base hyperparameters and ``length``, ``burn_in``.
+
+        Returns
+        -------
+        dict of str to Any
+            Name to value.
+        """
         return {**super().hyperparameters(), "length": self.length, "burn_in": self.burn_in}
 
     def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
@@ -236,6 +333,7 @@ class SequenceSampler(StoreSampler):
 
     @property
     def window(self) -> int:
+        """Slots per window: ``burn_in + length``."""
         return self.burn_in + self.length
 
     def _followed(self) -> StreamWindows:
@@ -249,11 +347,34 @@ class SequenceSampler(StoreSampler):
         return self._windows
 
     def windows(self) -> Windows:
-        """Every legal window, in draw order, as positions of the table's stream index
-        (``table.reader.index``) dense views. Cost: the table (inspection, not sampling)."""
+        """Every legal window, in draw order, as positions of the table's stream index dense views.
+
+        Cost: the table (inspection, not sampling).
+
+        Returns
+        -------
+        Windows
+            The windows.
+        """
         return self._followed().dense()
 
     def sample(self) -> Request:
+        """Draw ``batch_size`` legal windows uniformly with replacement.
+
+        Cost: following the table's changes since the last call, then
+        O(batch_size * window).
+
+        Returns
+        -------
+        Request
+            A sequence request: ``[batch, window]`` rows (-1 on padding), the
+            outputs listed in the class docstring, and each window's stream key.
+
+        Raises
+        ------
+        EmptyStoreError
+            No legal window exists.
+        """
         w = self._followed()
         if not len(w):
             raise self._empty(f"windows of {self.burn_in} + {self.length} steps")

@@ -20,21 +20,40 @@ _accumulate = np.add.accumulate
 
 
 def compiled_kernels() -> ModuleType | None:
-    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked
-    when a tree is made or grown."""
+    """The numba kernels (loaders/treekernels.py), asked when a tree is made or grown.
+
+    Returns
+    -------
+    types.ModuleType or None
+        The kernel module, or None when numba is unavailable or turned off
+        (see :func:`replaystore.compiled.kernels`).
+    """
     return kernels("replaystore.loaders.treekernels")
 
 
 def _aligned_zeros(n: int) -> np.ndarray:
-    """``n`` float64 zeros starting on a 64-byte boundary (so every run of 8 children that starts
-    at a multiple of 8 is one cache line)."""
+    """``n`` float64 zeros starting on a 64-byte boundary.
+
+    So every run of 8 children that starts at a multiple of 8 is one cache line.
+    """
     raw = np.zeros(n + FANOUT)
     skip = (-(raw.ctypes.data >> 3)) % FANOUT
     return raw[skip:skip + n]
 
 
 def node_sums(children: np.ndarray) -> np.ndarray:
-    """Each row's pairwise sum (``children``: shape ``(k, 8)``); the kernels add in this order too."""
+    """Each row's pairwise sum; the kernels add in this order too.
+
+    Parameters
+    ----------
+    children : numpy.ndarray
+        float64, shape ``(k, 8)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, shape ``(k,)``.
+    """
     c = children
     return ((c[:, 0] + c[:, 1]) + (c[:, 2] + c[:, 3])) + ((c[:, 4] + c[:, 5]) + (c[:, 6] + c[:, 7]))
 
@@ -42,18 +61,26 @@ def node_sums(children: np.ndarray) -> np.ndarray:
 class SumTree:
     """Leaf values (priorities^alpha) under an 8-ary tree of sums, stored as one array.
 
-    Level 0 is the highest kept level, of ``top`` nodes (at most :data:`SEARCH_TOP`); level
-    ``depth`` holds the ``size = top * 8**depth`` leaves; node i of level j is the pairwise sum
-    of nodes 8i..8i+7 of level j+1 (:func:`node_sums`), always recomputed from them, so no
-    value depends on the order or batching of updates. Each level starts on a 64-byte boundary:
-    a node's children are one cache line. ``find`` searches the running sums of level 0, then
-    at each level below picks the child whose range holds the target, by three binary steps
-    over the pairwise sums the node's value is made of: at 10M leaves a descent reads five
-    cache lines where a binary tree under the same searched top read thirteen, and an update
-    recomputes five ancestors per leaf (docs/PERFORMANCE.md, "An 8-ary sum tree").
-    Every operation handles a whole batch of leaves with a few numpy calls per level; with
-    numba installed, the sparse ``set`` and ``find`` run as compiled kernels doing the same
-    arithmetic (:func:`compiled_kernels`): the same tree and the same leaves found.
+    Level 0 is the highest kept level, of ``top`` nodes (at most
+    :data:`SEARCH_TOP`); level ``depth`` holds the ``size = top * 8**depth``
+    leaves; node i of level j is the pairwise sum of nodes 8i..8i+7 of level j+1
+    (:func:`node_sums`), always recomputed from them, so no value depends on the
+    order or batching of updates. Each level starts on a 64-byte boundary: a
+    node's children are one cache line. ``find`` searches the running sums of
+    level 0, then at each level below picks the child whose range holds the
+    target, by three binary steps over the pairwise sums the node's value is made
+    of: at 10M leaves a descent reads five cache lines where a binary tree under
+    the same searched top read thirteen, and an update recomputes five ancestors
+    per leaf (docs/PERFORMANCE.md, "An 8-ary sum tree"). Every operation handles
+    a whole batch of leaves with a few numpy calls per level; with numba
+    installed, the sparse ``set`` and ``find`` run as compiled kernels doing the
+    same arithmetic (:func:`compiled_kernels`): the same tree and the same leaves
+    found.
+
+    Parameters
+    ----------
+    size : int
+        Leaves to hold at least (rounded up to ``top * 8**depth``); all start at 0.
     """
 
     def __init__(self, size: int) -> None:
@@ -73,15 +100,34 @@ class SumTree:
         self._kernels = compiled_kernels() if depth else None  # (no levels: nothing for them to do)
 
     def level(self, j: int) -> np.ndarray:
-        """Level ``j``'s nodes (level ``depth``: the leaves)."""
+        """Level ``j``'s nodes (level ``depth``: the leaves).
+
+        Parameters
+        ----------
+        j : int
+            Level, ``0 <= j <= depth``.
+
+        Returns
+        -------
+        numpy.ndarray
+            A view into the tree.
+        """
         start = int(self.starts[j])
         return self.tree[start:start + (self.top << (SHIFT * j))]
 
     @property
     def total(self) -> float:
+        """The sum of every leaf (cached until the next ``set``)."""
         return float(self._prefixes()[-1])
 
     def leaves(self) -> np.ndarray:
+        """The leaf values.
+
+        Returns
+        -------
+        numpy.ndarray
+            A view of level ``depth`` (writing to it bypasses the sums: use :meth:`set`).
+        """
         return self.level(self.depth)
 
     def _prefixes(self) -> np.ndarray:
@@ -92,7 +138,23 @@ class SumTree:
         return self._prefix
 
     def set(self, leaves: np.ndarray, values: np.ndarray) -> None:
-        """Set leaf values (the last write wins for repeated leaves) and refresh their ancestors."""
+        """Set leaf values (the last write wins for repeated leaves) and refresh their ancestors.
+
+        Cost: O(depth) per leaf; when the leaves are a large share of the tree,
+        every level is recomputed whole.
+
+        Parameters
+        ----------
+        leaves : numpy.ndarray
+            int64 leaf indices in ``[0, size)``.
+        values : numpy.ndarray
+            float64 value per leaf (or one value for all).
+
+        Raises
+        ------
+        IndexError
+            A leaf index is out of range.
+        """
         leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
         if not leaves.size:
             return
@@ -115,7 +177,21 @@ class SumTree:
             self.level(j).put(nodes, node_sums(self.level(j + 1).reshape(-1, FANOUT).take(nodes, axis=0)))
 
     def find(self, targets: np.ndarray) -> np.ndarray:
-        """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t."""
+        """For prefix sums ``0 <= t < total``, the leaf whose cumulative range holds each t.
+
+        Cost: one binary search over level 0, then one cache line per level per target.
+
+        Parameters
+        ----------
+        targets : numpy.ndarray
+            float64 prefix sums.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 leaf per target (never a zero leaf: floating-point slack that lands
+            on one moves to the next positive leaf).
+        """
         prefix = self._prefixes()
         if self._kernels is not None:
             leaf = np.empty(len(targets), dtype=np.int64)
@@ -148,8 +224,10 @@ class SumTree:
         return self._off_zero(node)
 
     def _off_zero(self, leaf: np.ndarray) -> np.ndarray:
-        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end):
-        floating-point slack can land a target on a zero leaf at the far right."""
+        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end).
+
+        Floating-point slack can land a target on a zero leaf at the far right.
+        """
         bad = self.leaves().take(leaf) <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)
@@ -157,8 +235,16 @@ class SumTree:
         return leaf
 
     def grow(self, size: int) -> None:
-        """Enlarge to hold at least ``size`` leaves, keeping values; at least doubles, so a tree
-        that follows a growing table (a commit at a time) is rebuilt O(log n) times in all."""
+        """Enlarge to hold at least ``size`` leaves, keeping values.
+
+        At least doubles, so a tree that follows a growing table (a commit at a
+        time) is rebuilt O(log n) times in all. Cost: a rebuild, O(size).
+
+        Parameters
+        ----------
+        size : int
+            Leaves to hold.
+        """
         if size <= self.size:
             return
         old = self.leaves().copy()

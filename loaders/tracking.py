@@ -18,7 +18,18 @@ _NONE = np.zeros((0, 2), dtype=np.int64)
 
 
 def merge(iv: np.ndarray) -> np.ndarray:
-    """Sorted disjoint intervals with empty ones dropped and touching ones joined."""
+    """Sorted disjoint intervals with empty ones dropped and touching ones joined.
+
+    Parameters
+    ----------
+    iv : numpy.ndarray
+        ``(k, 2)`` int64 ``[lo, hi)`` intervals, sorted by ``lo``, not overlapping.
+
+    Returns
+    -------
+    numpy.ndarray
+        The merged intervals.
+    """
     iv = iv[iv[:, 1] > iv[:, 0]]
     if len(iv) < 2:
         return iv
@@ -28,7 +39,20 @@ def merge(iv: np.ndarray) -> np.ndarray:
 
 
 def visible_intervals(reader: TableReader) -> np.ndarray:
-    """The reader's visible row ids as sorted disjoint intervals."""
+    """The reader's visible row ids as sorted disjoint intervals.
+
+    Cost: O(fragments log fragments).
+
+    Parameters
+    ----------
+    reader : TableReader
+        A table's reader (as of its last sync).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(k, 2)`` int64 ``[lo, hi)`` intervals.
+    """
     if not reader.fragments:
         return _NONE
     iv = np.stack((reader.first_ids + reader.vis_from, reader.ends), axis=1).astype(np.int64)
@@ -36,12 +60,40 @@ def visible_intervals(reader: TableReader) -> np.ndarray:
 
 
 def inside(rows: np.ndarray, iv: np.ndarray) -> np.ndarray:
-    """Per row id, whether it lies in one of the intervals."""
+    """Per row id, whether it lies in one of the intervals.
+
+    Cost: a binary search per row.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        Row ids.
+    iv : numpy.ndarray
+        Sorted disjoint ``(k, 2)`` intervals.
+
+    Returns
+    -------
+    numpy.ndarray
+        Bool per row.
+    """
     return (np.searchsorted(iv.reshape(-1), rows, side="right") & 1).astype(bool)
 
 
 def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Intervals of the rows in ``a`` and not in ``b``."""
+    """Intervals of the rows in ``a`` and not in ``b``.
+
+    Cost: O((k_a + k_b) log(k_a + k_b)).
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        Sorted disjoint ``(k, 2)`` intervals.
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted disjoint intervals.
+    """
     if not len(a) or not len(b):
         return a
     points = np.unique(np.concatenate((a.reshape(-1), b.reshape(-1))))
@@ -51,7 +103,20 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def expand(iv: np.ndarray) -> np.ndarray:
-    """Every row id of the intervals, ascending."""
+    """Every row id of the intervals, ascending.
+
+    Cost: linear in the result.
+
+    Parameters
+    ----------
+    iv : numpy.ndarray
+        Sorted disjoint ``(k, 2)`` intervals.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 row ids.
+    """
     counts = iv[:, 1] - iv[:, 0]
     total = int(counts.sum())
     starts = np.cumsum(counts) - counts
@@ -59,7 +124,20 @@ def expand(iv: np.ndarray) -> np.ndarray:
 
 
 def rows_in(sorted_rows: np.ndarray, iv: np.ndarray) -> np.ndarray:
-    """The entries of an ascending row-id array that lie in the intervals (cost: the result)."""
+    """The entries of an ascending row-id array that lie in the intervals (cost: the result).
+
+    Parameters
+    ----------
+    sorted_rows : numpy.ndarray
+        Ascending int64 row ids.
+    iv : numpy.ndarray
+        Sorted disjoint ``(k, 2)`` intervals.
+
+    Returns
+    -------
+    numpy.ndarray
+        The entries of ``sorted_rows`` inside ``iv``, ascending.
+    """
     lo = np.searchsorted(sorted_rows, iv[:, 0])
     hi = np.searchsorted(sorted_rows, iv[:, 1])
     return sorted_rows[expand(np.stack((lo, hi), axis=1))]
@@ -69,8 +147,15 @@ def rows_in(sorted_rows: np.ndarray, iv: np.ndarray) -> np.ndarray:
 class Change:
     """Rows that became visible and rows that stopped being visible, as intervals.
 
-    ``full`` marks the first poll (or one after :meth:`ViewTracker.reset`): ``added`` is
-    then everything visible and the caller cannot know what was removed.
+    Attributes
+    ----------
+    added : numpy.ndarray
+        Intervals of rows that became visible.
+    removed : numpy.ndarray
+        Intervals of rows that stopped being visible.
+    full : bool
+        Marks the first poll (or one after :meth:`ViewTracker.reset`): ``added``
+        is then everything visible and the caller cannot know what was removed.
     """
 
     added: np.ndarray
@@ -79,7 +164,13 @@ class Change:
 
 
 class ViewTracker:
-    """What changed in a table's visible rows since the last :meth:`poll`."""
+    """What changed in a table's visible rows since the last :meth:`poll`.
+
+    Parameters
+    ----------
+    reader : TableReader
+        The table's reader to follow.
+    """
 
     def __init__(self, reader: TableReader) -> None:
         self.reader = reader
@@ -91,7 +182,15 @@ class ViewTracker:
         self.version = -1
 
     def poll(self) -> Change | None:
-        """The change since the last poll; None when the log did not change."""
+        """The change since the last poll.
+
+        Cost: syncing the reader, then O(fragments) when the log changed.
+
+        Returns
+        -------
+        Change or None
+            None when the log did not change.
+        """
         self.reader.sync()
         version = self.reader.log.version
         if version == self.version:
@@ -106,10 +205,10 @@ class ViewTracker:
 class RowSlots:
     """A stable slot (0, 1, 2, ...) per tracked row id; slots of dropped rows are reused.
 
-    Rows map to slots through segments: row ids ``[lo, hi)`` have slots ``first + (row - lo)``,
-    sorted by ``lo``. Appended rows get consecutive fresh (or freed) slots, so a table's
-    rows are a few segments and adding or dropping rows costs the rows changed, not the
-    rows tracked. ``row_of[slot]`` maps back (-1 for a free slot).
+    Rows map to slots through segments: row ids ``[lo, hi)`` have slots
+    ``first + (row - lo)``, sorted by ``lo``. Appended rows get consecutive fresh
+    (or freed) slots, so a table's rows are a few segments and adding or dropping
+    rows costs the rows changed, not the rows tracked.
     """
 
     def __init__(self) -> None:
@@ -121,9 +220,11 @@ class RowSlots:
 
     @property
     def row_of(self) -> np.ndarray:
+        """``row_of[slot]``: the row id of each slot (-1 for a free slot)."""
         return self._row_of[:self.nslots]
 
     def __len__(self) -> int:
+        """The number of tracked rows."""
         return self.count
 
     def _set(self, iv: np.ndarray, first: np.ndarray) -> None:
@@ -137,7 +238,20 @@ class RowSlots:
         self.lo, self.hi, self.first = iv[:, 0].copy(), iv[:, 1].copy(), first
 
     def add(self, rows: np.ndarray) -> np.ndarray:
-        """Track ascending row ids not tracked yet; returns their slots (freed slots first, then fresh)."""
+        """Track ascending row ids not tracked yet.
+
+        Cost: the rows added plus the segments.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            Ascending int64 row ids, none tracked yet.
+
+        Returns
+        -------
+        numpy.ndarray
+            Their slots (freed slots first, then fresh).
+        """
         m = len(rows)
         if not m:
             return np.zeros(0, dtype=np.int64)
@@ -161,7 +275,20 @@ class RowSlots:
         return slots
 
     def remove(self, iv: np.ndarray) -> np.ndarray:
-        """Stop tracking the rows in intervals ``iv``; returns the freed slots (ascending rows)."""
+        """Stop tracking the rows in intervals ``iv``.
+
+        Cost: the segments and intervals involved, plus the rows freed.
+
+        Parameters
+        ----------
+        iv : numpy.ndarray
+            Sorted disjoint ``(k, 2)`` intervals.
+
+        Returns
+        -------
+        numpy.ndarray
+            The freed slots (in ascending row order).
+        """
         seg = np.stack((self.lo, self.hi), axis=1)
         if not len(iv) or not len(seg):
             return np.zeros(0, dtype=np.int64)
@@ -190,13 +317,31 @@ class RowSlots:
         return freed
 
     def tracked(self) -> np.ndarray:
-        """Every tracked row id, ascending (cost: rows tracked)."""
+        """Every tracked row id, ascending (cost: rows tracked).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids.
+        """
         return expand(np.stack((self.lo, self.hi), axis=1))
 
     def sync(self, visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Track exactly the ascending row ids ``visible``; returns ``(freed slots, new slots)``.
+        """Track exactly the ascending row ids ``visible``.
 
         Cost: rows tracked (for a resumed sampler's first look at the table).
+
+        Parameters
+        ----------
+        visible : numpy.ndarray
+            Ascending int64 row ids.
+
+        Returns
+        -------
+        freed : numpy.ndarray
+            Slots of rows no longer tracked.
+        new : numpy.ndarray
+            Slots of rows newly tracked.
         """
         tracked = self.tracked()
         gone = np.setdiff1d(tracked, visible, assume_unique=True)
@@ -204,7 +349,22 @@ class RowSlots:
         return freed, self.add(np.setdiff1d(visible, tracked, assume_unique=True))
 
     def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(slots, found)`` for row ids; slots of rows not tracked are 0."""
+        """Slots of row ids, and whether each is tracked.
+
+        Cost: a binary search per row (none with one segment).
+
+        Parameters
+        ----------
+        rows : array_like
+            Row ids.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 slot per row (0 for rows not tracked).
+        found : numpy.ndarray
+            Bool per row.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         if not len(self.lo):
             return np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=bool)
@@ -218,11 +378,24 @@ class RowSlots:
         return np.where(found, self.first[ic] + rows - self.lo[ic], 0), found
 
     def state(self) -> dict[str, np.ndarray]:
+        """The slots as arrays, for a sampler's saved state.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``slot_lo``, ``slot_hi``, ``slot_first``, ``slot_row_of`` and ``slot_free``.
+        """
         return {"slot_lo": self.lo, "slot_hi": self.hi, "slot_first": self.first, "slot_row_of": self.row_of.copy(),
                 "slot_free": self.free}
 
     def load(self, state: dict[str, np.ndarray]) -> None:
-        """Restore :meth:`state` (or the per-row ``slot_rows``/``slot_ids`` arrays of earlier versions)."""
+        """Restore :meth:`state` (or the per-row ``slot_rows``/``slot_ids`` arrays of earlier versions).
+
+        Parameters
+        ----------
+        state : dict of str to numpy.ndarray
+            A saved state holding the slot arrays.
+        """
         if "slot_lo" not in state and "slot_rows" in state:  # one segment per row, joined by _set
             rows = np.asarray(state["slot_rows"], dtype=np.int64)
             state = {**state, "slot_lo": rows, "slot_hi": rows + 1, "slot_first": state["slot_ids"]}

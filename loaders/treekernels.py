@@ -24,8 +24,10 @@ from numba.extending import intrinsic
 
 @intrinsic
 def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-    """``_prefetch(array, i)``: ask the CPU to bring the cache line of ``array[i]`` in (LLVM's
-    ``llvm.prefetch``, a hint: no fault for any address, no effect on results)."""
+    """Ask the CPU to bring the cache line of ``array[i]`` in: ``_prefetch(array, i)``.
+
+    LLVM's ``llvm.prefetch``, a hint: no fault for any address, no effect on results.
+    """
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         array_type = signature.args[0]
         arr = context.make_array(array_type)(context, builder, args[0])
@@ -44,7 +46,23 @@ def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, targets: np.ndarray,
          out: np.ndarray) -> None:
-    """``out[i]``: the leaf whose cumulative range holds ``targets[i]`` (see ``SumTree.find``)."""
+    """``out[i]``: the leaf whose cumulative range holds ``targets[i]`` (see ``SumTree.find``).
+
+    Parameters
+    ----------
+    tree : numpy.ndarray
+        The tree's float64 array (every level).
+    starts : numpy.ndarray
+        Where each level starts in ``tree``; the last entry is its length.
+    depth : int
+        The leaves' level.
+    prefix : numpy.ndarray
+        Running sums of level 0, ``[0, p_1, ..., p_top]``.
+    targets : numpy.ndarray
+        float64 prefix sums, ``0 <= t < total``.
+    out : numpy.ndarray
+        int64, ``len(targets)``: receives the leaves.
+    """
     n = targets.shape[0]
     top = prefix.shape[0] - 1
     node = out  # each target's node, level by level: its leaf at the end
@@ -98,7 +116,28 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def set_sparse(tree: np.ndarray, starts: np.ndarray, depth: int, size: int, leaves: np.ndarray,
                values: np.ndarray) -> None:
-    """Set leaves (the last write wins) and recompute their ancestors, level by level."""
+    """Set leaves (the last write wins) and recompute their ancestors, level by level.
+
+    Parameters
+    ----------
+    tree : numpy.ndarray
+        The tree's float64 array (every level).
+    starts : numpy.ndarray
+        Where each level starts in ``tree``; the last entry is its length.
+    depth : int
+        The leaves' level.
+    size : int
+        The number of leaves.
+    leaves : numpy.ndarray
+        int64 leaf indices.
+    values : numpy.ndarray
+        float64 value per leaf.
+
+    Raises
+    ------
+    IndexError
+        A leaf index outside ``[0, size)``; nothing was written.
+    """
     n = leaves.shape[0]
     for i in range(n):
         if leaves[i] < 0 or leaves[i] >= size:

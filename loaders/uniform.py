@@ -17,11 +17,41 @@ class UniformSampler(StoreSampler):
     """``batch_size`` visible records drawn uniformly with replacement, every minibatch.
 
     Sees records committed by other writers once the store was ``refresh()``-ed.
+    Takes :class:`StoreSampler`'s parameters. Cost per minibatch: O(batch_size)
+    (plus a binary search per draw with a subset).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.loaders import UniformSampler, make_loader
+    >>> from replaystore.schemas import transitions
+    >>> from replaystore.store import open_store
+    >>> store = open_store("memory://examples/uniform", transitions(4), mode="w+")
+    >>> with store.writer() as writer:
+    ...     n = writer.append({"obs": np.zeros((10, 4), np.float32), "action": np.arange(10),
+    ...                        "reward": np.ones(10, np.float32), "next_obs": np.zeros((10, 4), np.float32),
+    ...                        "terminated": np.zeros(10, bool)})
+    ...     result = writer.commit()
+    >>> sampler = UniformSampler(store, batch_size=4, seed=0, num_batches=2)
+    >>> [batch["obs"].shape for batch in make_loader(store, sampler)]
+    [torch.Size([4, 4]), torch.Size([4, 4])]
     """
 
     kind = "uniform"
 
     def sample(self) -> Request:
+        """Draw ``batch_size`` candidate rows uniformly with replacement.
+
+        Returns
+        -------
+        Request
+            The drawn rows.
+
+        Raises
+        ------
+        EmptyStoreError
+            No candidate row is visible.
+        """
         n = self.candidate_count()
         if n == 0:
             raise self._empty()
@@ -39,13 +69,33 @@ class UniformSampler(StoreSampler):
 class EpochSampler(StoreSampler):
     """Passes over the visible records: each pass partitions them into shuffled minibatches.
 
-    Every record lands in exactly one minibatch per pass, a different partition each
-    pass; the last minibatch may be smaller (``drop_last=True`` drops it). Iterating
-    the sampler runs one pass (``num_batches`` bounds it further); the records of a
-    pass are fixed when it starts. A pass's order is a uniformly random permutation
-    made from a seed drawn at its start (loaders/passorder.py: beyond 512k records it is
-    made a cache-sized bucket at a time as the pass goes), so the resumable state is that
-    seed, the pass's row intervals and a count, not the order.
+    Every record lands in exactly one minibatch per pass, a different partition
+    each pass; the last minibatch may be smaller (``drop_last=True`` drops it).
+    Iterating the sampler runs one pass (``num_batches`` bounds it further); the
+    records of a pass are fixed when it starts. A pass's order is a uniformly
+    random permutation made from a seed drawn at its start (loaders/passorder.py:
+    beyond 512k records it is made a cache-sized bucket at a time as the pass
+    goes), so the resumable state is that seed, the pass's row intervals and a
+    count, not the order. Rows evicted during a pass are dropped from its rest.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    batch_size : int
+        Records per minibatch.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    drop_last : bool, optional
+        Drop a pass's last minibatch when it is smaller than ``batch_size``;
+        overridable on resume (applies from the pass in progress on).
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    SamplerParameterError
+        See :class:`StoreSampler`.
     """
 
     kind = "epoch"
@@ -63,6 +113,13 @@ class EpochSampler(StoreSampler):
     """``drop_last`` overridden on resume: applies from the pass in progress on."""
 
     def hyperparameters(self) -> dict[str, Any]:
+        """The base hyperparameters and ``drop_last``.
+
+        Returns
+        -------
+        dict of str to Any
+            Name to value.
+        """
         return {**super().hyperparameters(), "drop_last": self.drop_last}
 
     def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
@@ -113,7 +170,21 @@ class EpochSampler(StoreSampler):
             raise self._empty(f"full minibatches of {self.batch_size}")
 
     def sample(self) -> Request:
-        """The next minibatch of the current pass (a new pass starts when one is exhausted)."""
+        """The next minibatch of the current pass (a new pass starts when one is exhausted).
+
+        Cost: the minibatch, plus making the next bucket of the order when the pass
+        reaches it; after evictions, filtering the rest of the pass once.
+
+        Returns
+        -------
+        Request
+            The rows of the minibatch.
+
+        Raises
+        ------
+        EmptyStoreError
+            A new pass would have no rows (or, with ``drop_last``, no full minibatch).
+        """
         if self._exhausted():
             self._next_pass()
         assert self._order is not None
@@ -141,9 +212,16 @@ class EpochSampler(StoreSampler):
         return full if self.num_batches is None else min(full, self.num_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        """Besides the base state: the pass as its seed, row intervals, row count and row-id sum
-        (checked on load: a sampler with another subset is refused) and rows taken, or, once
-        evictions made it depart from its seed, the rows it has left."""
+        """The base state plus the pass in progress.
+
+        Returns
+        -------
+        dict of str to Any
+            Besides the base state: ``epoch``, ``drop_last`` and the pass as its seed,
+            row intervals, row count and row-id sum (checked on load: a sampler with
+            another subset is refused) and rows taken, or, once evictions made it
+            depart from its seed, the rows it has left (``rest``).
+        """
         state = super().state_dict()
         state.update(epoch=self.epoch, drop_last=self.drop_last)
         order = self._order
@@ -155,6 +233,19 @@ class EpochSampler(StoreSampler):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the pass a :meth:`state_dict` describes.
+
+        Parameters
+        ----------
+        state : dict of str to Any
+            A state saved by an epoch sampler.
+
+        Raises
+        ------
+        StoreError
+            The state is of another sampler kind, the saved pass was over other rows
+            than this sampler's subset selects, or it names an unknown pass order.
+        """
         super().load_state_dict(state)
         self.epoch = int(state["epoch"])
         self._order = None

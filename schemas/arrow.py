@@ -42,13 +42,41 @@ def _dense_type(f: Dense) -> pa.DataType:
 
 
 def arrow_type(f: Dense | Ragged) -> pa.DataType:
-    """The Arrow type of one dense or ragged field."""
+    """The Arrow type of one dense or ragged field.
+
+    Parameters
+    ----------
+    f : Dense or Ragged
+        The field.
+
+    Returns
+    -------
+    pyarrow.DataType
+        The primitive type of the dtype, nested ``fixed_size_list`` for a trailing
+        shape, ``large_list`` for a ragged field.
+    """
     if isinstance(f, Dense):
         return _dense_type(f)
     return pa.large_list(pa.from_numpy_dtype(f.dtype))
 
 
 def schema_to_arrow(schema: Schema) -> pa.Schema:
+    """The Arrow schema of ``schema``'s record fields, carrying the schema document.
+
+    Each field's replaystore description goes under the field metadata key
+    ``replaystore.field`` and the whole schema under ``replaystore.schema``;
+    batch-metadata fields are not columns.
+
+    Parameters
+    ----------
+    schema : Schema
+        The replaystore schema.
+
+    Returns
+    -------
+    pyarrow.Schema
+        Non-nullable fields in schema order.
+    """
     doc = schema.to_dict()
     fields = []
     for f, fd in zip(schema.fields, doc["fields"], strict=True):
@@ -77,7 +105,27 @@ def _field_from_arrow(af: pa.Field) -> Field:
 
 
 def schema_from_arrow(arrow_schema: pa.Schema, name: str | None = None) -> Schema:
-    """The exact replaystore schema if ``arrow_schema`` carries one, else one inferred from types."""
+    """The exact replaystore schema if ``arrow_schema`` carries one, else one inferred from types.
+
+    Parameters
+    ----------
+    arrow_schema : pyarrow.Schema
+        The Arrow schema.
+    name : str, optional
+        Name of an inferred schema (default ``"imported"``).
+
+    Returns
+    -------
+    Schema
+        The replaystore schema.
+
+    Raises
+    ------
+    SchemaError
+        The embedded schema document is malformed or names columns the Arrow
+        schema lacks, or a column type has no replaystore equivalent (e.g. a list
+        nested in a fixed-size list).
+    """
     from replaystore.schemas.schema import Schema
 
     meta = arrow_schema.metadata or {}
@@ -100,7 +148,20 @@ def _numpy_to_arrow(arr: np.ndarray) -> pa.Array:
 
 
 def dense_to_arrow(f: Dense, arr: np.ndarray) -> pa.Array:
-    """A (nested fixed-size list) Arrow array over a dense field's records, zero-copy except bool."""
+    """A (nested fixed-size list) Arrow array over a dense field's records, zero-copy except bool.
+
+    Parameters
+    ----------
+    f : Dense
+        The field.
+    arr : numpy.ndarray
+        Its contiguous ``(records, *shape)`` array.
+
+    Returns
+    -------
+    pyarrow.Array
+        The Arrow array (bool is bit-packed, hence copied).
+    """
     out = _numpy_to_arrow(arr)
     for size in reversed(f.shape):
         out = pa.FixedSizeListArray.from_arrays(out, size)
@@ -108,11 +169,38 @@ def dense_to_arrow(f: Dense, arr: np.ndarray) -> pa.Array:
 
 
 def ragged_to_arrow(values: np.ndarray, offsets: np.ndarray) -> pa.LargeListArray:
-    """A ``large_list`` array over CSR ``values`` and ``offsets`` (int64), without copying."""
+    """A ``large_list`` array over CSR ``values`` and ``offsets`` (int64), without copying.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        Contiguous flat values.
+    offsets : numpy.ndarray
+        int64 CSR offsets.
+
+    Returns
+    -------
+    pyarrow.LargeListArray
+        One list per record.
+    """
     return pa.LargeListArray.from_arrays(_numpy_to_arrow(offsets), _numpy_to_arrow(values))
 
 
 def columns_to_arrow(cols: Columns) -> pa.RecordBatch:
+    """An Arrow RecordBatch over ``cols``' buffers (zero-copy except bool).
+
+    Batch metadata goes into the schema metadata under ``replaystore.meta``.
+
+    Parameters
+    ----------
+    cols : Columns
+        Validated columns.
+
+    Returns
+    -------
+    pyarrow.RecordBatch
+        One column per record field, with :func:`schema_to_arrow`'s schema.
+    """
     schema = cols.schema
     arrays: list[pa.Array] = []
     for f in schema.fields:
@@ -140,6 +228,31 @@ def _flatten_fixed(arr: pa.Array, depth: int) -> pa.Array:
 
 
 def columns_from_arrow(schema: Schema, batch: pa.RecordBatch | pa.Table) -> Columns:
+    """Columns from an Arrow batch of ``schema`` (zero-copy where Arrow allows).
+
+    Parameters
+    ----------
+    schema : Schema
+        The schema the batch follows.
+    batch : pyarrow.RecordBatch or pyarrow.Table
+        The Arrow data (a Table is combined into one batch first, which copies).
+
+    Returns
+    -------
+    Columns
+        The arrays, checked by :meth:`Schema.validate`.
+
+    Raises
+    ------
+    SchemaError
+        A column holds nulls.
+    OffsetsError
+        Ragged fields sharing one offsets name have different list offsets.
+    ValidationError
+        The arrays do not conform to ``schema`` (a subclass names the field).
+    KeyError
+        The batch lacks a column of ``schema``.
+    """
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
             [], schema=batch.schema)

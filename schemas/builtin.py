@@ -38,7 +38,29 @@ def _legal(prefix: str, actions: int | None, what: str) -> Ragged:
 
 def treestrap(observation_size: int, heads: int, actions: int, *,
               metadata: Mapping[str, Any] | None = None) -> Schema:
-    """TreeStrapBatch: searched action targets per ensemble head."""
+    """TreeStrapBatch: searched action targets per ensemble head.
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    heads : int
+        Number of ensemble heads.
+    actions : int
+        Number of actions (bounds the action ids).
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"treestrap"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("treestrap", [
         _obs("obs", observation_size, "acting/player-perspective observation"),
         Dense("players", I64, description="perspective/player id"),
@@ -50,7 +72,29 @@ def treestrap(observation_size: int, heads: int, actions: int, *,
 
 def dqn(observation_size: int, heads: int, *, actions: int | None = None,
         metadata: Mapping[str, Any] | None = None) -> Schema:
-    """DqnBatch: n-step transitions with CSR current/next legal actions."""
+    """DqnBatch: n-step transitions with CSR current/next legal actions.
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    heads : int
+        Number of ensemble heads.
+    actions : int, optional
+        Number of actions; when given, action ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"dqn"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("dqn", [
         _obs("obs", observation_size, "transition start observation"),
         _obs("next_obs", observation_size, "transition end observation"),
@@ -68,7 +112,27 @@ def dqn(observation_size: int, heads: int, *, actions: int | None = None,
 
 def ppo(observation_size: int, *, actions: int | None = None,
         metadata: Mapping[str, Any] | None = None) -> Schema:
-    """PpoBatch: on-policy records with GAE advantages and CSR legal actions."""
+    """PpoBatch: on-policy records with GAE advantages and CSR legal actions.
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    actions : int, optional
+        Number of actions; when given, action ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"ppo"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("ppo", [
         _obs("obs", observation_size, "acting-player observation"),
         Dense("players", I64, description="acting player id"),
@@ -83,7 +147,27 @@ def ppo(observation_size: int, *, actions: int | None = None,
 
 
 def alphazero(observation_size: int, actions: int, *, metadata: Mapping[str, Any] | None = None) -> Schema:
-    """AlphaZeroBatch: root visit distributions, realized returns and CSR legality."""
+    """AlphaZeroBatch: root visit distributions, realized returns and CSR legality.
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    actions : int
+        Number of actions (bounds the action ids).
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"alphazero"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("alphazero", [
         _obs("obs", observation_size, "player-perspective observation"),
         Dense("players", I64, description="perspective/player id"),
@@ -96,7 +180,27 @@ def alphazero(observation_size: int, actions: int, *, metadata: Mapping[str, Any
 
 def deep_cfr_advantage(observation_size: int, *, actions: int | None = None,
                        metadata: Mapping[str, Any] | None = None) -> Schema:
-    """The advantage stream of a DeepCfrBatch (targets aligned with legal ids)."""
+    """The advantage stream of a DeepCfrBatch (targets aligned with legal ids).
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    actions : int, optional
+        Number of actions; when given, action ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"deep_cfr_advantage"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("deep_cfr_advantage", [
         _obs("advantage_obs", observation_size, "information-state observations"),
         Dense("advantage_iterations", I64, description="CFR iteration, for loss weighting"),
@@ -108,7 +212,27 @@ def deep_cfr_advantage(observation_size: int, *, actions: int | None = None,
 
 def deep_cfr_strategy(observation_size: int, *, actions: int | None = None,
                       metadata: Mapping[str, Any] | None = None) -> Schema:
-    """The strategy stream of a DeepCfrBatch (probabilities aligned with legal ids)."""
+    """The strategy stream of a DeepCfrBatch (probabilities aligned with legal ids).
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of the flat float32 observation vector.
+    actions : int, optional
+        Number of actions; when given, action ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"deep_cfr_strategy"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     return Schema("deep_cfr_strategy", [
         _obs("strategy_obs", observation_size, "average-policy observations"),
         Dense("strategy_iterations", I64, description="CFR iteration, for sampling/weighting"),
@@ -140,7 +264,35 @@ def transitions(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] 
                 action_dtype: npt.DTypeLike = np.int64, *, obs_dtype: npt.DTypeLike = np.float32,
                 reward_dtype: npt.DTypeLike = np.float32, actions: int | None = None,
                 metadata: Mapping[str, Any] | None = None) -> Schema:
-    """Transitions: a flat batch of (s, a, r, s', terminated)."""
+    """Transitions: a flat batch of (s, a, r, s', terminated).
+
+    Parameters
+    ----------
+    obs_shape : int or tuple of int
+        Shape of one observation.
+    action_shape : tuple of int, optional
+        Shape of one action (``()``: a scalar).
+    action_dtype : numpy dtype-like, optional
+        Dtype of actions (default int64).
+    obs_dtype : numpy dtype-like, optional
+        Dtype of observations (default float32).
+    reward_dtype : numpy dtype-like, optional
+        Dtype of rewards (default float32).
+    actions : int, optional
+        Number of actions; for integer action dtypes, ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"transitions"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
     shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
     return Schema("transitions",
                   _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, False),
@@ -154,7 +306,35 @@ def episode(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = ()
     """Episode steps: one record per step; the final observation is the last step's ``next_obs``.
 
     An Episode (T steps, ``final_obs``, ``terminated``) converts with
-    :func:`replaystore.schemas.containers.episode_columns`.
+    :func:`replaystore.schemas.containers.episode_columns`. Each step also
+    carries ``truncated``.
+
+    Parameters
+    ----------
+    obs_shape : int or tuple of int
+        Shape of one observation.
+    action_shape : tuple of int, optional
+        Shape of one action (``()``: a scalar).
+    action_dtype : numpy dtype-like, optional
+        Dtype of actions (default int64).
+    obs_dtype : numpy dtype-like, optional
+        Dtype of observations (default float32).
+    reward_dtype : numpy dtype-like, optional
+        Dtype of rewards (default float32).
+    actions : int, optional
+        Number of actions; for integer action dtypes, ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"episode"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
     """
     shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
     return Schema("episode",
@@ -168,7 +348,35 @@ def rollout(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = ()
             metadata: Mapping[str, Any] | None = None) -> Schema:
     """Rollout steps: a ``[T, B]`` rollout is stored as B streams of T step records.
 
-    Convert with :func:`replaystore.schemas.containers.rollout_columns`.
+    Convert with :func:`replaystore.schemas.containers.rollout_columns`. Each
+    step also carries ``truncated``.
+
+    Parameters
+    ----------
+    obs_shape : int or tuple of int
+        Shape of one observation.
+    action_shape : tuple of int, optional
+        Shape of one action (``()``: a scalar).
+    action_dtype : numpy dtype-like, optional
+        Dtype of actions (default int64).
+    obs_dtype : numpy dtype-like, optional
+        Dtype of observations (default float32).
+    reward_dtype : numpy dtype-like, optional
+        Dtype of rewards (default float32).
+    actions : int, optional
+        Number of actions; for integer action dtypes, ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"rollout"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
     """
     shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
     return Schema("rollout",

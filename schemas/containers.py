@@ -39,13 +39,39 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def episode_columns(schema: Schema, episode: Any) -> Columns:
-    """One episode (``obs`` [T, ...], ``action``, ``reward``, ``final_obs``, ``terminated`` and
-    optionally ``truncated``, both scalar bools) as T step records.
+    """One episode as T step records of the ``episode`` schema.
 
-    ``next_obs`` of step t is ``obs[t + 1]`` and, for the last step, ``final_obs``; the last
-    step carries ``terminated`` and ``truncated`` as given (``truncated`` left out: ``not
-    terminated``); earlier steps carry neither. Raises UnknownFieldError for any other item,
-    MissingFieldError, ShapeError, DTypeError. Cost: one copy of the episode.
+    The episode holds ``obs`` [T, ...], ``action``, ``reward``, ``final_obs``,
+    ``terminated`` and optionally ``truncated`` (both scalar bools). ``next_obs``
+    of step t is ``obs[t + 1]`` and, for the last step, ``final_obs``; the last
+    step carries ``terminated`` and ``truncated`` as given (``truncated`` left
+    out: ``not terminated``); earlier steps carry neither. Cost: one copy of the
+    episode.
+
+    Parameters
+    ----------
+    schema : Schema
+        An ``episode`` schema (see :func:`replaystore.schemas.episode`).
+    episode : Any
+        A mapping or an object with those named fields.
+
+    Returns
+    -------
+    Columns
+        T validated step records.
+
+    Raises
+    ------
+    UnknownFieldError
+        An item that is not an episode field.
+    MissingFieldError
+        A required item is absent.
+    ShapeError
+        ``obs`` has no steps, or ``final_obs`` is not one observation.
+    DTypeError
+        ``final_obs`` differs in dtype from ``obs``, or a flag is not a scalar bool.
+    ValidationError
+        The step records fail the schema's checks.
     """
     items = batch_items(episode)
     _reject_unknown(items, EPISODE_FIELDS, "an episode")
@@ -77,11 +103,40 @@ def episode_columns(schema: Schema, episode: Any) -> Columns:
 def rollout_columns(schema: Schema, rollout: Any) -> tuple[Columns, int, int, np.ndarray]:
     """A ``[T, B, ...]`` rollout as B streams of T records, stream-major.
 
-    Returns ``(columns, T, B, reset)``: record ``b * T + t`` is step t of slot b, and
-    ``reset`` is true where the previous step of the same slot ended an episode
-    (terminated or truncated), i.e. where a new episode starts inside the rollout. Every
-    field, ``truncated`` included, is stored as given. Raises UnknownFieldError for an item
-    that is not a step field, MissingFieldError, ShapeError, and the schema's field errors.
+    Record ``b * T + t`` is step t of slot b. Every field, ``truncated``
+    included, is stored as given. Cost: one copy of the rollout (the transpose).
+
+    Parameters
+    ----------
+    schema : Schema
+        A ``rollout`` schema (see :func:`replaystore.schemas.rollout`).
+    rollout : Any
+        A mapping or an object with the fields ``obs``, ``action``, ``reward``,
+        ``next_obs``, ``terminated`` and ``truncated``, each ``[T, B, ...]``.
+
+    Returns
+    -------
+    columns : Columns
+        The T * B validated records.
+    T : int
+        Steps per slot.
+    B : int
+        Number of slots (streams).
+    reset : numpy.ndarray
+        Bool per record: true where the previous step of the same slot ended an
+        episode (terminated or truncated), i.e. where a new episode starts inside
+        the rollout.
+
+    Raises
+    ------
+    UnknownFieldError
+        An item that is not a step field.
+    MissingFieldError
+        A step field is absent.
+    ShapeError
+        ``obs`` is not at least 2-D, or a field's leading shape is not ``[T, B]``.
+    ValidationError
+        The records fail the schema's checks.
     """
     items = batch_items(rollout)
     _reject_unknown(items, STEP_FIELDS, "a rollout")

@@ -43,8 +43,29 @@ def _check_bound(name: str, dt: np.dtype, id_bound: int | None) -> None:
 class Dense:
     """A fixed-shape value per record: an array shaped ``(records, *shape)``.
 
-    ``finite`` (default: true for float dtypes) rejects NaN/inf at append.
-    ``id_bound`` (integer dtypes) rejects values outside ``[0, id_bound)``.
+    Construction checks every argument; it costs nothing at run time beyond that.
+
+    Parameters
+    ----------
+    name : str
+        Field name: a Python identifier not starting with ``_``.
+    dtype : numpy.dtype or str or type
+        A fixed-width numeric or bool dtype; big-endian dtypes are stored as native.
+    shape : tuple of int, optional
+        Trailing shape of one record (positive ints); ``()`` for a scalar.
+    finite : bool, optional
+        Reject NaN/inf at append; default true for float dtypes, false otherwise.
+    id_bound : int, optional
+        For integer dtypes, reject values outside ``[0, id_bound)`` at append.
+    description : str, optional
+        Free text kept in the schema document.
+
+    Raises
+    ------
+    SchemaError
+        A bad name, a dtype that is not fixed-width numeric or bool, a shape that
+        is not positive ints, or an ``id_bound`` that is not a positive int on an
+        integer dtype.
     """
 
     name: str
@@ -55,6 +76,7 @@ class Dense:
     description: str = ""
 
     def __post_init__(self) -> None:
+        """Check the arguments and normalise ``dtype``, ``shape`` and ``finite``."""
         _check_name(self.name)
         dt = _check_dtype(self.name, self.dtype)
         object.__setattr__(self, "dtype", dt)
@@ -77,6 +99,27 @@ class Ragged:
     ``offsets``, length records + 1) delimits each record's slice. Ragged fields
     naming the same ``offsets`` are aligned: they share one offsets array and
     must hold the same number of values.
+
+    Parameters
+    ----------
+    name : str
+        Field name: a Python identifier not starting with ``_``.
+    dtype : numpy.dtype or str or type
+        Dtype of the values: fixed-width numeric or bool.
+    offsets : str
+        Name of the CSR offsets array (an identifier other than ``name``).
+    finite : bool, optional
+        Reject NaN/inf at append; default true for float dtypes, false otherwise.
+    id_bound : int, optional
+        For integer dtypes, reject values outside ``[0, id_bound)`` at append.
+    description : str, optional
+        Free text kept in the schema document.
+
+    Raises
+    ------
+    SchemaError
+        A bad name or offsets name, ``offsets == name``, a dtype that is not
+        fixed-width numeric or bool, or a bad ``id_bound``.
     """
 
     name: str
@@ -87,6 +130,7 @@ class Ragged:
     description: str = ""
 
     def __post_init__(self) -> None:
+        """Check the arguments and normalise ``dtype`` and ``finite``."""
         _check_name(self.name)
         _check_name(self.offsets)
         if self.offsets == self.name:
@@ -103,12 +147,26 @@ class Ragged:
 
 @dataclass(frozen=True)
 class BatchMeta:
-    """A JSON document per append (e.g. ``telemetry``), kept with the commit, never per record."""
+    """A JSON document per append (e.g. ``telemetry``), kept with the commit, never per record.
+
+    Parameters
+    ----------
+    name : str
+        Field name: a Python identifier not starting with ``_``.
+    description : str, optional
+        Free text kept in the schema document.
+
+    Raises
+    ------
+    SchemaError
+        The name is not an identifier, or starts with ``_``.
+    """
 
     name: str
     description: str = ""
 
     def __post_init__(self) -> None:
+        """Check the name."""
         _check_name(self.name)
 
     kind = "meta"

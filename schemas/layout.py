@@ -17,9 +17,20 @@ if TYPE_CHECKING:
 class ArraySpec:
     """One Zarr array of a table.
 
-    ``role`` is ``"dense"`` (one row of ``trailing_shape`` per record), ``"values"``
-    (the flat values of the ragged fields ``fields``) or ``"offsets"`` (the int64
-    CSR offsets shared by the ragged fields ``fields``; ``records + 1`` long).
+    Parameters
+    ----------
+    name : str
+        The array's name (a field name or an offsets name).
+    dtype : numpy.dtype
+        Dtype of its entries.
+    trailing_shape : tuple of int
+        Shape of one entry (a dense record's shape; ``()`` for values and offsets).
+    role : {"dense", "values", "offsets"}
+        ``"dense"`` (one row of ``trailing_shape`` per record), ``"values"`` (the
+        flat values of the ragged fields ``fields``) or ``"offsets"`` (the int64 CSR
+        offsets shared by the ragged fields ``fields``; ``records + 1`` long).
+    fields : tuple of str
+        The schema fields stored in this array.
     """
 
     name: str
@@ -35,6 +46,21 @@ class ArraySpec:
 
 
 def zarr_layout(schema: Schema) -> tuple[ArraySpec, ...]:
+    """The Zarr arrays a table of ``schema`` is stored as.
+
+    Dense fields first, in schema order, then per offsets group its offsets array
+    followed by its values arrays. Cost: linear in the number of fields.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    tuple of ArraySpec
+        One spec per stored array.
+    """
     specs: list[ArraySpec] = []
     for f in schema.fields:
         if isinstance(f, Dense):

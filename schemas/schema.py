@@ -38,9 +38,52 @@ class Schema:
 
         Schema("pong", [Dense("obs", np.float32, (84, 84)), Dense("action", np.int64)])
 
-    ``metadata`` is a free-form JSON mapping (action count and frame, environment
-    id, observation description, producer version, ...) that survives JSON, Arrow
-    and Parquet round trips.
+    Construction is linear in the number of fields. A schema is compared by value
+    (``==``) and is not hashable.
+
+    Parameters
+    ----------
+    name : str
+        A non-empty name.
+    fields : iterable of Field
+        The fields, in order; at least one must be dense or ragged.
+    version : int, optional
+        A positive schema version (default 1).
+    metadata : mapping, optional
+        A free-form JSON mapping (action count and frame, environment id,
+        observation description, producer version, ...) that survives JSON, Arrow
+        and Parquet round trips.
+
+    Attributes
+    ----------
+    name : str
+        As given.
+    version : int
+        As given.
+    fields : tuple of Field
+        The fields, in order.
+    metadata : dict
+        A JSON-normalised copy of ``metadata``.
+    offsets_groups : dict of str to tuple of str
+        Each CSR offsets name mapped to the ragged fields that share it.
+
+    Raises
+    ------
+    SchemaError
+        An empty name, a version that is not a positive int, metadata that is not a
+        JSON-serialisable mapping, an object that is not a field, a field defined
+        twice, an offsets name that clashes with a field, or no dense or ragged field.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from replaystore.schemas import Dense, Schema
+    >>> schema = Schema("pong", [Dense("obs", np.float32, (4,)), Dense("action", np.int64)])
+    >>> schema.names
+    ('obs', 'action')
+    >>> columns = schema.validate({"obs": np.zeros((2, 4), np.float32), "action": np.array([0, 1])})
+    >>> columns.num_records
+    2
     """
 
     def __init__(
@@ -77,14 +120,17 @@ class Schema:
     # -- structure -----------------------------------------------------------------
     @property
     def dense_fields(self) -> tuple[Dense, ...]:
+        """The dense fields, in order."""
         return tuple(f for f in self.fields if isinstance(f, Dense))
 
     @property
     def ragged_fields(self) -> tuple[Ragged, ...]:
+        """The ragged (CSR) fields, in order."""
         return tuple(f for f in self.fields if isinstance(f, Ragged))
 
     @property
     def meta_fields(self) -> tuple[BatchMeta, ...]:
+        """The batch-metadata fields, in order."""
         return tuple(f for f in self.fields if isinstance(f, BatchMeta))
 
     @property
@@ -103,15 +149,34 @@ class Schema:
         return tuple(f.name for f in self.fields if not isinstance(f, BatchMeta))
 
     def field(self, name: str) -> Field:
+        """The field called ``name``.
+
+        Parameters
+        ----------
+        name : str
+            A field name.
+
+        Returns
+        -------
+        Field
+            The :class:`Dense`, :class:`Ragged` or :class:`BatchMeta` field.
+
+        Raises
+        ------
+        SchemaError
+            The schema has no field ``name``.
+        """
         try:
             return self._by_name[name]
         except KeyError:
             raise SchemaError(f"schema {self.name!r} has no field {name!r}") from None
 
     def __contains__(self, name: object) -> bool:
+        """Whether the schema has a field called ``name``."""
         return name in self._by_name
 
     def __eq__(self, other: object) -> bool:
+        """Schemas are equal when their JSON descriptions are."""
         if not isinstance(other, Schema):
             return NotImplemented
         return self.to_dict() == other.to_dict()
@@ -119,10 +184,17 @@ class Schema:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        """``Schema(name, version=..., fields=[...])``."""
         return f"Schema({self.name!r}, version={self.version}, fields={list(self.names)})"
 
     def describe(self) -> str:
-        """A human-readable multi-line listing of the fields."""
+        """A human-readable multi-line listing of the fields.
+
+        Returns
+        -------
+        str
+            One line for the schema, one per field, and one for the metadata if any.
+        """
         lines = [f"{self.name} (version {self.version})"]
         for f in self.fields:
             if isinstance(f, Dense):
@@ -138,7 +210,14 @@ class Schema:
 
     # -- serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (the on-disk form; never pickled)."""
+        """A JSON-ready description (the on-disk form; never pickled).
+
+        Returns
+        -------
+        dict
+            ``{"format", "name", "version", "fields", "metadata"}``; each field as a
+            dict of its kind, dtype, shape or offsets, bounds and description.
+        """
         fields: list[dict[str, Any]] = []
         for f in self.fields:
             d: dict[str, Any] = {"name": f.name, "kind": f.kind}
@@ -161,10 +240,41 @@ class Schema:
         }
 
     def to_json(self, indent: int | None = None) -> str:
+        """The schema as JSON text (:meth:`to_dict`, serialised).
+
+        Parameters
+        ----------
+        indent : int, optional
+            Pretty-print with this indent and sorted keys; compact and in field order
+            when None.
+
+        Returns
+        -------
+        str
+            The JSON document.
+        """
         return json.dumps(self.to_dict(), indent=indent, sort_keys=indent is not None)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Schema:
+        """The schema a :meth:`to_dict` document describes.
+
+        Parameters
+        ----------
+        d : mapping
+            A document with ``format`` equal to ``"replaystore.schema/1"``.
+
+        Returns
+        -------
+        Schema
+            The schema it describes.
+
+        Raises
+        ------
+        SchemaError
+            ``d`` is not a replaystore schema document, is missing keys, names an
+            unknown field kind, or describes an invalid schema or field.
+        """
         if not isinstance(d, Mapping) or d.get("format") != JSON_FORMAT:
             raise SchemaError(f"not a replaystore schema document (expected format {JSON_FORMAT!r})")
         try:
@@ -187,6 +297,24 @@ class Schema:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Schema:
+        """The schema a :meth:`to_json` document describes.
+
+        Parameters
+        ----------
+        text : str or bytes
+            JSON text.
+
+        Returns
+        -------
+        Schema
+            The schema it describes.
+
+        Raises
+        ------
+        SchemaError
+            The text does not parse as JSON, or is not a valid schema document
+            (see :meth:`from_dict`).
+        """
         try:
             d = json.loads(text)
         except ValueError as exc:
@@ -195,19 +323,52 @@ class Schema:
 
     # -- Arrow, Zarr layout, validation (implemented in sibling modules) ---------------
     def to_arrow(self) -> pa.Schema:
-        """The Arrow schema of this table (see :mod:`replaystore.schemas.arrow`)."""
+        """The Arrow schema of this table (see :mod:`replaystore.schemas.arrow`).
+
+        Returns
+        -------
+        pyarrow.Schema
+            One Arrow field per record field (ragged fields as lists), with the
+            schema document in the metadata.
+        """
         from replaystore.schemas.arrow import schema_to_arrow
 
         return schema_to_arrow(self)
 
     @classmethod
     def from_arrow(cls, arrow_schema: pa.Schema, name: str | None = None) -> Schema:
+        """The schema an Arrow schema describes (see :mod:`replaystore.schemas.arrow`).
+
+        Parameters
+        ----------
+        arrow_schema : pyarrow.Schema
+            An Arrow schema, with or without replaystore's schema metadata.
+        name : str, optional
+            Schema name to use when the Arrow schema carries none.
+
+        Returns
+        -------
+        Schema
+            The replaystore schema.
+
+        Raises
+        ------
+        SchemaError
+            A column type has no replaystore equivalent, or the embedded schema
+            document is malformed.
+        """
         from replaystore.schemas.arrow import schema_from_arrow
 
         return schema_from_arrow(arrow_schema, name)
 
     def zarr_layout(self) -> tuple[ArraySpec, ...]:
-        """The Zarr arrays a table of this schema is stored as."""
+        """The Zarr arrays a table of this schema is stored as.
+
+        Returns
+        -------
+        tuple of ArraySpec
+            One spec per stored array (see :func:`replaystore.schemas.layout.zarr_layout`).
+        """
         from replaystore.schemas.layout import zarr_layout
 
         return zarr_layout(self)
@@ -215,10 +376,28 @@ class Schema:
     def validate(self, batch: Any) -> Columns:
         """Check ``batch`` against this schema and return the columns ready to write.
 
-        ``batch`` is a mapping or any object with named attributes (dataclass,
-        namedtuple, an engine's batch object) holding numpy arrays or CPU torch
-        tensors. Raises a :class:`replaystore.errors.ValidationError` subclass
-        naming the field; never casts.
+        Never casts. Cost: one pass over each array (finiteness, id bounds, CSR
+        offsets); arrays that are already contiguous numpy arrays of the right dtype
+        are not copied.
+
+        Parameters
+        ----------
+        batch : Any
+            A mapping or any object with named attributes (dataclass, namedtuple, an
+            engine's batch object) holding numpy arrays or CPU torch tensors.
+
+        Returns
+        -------
+        Columns
+            The checked, contiguous arrays.
+
+        Raises
+        ------
+        ValidationError
+            A subclass naming the field: ``MissingFieldError``, ``UnknownFieldError``,
+            ``DTypeError``, ``ShapeError``, ``RecordCountError``, ``OffsetsError``,
+            ``RaggedAlignmentError``, ``IdRangeError``, ``NonFiniteError``,
+            ``DeviceError`` or ``MetadataError``.
         """
         from replaystore.schemas.validate import validate
 

@@ -14,9 +14,29 @@ from replaystore.schemas.validate import batch_items, validate
 def validate_tables(schemas: Mapping[str, Schema], batch: Any) -> dict[str, Columns]:
     """Split ``batch`` into one :class:`Columns` per table.
 
-    Each table takes the items its schema names; an item no table claims is an
-    :class:`UnknownFieldError`, a missing one a ``MissingFieldError``. Batch
-    metadata (e.g. ``telemetry``) goes to every table whose schema declares it.
+    Each table takes the items its schema names. Batch metadata (e.g.
+    ``telemetry``) goes to every table whose schema declares it. Cost: one
+    :meth:`Schema.validate` per table.
+
+    Parameters
+    ----------
+    schemas : mapping of str to Schema
+        Table name to that table's schema.
+    batch : Any
+        A mapping or an object with named attributes (see :meth:`Schema.validate`).
+
+    Returns
+    -------
+    dict of str to Columns
+        Table name to its validated columns.
+
+    Raises
+    ------
+    UnknownFieldError
+        An item no table claims.
+    ValidationError
+        A missing field (``MissingFieldError``) or any other check of
+        :meth:`Schema.validate`.
     """
     items = batch_items(batch)
     claimed = {name for schema in schemas.values() for name in schema.input_names}

@@ -35,7 +35,26 @@ if TYPE_CHECKING:
 
 
 def batch_items(batch: Any) -> dict[str, Any]:
-    """The named items of a mapping, dataclass, namedtuple or plain attribute object."""
+    """The named items of a mapping, dataclass, namedtuple or plain attribute object.
+
+    Cost: one dict of references; no array is copied.
+
+    Parameters
+    ----------
+    batch : Any
+        A mapping, a dataclass instance, a namedtuple, or an object with
+        ``__dict__`` or ``__slots__`` (names starting with ``_`` are skipped).
+
+    Returns
+    -------
+    dict of str to Any
+        Item name to value.
+
+    Raises
+    ------
+    MissingFieldError
+        ``batch`` has no named fields (``field`` is ``"<batch>"``).
+    """
     if isinstance(batch, Mapping):
         return dict(batch)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
@@ -51,7 +70,28 @@ def batch_items(batch: Any) -> dict[str, Any]:
 
 
 def to_numpy(name: str, value: Any) -> np.ndarray:
-    """A numpy view of a numpy array or CPU torch tensor; anything else is a typed error."""
+    """A numpy view of a numpy array or CPU torch tensor; anything else is a typed error.
+
+    Parameters
+    ----------
+    name : str
+        Field name, for the error.
+    value : Any
+        A numpy array or a torch tensor.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``value`` itself, or a view of the tensor (conjugate/negative bits resolved).
+
+    Raises
+    ------
+    DeviceError
+        A tensor not on the CPU.
+    DTypeError
+        A tensor whose dtype numpy cannot represent, or a value that is neither
+        a numpy array nor a torch tensor.
+    """
     if isinstance(value, np.ndarray):
         return value
     if type(value).__module__.startswith("torch"):
@@ -107,7 +147,30 @@ def _check_offsets(name: str, offsets: np.ndarray, records: int | None) -> None:
 
 
 def validate(schema: Schema, batch: Any, *, allow_extra: bool = False) -> Columns:
-    """See :meth:`Schema.validate`. ``allow_extra`` ignores items the schema does not know."""
+    """See :meth:`Schema.validate`.
+
+    Parameters
+    ----------
+    schema : Schema
+        The schema to check against.
+    batch : Any
+        A mapping or an object with named fields (see :func:`batch_items`).
+    allow_extra : bool, optional
+        Ignore items the schema does not know instead of raising.
+
+    Returns
+    -------
+    Columns
+        The checked, contiguous arrays and the batch metadata.
+
+    Raises
+    ------
+    ValidationError
+        A subclass naming the field: ``UnknownFieldError``, ``MissingFieldError``,
+        ``DTypeError``, ``ShapeError``, ``RecordCountError``, ``OffsetsError``,
+        ``RaggedAlignmentError``, ``IdRangeError``, ``NonFiniteError``,
+        ``DeviceError`` or ``MetadataError``.
+    """
     items = batch_items(batch)
     known = set(schema.input_names)
     if not allow_extra:

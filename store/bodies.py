@@ -1,12 +1,13 @@
-"""What a reader refuses in a record body: key presence, types and ranges of every record kind
-(docs/FORMAT.md, "What a reader must refuse").
+"""What a reader refuses in a record body.
 
-A record document whose checksum matches may still be malformed (written by a buggy or
-foreign writer, or edited and re-checksummed). Each function here checks one kind of body
-right where it is decoded and raises :class:`CorruptObjectError` naming the object and the
-field, before anything is applied or allocated from it. ``bool`` is never an integer here.
-Cost: linear in the body's size, no I/O (except :func:`check_capacity`, which reads a few
-writer registrations).
+Key presence, types and ranges of every record kind (docs/FORMAT.md, "What a reader must
+refuse").
+
+A record document whose checksum matches may still be malformed (written by a buggy or foreign
+writer, or edited and re-checksummed). Each function here checks one kind of body right where it
+is decoded and raises :class:`CorruptObjectError` naming the object and the field, before
+anything is applied or allocated from it. ``bool`` is never an integer here. Cost: linear in the
+body's size, no I/O (except :func:`check_capacity`, which reads a few writer registrations).
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class _Body:
         return value
 
     def name(self, kind: str, value: Any, where: str) -> str:
-        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names");
-        else :class:`UnsafeNameError`: a name is never used as a path before this check."""
+        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names").
+
+        Else :class:`UnsafeNameError`: a name is never used as a path before this check.
+        """
         problem = layout.name_problem(kind, value)
         if problem:
             raise UnsafeNameError(self.path, f"field {where!r}: {problem}")
@@ -97,9 +100,35 @@ def _power(n: int) -> str:
 
 # -- manifest --------------------------------------------------------------------------------
 def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Check a manifest body: ``format``/``format_version`` (FormatVersionError naming ``url``),
-    then ``tables`` (a non-empty object of schema documents, each parsed), ``capacity`` (null
-    or an int in ``[1, 2**40)``) and ``created_ns``. Returns ``body``."""
+    """Check a manifest body.
+
+    ``format``/``format_version``, then ``tables`` (a non-empty object of schema
+    documents, each parsed), ``capacity`` (null or an int in ``[1, 2**40)``) and
+    ``created_ns``.
+
+    Parameters
+    ----------
+    url : str
+        The store's URL, named in a FormatVersionError.
+    path : str
+        The manifest's path, named in a CorruptObjectError.
+    body : dict of str to Any
+        The decoded body.
+
+    Returns
+    -------
+    dict of str to Any
+        ``body``.
+
+    Raises
+    ------
+    FormatVersionError
+        Not a replaystore manifest, or a format version this replaystore does not read.
+    CorruptObjectError
+        A field is missing or malformed.
+    UnsafeNameError
+        A table name breaks the name grammar.
+    """
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{url}: not a replaystore store")
     version = body.get("format_version")
@@ -132,9 +161,31 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 # -- writer registration -----------------------------------------------------------------------
 def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]:
-    """Check writer ``writer``'s registration: ``writer`` equals the directory's number (a copied
-    writer directory is refused), ``capacity`` (where recorded) is null or a valid capacity,
-    and the optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types."""
+    """Check writer ``writer``'s registration.
+
+    ``writer`` equals the directory's number (a copied writer directory is
+    refused), ``capacity`` (where recorded) is null or a valid capacity, and the
+    optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types.
+
+    Parameters
+    ----------
+    path : str
+        The record's path, named in errors.
+    body : dict of str to Any
+        The decoded body.
+    writer : int
+        The writer whose directory holds it.
+
+    Returns
+    -------
+    dict of str to Any
+        ``body``.
+
+    Raises
+    ------
+    CorruptObjectError
+        A field is missing or malformed.
+    """
     b = _Body(path)
     got = b.key(body, "writer", "")
     if b.integer(got, "writer", 0, WRITER_LIMIT) != writer:
@@ -154,10 +205,37 @@ def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]
 # -- commit records -----------------------------------------------------------------------------
 def commit(path: str, body: dict[str, Any], writer: int, seq: int,
            offsets: Mapping[str, Collection[str]] | Collection[str] | None = None) -> dict[str, Any]:
-    """Check commit record ``seq`` of writer ``writer``: ``writer`` and ``seq`` equal the record's
-    place, ``time_ns``, ``kind`` (append, compact, close), ``metadata`` and ``tables``; every
-    fragment descriptor added (:func:`fragment`); a ``close`` record changes no table.
-    ``offsets``: the known tables (with their CSR offsets array names, where a mapping)."""
+    """Check commit record ``seq`` of writer ``writer``.
+
+    ``writer`` and ``seq`` equal the record's place, ``time_ns``, ``kind``
+    (append, compact, close), ``metadata`` and ``tables``; every fragment
+    descriptor added (:func:`fragment`); a ``close`` record changes no table.
+
+    Parameters
+    ----------
+    path : str
+        The record's path, named in errors.
+    body : dict of str to Any
+        The decoded body.
+    writer : int
+        The writer whose directory holds it.
+    seq : int
+        Its sequence number.
+    offsets : mapping or collection of str, optional
+        The known tables (with their CSR offsets array names, where a mapping).
+
+    Returns
+    -------
+    dict of str to Any
+        ``body``.
+
+    Raises
+    ------
+    CorruptObjectError
+        A field is missing or malformed.
+    UnsafeNameError
+        A table or fragment name breaks the name grammar.
+    """
     b = _Body(path)
     got = b.key(body, "writer", "")
     if b.integer(got, "writer", 0, WRITER_LIMIT) != writer:
@@ -200,10 +278,38 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
 
 def fragment(path: str, d: Any, where: str, seq_limit: int = COUNT_LIMIT,
              offsets: Collection[str] | None = None) -> dict[str, Any]:
-    """Check one fragment descriptor (``where`` names it in ``path``): ``name``, ``row_start`` and
-    ``rows`` within a writer's rows, ``nnz`` (per CSR offsets array: exactly ``offsets`` where
-    given), ``streams`` (ints or strings), ``parts`` (``[seq < seq_limit, time_ns, rows]`` whose
-    rows sum to ``rows``) and, if present, ``segment`` consistent with them."""
+    """Check one fragment descriptor.
+
+    ``name``, ``row_start`` and ``rows`` within a writer's rows, ``nnz`` (per CSR
+    offsets array: exactly ``offsets`` where given), ``streams`` (ints or
+    strings), ``parts`` (``[seq < seq_limit, time_ns, rows]`` whose rows sum to
+    ``rows``) and, if present, ``segment`` consistent with them.
+
+    Parameters
+    ----------
+    path : str
+        The record's path, named in errors.
+    d : Any
+        The descriptor.
+    where : str
+        Names the descriptor in ``path``.
+    seq_limit : int, optional
+        Parts must name commits before this one.
+    offsets : collection of str, optional
+        The table's CSR offsets array names.
+
+    Returns
+    -------
+    dict of str to Any
+        ``d``.
+
+    Raises
+    ------
+    CorruptObjectError
+        A field is missing or malformed.
+    UnsafeNameError
+        The fragment or segment name breaks the name grammar.
+    """
     return _fragment(_Body(path), d, where, seq_limit, offsets)
 
 
@@ -284,9 +390,35 @@ def _segment(b: _Body, s: Any, where: str, rows: int, parts: int, nnz: Mapping[s
 # -- log checkpoints -----------------------------------------------------------------------------
 def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
                offsets: Mapping[str, Collection[str]] | Collection[str] | None = None) -> dict[str, Any]:
-    """Check a log checkpoint: ``kind``, ``number`` (equal to its place, where given),
-    ``time_ns``, and per writer ``next_seq``, ``closed`` and its live fragment descriptors
-    (unique names per table, parts of records before ``next_seq``)."""
+    """Check a log checkpoint.
+
+    ``kind``, ``number`` (equal to its place, where given), ``time_ns``, and per
+    writer ``next_seq``, ``closed`` and its live fragment descriptors (unique
+    names per table, parts of records before ``next_seq``).
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint's path, named in errors.
+    body : dict of str to Any
+        The decoded body.
+    number : int, optional
+        The number it must carry.
+    offsets : mapping or collection of str, optional
+        The known tables (with their CSR offsets array names, where a mapping).
+
+    Returns
+    -------
+    dict of str to Any
+        ``body``.
+
+    Raises
+    ------
+    CorruptObjectError
+        Not a checkpoint, or a field is missing or malformed.
+    UnsafeNameError
+        A name breaks the name grammar.
+    """
     b = _Body(path)
     if body.get("kind") != "checkpoint":
         b.problem(f"not a log checkpoint (kind {body.get('kind')!r})")
@@ -318,8 +450,34 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
 
 # -- state records ----------------------------------------------------------------------------
 def state(path: str, body: dict[str, Any], slot: str, version: int) -> dict[str, Any]:
-    """Check state record ``version`` of ``slot``: those two, ``time_ns``, ``doc`` (an object)
-    and ``arrays`` (name -> the path of that array's payload in this slot)."""
+    """Check state record ``version`` of ``slot``.
+
+    Those two, ``time_ns``, ``doc`` (an object) and ``arrays`` (name -> the path
+    of that array's payload in this slot).
+
+    Parameters
+    ----------
+    path : str
+        The record's path, named in errors.
+    body : dict of str to Any
+        The decoded body.
+    slot : str
+        The slot whose directory holds it.
+    version : int
+        Its version.
+
+    Returns
+    -------
+    dict of str to Any
+        ``body``.
+
+    Raises
+    ------
+    CorruptObjectError
+        A field is missing or malformed.
+    UnsafeNameError
+        An array name or payload path is not this slot's.
+    """
     b = _Body(path)
     if b.key(body, "slot", "") != slot:
         b.fail("slot", repr(slot), body["slot"])
@@ -339,13 +497,30 @@ CAPACITY_WITNESSES = 4
 
 
 def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None:
-    """Refuse to write to a store whose manifest's ``capacity`` differs from the capacity an
-    earlier writer registered under (``capacity`` in its registration): the manifest never
-    changes, so it was edited, and a writer trusting a lowered capacity would reclaim records
-    it must keep. Reads the registrations of the ``CAPACITY_WITNESSES`` lowest and highest
-    writer numbers among ``names`` (the listing of ``writers/``; one ``read_many``); damaged or
-    absent ones, and those written before registrations recorded a capacity, witness nothing.
-    Raises CorruptObjectError naming the manifest."""
+    """Refuse to write to a store whose manifest's ``capacity`` was changed.
+
+    The capacity must equal the one an earlier writer registered under
+    (``capacity`` in its registration): the manifest never changes, so it was
+    edited, and a writer trusting a lowered capacity would reclaim records it
+    must keep. Reads the registrations of the ``CAPACITY_WITNESSES`` lowest and
+    highest writer numbers among ``names`` (one ``read_many``); damaged or
+    absent ones, and those written before registrations recorded a capacity,
+    witness nothing.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    capacity : int or None
+        The manifest's capacity.
+    names : list of str
+        The listing of ``writers/``.
+
+    Raises
+    ------
+    CorruptObjectError
+        A registration witnesses another capacity (names the manifest).
+    """
     numbers = sorted(int(n) for n in names if n.isdigit() and len(n) == 6)
     chosen = sorted(set(numbers[:CAPACITY_WITNESSES] + numbers[-CAPACITY_WITNESSES:]))
     paths = [layout.writer_record(w) for w in chosen]

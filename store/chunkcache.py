@@ -42,7 +42,16 @@ STALE_TMP_S = 3600.0  # temporary files older than this were left by a killed pr
 
 
 def default_directory() -> str:
-    """``$REPLAYSTORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/replaystore``, else ``~/.cache/replaystore``."""
+    """The default cache directory.
+
+    ``$REPLAYSTORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/replaystore``, else
+    ``~/.cache/replaystore``.
+
+    Returns
+    -------
+    str
+        The directory path (not created here).
+    """
     env = os.environ.get("REPLAYSTORE_CACHE_DIR")
     if env:
         return env
@@ -53,13 +62,32 @@ def default_directory() -> str:
 class ChunkCache:
     """A directory of chunk objects of remote stores, shared by every process that names it.
 
-    ``directory``: None for :func:`default_directory`. ``max_bytes``: the budget; None for
-    :data:`DEFAULT_MAX_BYTES` or half the disk's free space when the cache first fills,
-    whichever is less. Each process counts the cache's size when it passes the budget by its
-    own count and then prunes to seven eighths of it, so processes filling it at once may
-    take it past the budget by up to an eighth each, until they count again. Files a process
-    still maps survive their deletion until it unmaps them (closing, or refreshing past
-    their eviction), so the disk may hold more meanwhile.
+    Each process counts the cache's size when it passes the budget by its own
+    count and then prunes to seven eighths of it, so processes filling it at
+    once may take it past the budget by up to an eighth each, until they count
+    again. Files a process still maps survive their deletion until it unmaps
+    them (closing, or refreshing past their eviction), so the disk may hold more
+    meanwhile. Constructing one touches nothing on disk.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike, optional
+        The cache's directory; None for :func:`default_directory`.
+    max_bytes : int, optional
+        The budget; None for :data:`DEFAULT_MAX_BYTES` or half the disk's free
+        space when the cache first fills, whichever is less.
+
+    Attributes
+    ----------
+    directory : str
+        The absolute directory.
+    max_bytes : int or None
+        The budget (set on first use when None was given).
+
+    Raises
+    ------
+    StoreError
+        ``max_bytes`` is neither None nor a positive int.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> None:
@@ -71,36 +99,95 @@ class ChunkCache:
         self._size: int | None = None  # bytes in the cache as this process last counted them, plus its files since
 
     def __repr__(self) -> str:
+        """``ChunkCache(directory, max_bytes=...)``."""
         return f"ChunkCache({self.directory!r}, max_bytes={self.max_bytes!r})"
 
     def budget(self) -> int:
-        """The byte budget in force."""
+        """The byte budget in force.
+
+        The first call without ``max_bytes`` creates the directory and measures its
+        disk's free space.
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
         if self.max_bytes is None:
             os.makedirs(self.directory, exist_ok=True)
             self.max_bytes = min(DEFAULT_MAX_BYTES, shutil.disk_usage(self.directory).free // 2)
         return self.max_bytes
 
     def for_store(self, url: str, manifest: Mapping[str, Any]) -> StoreCache:
-        """The part of the cache holding the objects of the store at ``url`` with ``manifest``."""
+        """The part of the cache holding the objects of the store at ``url`` with ``manifest``.
+
+        A store's identity is its URL and manifest, so a store replaced (``"w+"``)
+        at the same URL gets another part.
+
+        Parameters
+        ----------
+        url : str
+            The store's URL.
+        manifest : mapping
+            The store's manifest document.
+
+        Returns
+        -------
+        StoreCache
+            The store's part of the cache.
+        """
         identity = json.dumps({"url": url, "manifest": manifest}, sort_keys=True).encode()
         return StoreCache(self, os.path.join(self.directory, hashlib.sha256(identity).hexdigest()[:32]))
 
     def size(self) -> int:
-        """Bytes of the files in the cache (temporary ones included)."""
+        """Bytes of the files in the cache (temporary ones included).
+
+        Cost: one walk of the directory tree.
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
         return sum(size for _, size, _ in _files(self.directory))
 
     def kept(self, size: int, keep: str) -> None:
-        """Count a file of ``size`` bytes just kept (``keep``); prune when this process's figure
-        for the cache's size (from its last scan plus its own files since) passes the budget."""
+        """Count a file of ``size`` bytes just kept, and prune when over budget.
+
+        Prunes when this process's figure for the cache's size (from its last scan
+        plus its own files since) passes the budget; that costs a walk of the
+        directory tree.
+
+        Parameters
+        ----------
+        size : int
+            The file's size in bytes.
+        keep : str
+            The file's path, never deleted by this prune.
+        """
         if self._size is not None and self._size + size <= self.budget():
             self._size += size
             return
         self._size = self.prune(keep, self.budget() - self.budget() // 8)  # room for the next files
 
     def prune(self, keep: str = "", target: int | None = None) -> int:
-        """Delete least recently used files (never ``keep``) until the cache holds at most
-        ``target`` bytes (None: its budget), and temporary files a killed process left;
-        the bytes left."""
+        """Delete least recently used files until the cache holds at most ``target`` bytes.
+
+        Also deletes temporary files a killed process left (older than an hour).
+        Cost: one walk of the directory tree and a sort of its files.
+
+        Parameters
+        ----------
+        keep : str, optional
+            A file never deleted.
+        target : int, optional
+            Bytes to keep at most; None: the budget.
+
+        Returns
+        -------
+        int
+            The bytes left.
+        """
         files = _files(self.directory)
         budget = self.budget() if target is None else target
         stale = time.time_ns() - int(STALE_TMP_S * 1e9)
@@ -122,9 +209,29 @@ class ChunkCache:
 
 
 def choose(cache: Any, remote: bool) -> ChunkCache | None:
-    """The cache ``open_store(..., cache=)`` asks for: None (the default) or True, a
-    :class:`ChunkCache` in the default directory for remote stores (True: for any backend
-    without local files); a path, a ChunkCache there; False, none."""
+    """The cache ``open_store(..., cache=)`` asks for.
+
+    None (the default): a :class:`ChunkCache` in the default directory for
+    remote stores, none otherwise; True: one for any backend without local
+    files; a path: a ChunkCache there; a ChunkCache: itself; False: none.
+
+    Parameters
+    ----------
+    cache : Any
+        ``open_store``'s ``cache`` argument.
+    remote : bool
+        Whether the store is remote (S3).
+
+    Returns
+    -------
+    ChunkCache or None
+        The cache to use.
+
+    Raises
+    ------
+    StoreError
+        ``cache`` is none of the accepted kinds.
+    """
     if cache is None:
         return ChunkCache() if remote else None
     if cache is True:
@@ -139,7 +246,15 @@ def choose(cache: Any, remote: bool) -> ChunkCache | None:
 
 
 class StoreCache:
-    """One store's objects in a :class:`ChunkCache` (files under ``root``, named by object path)."""
+    """One store's objects in a :class:`ChunkCache` (files under ``root``, named by object path).
+
+    Parameters
+    ----------
+    cache : ChunkCache
+        The cache it belongs to.
+    root : str
+        Its directory.
+    """
 
     def __init__(self, cache: ChunkCache, root: str) -> None:
         self.cache = cache
@@ -147,13 +262,27 @@ class StoreCache:
         self.warned = False  # about objects it could not keep (once per store handle)
 
     def size(self) -> int:
-        """Bytes of this store's files in the cache."""
+        """Bytes of this store's files in the cache.
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
         return sum(size for _, size, _ in _files(self.root))
 
     def forget(self, prefixes: list[str]) -> None:
-        """Mark the files under these object prefixes least recently used (a reader saw their
-        fragments leave the store's visible records): pruning deletes them first. Not deleted
-        now, for processes with an older view that may still read them."""
+        """Mark the files under these object prefixes least recently used.
+
+        A reader saw their fragments leave the store's visible records: pruning
+        deletes them first. Not deleted now, for processes with an older view that
+        may still read them.
+
+        Parameters
+        ----------
+        prefixes : list of str
+            Object path prefixes (fragment directories).
+        """
         for prefix in prefixes:
             for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):
                 if not os.path.basename(path).startswith(TMP):  # (another process's download in flight)
@@ -164,12 +293,34 @@ class StoreCache:
              check: Callable[[Any], str | None] | None = None) -> IO[bytes] | bytes:
         """An open file holding object ``path`` of ``storage``, downloaded if not cached.
 
-        ``size`` (when known) is the object's size: a cached file of another size is
-        replaced. ``check`` returns what is wrong with an object's bytes, if anything: such
-        a download raises CorruptObjectError and is not kept. Marks the file used (its mtime).
-        The download streams into the file (``Storage.download``): the object never sits
-        whole in this process's memory. Where the cache cannot keep it (directory not
-        writable, disk full), the object's bytes instead, with a warning.
+        Marks the file used (its mtime). The download streams into the file
+        (``Storage.download``): the object never sits whole in this process's
+        memory; it is checked, fsynced and published by rename. Where the cache
+        cannot keep it (directory not writable, disk full), the object's bytes
+        instead, with a warning (once per store handle).
+
+        Parameters
+        ----------
+        path : str
+            The object's path in the store.
+        storage : Storage
+            The store's storage.
+        size : int, optional
+            The object's size, when known: a cached file of another size is replaced.
+        check : callable, optional
+            Returns what is wrong with an object's bytes, if anything.
+
+        Returns
+        -------
+        file object or bytes
+            The open cached file, or the object's bytes.
+
+        Raises
+        ------
+        CorruptObjectError
+            ``check`` found the download damaged; it is not kept.
+        OSError
+            The download failed for another reason than a full disk.
         """
         local = os.path.join(self.root, *path.split("/"))
         with contextlib.suppress(OSError):  # absent (or the directory unusable: found out below)

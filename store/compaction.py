@@ -22,7 +22,18 @@ MERGE_FETCH_THREADS = 8
 
 
 def segment_run(frags: list[Fragment]) -> list[Fragment]:
-    """The trailing fragments in the last fragment's segment (merging them moves no data)."""
+    """The trailing fragments in the last fragment's segment (merging them moves no data).
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A writer's fragments in row order; the last is segment-backed.
+
+    Returns
+    -------
+    list of Fragment
+        The run.
+    """
     seg = frags[-1].segment
     n = 1
     while n < len(frags) and frags[-1 - n].segment is not None and frags[-1 - n].segment.name == seg.name:  # type: ignore[union-attr]
@@ -31,8 +42,24 @@ def segment_run(frags: list[Fragment]) -> list[Fragment]:
 
 
 def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
-    """The trailing run of small fragments a merge would rewrite (size-tiered; ``max_rows``:
-    the fragment size cap)."""
+    """The trailing run of small fragments a merge would rewrite (size-tiered).
+
+    An older fragment joins only if the newer ones at least match it, so every
+    merge at least doubles a record's fragment and each record is rewritten
+    O(log n) times.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A writer's fragments in row order.
+    max_rows : int
+        The fragment size cap.
+
+    Returns
+    -------
+    list of Fragment
+        The run (possibly empty).
+    """
     run: list[Fragment] = []
     total = 0
     for f in reversed(frags):
@@ -49,8 +76,23 @@ def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 
 
 def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
-    """The trailing run due for a background merge, if it has reached the fan-in (else empty):
-    segment-backed fragments of one segment, to be described as one, or small fragments."""
+    """The trailing run due for a background merge, if it has reached the fan-in (else empty).
+
+    Segment-backed fragments of one segment, to be described as one, or small
+    fragments.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A writer's fragments in row order.
+    max_rows : int
+        The fragment size cap.
+
+    Returns
+    -------
+    list of Fragment
+        At least :data:`COMPACT_FANIN` fragments, or none.
+    """
     if not frags:
         return []
     run = segment_run(frags) if frags[-1].segment is not None else tiered_run(frags, max_rows)
@@ -58,9 +100,25 @@ def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 
 
 def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[list[Fragment]]:
-    """Every run a full compaction merges (``frags`` in row order; ``visible``: the names of
-    those every reader sees whole): adjacent fragments of one kind (one segment's, or
-    fragments of their own) up to ``max_rows`` records; runs of one fragment are left out."""
+    """Every run a full compaction merges.
+
+    Adjacent fragments of one kind (one segment's, or fragments of their own) up
+    to ``max_rows`` records; runs of one fragment are left out.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A writer's fragments in row order.
+    visible : set of str
+        Names of the fragments every reader sees whole.
+    max_rows : int
+        The fragment size cap.
+
+    Returns
+    -------
+    list of list of Fragment
+        The runs.
+    """
     runs: list[list[Fragment]] = [[]]
     for f in frags:
         run = runs[-1]
@@ -80,9 +138,40 @@ def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[l
 
 def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str,
             run: list[Fragment]) -> tuple[Fragment, str] | None:
-    """Write ``run``'s records as one new fragment ``name`` of ``writer`` (durable, not yet
-    referenced by any commit record); returns it and the path of its objects, or None (and
-    nothing left behind) if part of the run was evicted and reclaimed while it was read."""
+    """Write ``run``'s records as one new fragment ``name`` of ``writer``.
+
+    The fragment is durable but not yet referenced by any commit record. Cost:
+    reading and rewriting the run's records (on object storage, one GET per
+    array, issued concurrently).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    schema : Schema
+        The table's schema.
+    writer : int
+        The writer's id.
+    table : str
+        The table's name.
+    name : str
+        The new fragment's name.
+    run : list of Fragment
+        Adjacent fragments to merge, in row order.
+
+    Returns
+    -------
+    tuple of (Fragment, str) or None
+        The new fragment and the path of its objects, or None (and nothing left
+        behind) if part of the run was evicted and reclaimed while it was read.
+
+    Raises
+    ------
+    CorruptObjectError
+        A fragment's object fails its integrity check.
+    OSError
+        The storage failed.
+    """
     staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start)
     try:
         datas = [FragmentData(storage, schema, f, cached=False) for f in run]  # read once: not worth a cache

@@ -24,7 +24,21 @@ COLUMNS = {"rows": np.dtype(np.int64), "steps": np.dtype(np.int64), "resets": np
 
 @dataclass
 class Piece:
-    """Entries of one fragment range: ``keys[codes[i]]`` is entry i's stream."""
+    """Entries of one fragment range: ``keys[codes[i]]`` is entry i's stream.
+
+    Attributes
+    ----------
+    keys : list of StreamKey
+        The fragment's stream keys.
+    codes : numpy.ndarray
+        Per entry, its index into ``keys``.
+    rows : numpy.ndarray
+        Per entry, its row id.
+    steps : numpy.ndarray, optional
+        Per entry, its step (None for removals).
+    resets : numpy.ndarray, optional
+        Per entry, whether it is a reset (None for removals).
+    """
 
     keys: list[StreamKey]
     codes: np.ndarray
@@ -59,13 +73,28 @@ def _stream_step_order(sid: np.ndarray, step: np.ndarray, streams: int) -> np.nd
 class StreamIndex:
     """Visible rows by (stream, step).
 
-    ``keys[g]`` is the stream key of dense stream id ``g`` (first appearance in the visible
-    fragments' stream lists, in row-id order). The dense views ``bounds``, ``rows``,
-    ``steps``, ``resets`` and ``stream_ids`` are sorted by (g, step, row id):
-    ``bounds[g]:bounds[g+1]`` delimits stream g. Internally stream g is slot ``order[g]``
-    of ``seg``; ``stamp[slot]`` is the :attr:`version` of the slot's last rewrite
-    (relative positions restart then), so followers (the sequence sampler) update what
-    changed by comparing ``stamp`` and the segments' relative bounds.
+    ``keys[g]`` is the stream key of dense stream id ``g`` (first appearance in
+    the visible fragments' stream lists, in row-id order). The dense views
+    ``bounds``, ``rows``, ``steps``, ``resets`` and ``stream_ids`` are sorted by
+    (g, step, row id): ``bounds[g]:bounds[g+1]`` delimits stream g. Internally
+    stream g is slot ``order[g]`` of ``seg``; ``stamp[slot]`` is the
+    :attr:`version` of the slot's last rewrite (relative positions restart
+    then), so followers (the sequence sampler) update what changed by comparing
+    ``stamp`` and the segments' relative bounds. Build one with :meth:`build`.
+
+    Parameters
+    ----------
+    keys : list of StreamKey
+        The stream keys in dense-id order; slot i of ``seg`` holds ``keys[i]``.
+    seg : Segments
+        The per-stream column buffers (columns ``rows``, ``steps``, ``resets``).
+
+    Attributes
+    ----------
+    keys : list of StreamKey
+        Stream key of each dense stream id.
+    version : int
+        Incremented by every :meth:`apply`.
     """
 
     def __init__(self, keys: list[StreamKey], seg: Segments) -> None:
@@ -87,7 +116,22 @@ class StreamIndex:
 
     @classmethod
     def build(cls, parts: list[tuple[list[StreamKey], int, np.ndarray, np.ndarray, np.ndarray]]) -> StreamIndex:
-        """From per-fragment ``(stream keys, first row id, codes, steps, resets)``."""
+        """The index of per-fragment ``(stream keys, first row id, codes, steps, resets)``.
+
+        Cost: a stable sort of every entry by stream (a radix sort when each
+        stream's steps are already ascending in row order), else a lexsort.
+
+        Parameters
+        ----------
+        parts : list of tuple
+            Per fragment in row-id order: its stream keys, its first row id, and per
+            record the index into those keys, the step and the reset flag.
+
+        Returns
+        -------
+        StreamIndex
+            The index.
+        """
         gid: dict[StreamKey, int] = {}
         sids, rows, steps, resets = [], [], [], []
         for keys, first, codes, st, rs in parts:
@@ -110,12 +154,29 @@ class StreamIndex:
     # -- incremental maintenance -------------------------------------------------------------------
     def apply(self, added: list[Piece], removed: list[Piece], keys: list[StreamKey] | None = None,
               new_keys: list[StreamKey] | None = None) -> bool:
-        """Follow a change of the visible rows: ``added``/``removed`` are the entries that
-        appeared/disappeared; ``keys`` the new stream order (as :meth:`build` would number
-        them), or None when it is the current order followed by ``new_keys``. Cost: the
-        entries changed and the streams touched, plus a rewrite of each stream changed
-        elsewhere than at its ends (plus the number of streams when ``keys`` is given).
-        False (the index is then unusable) if the pieces contradict the index."""
+        """Follow a change of the visible rows.
+
+        Cost: the entries changed and the streams touched, plus a rewrite of each
+        stream changed elsewhere than at its ends (plus the number of streams when
+        ``keys`` is given).
+
+        Parameters
+        ----------
+        added : list of Piece
+            The entries that appeared.
+        removed : list of Piece
+            The entries that disappeared.
+        keys : list of StreamKey, optional
+            The new stream order (as :meth:`build` would number them), or None when
+            it is the current order followed by ``new_keys``.
+        new_keys : list of StreamKey, optional
+            Streams appended to the order (with ``keys`` None).
+
+        Returns
+        -------
+        bool
+            False if the pieces contradict the index (it is then unusable: rebuild it).
+        """
         self.version += 1
         fresh = [k for k in (keys if keys is not None else new_keys or []) if k not in self.slot_of]
         self.slot_of.update((k, self.seg.slots + i) for i, k in enumerate(fresh))
@@ -147,7 +208,19 @@ class StreamIndex:
         return True
 
     def touched_since(self, version: int) -> np.ndarray | None:
-        """Slots whose entries changed after ``version`` (None: not known that far back)."""
+        """Slots whose entries changed after ``version``.
+
+        Parameters
+        ----------
+        version : int
+            A :attr:`version` the caller saw.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            int64 slots, or None when not known that far back (the index remembers
+            the last 64 changes).
+        """
         if version == self.version:
             return np.zeros(0, dtype=np.int64)
         if not self._touched or self._touched[0][0] > version + 1:
@@ -231,14 +304,17 @@ class StreamIndex:
 
     @property
     def rows(self) -> np.ndarray:
+        """Row id of each sorted entry (dense view; built on first use after a change, cost: the table)."""
         return self._dense_views().rows
 
     @property
     def steps(self) -> np.ndarray:
+        """Step of each sorted entry (dense view)."""
         return self._dense_views().steps
 
     @property
     def resets(self) -> np.ndarray:
+        """Reset flag of each sorted entry (dense view)."""
         return self._dense_views().resets
 
     @property
@@ -247,7 +323,13 @@ class StreamIndex:
         return self._dense_views().stream_ids
 
     def dense_start(self) -> np.ndarray:
-        """Per slot, the dense position of its relative position 0 (``-origin`` offsets)."""
+        """Per slot, the dense position of its relative position 0 (``-origin`` offsets).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 per slot.
+        """
         start = np.zeros(self.seg.slots, dtype=np.int64)
         start[self.order] = self.bounds[:-1] - self.seg.rel_lo()[self.order]
         return start
@@ -258,20 +340,55 @@ class StreamIndex:
         return None if g is None else int(self.order[g])
 
     def streams(self) -> list[StreamKey]:
+        """The stream keys with visible records, in dense-id order.
+
+        Cost: O(streams).
+
+        Returns
+        -------
+        list of StreamKey
+            The keys.
+        """
         counts = (self.seg.hi - self.seg.lo)[self.order]
         return [k for k, c in zip(self.keys, counts.tolist(), strict=True) if c]
 
     def span(self, stream: StreamKey) -> tuple[int, int]:
-        """``[lo, hi)`` of a stream's entries in the dense views; empty for a stream with no
-        visible records (never written, or wholly evicted: the same answer whether or not a
-        live fragment still lists its key)."""
+        """``[lo, hi)`` of a stream's entries in the dense views.
+
+        Empty for a stream with no visible records (never written, or wholly
+        evicted: the same answer whether or not a live fragment still lists its
+        key).
+
+        Parameters
+        ----------
+        stream : StreamKey
+            The stream key.
+
+        Returns
+        -------
+        lo, hi : int
+            The bounds.
+        """
         g = self._lookup.get(stream)
         if g is None:
             return 0, 0
         return int(self.bounds[g]), int(self.bounds[g + 1])
 
     def stream_rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows, steps)`` of one stream in step order."""
+        """``(rows, steps)`` of one stream in step order.
+
+        Cost: O(1) (views of the stream's segment).
+
+        Parameters
+        ----------
+        stream : StreamKey
+            The stream key.
+
+        Returns
+        -------
+        rows, steps : numpy.ndarray
+            int64 per entry; empty for an unknown stream.
+        """
         s = self._slot(stream)
         if s is None:
             empty = np.zeros(0, dtype=np.int64)
@@ -283,6 +400,17 @@ class StreamIndex:
 
         A run breaks at every step gap (missing or evicted steps). Resets do not
         break runs; they are recurrent boundaries, reported by :meth:`resets`.
+        Cost: the stream's entries.
+
+        Parameters
+        ----------
+        stream : StreamKey
+            The stream key.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64, ``(n, 2)``.
         """
         _, steps = self.stream_rows(stream)
         if not len(steps):
@@ -293,7 +421,22 @@ class StreamIndex:
         return np.stack([steps[starts], steps[ends]], axis=1)
 
     def lookup(self, stream: StreamKey, steps: np.ndarray | int) -> np.ndarray:
-        """Row ids of ``(stream, step)`` pairs; -1 where the step is not visible."""
+        """Row ids of ``(stream, step)`` pairs; -1 where the step is not visible.
+
+        Cost: a binary search per step.
+
+        Parameters
+        ----------
+        stream : StreamKey
+            The stream key.
+        steps : numpy.ndarray or int
+            Steps to look up.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids, shaped like ``steps``.
+        """
         rows, s = self.stream_rows(stream)
         want = np.asarray(steps, dtype=np.int64)
         if not len(s):
@@ -303,6 +446,18 @@ class StreamIndex:
         return np.where((pos < len(s)) & (s[posc] == want), rows[posc], -1)
 
     def last_step(self, stream: StreamKey) -> int | None:
+        """The stream's last visible step.
+
+        Parameters
+        ----------
+        stream : StreamKey
+            The stream key.
+
+        Returns
+        -------
+        int or None
+            The step, or None when the stream has no visible records.
+        """
         _, steps = self.stream_rows(stream)
         return int(steps[-1]) if len(steps) else None
 

@@ -29,9 +29,23 @@ _STATE_NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*")
 
 
 def name_problem(kind: str, name: object) -> str | None:
-    """Why ``name`` is not a valid ``kind`` name of the format (docs/FORMAT.md, "Object names"),
-    or None if it is. ``kind``: ``"table"``, ``"fragment"``, ``"segment"``, ``"state slot"``,
-    ``"state array"`` or ``"payload token"``. Cost: one regular-expression match."""
+    """Why ``name`` is not a valid ``kind`` name of the format, or None if it is.
+
+    See docs/FORMAT.md, "Object names". Cost: one regular-expression match.
+
+    Parameters
+    ----------
+    kind : str
+        ``"table"``, ``"fragment"``, ``"segment"``, ``"state slot"``,
+        ``"state array"`` or ``"payload token"``.
+    name : object
+        The name to check.
+
+    Returns
+    -------
+    str or None
+        The problem, in words; None for a valid name.
+    """
     if not isinstance(name, str):
         return f"{kind} name {name!r}: expected a string"
     if kind == "table":
@@ -54,8 +68,29 @@ def _checked(kind: str, name: str) -> str | None:
 
 
 def stored_name(kind: str, name: object, where: str) -> str:
-    """``name``, read from the store object ``where``, if it is a valid ``kind`` name; else
-    raises :class:`UnsafeNameError` naming ``where``. Cost: a cache lookup once seen."""
+    """``name``, read from the store object ``where``, if it is a valid ``kind`` name.
+
+    Cost: a cache lookup once seen.
+
+    Parameters
+    ----------
+    kind : str
+        The kind of name (see :func:`name_problem`).
+    name : object
+        The name as read.
+    where : str
+        The object it was read from, named in the error.
+
+    Returns
+    -------
+    str
+        ``name``.
+
+    Raises
+    ------
+    UnsafeNameError
+        ``name`` breaks the grammar.
+    """
     problem = _checked(kind, name) if isinstance(name, str) else name_problem(kind, name)
     if problem:
         raise UnsafeNameError(where, problem)
@@ -63,8 +98,27 @@ def stored_name(kind: str, name: object, where: str) -> str:
 
 
 def given_name(kind: str, name: object, argument: str) -> str:
-    """``name``, given as ``argument``, if it is a valid ``kind`` name; else raises
-    :class:`InvalidNameError` naming the argument."""
+    """``name``, given as ``argument``, if it is a valid ``kind`` name.
+
+    Parameters
+    ----------
+    kind : str
+        The kind of name (see :func:`name_problem`).
+    name : object
+        The name given.
+    argument : str
+        The argument, named in the error.
+
+    Returns
+    -------
+    str
+        ``name``.
+
+    Raises
+    ------
+    InvalidNameError
+        ``name`` breaks the grammar.
+    """
     problem = name_problem(kind, name)
     if problem:
         raise InvalidNameError(f"{argument}: {problem}")
@@ -72,24 +126,95 @@ def given_name(kind: str, name: object, argument: str) -> str:
 
 
 def writer_dir(writer: int) -> str:
+    """The directory of writer ``writer``: ``writers/<writer:06d>``.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"{WRITERS}/{writer:06d}"
 
 
 def writer_record(writer: int) -> str:
+    """The path of writer ``writer``'s writer record.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"{writer_dir(writer)}/writer.json"
 
 
 def commits_dir(writer: int) -> str:
+    """The directory of writer ``writer``'s commit records.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"{writer_dir(writer)}/commits"
 
 
 def commit_record(writer: int, seq: int) -> str:
+    """The path of writer ``writer``'s commit record ``seq``.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+    seq : int
+        The record's sequence number.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"{commits_dir(writer)}/{seq:010d}.json"
 
 
 def fragment_dir(writer: int, table: str, name: str) -> str:
-    """The directory of fragment or segment ``name`` of ``table``; both names checked
-    (:func:`stored_name`), as they come from commit records."""
+    """The directory of fragment or segment ``name`` of ``table``.
+
+    Both names are checked (:func:`stored_name`), as they come from commit records.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+    table : str
+        The table's name.
+    name : str
+        A fragment (``f...``) or segment (``s...``) name.
+
+    Returns
+    -------
+    str
+        The path.
+
+    Raises
+    ------
+    UnsafeNameError
+        A name breaks the grammar.
+    """
     where = f"{writer_dir(writer)}/data"
     stored_name("table", table, where)
     if not (isinstance(name, str) and name[:1] == "s"):
@@ -100,35 +225,151 @@ def fragment_dir(writer: int, table: str, name: str) -> str:
 
 
 def fragment_name(seq: int) -> str:
+    """The name of fragment ``seq``: ``f<seq:010d>``.
+
+    Parameters
+    ----------
+    seq : int
+        The fragment's sequence number.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"f{seq:010d}"
 
 
 def segment_name(seq: int) -> str:
+    """The name of segment ``seq``: ``s<seq:010d>``.
+
+    Parameters
+    ----------
+    seq : int
+        The segment's sequence number.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"s{seq:010d}"
 
 
 def checkpoint(number: int) -> str:
+    """The path of log checkpoint ``number``.
+
+    Parameters
+    ----------
+    number : int
+        The checkpoint's number.
+
+    Returns
+    -------
+    str
+        The path.
+    """
     return f"{CHECKPOINTS}/{number:010d}.json"
 
 
 def state_dir(slot: str) -> str:
+    """The directory of state slot ``slot``.
+
+    Parameters
+    ----------
+    slot : str
+        The slot's name (checked).
+
+    Returns
+    -------
+    str
+        The path.
+
+    Raises
+    ------
+    UnsafeNameError
+        The slot name breaks the grammar.
+    """
     return f"{STATE}/{stored_name('state slot', slot, STATE)}"
 
 
 def state_record(slot: str, version: int) -> str:
+    """The path of version ``version`` of state slot ``slot``'s record.
+
+    Parameters
+    ----------
+    slot : str
+        The slot's name (checked).
+    version : int
+        The version.
+
+    Returns
+    -------
+    str
+        The path.
+
+    Raises
+    ------
+    UnsafeNameError
+        The slot name breaks the grammar.
+    """
     return f"{state_dir(slot)}/{version:010d}.json"
 
 
 def state_payload(slot: str, token: str, name: str) -> str:
-    """The object of state array ``name`` (``<array>.npy``) saved under ``token``."""
+    """The object of state array ``name`` (``<array>.npy``) saved under ``token``.
+
+    Parameters
+    ----------
+    slot : str
+        The slot's name.
+    token : str
+        The payload token.
+    name : str
+        The array's object name.
+
+    Returns
+    -------
+    str
+        The path.
+
+    Raises
+    ------
+    UnsafeNameError
+        A name breaks the grammar.
+    """
     stored_name("payload token", token, state_dir(slot))
     stored_name("state array", name, state_dir(slot))
     return f"{state_dir(slot)}/payload-{token}/{name}"
 
 
 def state_payload_of(slot: str, array: str, path: object, where: str) -> str:
-    """``path``, read from state record ``where`` for array ``array``, if it names that array's
-    payload in ``slot`` (``state/<slot>/payload-<token>/<array>.npy``); else UnsafeNameError."""
+    """``path``, read from state record ``where`` for array ``array``, if it names that array's payload.
+
+    The payload of ``array`` in ``slot`` is ``state/<slot>/payload-<token>/<array>.npy``.
+
+    Parameters
+    ----------
+    slot : str
+        The slot's name.
+    array : str
+        The array's name.
+    path : object
+        The path as read.
+    where : str
+        The state record, named in the error.
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Raises
+    ------
+    UnsafeNameError
+        ``path`` is not a payload of that array in that slot, or a name breaks
+        the grammar.
+    """
     stored_name("state array", array, where)
     prefix = f"{state_dir(slot)}/payload-"
     if not (isinstance(path, str) and path.startswith(prefix) and path.endswith(f"/{array}.npy")
@@ -138,4 +379,18 @@ def state_payload_of(slot: str, array: str, path: object, where: str) -> str:
 
 
 def row_id(writer: int, local: int) -> int:
+    """The row id of local row ``local`` of writer ``writer``: ``writer << ROW_BITS | local``.
+
+    Parameters
+    ----------
+    writer : int
+        The writer's id.
+    local : int
+        The writer's local row.
+
+    Returns
+    -------
+    int
+        The row id.
+    """
     return (writer << ROW_BITS) | local

@@ -33,7 +33,19 @@ _FIRST_ID = operator.attrgetter("first_id")
 
 @dataclass
 class WriterLog:
-    """What a reader has applied of one writer's commit sequence."""
+    """What a reader has applied of one writer's commit sequence.
+
+    Attributes
+    ----------
+    writer : int
+        The writer's id.
+    next_seq : int
+        The sequence number of the next record to apply.
+    closed : bool
+        Its ``close`` record was applied: it never writes again.
+    fragments : dict of str to dict of str to Fragment
+        Per table, its live fragments by name.
+    """
 
     writer: int
     next_seq: int = 0
@@ -43,7 +55,25 @@ class WriterLog:
     _ordered: dict[str, list[Fragment]] = field(default_factory=dict, repr=False, compare=False)
 
     def ordered(self, table: str) -> list[Fragment]:
-        """The writer's live fragments of ``table`` in row-id order (kept until they change)."""
+        """The writer's live fragments of ``table`` in row-id order (kept until they change).
+
+        Cost: a sort of the writer's fragments when they changed; a lookup otherwise.
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+
+        Returns
+        -------
+        list of Fragment
+            The fragments (shared: do not modify).
+
+        Raises
+        ------
+        CorruptObjectError
+            Two live fragments overlap in rows (their records would show twice).
+        """
         out = self._ordered.get(table)
         if out is None:
             out = sorted(self.fragments.get(table, {}).values(), key=_FIRST_ID)
@@ -56,15 +86,30 @@ class WriterLog:
         return out
 
     def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
-        """Next seq, closed flag and live fragment descriptors per table (by name): what two
-        applications of the same records agree on, whatever order the fragments were added in."""
+        """What two applications of the same records agree on, whatever order the fragments were added in.
+
+        Returns
+        -------
+        tuple
+            Next seq, closed flag and live fragment descriptors per table (sorted by name).
+        """
         return self.next_seq, self.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
                                             for t, frags in self.fragments.items() if frags}
 
 
 @dataclass
 class CommitInfo:
-    """One applied commit record (its body, as stored)."""
+    """One applied commit record (its body, as stored).
+
+    Attributes
+    ----------
+    writer : int
+        The writer's id.
+    seq : int
+        The record's sequence number.
+    body : dict of str to Any
+        The record's body.
+    """
 
     writer: int
     seq: int
@@ -74,9 +119,28 @@ class CommitInfo:
 class CommitLog:
     """Incrementally applies commit records; ``refresh`` costs what is new, not what is stored.
 
-    The first refresh starts from the newest readable log checkpoint (``checkpoints=False``:
-    from every writer's first record). The applied records' bodies are not kept: :meth:`history`
-    reads them back when asked, and keeps them from then on.
+    The first refresh starts from the newest readable log checkpoint. The
+    applied records' bodies are not kept: :meth:`history` reads them back when
+    asked, and keeps them from then on.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    tables : list of str or mapping of str to Schema
+        The known tables; with schemas, records are also checked against their
+        CSR offsets arrays.
+    checkpoints : bool, optional
+        Start from the newest checkpoint (False: from every writer's first record).
+
+    Attributes
+    ----------
+    writers : dict of int to WriterLog
+        What has been applied, per writer.
+    version : int
+        Bumps whenever something new was applied.
+    time_ns : int
+        The latest commit time applied.
     """
 
     def __init__(self, storage: Storage, tables: list[str] | Mapping[str, Schema], *, checkpoints: bool = True) -> None:
@@ -101,11 +165,24 @@ class CommitLog:
         self._open: set[int] = set()  # the writers whose close record is not applied
 
     def refresh(self) -> bool:
-        """Apply every commit created since the last call; True if anything changed.
+        """Apply every commit created since the last call.
 
-        The next record of every writer that has not closed is probed in one ``read_many``
-        (concurrent on object storage); writers that had one are read on in rounds of
-        doubling windows (up to ``READ_AHEAD``) until each reaches an absent record.
+        The next record of every writer that has not closed is probed in one
+        ``read_many`` (concurrent on object storage); writers that had one are read
+        on in rounds of doubling windows (up to ``READ_AHEAD``) until each reaches an
+        absent record. Everything is read before anything is applied. Cost: one
+        listing of ``writers/`` (skipped where the backend can tell it is
+        unchanged), plus the new records.
+
+        Returns
+        -------
+        bool
+            True if anything changed.
+
+        Raises
+        ------
+        CorruptObjectError
+            A record is damaged or malformed; nothing was applied.
         """
         if not self._started:
             self._started = True
@@ -147,12 +224,31 @@ class CommitLog:
         return bool(new)
 
     def apply_created(self, writer: int, created: dict[int, bytes]) -> bool | None:
-        """Apply writer ``writer``'s records that its own process created, ``created`` (seq ->
-        the record's bytes, as stored), without reading storage: only that writer creates its
-        records, so the ones it holds are all there are. Takes from ``created`` each record it
-        applies and drops those already applied; applies in order from the writer's next record
-        and stops at the first it does not hold. True if anything was applied; None if this log
-        has not read the store yet (nothing done: call :meth:`refresh`)."""
+        """Apply writer ``writer``'s records that its own process created, without reading storage.
+
+        Only that writer creates its records, so the ones it holds are all there
+        are. Takes from ``created`` each record it applies and drops those already
+        applied; applies in order from the writer's next record and stops at the
+        first it does not hold.
+
+        Parameters
+        ----------
+        writer : int
+            The writer's id.
+        created : dict of int to bytes
+            Seq to the record's bytes, as stored; consumed.
+
+        Returns
+        -------
+        bool or None
+            True if anything was applied; None if this log has not read the store
+            yet (nothing done: call :meth:`refresh`).
+
+        Raises
+        ------
+        CorruptObjectError
+            A record is malformed.
+        """
         if not self._started:
             return None
         if writer not in self.writers:
@@ -193,9 +289,26 @@ class CommitLog:
         self.time_ns = max(self.time_ns, int(body.get("time_ns", 0)))
 
     def fragments(self, table: str) -> list[Fragment]:
-        """Live fragments of ``table``, ordered by row id (a writer's row ids all follow those of
-        lower writer numbers). Cost: the fragments of the writers whose records were applied
-        since the last call. The list is shared until the log changes: do not modify it."""
+        """Live fragments of ``table``, ordered by row id.
+
+        A writer's row ids all follow those of lower writer numbers. Cost: the
+        fragments of the writers whose records were applied since the last call.
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+
+        Returns
+        -------
+        list of Fragment
+            The fragments; shared until the log changes: do not modify it.
+
+        Raises
+        ------
+        CorruptObjectError
+            Two live fragments of a writer overlap.
+        """
         out = self._ordered.get(table)
         if out is None:
             out = list(itertools.chain.from_iterable(self.writers[w].ordered(table) for w in sorted(self.writers)))
@@ -210,16 +323,34 @@ class CommitLog:
 
     # -- history --------------------------------------------------------------------------
     def history(self) -> list[CommitInfo]:
-        """Every applied record (each writer's up to where this log has applied it), ordered by
-        commit time, then writer and seq. Read from storage at the first call (the log may
-        have started from a checkpoint), then kept and extended by each refresh."""
+        """Every applied record, ordered by commit time, then writer and seq.
+
+        Each writer's records up to where this log has applied them. Read from
+        storage at the first call (the log may have started from a checkpoint), then
+        kept and extended by each refresh.
+
+        Returns
+        -------
+        list of CommitInfo
+            The records.
+
+        Raises
+        ------
+        StoreError
+            A record is missing (records are never deleted).
+        CorruptObjectError
+            A record is damaged.
+        """
         if self._history is None:
             self._history = list(self._read_records({w: wlog.next_seq for w, wlog in self.writers.items()}))
         return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
 
     def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
-        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError (raised
-        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd)."""
+        """Records ``0 .. ends[w] - 1`` of each writer ``w``.
+
+        A missing one is a StoreError (raised at the first batch that meets it: ``ends`` from a
+        damaged checkpoint may be absurd).
+        """
         wanted = ((w, seq) for w in sorted(ends) for seq in range(ends[w]))
         out: list[CommitInfo] = []
         while chunk := list(itertools.islice(wanted, HISTORY_BATCH)):
@@ -234,15 +365,24 @@ class CommitLog:
 
     # -- checkpoints ----------------------------------------------------------------------
     def checkpoint_numbers(self) -> list[int]:
-        """The numbers of the checkpoints in storage, ascending."""
+        """The numbers of the checkpoints in storage, ascending.
+
+        Cost: one listing.
+
+        Returns
+        -------
+        list of int
+            The numbers.
+        """
         names = self.storage.list(layout.CHECKPOINTS)
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def _start_from_checkpoint(self) -> None:
-        """Take the state of the newest checkpoint that reads back whole; none: start empty.
+        """Take the state of the newest checkpoint that reads back whole (none: start empty).
 
         A damaged checkpoint is skipped (``replaystore verify`` reports it); one deleted
-        meanwhile (superseded) likewise: the commit records hold everything it summarised."""
+        meanwhile (superseded) likewise: the commit records hold everything it summarised.
+        """
         for number in reversed(self.checkpoint_numbers()):
             path = layout.checkpoint(number)
             try:
@@ -259,14 +399,28 @@ class CommitLog:
             return
 
     def checkpoint_due(self) -> bool:
-        """Whether this log applied ``CHECKPOINT_EVERY`` records since the newest checkpoint it knows."""
+        """Whether this log applied ``CHECKPOINT_EVERY`` records since the newest checkpoint it knows.
+
+        Returns
+        -------
+        bool
+            True when a checkpoint is due.
+        """
         return self.since_checkpoint >= CHECKPOINT_EVERY
 
     def write_checkpoint(self) -> int | None:
-        """Create the next checkpoint of what this log has applied (create-if-absent) and delete
-        those before the previous one; its number. None, writing nothing, if another writer
-        made a checkpoint this log did not know of (listed, or created first under the same
-        number). Either way the count of records since a checkpoint starts again."""
+        """Create the next checkpoint of what this log has applied and delete those before the previous one.
+
+        None, writing nothing, if another writer made a checkpoint this log did not
+        know of (listed, or created first under the same number). Either way the
+        count of records since a checkpoint starts again. Cost: one listing, one
+        create-if-absent, and the deletes.
+
+        Returns
+        -------
+        int or None
+            The new checkpoint's number.
+        """
         numbers = self.checkpoint_numbers()
         known = -1 if self.checkpoint is None else self.checkpoint
         self.since_checkpoint = 0
@@ -283,8 +437,28 @@ class CommitLog:
         return number
 
     def state_at(self, ends: dict[int, int]) -> dict[int, WriterLog]:
-        """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``
-        (what a checkpoint at those positions must hold), read from the records themselves."""
+        """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``.
+
+        What a checkpoint at those positions must hold, read from the records
+        themselves (cost: those records).
+
+        Parameters
+        ----------
+        ends : dict of int to int
+            Per writer, the number of records to apply.
+
+        Returns
+        -------
+        dict of int to WriterLog
+            The state.
+
+        Raises
+        ------
+        StoreError
+            A record is missing.
+        CorruptObjectError
+            A record is damaged.
+        """
         state = {w: WriterLog(w) for w in ends}
         for info in self._read_records(ends):
             apply_record(state[info.writer], info.body)
@@ -293,7 +467,15 @@ class CommitLog:
 
 
 def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
-    """Apply one of ``wlog``'s commit records (the next one) to its live fragments."""
+    """Apply one of ``wlog``'s commit records (the next one) to its live fragments.
+
+    Parameters
+    ----------
+    wlog : WriterLog
+        The writer's state.
+    body : dict of str to Any
+        The record's checked body.
+    """
     for table, change in body.get("tables", {}).items():
         wlog._ordered.pop(table, None)
         frags = wlog.fragments.setdefault(table, {})
@@ -306,7 +488,22 @@ def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
 
 
 def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) -> bytes:
-    """A checkpoint document: per writer its next seq, whether it closed, its live fragments."""
+    """A checkpoint document: per writer its next seq, whether it closed, its live fragments.
+
+    Parameters
+    ----------
+    number : int
+        The checkpoint's number.
+    writers : dict of int to WriterLog
+        The state to record.
+    time_ns : int
+        The latest commit time applied.
+
+    Returns
+    -------
+    bytes
+        The self-checking document.
+    """
     return records.encode({
         "kind": CHECKPOINT, "number": number, "time_ns": time_ns,
         "writers": {str(w): {"next_seq": wlog.next_seq, "closed": wlog.closed,
@@ -319,9 +516,31 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
 def decode_checkpoint(path: str, data: bytes, number: int | None = None,
                       tables: Mapping[str, Collection[str]] | Collection[str] | None = None,
                       ) -> tuple[dict[int, WriterLog], int]:
-    """``(writers, latest commit time)`` of checkpoint ``number`` (where given); CorruptObjectError
-    if it is damaged, not a checkpoint or malformed (store/bodies.py; ``tables``: the known
-    tables, with their CSR offsets arrays where a mapping)."""
+    """``(writers, latest commit time)`` of a checkpoint document.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint's path, named in errors.
+    data : bytes
+        The document.
+    number : int, optional
+        The number it must carry.
+    tables : mapping or collection of str, optional
+        The known tables, with their CSR offsets arrays where a mapping.
+
+    Returns
+    -------
+    writers : dict of int to WriterLog
+        The state it holds.
+    time_ns : int
+        The latest commit time it records.
+
+    Raises
+    ------
+    CorruptObjectError
+        It is damaged, not a checkpoint or malformed (store/bodies.py).
+    """
     body = bodies.checkpoint(path, records.decode(path, data), number, tables)
     writers: dict[int, WriterLog] = {}
     for key, doc in body["writers"].items():

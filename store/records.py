@@ -23,6 +23,28 @@ _HEAD, _TAIL = b'{"body":', b',"crc32c":'
 
 
 def encode(body: dict[str, Any]) -> bytes:
+    """The self-checking document of ``body``: ``{"body": body, "crc32c": N}``.
+
+    Canonical JSON (sorted keys, no spaces); N is the CRC32C of the body's
+    encoding. Cost: one JSON encoding.
+
+    Parameters
+    ----------
+    body : dict
+        A JSON object (no NaN or infinity).
+
+    Returns
+    -------
+    bytes
+        The document.
+
+    Raises
+    ------
+    ValueError
+        The body holds NaN or infinity.
+    TypeError
+        The body holds a value JSON cannot encode.
+    """
     raw = _canonical(body)
     # the document's canonical encoding ("body" sorts before "crc32c"), built around the body's
     return b"".join((_HEAD, raw, _TAIL, str(google_crc32c.value(raw)).encode(), b"}"))
@@ -33,10 +55,29 @@ MAX_BYTES = 64 << 20
 
 
 def decode(path: str, data: bytes) -> dict[str, Any]:
-    """The body of the record document ``data`` read from ``path``. Raises CorruptObjectError
-    naming ``path`` if it is over :data:`MAX_BYTES`, does not parse, fails its checksum or its
-    body is not a JSON object (what the body holds is checked by store/bodies.py).
-    Cost: one parse (two where the layout is not :func:`encode`'s)."""
+    """The body of the record document ``data`` read from ``path``.
+
+    What the body holds is checked by store/bodies.py. Cost: one parse (two
+    where the layout is not :func:`encode`'s).
+
+    Parameters
+    ----------
+    path : str
+        The object's path, named in errors.
+    data : bytes
+        The document.
+
+    Returns
+    -------
+    dict
+        The body.
+
+    Raises
+    ------
+    CorruptObjectError
+        The document is over :data:`MAX_BYTES`, does not parse, fails its
+        checksum or its body is not a JSON object.
+    """
     if len(data) > MAX_BYTES:
         raise CorruptObjectError(path, f"{len(data)} bytes: larger than any record ({MAX_BYTES} bytes at most)")
     body = _decode_canonical(data)
@@ -54,16 +95,36 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
 
 def read(storage: Any, path: str) -> bytes:
-    """The bytes of record document ``path`` of ``storage`` (a Storage), refused with
-    CorruptObjectError if larger than :data:`MAX_BYTES` or (local storage) not a regular file;
-    FileNotFoundError if absent."""
+    """The bytes of record document ``path`` of ``storage``.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    path : str
+        The document's path.
+
+    Returns
+    -------
+    bytes
+        The document.
+
+    Raises
+    ------
+    CorruptObjectError
+        Larger than :data:`MAX_BYTES` or (local storage) not a regular file.
+    FileNotFoundError
+        The document is absent.
+    """
     return storage.read_capped(path, MAX_BYTES)
 
 
 def _decode_canonical(data: bytes) -> Any:
-    """The body of a document laid out as :func:`encode` writes it whose checksum matches the
-    body's bytes as stored (one parse, no re-encoding); None for any other input, which
-    :func:`decode` then parses and checks in full."""
+    """The body of a document laid out as :func:`encode` writes it, if its checksum matches.
+
+    Matches the body's bytes as stored (one parse, no re-encoding); None for any other
+    input, which :func:`decode` then parses and checks in full.
+    """
     cut = data.rfind(_TAIL)
     if cut < 0 or not data.startswith(_HEAD) or not data.endswith(b"}"):
         return None
@@ -77,7 +138,25 @@ def _decode_canonical(data: bytes) -> Any:
 
 
 def json_document(name: str, doc: Any) -> dict[str, Any]:
-    """``doc`` (a mapping or None) as plain JSON; MetadataError naming ``name`` otherwise."""
+    """``doc`` (a mapping or None) as plain JSON.
+
+    Parameters
+    ----------
+    name : str
+        The field named in errors.
+    doc : Any
+        A JSON mapping, or None (an empty one).
+
+    Returns
+    -------
+    dict
+        A JSON-normalised copy.
+
+    Raises
+    ------
+    MetadataError
+        ``doc`` is not a mapping, or not JSON-serialisable.
+    """
     from replaystore.errors import MetadataError
 
     if doc is None:

@@ -20,31 +20,63 @@ CLAIM_PREFIX = "replace-"
 
 
 def claim_name(manifest: bytes) -> str:
-    """The replace claim of a store whose manifest is ``manifest`` (its bytes as stored)."""
+    """The replace claim of a store whose manifest is ``manifest`` (its bytes as stored).
+
+    Parameters
+    ----------
+    manifest : bytes
+        The manifest document.
+
+    Returns
+    -------
+    str
+        ``replace-<hash>.json``.
+    """
     return f"{CLAIM_PREFIX}{hashlib.sha256(manifest).hexdigest()[:32]}.json"
 
 
 def is_claim(name: str) -> bool:
+    """Whether the name ``name`` is a replace claim.
+
+    Parameters
+    ----------
+    name : str
+        A top-level object name.
+
+    Returns
+    -------
+    bool
+        True for ``replace-*.json``.
+    """
     return name.startswith(CLAIM_PREFIX) and name.endswith(".json")
 
 
 def clear_for_create(storage: Storage) -> None:
     """Make the location ready for a new manifest: delete the store there, if any.
 
-    Absent or empty (or holding only replace claims): nothing to do. A replaystore store:
-    claim it (create-if-absent of :func:`claim_name` of its manifest), then delete every
-    object under the root but the claim, the manifest last. Local filesystems: a symbolic
-    link inside the store is removed, never followed; a store root that is a link is
-    replaced in the directory it points to (the link and that directory stay).
+    Absent or empty (or holding only replace claims): nothing to do. A
+    replaystore store: claim it (create-if-absent of :func:`claim_name` of its
+    manifest), then delete every object under the root but the claim, the
+    manifest last. Local filesystems: a symbolic link inside the store is
+    removed, never followed; a store root that is a link is replaced in the
+    directory it points to (the link and that directory stay). Cost: one read,
+    one create, then one listing and the deletes (S3: one request per 1000
+    objects per top-level name).
 
-    Raises:
-        NotAStoreError: objects are there but no replaystore manifest (nothing deleted).
-        StoreReplacedError: another opener holds the claim: it is replacing this store, or
-            replaced it since this call read the manifest (nothing deleted).
-        StorageError: the storage lacks create-if-absent (nothing deleted).
+    Parameters
+    ----------
+    storage : Storage
+        The location's storage.
 
-    Cost: one read, one create, then one listing and the deletes (S3: one request per
-    1000 objects per top-level name).
+    Raises
+    ------
+    NotAStoreError
+        Objects are there but no replaystore manifest (nothing deleted).
+    StoreReplacedError
+        Another opener holds the claim: it is replacing this store, or replaced
+        it since this call read the manifest (nothing deleted).
+    StorageError
+        The storage lacks create-if-absent (nothing deleted).
     """
     storage.check_create()  # refuse before deleting anything, not after
     try:

@@ -1,7 +1,10 @@
-"""Which records a capped store keeps: the newest ``capacity`` records across all writers, by
-commit time (docs/FORMAT.md, "Reading a store" and "Capacity and reclamation"). Pure functions
-of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
-lies beyond it and a grace margin (:func:`reclaimable`)."""
+"""Which records a capped store keeps.
+
+The newest ``capacity`` records across all writers, by commit time (docs/FORMAT.md, "Reading a
+store" and "Capacity and reclamation"). Pure functions of the live fragments: readers show what
+:func:`visible_from` keeps, writers reclaim what lies beyond it and a grace margin
+(:func:`reclaimable`).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +17,43 @@ from replaystore.store.fragment import Fragment
 
 
 def grace(capacity: int) -> int:
-    """The grace margin of a capped store (docs/FORMAT.md, "Capacity and reclamation"): how many
-    records beyond ``capacity`` stay stored after eviction, for readers whose view lags."""
+    """The grace margin of a capped store.
+
+    How many records beyond ``capacity`` stay stored after eviction, for readers
+    whose view lags (docs/FORMAT.md, "Capacity and reclamation").
+
+    Parameters
+    ----------
+    capacity : int
+        The store's capacity.
+
+    Returns
+    -------
+    int
+        ``max(capacity // 4, 1)``.
+    """
     return max(capacity // 4, 1)
 
 
 def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
-    """Per fragment, the local offset from which its rows are among the newest ``capacity``:
-    all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),
-    records taken from them until ``capacity`` are."""
+    """Per fragment, the local offset from which its rows are among the newest ``capacity``.
+
+    All parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment,
+    offset), records taken from them until ``capacity`` are. Cost: a lexsort of
+    every append part of the live fragments.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        The live fragments.
+    capacity : int
+        The records kept.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 per fragment: its first visible local row (``f.rows``: none visible).
+    """
     vis_from = np.array([f.rows for f in frags], dtype=np.int64)
     if not frags:
         return vis_from
@@ -45,8 +76,23 @@ def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
 
 
 def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
-    """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records (and
-    of empty parts among them: kept is the safe side for a reclaim)."""
+    """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records.
+
+    Empty parts among them are included: kept is the safe side for a reclaim.
+    Cost: a sort of every append part.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        The live fragments.
+    budget : int
+        Records to keep.
+
+    Returns
+    -------
+    set of tuple of int
+        The retained parts.
+    """
     parts = sorted(((t, f.writer, seq, rows) for f in frags for seq, t, rows in f.parts), reverse=True)
     kept: set[tuple[int, int]] = set()
     for _, writer, seq, rows in parts:
@@ -59,11 +105,30 @@ def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
 
 def reclaimable(counts: list[tuple[Fragment, int]], writer: int, writing: set[str],
                 is_gone: Callable[[int], bool]) -> set[str]:
-    """The units writer ``writer`` may delete (docs/FORMAT.md, "Capacity and reclamation"), from
-    each live fragment with its rows beyond the grace margin (``counts``): fragments of their
-    own wholly evicted, and segments all of whose fragments are, when nobody adds to them any
-    more: full ones, ``writer``'s own not in ``writing``, and those of writers ``is_gone``
-    (asked last: it may probe liveness)."""
+    """The units writer ``writer`` may delete (docs/FORMAT.md, "Capacity and reclamation").
+
+    From each live fragment with its rows beyond the grace margin: fragments of
+    their own wholly evicted, and segments all of whose fragments are, when
+    nobody adds to them any more: full ones, ``writer``'s own not in
+    ``writing``, and those of writers ``is_gone`` (asked last: it may probe
+    liveness). Cost: the fragments.
+
+    Parameters
+    ----------
+    counts : list of tuple of (Fragment, int)
+        Each live fragment with its first local row within the grace margin.
+    writer : int
+        The reclaiming writer's id.
+    writing : set of str
+        Names of the segments ``writer`` still appends to.
+    is_gone : callable
+        Whether a writer id is gone (no longer appends).
+
+    Returns
+    -------
+    set of str
+        Object paths (fragment or segment directories) to delete.
+    """
     evicted = {(f.writer, f.name) for f, v in counts if v >= f.rows}
     paths = {f.path for f, v in counts if v >= f.rows and f.segment is None}
     segments: dict[tuple[int, str], list[Fragment]] = {}
@@ -82,8 +147,23 @@ _SEGMENT_NAME = re.compile(r"s[0-9]{10}")
 
 
 def unreferenced_segments(names: Iterable[str], live: set[str]) -> list[str]:
-    """Of the names listed under a gone writer's ``data/<table>/`` (``names``: data, validated
-    here), its segments no live fragment of its final log is backed by (``live``): spares, a
-    segment its last uncommitted appends went to, segments it retired and did not finish
-    deleting (docs/FORMAT.md, "Capacity and reclamation"). Cost: the names."""
+    """A gone writer's segments no live fragment of its final log is backed by.
+
+    Spares, a segment its last uncommitted appends went to, segments it retired
+    and did not finish deleting (docs/FORMAT.md, "Capacity and reclamation").
+    Cost: the names.
+
+    Parameters
+    ----------
+    names : iterable of str
+        The names listed under the writer's ``data/<table>/`` (data, validated
+        here: only segment names count).
+    live : set of str
+        Names of the segments live fragments are backed by.
+
+    Returns
+    -------
+    list of str
+        Sorted segment names.
+    """
     return sorted(n for n in names if _SEGMENT_NAME.fullmatch(n) and n not in live)

@@ -55,10 +55,12 @@ _LITTLE = sys.byteorder == "little"
 
 
 class _Writeback:
-    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that
-    an append never waits for the device's queue; durability still comes only from the commit's
-    ``fdatasync``. A request for a descriptor closed meanwhile fails or starts the write-back of
-    another file's pages: either is harmless."""
+    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process.
+
+    So an append never waits for the device's queue; durability still comes only from
+    the commit's ``fdatasync``. A request for a descriptor closed meanwhile fails or
+    starts the write-back of another file's pages: either is harmless.
+    """
 
     def __init__(self) -> None:
         self._pid = -1
@@ -123,15 +125,52 @@ def _close_all(fds: list[int]) -> None:
 
 
 def fixed_row_bytes(schema: Schema) -> int:
-    """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted)."""
+    """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted).
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    int
+        Bytes per record.
+    """
     index = sum(np.dtype(d).itemsize for d in INDEX_DTYPES.values())
     return index + sum(spec.row_bytes for spec in schema.zarr_layout() if spec.role != "values")
 
 
 class Segment:
-    """Writer ``writer``'s open segment ``name`` of one table: ``capacity`` rows and
-    ``value_capacity[offsets]`` values per CSR group. ``row_start``, the writer's local row of
-    segment row 0, is set when the segment starts taking records (it may be created ahead)."""
+    """Writer ``writer``'s open segment ``name`` of one table.
+
+    ``row_start``, the writer's local row of segment row 0, is set when the
+    segment starts taking records (it may be created ahead). Construction
+    creates the group and every array at full size (files that read as zeros)
+    and keeps a descriptor open per array; a failure deletes what it created.
+
+    Parameters
+    ----------
+    storage : LocalStorage
+        The store's local storage.
+    schema : Schema
+        The table's schema.
+    writer : int
+        The writer's id.
+    table : str
+        The table's name.
+    name : str
+        The segment's name.
+    capacity : int
+        Rows it holds.
+    value_capacity : dict of str to int
+        Values it holds per CSR group (offsets array name).
+
+    Raises
+    ------
+    OSError
+        Creating the files failed (a full disk, for instance); nothing is left.
+    """
 
     def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str,
                  capacity: int, value_capacity: dict[str, int]) -> None:
@@ -182,7 +221,23 @@ class Segment:
             raise
 
     def fits(self, rows: int, nnz: dict[str, int], streams: Sequence[StreamKey]) -> bool:
-        """Whether records of these sizes and stream keys can be added."""
+        """Whether records of these sizes and stream keys can be added.
+
+        Parameters
+        ----------
+        rows : int
+            Records to add.
+        nnz : dict of str to int
+            Values to add per CSR group.
+        streams : sequence of StreamKey
+            Their stream keys.
+
+        Returns
+        -------
+        bool
+            False when sealed, or over capacity, values capacity or
+            :data:`MAX_STREAMS` keys.
+        """
         if self.sealed or self.rows + rows > self.capacity:
             return False
         if any(self.nnz[k] + v > self.value_capacity[k] for k, v in nnz.items()):
@@ -191,9 +246,30 @@ class Segment:
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
-        """Write ``cols``' records at their place (the caller checked :meth:`fits`); record i
-        belongs to stream ``streams[codes[i]]``. All or nothing: a failure forgets the partial
-        add (nothing committed is ever touched)."""
+        """Write ``cols``' records at their place (the caller checked :meth:`fits`).
+
+        All or nothing: a failure forgets the partial add (nothing committed is ever
+        touched). Cost: one ``pwrite`` and a CRC32C extension per array; write-back
+        starts in the background.
+
+        Parameters
+        ----------
+        cols : Columns
+            The records.
+        codes : numpy.ndarray
+            Per record, its index into ``streams``.
+        streams : sequence of StreamKey
+            The batch's stream keys.
+        steps : numpy.ndarray
+            Per record, its step.
+        resets : numpy.ndarray
+            Per record, its reset flag.
+
+        Raises
+        ------
+        OSError
+            A write failed (a full disk, for instance); the add is forgotten.
+        """
         mark = self.mark()
         try:
             self._add(cols, codes, streams, steps, resets)
@@ -218,11 +294,25 @@ class Segment:
         self.rows += cols.num_records
 
     def mark(self) -> Mark:
-        """The state to :meth:`rollback` to."""
+        """The state to :meth:`rollback` to.
+
+        Returns
+        -------
+        Mark
+            Rows, values, stream-key count and array ends.
+        """
         return self.rows, dict(self.nnz), len(self.streams), {n: a.end for n, a in self._arrays.items()}
 
     def rollback(self, mark: Mark) -> None:
-        """Forget the records added after ``mark`` (their bytes stay, beyond what any commit names)."""
+        """Forget the records added after ``mark`` (their bytes stay, beyond what any commit names).
+
+        Cost: re-reading the pending bytes of each array rolled back, for its CRC32C.
+
+        Parameters
+        ----------
+        mark : Mark
+            A :meth:`mark`.
+        """
         rows, nnz, streams, ends = mark
         self.rows, self.nnz = rows, nnz
         self.streams.truncate(streams)
@@ -243,26 +333,62 @@ class Segment:
 
     @property
     def pending(self) -> int:
+        """Records added since the last commit."""
         return self.rows - self.committed
 
     def present(self) -> bool:
-        """Whether none of the segment's files was deleted (by a vacuum) since it was created."""
+        """Whether none of the segment's files was deleted (by a vacuum) since it was created.
+
+        Returns
+        -------
+        bool
+            True when every file still has a link.
+        """
         return all(os.fstat(a.fd).st_nlink for a in self._arrays.values())
 
     def check_present(self) -> None:
-        """StoreError if the segment's files were deleted while open (a vacuum whose threshold is
-        shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum"): committing
-        would reference data that is gone."""
+        """Refuse to commit a segment whose files were deleted while open.
+
+        A vacuum whose threshold is shorter than the time since this writer's
+        appends (docs/FORMAT.md, "Vacuum") may delete them: committing would
+        reference data that is gone.
+
+        Raises
+        ------
+        StoreError
+            The segment's files were deleted.
+        """
         if not self.present():
             raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "
                              "a threshold shorter than the writer's pause?); discard() them")
 
     def dirty_fds(self) -> list[int]:
-        """The files written since the last commit: ``fdatasync`` them to make the pending records durable."""
+        """The files written since the last commit: ``fdatasync`` them to make the pending records durable.
+
+        Returns
+        -------
+        list of int
+            File descriptors.
+        """
         return [a.fd for a in self._arrays.values() if a.end != a.committed]
 
     def fragment(self, name: str, parts: list[tuple[int, int, int]]) -> Fragment:
-        """The pending records as the fragment ``name`` (its :meth:`dirty_fds` synced first; :meth:`advance` once committed)."""
+        """The pending records as the fragment ``name``.
+
+        Sync its :meth:`dirty_fds` first; call :meth:`advance` once committed.
+
+        Parameters
+        ----------
+        name : str
+            The fragment's name.
+        parts : list of tuple of int
+            ``(seq, time_ns, rows)`` of the commit that will hold it.
+
+        Returns
+        -------
+        Fragment
+            A segment-backed fragment.
+        """
         ref = SegmentRef(self.name, self.committed, dict(self.committed_nnz), self.capacity,
                          dict(self.value_capacity), {n: [a.crc] for n, a in self._arrays.items()})
         nnz = {k: self.nnz[k] - self.committed_nnz[k] for k in self.nnz}
@@ -270,13 +396,14 @@ class Segment:
                         list(self.streams.keys), parts, ref)
 
     def advance(self) -> None:
-        """The pending records were committed."""
+        """Mark the pending records committed."""
         self.committed, self.committed_nnz = self.rows, dict(self.nnz)
         self._committed_streams = len(self.streams)
         for arr in self._arrays.values():
             arr.committed, arr.crc, arr.written_back = arr.end, 0, arr.end
 
     def close(self) -> None:
+        """Close the segment's files (later calls do nothing)."""
         for arr in self._arrays.values():
             arr.fd = -1
         if self._closer is not None:

@@ -38,9 +38,21 @@ UnitKey = tuple[int, str]
 class Layout:
     """Arrays of one table that count the same rows, laid out over the visible fragments.
 
-    The unit placed and mapped is a fragment's group or, for segment-backed fragments
-    (docs/FORMAT.md, "Segments"), their segment, mapped whole: a segment's chunk files
-    have their full size from the start, so records committed to it later need no new mapping.
+    The unit placed and mapped is a fragment's group or, for segment-backed
+    fragments (docs/FORMAT.md, "Segments"), their segment, mapped whole: a
+    segment's chunk files have their full size from the start, so records
+    committed to it later need no new mapping. On object storage (``lazy``)
+    units are mapped as reads need them (mapping is a download).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage (local files, or a chunk cache).
+    schema : Schema
+        The table's schema.
+    specs : list of ArraySpec
+        The arrays that count the same rows (record arrays, or one CSR group's
+        values arrays).
     """
 
     def __init__(self, storage: Storage, schema: Schema, specs: list[ArraySpec]) -> None:
@@ -74,7 +86,22 @@ class Layout:
         return -(-rows // self.unit) * self.unit
 
     def place(self, frags: list[Fragment]) -> np.ndarray:
-        """Lay out ``frags`` (the visible fragments, in the reader's order); their base rows."""
+        """Lay out ``frags`` (the visible fragments, in the reader's order).
+
+        Units already placed keep their base; departed ones are unmapped; when the
+        reserved space runs out everything is laid out afresh in new ranges.
+        Cost: the fragments.
+
+        Parameters
+        ----------
+        frags : list of Fragment
+            The visible fragments.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 base row of each fragment.
+        """
         keys = [f.group for f in frags]
         units = dict(zip(keys, frags))  # any fragment of a unit describes it
         new = [(k, f) for k, f in units.items() if k not in self._base]
@@ -96,9 +123,23 @@ class Layout:
         return self._bases_of(frags, keys)
 
     def follow(self, removed: list[Fragment], added: list[Fragment]) -> np.ndarray | None:
-        """Follow a change of the visible fragments, ``removed`` left and ``added`` came (the rest
-        kept their places); the base rows of ``added``. Cost: the change. None where the
-        reserved space runs out: the layout is then in no defined state until :meth:`place`."""
+        """Follow a change of the visible fragments: ``removed`` left and ``added`` came.
+
+        The rest kept their places. Cost: the change.
+
+        Parameters
+        ----------
+        removed : list of Fragment
+            Fragments that left.
+        added : list of Fragment
+            Fragments that came.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            The base rows of ``added``; None where the reserved space runs out (the
+            layout is then in no defined state until :meth:`place`).
+        """
         count = self._count
         for f in removed:
             count[f.group] -= 1
@@ -136,8 +177,29 @@ class Layout:
                 mapped.discard(k)
 
     def array(self, name: str) -> np.ndarray:
-        """The view of array ``name``; every placed unit's rows are mapped at their base, except
-        in a ``lazy`` layout, where :meth:`map_units` maps them."""
+        """The view of array ``name``.
+
+        Every placed unit's rows are mapped at their base, except in a ``lazy``
+        layout, where :meth:`map_units` maps them. Cost: the first call after a
+        change maps the new units (one ``mmap`` each).
+
+        Parameters
+        ----------
+        name : str
+            An array of this layout.
+
+        Returns
+        -------
+        numpy.ndarray
+            Rows of every fragment (rows not mapped read as zeros).
+
+        Raises
+        ------
+        StaleReadError
+            A chunk is gone (reclaimed since the view was taken).
+        CorruptObjectError
+            A chunk is shorter than declared.
+        """
         view = self._views.get(name)
         if view is not None:
             return view
@@ -149,7 +211,22 @@ class Layout:
         return view
 
     def map_units(self, frags: list[Fragment]) -> None:
-        """Map every array of the placed units of ``frags`` (those of a lazy layout a read needs)."""
+        """Map every array of the placed units of ``frags`` (those of a lazy layout a read needs).
+
+        Parameters
+        ----------
+        frags : list of Fragment
+            Placed fragments.
+
+        Raises
+        ------
+        StaleReadError
+            A chunk is gone (reclaimed since the view was taken).
+        CorruptObjectError
+            A chunk is shorter than declared, or a download fails its check.
+        OSError
+            The chunk cache cannot keep a chunk.
+        """
         for frag in frags:
             for name in self.specs:
                 self._map(name, frag.group)

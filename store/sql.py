@@ -34,15 +34,25 @@ configuration locked so a query cannot turn them back on."""
 
 
 class QueryError(StoreError):
-    """DuckDB rejected a query (syntax, unknown column, type error)."""
+    """DuckDB rejected a query (syntax, unknown column, type error).
+
+    Raised by :func:`query` (and ``Store.sql``) for an empty query, a statement
+    that is not text, anything DuckDB rejects, and file, network or extension
+    access on a safe connection.
+    """
 
 
 class TableDataset(ds.InMemoryDataset):
     """A pyarrow dataset DuckDB can scan with projection and filter pushdown.
 
-    DuckDB calls :meth:`scanner` with the columns it needs and the filter it pushes
-    down; we stream record batches reading only those columns (plus any the filter
-    names) from the store, and let pyarrow apply the filter.
+    DuckDB calls :meth:`scanner` with the columns it needs and the filter it
+    pushes down; we stream record batches reading only those columns (plus any
+    the filter names) from the store, and let pyarrow apply the filter.
+
+    Parameters
+    ----------
+    reader : TableReader
+        The table's reader (synced here).
     """
 
     def __init__(self, reader: TableReader) -> None:
@@ -52,6 +62,27 @@ class TableDataset(ds.InMemoryDataset):
         self.reader = reader
 
     def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
+        """A scanner streaming the table's record batches, reading only the columns needed.
+
+        Cost: reading the needed columns of every visible record, a batch at a
+        time, as the scanner is consumed.
+
+        Parameters
+        ----------
+        *args
+            Ignored (DuckDB's positional arguments).
+        columns : list of str, optional
+            The columns wanted (default: all).
+        filter : pyarrow.compute.Expression, optional
+            A filter pyarrow applies to the batches.
+        **kwargs
+            Ignored.
+
+        Returns
+        -------
+        pyarrow.dataset.Scanner
+            The scanner.
+        """
         full = self.schema
         wanted = list(full.names) if columns is None else list(columns)
         needed = list(wanted)
@@ -79,8 +110,21 @@ def _sql_type(t: pa.DataType) -> pa.DataType:
 
 
 def sql_schema(stored: pa.Schema) -> pa.Schema:
-    """The schema DuckDB sees for a table scanned as ``stored``: float16 values read as float32
-    (exact: every float16 is a float32); every other type as stored."""
+    """The schema DuckDB sees for a table scanned as ``stored``.
+
+    float16 values read as float32 (exact: every float16 is a float32); every
+    other type as stored.
+
+    Parameters
+    ----------
+    stored : pyarrow.Schema
+        The scan schema.
+
+    Returns
+    -------
+    pyarrow.Schema
+        The schema with float16 widened.
+    """
     return pa.schema([f.with_type(_sql_type(f.type)) for f in stored], metadata=stored.metadata)
 
 
@@ -123,13 +167,34 @@ def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
 
 def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
             unsafe: bool = False) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with every table of ``store`` registered under its name,
-    plus ``commits`` (one row per commit) and ``appends`` (one row per append, with
-    its ``telemetry``). Metadata columns hold JSON text (``metadata->>'$.iteration'``).
+    """A DuckDB connection with every table of ``store`` registered under its name.
 
-    A connection made here is read-only towards the outside world (:data:`SAFE_CONFIG`) unless
-    ``unsafe`` is true; a ``connection`` passed in keeps the settings its caller gave it.
-    Cost: one refresh of the store and one pass over the commit log."""
+    Also ``commits`` (one row per commit) and ``appends`` (one row per append,
+    with its ``telemetry``). Metadata columns hold JSON text
+    (``metadata->>'$.iteration'``). A connection made here is read-only towards
+    the outside world (:data:`SAFE_CONFIG`) unless ``unsafe`` is true; a
+    ``connection`` passed in keeps the settings its caller gave it. Cost: one
+    refresh of the store and one pass over the commit log.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    connection : duckdb.DuckDBPyConnection, optional
+        Register into this connection instead of a new one.
+    unsafe : bool, optional
+        Allow file, network and extension access on a new connection.
+
+    Returns
+    -------
+    duckdb.DuckDBPyConnection
+        The connection.
+
+    Raises
+    ------
+    StoreError
+        A table name clashes with a built-in view (``commits``, ``appends``).
+    """
     if connection is not None:
         con = connection
     elif unsafe:
@@ -150,7 +215,20 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
 
 
 def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
-    """A relation's result as a pyarrow Table (``to_arrow_table`` on DuckDB >= 1.5, else ``fetch_arrow_table``)."""
+    """A relation's result as a pyarrow Table.
+
+    Uses ``to_arrow_table`` on DuckDB >= 1.5, else ``fetch_arrow_table``.
+
+    Parameters
+    ----------
+    relation : duckdb.DuckDBPyRelation
+        A query's relation.
+
+    Returns
+    -------
+    pyarrow.Table
+        The result.
+    """
     convert = getattr(relation, "to_arrow_table", None) or relation.fetch_arrow_table
     return convert()
 
@@ -158,10 +236,33 @@ def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
 def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
     """Run ``sql`` over the store; the result as a pyarrow Table.
 
-    A statement that returns nothing (``COPY``, ``SET``) gives an empty table. Raises
-    :class:`QueryError` for an empty query (nothing but whitespace and comments) or anything
-    DuckDB rejects, including file, network and
-    extension access unless ``unsafe`` (see :func:`connect`)."""
+    A statement that returns nothing (``COPY``, ``SET``) gives an empty table.
+    Cost: :func:`connect`, then the query (tables are scanned lazily, reading
+    only the columns it needs).
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    sql : str
+        One or more SQL statements (the last one's result is returned).
+    unsafe : bool, optional
+        Allow file, network and extension access (see :func:`connect`).
+
+    Returns
+    -------
+    pyarrow.Table
+        The result.
+
+    Raises
+    ------
+    QueryError
+        ``sql`` is not text, is empty (nothing but whitespace and comments), or
+        DuckDB rejects it, including file, network and extension access unless
+        ``unsafe``.
+    StoreError
+        A table name clashes with a built-in view.
+    """
     if not isinstance(sql, str):
         raise QueryError(f"query: expected SQL text, got {type(sql).__name__}")
     con = connect(store, unsafe=unsafe)

@@ -1,11 +1,13 @@
-"""Fragments being written: records are added in order, ``finish`` makes the fragment
-complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
+"""Fragments being written.
+
+Records are added in order, ``finish`` makes the fragment complete and durable (docs/FORMAT.md,
+"Fragments" and "Durable whole-object writes").
 
 A writer adds each appended batch to its table's staged fragment at ``append``, buffered
-(copies: the caller may reuse its buffers; the files are written at the commit). A merge
-stages unbuffered: each input's arrays go from their memory maps straight to the files.
-Nothing references a staged fragment's objects until a commit record does: a crash leaves
-unreferenced objects, which vacuum removes.
+(copies: the caller may reuse its buffers; the files are written at the commit). A merge stages
+unbuffered: each input's arrays go from their memory maps straight to the files. Nothing
+references a staged fragment's objects until a commit record does: a crash leaves unreferenced
+objects, which vacuum removes.
 """
 
 from __future__ import annotations
@@ -27,8 +29,25 @@ Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 
 
 class StagedFragment:
-    """One fragment of writer ``writer``'s table, open for adding records in order (``buffered``:
-    see the module)."""
+    """One fragment of writer ``writer``'s table, open for adding records in order.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    schema : Schema
+        The table's schema.
+    writer : int
+        The writer's id.
+    table : str
+        The table's name.
+    name : str
+        The fragment's name.
+    row_start : int
+        The writer's local row of its first record.
+    buffered : bool, optional
+        Keep copies of the records until :meth:`finish` (see the module docstring).
+    """
 
     def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int,
                  buffered: bool = False) -> None:
@@ -47,8 +66,32 @@ class StagedFragment:
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
-        """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``. All or nothing:
-        a failure undoes the partial add (or, if even that fails, marks the fragment broken)."""
+        """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``.
+
+        All or nothing: a failure undoes the partial add (or, if even that fails,
+        marks the fragment broken). Cost: a copy of the records (buffered) or their
+        writes.
+
+        Parameters
+        ----------
+        cols : Columns
+            The records.
+        codes : numpy.ndarray
+            Per record, its index into ``streams``.
+        streams : sequence of StreamKey
+            The batch's stream keys.
+        steps : numpy.ndarray
+            Per record, its step.
+        resets : numpy.ndarray
+            Per record, its reset flag.
+
+        Raises
+        ------
+        StoreError
+            An earlier failed add could not be undone (only :meth:`abort` is left).
+        OSError
+            A write failed; the add is undone.
+        """
         self._check()
         mark = self.mark()
         try:
@@ -72,11 +115,28 @@ class StagedFragment:
             raise
 
     def mark(self) -> Mark:
-        """The state to :meth:`rollback` to."""
+        """The state to :meth:`rollback` to.
+
+        Returns
+        -------
+        Mark
+            Rows, values, stream-key count and each chunk's mark.
+        """
         return self.rows, dict(self.nnz), len(self.streams), {n: c.mark() for n, c in self._chunks.items()}
 
     def rollback(self, mark: Mark) -> None:
-        """Forget every record added after ``mark``."""
+        """Forget every record added after ``mark``.
+
+        Parameters
+        ----------
+        mark : Mark
+            A :meth:`mark`.
+
+        Raises
+        ------
+        OSError
+            Truncating a chunk failed; the fragment is then marked broken.
+        """
         rows, nnz, streams, chunks = mark
         try:
             for name, chunk in self._chunks.items():
@@ -88,8 +148,28 @@ class StagedFragment:
         self.streams.truncate(streams)
 
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
-        """Write the checksums and metadata and make every object durable; returns the fragment
-        (``parts``: its descriptor's). May be called again after a failure, with new parts."""
+        """Write the checksums and metadata and make every object durable.
+
+        May be called again after a failure, with new parts. Cost: writing the
+        buffered records (if any) and syncing every object.
+
+        Parameters
+        ----------
+        parts : list of tuple of int
+            ``(seq, time_ns, rows)`` of the commits it holds (its descriptor's).
+
+        Returns
+        -------
+        Fragment
+            The fragment.
+
+        Raises
+        ------
+        StoreError
+            An earlier failed add could not be undone.
+        OSError
+            A write or sync failed.
+        """
         self._check()
         frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),
                         list(self.streams.keys), parts)

@@ -40,7 +40,19 @@ DEFAULT_STATE_KEEP_LAST = 2  # (store.STATE_KEEP_LAST: this module is imported b
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of garbage: a directory of objects or a single temporary object."""
+    """One piece of garbage: a directory of objects or a single temporary object.
+
+    Attributes
+    ----------
+    path : str
+        The directory or object path.
+    kind : str
+        ``"fragment"``, ``"payload"``, ``"state"`` or ``"temporary"``.
+    objects : tuple of ObjectInfo
+        Its objects.
+    since_ns : int
+        Unreferenced since (newest of its objects' times and its removing commit's).
+    """
 
     path: str
     kind: str  # "fragment" | "payload" | "state" | "temporary"
@@ -49,12 +61,25 @@ class Unit:
 
     @property
     def bytes(self) -> int:
+        """Bytes of its objects."""
         return sum(o.size for o in self.objects)
 
 
 @dataclass
 class VacuumReport:
-    """What a vacuum deleted (or, with ``dry_run``, would delete), and what it left as too recent."""
+    """What a vacuum deleted (or, with ``dry_run``, would delete), and what it left as too recent.
+
+    Attributes
+    ----------
+    dry_run : bool
+        Whether nothing was deleted.
+    older_than_s : float
+        The age threshold used.
+    deleted : list of Unit
+        Units deleted (or that would be).
+    recent : list of Unit
+        Garbage units left because they are younger than the threshold.
+    """
 
     dry_run: bool
     older_than_s: float
@@ -63,10 +88,12 @@ class VacuumReport:
 
     @property
     def bytes(self) -> int:
+        """Bytes of the deleted units."""
         return sum(u.bytes for u in self.deleted)
 
     @property
     def objects(self) -> int:
+        """Objects in the deleted units."""
         return sum(len(u.objects) for u in self.deleted)
 
 
@@ -83,8 +110,10 @@ def _unit_of(path: str) -> tuple[str, str] | None:
 
 
 def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
-    """Fragment directories the live log lists (a segment-backed fragment's: its segment's), and
-    removed ones -> the commit record removing them."""
+    """Fragment directories the live log lists, and removed ones -> the commit record removing them.
+
+    A segment-backed fragment's directory is its segment's.
+    """
     live = {f.path for w in store.log.writers.values() for frags in w.fragments.values() for f in frags.values()}
     removed = {}
     for c in store.log.history():
@@ -111,8 +140,11 @@ def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], 
 
 def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
                        unreadable: set[str]) -> dict[str, list[ObjectInfo]]:
-    """State record path -> the record and its payload objects, for each record older than its slot's
-    newest ``keep_last`` (slots with an unreadable record are left whole)."""
+    """State record path -> the record and its payload objects, for superseded records.
+
+    Each record older than its slot's newest ``keep_last`` (slots with an unreadable
+    record are left whole).
+    """
     versions: dict[str, list[tuple[int, ObjectInfo]]] = {}
     payloads: dict[str, list[ObjectInfo]] = {}
     for o in objects:
@@ -137,7 +169,32 @@ def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
 
 def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
-    """Classify the store's unreferenced objects (deletes nothing); ``deleted`` lists what vacuum would delete."""
+    """Classify the store's unreferenced objects (deletes nothing).
+
+    Cost: one walk of every object under the store, one refresh, and reading
+    the state records.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    older_than_s : float, optional
+        Units younger than this many seconds go to ``recent``.
+    state_keep_last : int, optional
+        State versions each slot keeps (older ones are garbage).
+
+    Returns
+    -------
+    VacuumReport
+        ``deleted`` lists what vacuum would delete (``dry_run`` is True).
+
+    Raises
+    ------
+    StoreError
+        ``older_than_s`` is not a number >= 0, or ``state_keep_last`` not an int >= 1.
+    CorruptObjectError
+        A commit record is damaged.
+    """
     if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not older_than_s >= 0:
         raise StoreError(f"older_than_s: expected a number of seconds >= 0, got {older_than_s!r}")
     if isinstance(state_keep_last, bool) or not isinstance(state_keep_last, int) or state_keep_last < 1:
@@ -185,7 +242,35 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
 
 def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
            state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
-    """Delete every garbage unit older than ``older_than_s`` (see the module doc); the report lists them."""
+    """Delete every garbage unit older than ``older_than_s`` (see the module docstring).
+
+    The log is read again right before deleting, and a unit a commit made since
+    references is kept; only the objects judged are deleted, never a whole
+    prefix. Cost: :func:`find_garbage`, one more refresh, and the deletes.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store (writable).
+    older_than_s : float, optional
+        Only units unreferenced for at least this many seconds go.
+    dry_run : bool, optional
+        Delete nothing; report what would go.
+    state_keep_last : int, optional
+        State versions each slot keeps.
+
+    Returns
+    -------
+    VacuumReport
+        The units deleted (or that would be) and those left as too recent.
+
+    Raises
+    ------
+    StoreError
+        A bad ``older_than_s`` or ``state_keep_last``.
+    CorruptObjectError
+        A commit record is damaged.
+    """
     report = find_garbage(store, older_than_s, state_keep_last)
     report.dry_run = dry_run
     if dry_run:
@@ -199,9 +284,11 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
 
 
 def _keep_referenced(store: Store, report: VacuumReport) -> None:
-    """Read the log again right before deleting and keep every fragment unit that a commit
-    created since :func:`find_garbage` read it references (its objects were listed before that
-    commit existed). Cost: one refresh (the records created since)."""
+    """Read the log again right before deleting and keep every fragment unit a new commit references.
+
+    A commit created since :func:`find_garbage` read the log (its objects were listed
+    before that commit existed). Cost: one refresh (the records created since).
+    """
     store.refresh()
     live, _ = _live_fragments(store)
     report.deleted = [u for u in report.deleted if not (u.kind == "fragment" and u.path in live)]
@@ -209,10 +296,12 @@ def _keep_referenced(store: Store, report: VacuumReport) -> None:
 
 def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
                          pattern: tuple[str, ...] = ("*", "data", "*", "*")) -> dict[str, int]:
-    """Local filesystems: fragment directories holding no file (a writer killed right after creating
-    them) -> their newest directory mtime; with ``top_name=STATE`` and ``pattern=("*",
-    "payload-*")``, the same for state payload directories (a saver killed right after creating
-    one). Object stores have no directories."""
+    """Local filesystems: empty fragment directories -> their newest directory mtime.
+
+    Fragment directories holding no file (a writer killed right after creating them);
+    with ``top_name=STATE`` and ``pattern=("*", "payload-*")``, the same for state payload
+    directories (a saver killed right after creating one). Object stores have no directories.
+    """
     top = store.storage.local_path(top_name)
     root = store.storage.local_path("")
     if top is None or root is None or not os.path.isdir(top):

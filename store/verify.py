@@ -20,12 +20,21 @@ from replaystore.store.zarrio import chunk_path, verify_chunk
 
 @dataclass(frozen=True)
 class Problem:
-    """One damaged or missing object."""
+    """One damaged or missing object.
+
+    Attributes
+    ----------
+    path : str
+        The object's path.
+    problem : str
+        What is wrong with it.
+    """
 
     path: str
     problem: str
 
     def __str__(self) -> str:
+        """``"<path>: <problem>"``."""
         return f"{self.path}: {self.problem}"
 
 
@@ -44,9 +53,12 @@ def _check_record(store: Store, path: str,
 
 
 def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
-    """Writer ``writer``'s commit records: each well-formed and in its place, numbered densely from
-    0, none after a close record (readers stop at a gap or a close, so records beyond either
-    never show). Also the number of records listed."""
+    """Writer ``writer``'s commit records.
+
+    Each well-formed and in its place, numbered densely from 0, none after a close record
+    (readers stop at a gap or a close, so records beyond either never show). Also the number of
+    records listed.
+    """
     problems: list[Problem] = []
     directory = layout.commits_dir(writer)
     seqs = sorted(int(n[:-5]) for n in store.storage.list(directory) if n.endswith(".json") and n[:-5].isdigit())
@@ -71,9 +83,11 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
 
 
 def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list[Problem]:
-    """A log checkpoint reads back whole and holds exactly what the commit records it
-    summarises say (each writer's next seq, closed flag and live fragments); ``listed``: the
-    number of commit records listed per writer."""
+    """A log checkpoint reads back whole and holds exactly what its commit records say.
+
+    Each writer's next seq, closed flag and live fragments; ``listed``: the number of
+    commit records listed per writer.
+    """
     path = layout.checkpoint(number)
     try:
         writers, _ = decode_checkpoint(path, records.read(store.storage, path), number, store.log.offsets)
@@ -124,8 +138,11 @@ def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtyp
 
 
 def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
-    """A segment-backed fragment: its segment's arrays have their declared shapes, the bytes
-    each of its parts wrote match their CRC32C, its CSR offsets are consistent."""
+    """A segment-backed fragment.
+
+    Its segment's arrays have their declared shapes, the bytes each of its parts wrote match
+    their CRC32C, its CSR offsets are consistent.
+    """
     problems: list[Problem] = []
     storage = store.storage
     seg = frag.segment
@@ -217,10 +234,12 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
 
 
 def _replay(store: Store) -> None:
-    """Apply every commit record from the first, as a reader opening without a checkpoint does,
-    and order each table's live fragments (raises on a log that no reader can apply: records
-    of another writer, overlapping live fragments), whatever ``store`` has applied already.
-    Cost: every commit record read once more."""
+    """Apply every commit record from the first, as a reader opening without a checkpoint does.
+
+    Then order each table's live fragments, whatever ``store`` has applied already:
+    raises on a log that no reader can apply (records of another writer, overlapping
+    live fragments). Cost: every commit record read once more.
+    """
     log = CommitLog(store.storage, store.schemas, checkpoints=False)
     log.refresh()
     for table in store.tables:
@@ -230,7 +249,27 @@ def _replay(store: Store) -> None:
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
     """Every problem found; empty means everything reads back and every checksum matches.
 
-    ``progress`` is called with the number of fragments checked so far.
+    Checks the manifest, writer records, commit records, checkpoints (against
+    the records they summarise), state records and every live fragment's
+    arrays. Cost: reading every record and every live object once.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    progress : callable, optional
+        Called with the number of fragments checked so far.
+
+    Returns
+    -------
+    list of Problem
+        The problems found (problems are reported, not raised).
+
+    Raises
+    ------
+    OSError
+        The storage failed (an object that cannot be read for another reason
+        than damage).
     """
     problems: list[Problem] = []
     storage = store.storage

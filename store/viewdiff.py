@@ -1,6 +1,9 @@
-"""How two views of a table differ: which fragments stayed, came and left between two syncs of
-a reader, which rows appeared and left, and how the stream index's key order grows. Pure
-functions of fragment lists; the reader (store/table.py) follows a change with them."""
+"""How two views of a table differ.
+
+Which fragments stayed, came and left between two syncs of a reader, which rows appeared and
+left, and how the stream index's key order grows. Pure functions of fragment lists; the reader
+(store/table.py) follows a change with them.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +20,34 @@ _PLACE = operator.itemgetter(1)
 
 def pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
           ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Two views of fragments ``was`` and ``now`` (their :func:`identities` ``a`` and ``b``),
-    each visible from a local row: ``(head, tail, src, kept, stays)``. The first ``head`` and
-    last ``tail`` fragments of both are the same objects visible from the same rows; between
-    them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same object as
-    ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row,
-    and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both
-    views."""
+    """Match two views of fragments ``was`` and ``now``, each visible from a local row.
+
+    The first ``head`` and last ``tail`` fragments of both are the same objects
+    visible from the same rows. Cost: array operations over both views.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        :func:`identities` of ``was``.
+    vis_was : numpy.ndarray
+        Per fragment of ``was``, its first visible local row.
+    b : numpy.ndarray
+        :func:`identities` of ``now``.
+    vis_now : numpy.ndarray
+        Per fragment of ``now``, its first visible local row.
+
+    Returns
+    -------
+    head, tail : int
+        Lengths of the common prefix and suffix.
+    src : numpy.ndarray
+        ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same
+        object as ``now[head + i]`` (-1: none).
+    kept : numpy.ndarray
+        ``kept[i]``: whether it is also visible from the same row.
+    stays : numpy.ndarray
+        ``stays[j]``: whether ``was[head + j]`` is kept so.
+    """
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
     head = int(differ.argmax()) if differ.any() else n
@@ -45,13 +69,37 @@ def pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
 
 
 def identities(frags: list[Fragment]) -> np.ndarray:
-    """``id`` of each fragment (object identity, as an array)."""
+    """``id`` of each fragment (object identity, as an array).
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        The fragments.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint64 per fragment.
+    """
     return np.fromiter(map(id, frags), dtype=np.uint64, count=len(frags))
 
 
 def first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
-    """Per stream key listed by ``frags`` (a view, ordered by row id): ``(first_id, position)``
-    of its first listing, in order of first listing (the stream index's key order)."""
+    """Per stream key listed by ``frags``, ``(first_id, position)`` of its first listing.
+
+    In order of first listing (the stream index's key order). Cost: the
+    fragments' stream lists.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A view, ordered by row id.
+
+    Returns
+    -------
+    dict of StreamKey to tuple of int
+        The first listings.
+    """
     out: dict[StreamKey, tuple[int, int]] = {}
     for f in frags:
         for j, k in enumerate(f.streams):
@@ -62,14 +110,31 @@ def first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
 
 def grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey], gone: list[Fragment],
                  came: list[Fragment]) -> list[StreamKey] | None:
-    """The keys that a change of view (fragments ``gone`` replaced by ``came``; the rest
-    kept) appends to the stream order ``keys`` (first listings ``key_at``, updated), or None
-    where the order may change otherwise. A view's fragments are ordered by their disjoint
-    row ids, so a key's place is its first listing's ``(first_id, position)``: only the keys
-    the changed fragments list can move, and each keeps its place where its first listing
-    stays or a fragment that came lists it at the same place (a fragment growing or compacted
-    from its start), and the order only grows where the keys new to it come after every old
-    one. Cost: the changed fragments' stream lists."""
+    """The keys a change of view appends to the stream order ``keys``.
+
+    A view's fragments are ordered by their disjoint row ids, so a key's place
+    is its first listing's ``(first_id, position)``: only the keys the changed
+    fragments list can move, and each keeps its place where its first listing
+    stays or a fragment that came lists it at the same place (a fragment growing
+    or compacted from its start), and the order only grows where the keys new to
+    it come after every old one. Cost: the changed fragments' stream lists.
+
+    Parameters
+    ----------
+    key_at : dict of StreamKey to tuple of int
+        The first listings of the old view; updated with the new keys.
+    keys : list of StreamKey
+        The current stream order.
+    gone : list of Fragment
+        Fragments that left the view.
+    came : list of Fragment
+        Fragments that came (the rest are kept).
+
+    Returns
+    -------
+    list of StreamKey or None
+        The keys appended, or None where the order may change otherwise.
+    """
     came_at: dict[StreamKey, tuple[int, int]] = {}
     for f in came:
         for j, k in enumerate(f.streams):
@@ -91,14 +156,40 @@ def grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey],
 
 
 def intervals(frags: list[Fragment], vis_from: np.ndarray) -> list[tuple[int, int, Fragment]]:
-    """Visible row ids ``[lo, hi)`` per fragment, sorted."""
+    """Visible row ids ``[lo, hi)`` per fragment, sorted.
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        The fragments.
+    vis_from : numpy.ndarray
+        Per fragment, its first visible local row.
+
+    Returns
+    -------
+    list of tuple of (int, int, Fragment)
+        ``(lo, hi, fragment)``, sorted by ``lo``.
+    """
     return sorted(((f.first_id + int(v), f.first_id + f.rows, f) for f, v in zip(frags, vis_from, strict=True)),
                   key=lambda t: t[0])
 
 
 def subtract(a: list[tuple[int, int, Fragment]], b: list[tuple[int, int, Fragment]],
               ) -> list[tuple[Fragment, int, int]]:
-    """Rows of ``a``'s intervals in none of ``b``'s, as ``(fragment, local lo, local hi)``."""
+    """Rows of ``a``'s intervals in none of ``b``'s, as ``(fragment, local lo, local hi)``.
+
+    Cost: the intervals, plus a binary search per interval of ``a``.
+
+    Parameters
+    ----------
+    a, b : list of tuple of (int, int, Fragment)
+        Sorted intervals, as :func:`intervals` returns them.
+
+    Returns
+    -------
+    list of tuple of (Fragment, int, int)
+        The rows, per fragment.
+    """
     out = []
     starts = [lo for lo, _, _ in b]
     for lo, hi, frag in a:

@@ -35,7 +35,13 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def available() -> bool:
-    """Whether this platform can place file mappings in a reserved range."""
+    """Whether this platform can place file mappings in a reserved range.
+
+    Returns
+    -------
+    bool
+        True on 64-bit Linux and macOS.
+    """
     return _libc is not None
 
 
@@ -49,8 +55,11 @@ def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int) -> int:
 
 
 def _reserve_at(addr: int | None, length: int) -> int:
-    """A read-only anonymous mapping: address space that reads as zeros (no memory is committed;
-    a read faults in the shared zero page), so a stray index never kills the process."""
+    """A read-only anonymous mapping.
+
+    Address space that reads as zeros (no memory is committed; a read faults in the shared zero
+    page), so a stray index never kills the process.
+    """
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_FIXED if addr is not None else 0)
     return _mmap(addr, length, mmap.PROT_READ, flags, -1)
 
@@ -62,9 +71,19 @@ def _round_up(n: int, to: int) -> int:
 class AddressRange:
     """``length`` bytes of reserved address space in which files are mapped read-only.
 
-    The range is unmapped once neither it nor any array from :meth:`view` is referenced, so
-    a view never outlives its memory. Parts not mapped (or released by :meth:`release`) read
-    as zeros.
+    The range is unmapped once neither it nor any array from :meth:`view` is
+    referenced, so a view never outlives its memory. Parts not mapped (or
+    released by :meth:`release`) read as zeros. Reserving commits no memory.
+
+    Parameters
+    ----------
+    length : int
+        Bytes to reserve (rounded up to whole pages).
+
+    Raises
+    ------
+    OSError
+        The reservation failed.
     """
 
     def __init__(self, length: int) -> None:
@@ -76,11 +95,28 @@ class AddressRange:
         weakref.finalize(self._buf, _unmap, self.address, self.length).atexit = False
 
     def map_file(self, offset: int, path: str | int, nbytes: int) -> None:
-        """Map the first ``nbytes`` of the file at ``path`` (or open as file descriptor ``path``)
-        at ``offset`` (a multiple of PAGE).
+        """Map the first ``nbytes`` of a file at ``offset`` (a multiple of PAGE).
 
-        FileNotFoundError if it is gone; EOFError if it is shorter than ``nbytes`` (reading
-        a mapping past the end of its file would kill the process with SIGBUS).
+        Parameters
+        ----------
+        offset : int
+            Where in the range, page-aligned.
+        path : str or int
+            The file's path, or an open file descriptor (duplicated, not consumed).
+        nbytes : int
+            Bytes to map.
+
+        Raises
+        ------
+        ValueError
+            ``offset`` is not page-aligned, or the mapping leaves the range.
+        FileNotFoundError
+            The file is gone.
+        EOFError
+            The file is shorter than ``nbytes`` (reading a mapping past the end of
+            its file would kill the process with SIGBUS).
+        OSError
+            ``mmap`` failed.
         """
         if offset % PAGE or offset < 0 or offset + nbytes > self.length:
             raise ValueError(f"mapping [{offset}, {offset + nbytes}) is not a page-aligned part of the range")
@@ -94,11 +130,32 @@ class AddressRange:
             os.close(fd)
 
     def release(self, offset: int, nbytes: int) -> None:
-        """Unmap what was mapped at ``offset`` and reserve the space again."""
+        """Unmap what was mapped at ``offset`` and reserve the space again.
+
+        Parameters
+        ----------
+        offset : int
+            Where the mapping starts.
+        nbytes : int
+            Its length.
+        """
         _reserve_at(self.address + offset, _round_up(nbytes, PAGE))
 
     def view(self, dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
-        """The whole range as an array of rows of ``trailing`` shape (rows not mapped read as zeros)."""
+        """The whole range as an array of rows of ``trailing`` shape (rows not mapped read as zeros).
+
+        Parameters
+        ----------
+        dtype : numpy.dtype
+            The rows' dtype.
+        trailing : tuple of int
+            The shape of one row (positive).
+
+        Returns
+        -------
+        numpy.ndarray
+            A read-only view that keeps the range alive.
+        """
         row_bytes = dtype.itemsize * int(np.prod(trailing))  # > 0: schema shapes are positive
         arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]
         return arr.view(dtype).reshape(-1, *trailing)

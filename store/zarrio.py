@@ -26,11 +26,40 @@ def _data_type(dtype: np.dtype) -> str:
 
 
 def chunk_path(array_path: str, ndim: int) -> str:
+    """The path of an array's single chunk object: ``<array>/c/0/0...``.
+
+    Parameters
+    ----------
+    array_path : str
+        The array's directory.
+    ndim : int
+        The array's number of dimensions.
+
+    Returns
+    -------
+    str
+        The chunk's path.
+    """
     return f"{array_path}/c/" + "/".join(["0"] * ndim)
 
 
 def array_metadata(dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict:
-    """A Zarr v3 array's metadata: one chunk covering the array; ``bytes`` then (with ``checksum``) ``crc32c``."""
+    """A Zarr v3 array's metadata: one chunk covering the array; ``bytes`` then (with ``checksum``) ``crc32c``.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+        The array's dtype.
+    shape : tuple of int
+        The array's shape.
+    checksum : bool, optional
+        Whether the codec chain ends in ``crc32c`` (segments' arrays have none).
+
+    Returns
+    -------
+    dict
+        The ``zarr.json`` document.
+    """
     codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if checksum:
         codecs.append({"name": "crc32c"})
@@ -49,21 +78,62 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...], checksum: bool = Tru
 
 
 def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict[str, list[Buffer]]:
-    """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`)."""
+    """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`).
+
+    Parameters
+    ----------
+    path : str
+        The array's directory.
+    dtype : numpy.dtype
+        The array's dtype.
+    shape : tuple of int
+        The array's shape.
+    checksum : bool, optional
+        See :func:`array_metadata`.
+
+    Returns
+    -------
+    dict of str to list of Buffer
+        Object path to its bytes, for ``Storage.write_objects``.
+    """
     return {f"{path}/zarr.json": [json.dumps(array_metadata(dtype, shape, checksum)).encode()]}
 
 
 def raw_bytes(piece: np.ndarray) -> np.ndarray:
-    """``piece``'s little-endian C-order bytes as a flat uint8 array (a view where it already is)."""
+    """``piece``'s little-endian C-order bytes as a flat uint8 array (a view where it already is).
+
+    Parameters
+    ----------
+    piece : numpy.ndarray
+        Any array.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 bytes.
+    """
     return np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
 
 
 class ChunkWriter:
-    """The chunk object of an array written piece by piece along axis 0: each piece's bytes are
-    kept (``buffered``: copies, written at completion) or go to storage as they come
-    (:meth:`Storage.open_stream`); the CRC32C of all of them is extended on the way and
-    appended by :meth:`finish`. The object is opened by the first non-empty piece: an array
-    of length 0 has none."""
+    """The chunk object of an array written piece by piece along axis 0.
+
+    Each piece's bytes are kept (``buffered``: copies, written at completion) or
+    go to storage as they come (:meth:`Storage.open_stream`); the CRC32C of all
+    of them is extended on the way and appended by :meth:`finish`. The object is
+    opened by the first non-empty piece: an array of length 0 has none.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    array_path : str
+        The array's directory.
+    ndim : int
+        The array's number of dimensions.
+    buffered : bool, optional
+        Keep the pieces in memory until :meth:`finish`.
+    """
 
     def __init__(self, storage: Storage, array_path: str, ndim: int, buffered: bool = False) -> None:
         self.storage = storage
@@ -74,6 +144,21 @@ class ChunkWriter:
         self.crc = 0
 
     def append(self, piece: np.ndarray) -> None:
+        """Append a piece (rows along axis 0) to the chunk.
+
+        Cost: one conversion to little-endian bytes (a view where it already is),
+        one write and one CRC32C extension.
+
+        Parameters
+        ----------
+        piece : numpy.ndarray
+            Rows of the array.
+
+        Raises
+        ------
+        OSError
+            The storage failed (a full disk, for instance).
+        """
         if not piece.size:
             return
         raw = raw_bytes(piece)
@@ -84,18 +169,37 @@ class ChunkWriter:
         self.crc = google_crc32c.extend(self.crc, raw)
 
     def mark(self) -> tuple[int, int]:
-        """The state to :meth:`rollback` to."""
+        """The state to :meth:`rollback` to.
+
+        Returns
+        -------
+        tuple of int
+            ``(size, crc)``.
+        """
         return self.size, self.crc
 
     def rollback(self, mark: tuple[int, int]) -> None:
-        """Forget what was appended after ``mark``."""
+        """Forget what was appended after ``mark``.
+
+        Parameters
+        ----------
+        mark : tuple of int
+            A :meth:`mark`.
+        """
         self.size, self.crc = mark
         if self.stream is not None and self.stream.size != self.size:
             self.stream.truncate(self.size)
 
     def finish(self) -> ObjectStream | None:
-        """The chunk object, its checksum written after the data (again, after a failed
-        completion); None for an empty array. Completed by ``Storage.write_objects``."""
+        """The chunk object, its checksum written after the data (again, after a failed completion).
+
+        Completed by ``Storage.write_objects``.
+
+        Returns
+        -------
+        ObjectStream or None
+            The object, or None for an empty array.
+        """
         if self.stream is None:
             return None
         if self.stream.size != self.size:
@@ -104,21 +208,68 @@ class ChunkWriter:
         return self.stream
 
     def close(self) -> None:
+        """Close the object's stream, if any (an unfinished object is discarded)."""
         if self.stream is not None:
             self.stream.close()
 
 
 def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
-    """The ``zarr.json`` object of a Zarr v3 group at ``path``."""
+    """The ``zarr.json`` object of a Zarr v3 group at ``path``.
+
+    Parameters
+    ----------
+    path : str
+        The group's directory.
+    attributes : dict
+        The group's attributes.
+
+    Returns
+    -------
+    dict of str to list of Buffer
+        Object path to its bytes.
+    """
     return {f"{path}/zarr.json": [json.dumps({"zarr_format": 3, "node_type": "group",
                                               "attributes": attributes}).encode()]}
 
 
 def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0, *,
                checksum: bool = True, cached: bool = True) -> np.ndarray:
-    """Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows
-    or (``cached``) through the storage's chunk cache (checksum not verified; a cache checks
-    what it downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its CRC32C)."""
+    """Rows ``[first, first + shape[0])`` of the array.
+
+    Memory-mapped where the backend allows, or (``cached``) through the
+    storage's chunk cache (checksum not verified here; a cache checks what it
+    downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its
+    CRC32C).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    path : str
+        The array's directory.
+    dtype : numpy.dtype
+        The array's dtype.
+    shape : tuple of int
+        The shape of the rows wanted.
+    first : int, optional
+        The first row.
+    checksum : bool, optional
+        Whether the chunk carries a CRC32C (a fragment's does; a segment's not).
+    cached : bool, optional
+        Read through the storage's chunk cache (when it has one).
+
+    Returns
+    -------
+    numpy.ndarray
+        The rows (a read-only memory map where possible).
+
+    Raises
+    ------
+    StaleReadError
+        The chunk is gone: reclaimed after the reader's view was taken.
+    CorruptObjectError
+        The chunk is shorter than declared, or a download fails its check.
+    """
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
@@ -140,10 +291,37 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
 
 def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int, ...],
                 checksum: bool = True) -> IO[bytes] | bytes:
-    """The chunk object ``cpath`` through the storage's chunk cache: an open file, or its bytes
-    where the cache cannot keep it. With ``checksum`` the object holds exactly ``shape``
-    rows and its CRC32C, and a download is checked against both (a fragment's chunk; a
-    segment's has no checksum and more rows than its fragments)."""
+    """The chunk object ``cpath`` through the storage's chunk cache.
+
+    With ``checksum`` the object holds exactly ``shape`` rows and its CRC32C,
+    and a download is checked against both (a fragment's chunk; a segment's has
+    no checksum and more rows than its fragments).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage (with a cache).
+    cpath : str
+        The chunk's path.
+    dtype : numpy.dtype
+        The array's dtype.
+    shape : tuple of int
+        The array's shape.
+    checksum : bool, optional
+        Check size and CRC32C of a download.
+
+    Returns
+    -------
+    file object or bytes
+        An open file, or its bytes where the cache cannot keep it.
+
+    Raises
+    ------
+    StaleReadError
+        The chunk is gone.
+    CorruptObjectError
+        A download fails its check.
+    """
     assert storage.cache is not None
     size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
     try:
@@ -154,14 +332,43 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
 
 
 def missing_chunk(cpath: str) -> StaleReadError:
-    """The error for a chunk a live commit referenced that is gone: reclaimed after the
-    reader's view was taken."""
+    """The error for a chunk a live commit referenced that is gone.
+
+    It was reclaimed after the reader's view was taken (or the store is damaged).
+
+    Parameters
+    ----------
+    cpath : str
+        The chunk's path.
+
+    Returns
+    -------
+    StaleReadError
+        The error, to raise.
+    """
     return StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view was "
                           "taken (call refresh()), or the store is damaged (run replaystore verify)")
 
 
 def verify_chunk(data: Buffer, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
-    """None if ``data`` (bytes, or any buffer: a memory map) is an intact chunk of ``shape``; else what is wrong."""
+    """What is wrong with a chunk of ``shape``, if anything.
+
+    Cost: one CRC32C over the chunk.
+
+    Parameters
+    ----------
+    data : Buffer
+        Bytes, or any buffer (a memory map).
+    dtype : numpy.dtype
+        The array's dtype.
+    shape : tuple of int
+        The array's shape.
+
+    Returns
+    -------
+    str or None
+        None for an intact chunk, else the problem (size or checksum).
+    """
     raw = np.frombuffer(data, dtype=np.uint8)
     expected = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
     if len(raw) != expected:

@@ -1,5 +1,8 @@
-"""The ``replaystore`` command: one clear error line and a distinct non-zero exit code for every
-operational error (:data:`EXIT_CODES`); never a traceback unless ``REPLAYSTORE_TRACEBACK=1``."""
+"""The ``replaystore`` command.
+
+One clear error line and a distinct non-zero exit code for every operational error
+(:data:`EXIT_CODES`); never a traceback unless ``REPLAYSTORE_TRACEBACK=1``.
+"""
 
 from __future__ import annotations
 
@@ -148,6 +151,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``replaystore`` command line parser, with one subcommand per tool.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The parser; each subcommand sets ``func``, which runs it.
+    """
     parser = argparse.ArgumentParser(
         prog="replaystore",
         description="A persistent, on-disk dataset and replay store for reinforcement learning.",
@@ -246,6 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``replaystore`` command line.
+
+    Errors are reported on stderr as one line and turned into an exit code
+    (:func:`exit_code`); ``REPLAYSTORE_TRACEBACK=1`` also prints the traceback.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code (0 on success; see :data:`EXIT_CODES`).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -271,7 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_code(exc: BaseException) -> int:
-    """The exit code of the command that raised ``exc`` (see :data:`EXIT_CODES`)."""
+    """The exit code of the command that raised ``exc`` (see :data:`EXIT_CODES`).
+
+    Parameters
+    ----------
+    exc : BaseException
+        The error.
+
+    Returns
+    -------
+    int
+        Not found, corrupt, usage (replaystore's other errors and bad storage
+        URLs), storage (``OSError`` and ``StorageError``) or internal.
+    """
     from replaystore.store.storage import StorageURLError
 
     if isinstance(exc, StoreNotFoundError):

@@ -29,7 +29,17 @@ from replaystore.store.verify import verify
 
 @dataclass
 class CopyReport:
-    """What :func:`copy_store` copied: objects, their bytes (apparent sizes) and the data bytes written."""
+    """What :func:`copy_store` copied: objects, their bytes (apparent sizes) and the data bytes written.
+
+    Attributes
+    ----------
+    objects : int
+        Objects copied.
+    bytes : int
+        Their apparent sizes, summed.
+    written : int
+        Data bytes written (holes of local sparse files excluded).
+    """
 
     objects: int = 0
     bytes: int = 0
@@ -37,9 +47,11 @@ class CopyReport:
 
 
 def _copy_sparse(src: str, dst: str) -> int:
-    """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data
-    ranges (``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole file is data).
-    Returns the bytes written. The file is fsynced."""
+    """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data.
+
+    Data ranges by ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole
+    file is data. Returns the bytes written. The file is fsynced.
+    """
     written = 0
     with open(src, "rb") as fin, open(dst, "xb") as fout:
         size = os.fstat(fin.fileno()).st_size
@@ -100,13 +112,37 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
                dst_options: Mapping[str, Any] | None = None) -> CopyReport:
     """Copy the store at ``src_url`` into a new store at ``dst_url`` and verify it.
 
-    Parameters: the two locations (local paths or fsspec URLs) and their storage options.
-    Returns a :class:`CopyReport`. Raises StoreNotFoundError (no store at ``src_url``),
-    StoreExistsError (``dst_url`` holds anything), StoreError (the copy does not verify: a
-    writer or vacuum of the source deleted data while it was copied; copy again, or stop them),
-    CorruptObjectError (a damaged source object; UnsafeNameError, a name that is not the
-    format's). Cost: reading and writing what is copied
+    Copies exactly what one refresh of the source references (see the module
+    docstring); the manifest goes last. Cost: reading and writing what is copied
     (holes of local sparse files excluded), then a ``verify`` of the copy.
+
+    Parameters
+    ----------
+    src_url : str
+        The source store (a local path or fsspec URL).
+    dst_url : str
+        The destination (a new or empty location).
+    src_options : mapping, optional
+        Storage options of the source.
+    dst_options : mapping, optional
+        Storage options of the destination.
+
+    Returns
+    -------
+    CopyReport
+        What was copied.
+
+    Raises
+    ------
+    StoreNotFoundError
+        No store at ``src_url``.
+    StoreExistsError
+        ``dst_url`` holds anything, or a store was created there during the copy.
+    StoreError
+        The copy does not verify: a writer or vacuum of the source deleted data
+        while it was copied (copy again, or stop them).
+    CorruptObjectError
+        A damaged source object (UnsafeNameError: a name that is not the format's).
     """
     src = open_store(src_url, mode="r", storage_options=src_options)
     dst = open_storage(dst_url, dst_options)

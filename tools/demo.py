@@ -47,7 +47,22 @@ def _bar(**kwargs: Any) -> tqdm:
 
 
 def collect(url: str, collector: int, seed: int) -> int:
-    """One collector process: its own writer, ``STREAMS_PER_COLLECTOR`` game streams."""
+    """One collector process: its own writer, ``STREAMS_PER_COLLECTOR`` game streams.
+
+    Parameters
+    ----------
+    url : str
+        The store.
+    collector : int
+        The collector's number (names its streams).
+    seed : int
+        Seed of its games.
+
+    Returns
+    -------
+    int
+        Records appended.
+    """
     st = open_store(url)
     rng = np.random.default_rng(seed)
     records = 0
@@ -62,8 +77,22 @@ def collect(url: str, collector: int, seed: int) -> int:
 
 
 def win_rate(net: QNet | None, rng: np.random.Generator, games: int = EVAL_GAMES) -> tuple[float, float]:
-    """Win rates of the greedy network (random play if None) against a random player,
-    moving first and moving second."""
+    """Win rates of the greedy network (random play if None) against a random player.
+
+    Parameters
+    ----------
+    net : QNet or None
+        The network.
+    rng : numpy.random.Generator
+        Randomness of the games.
+    games : int, optional
+        Games per seat.
+
+    Returns
+    -------
+    first, second : float
+        Win rates moving first and moving second.
+    """
     rates = []
     for seat in (0, 1):
         wins = 0
@@ -80,7 +109,30 @@ def win_rate(net: QNet | None, rng: np.random.Generator, games: int = EVAL_GAMES
 
 def train(st: Store, sampler: PrioritizedSampler, online: QNet, target: QNet, opt: torch.optim.Optimizer,
           steps: int, label: str) -> float:
-    """Train ``steps`` minibatches from a DataLoader over ``sampler``; returns the mean loss of the last 100."""
+    """Train ``steps`` minibatches from a DataLoader over ``sampler``.
+
+    Parameters
+    ----------
+    st : Store
+        The store.
+    sampler : PrioritizedSampler
+        The sampler (its ``num_batches`` is set to ``steps``).
+    online : QNet
+        The network trained.
+    target : QNet
+        The target network (synced every 100 steps).
+    opt : torch.optim.Optimizer
+        The optimizer.
+    steps : int
+        Minibatches.
+    label : str
+        The progress bar's label.
+
+    Returns
+    -------
+    float
+        The mean loss of the last 100 steps.
+    """
     sampler.num_batches = steps
     loader = make_loader(st, sampler, num_workers=1, prefetch_factor=1)
     losses = []
@@ -100,6 +152,22 @@ def _load_net(net: QNet, arrays: dict[str, np.ndarray]) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Run the end-to-end demo (``replaystore demo``).
+
+    Collect tic-tac-toe games with several writer processes, train a DQN with
+    prioritized replay through a DataLoader, stop and resume from state saved in
+    the store, query it with DuckDB and export it. Takes about a minute.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``args.dir``: where to put the store (default: a temporary directory).
+
+    Returns
+    -------
+    int
+        0, or 1 if the resumed sampler did not continue the same draws.
+    """
     started = time.perf_counter()
     torch.manual_seed(0)
     root = args.dir or tempfile.mkdtemp(prefix="replaystore-demo-")

@@ -19,7 +19,19 @@ from replaystore.loaders.masks import legal_mask
 
 
 class QNet(nn.Module):
-    """An MLP mapping observations to ``heads x actions`` Q-values."""
+    """An MLP mapping observations to ``heads x actions`` Q-values.
+
+    Parameters
+    ----------
+    observation_size : int
+        Length of an observation.
+    actions : int
+        Number of actions.
+    heads : int, optional
+        Number of ensemble heads.
+    hidden : int, optional
+        Width of the two hidden layers.
+    """
 
     def __init__(self, observation_size: int, actions: int, heads: int = 1, hidden: int = 128) -> None:
         super().__init__()
@@ -28,17 +40,59 @@ class QNet(nn.Module):
                                   nn.Linear(hidden, heads * actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values of a batch of observations.
+
+        Parameters
+        ----------
+        obs : torch.Tensor
+            ``(batch, observation_size)`` observations.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(batch, heads, actions)`` Q-values.
+        """
         return self.body(obs).view(len(obs), self.heads, self.actions)
 
 
 def masked_max(q: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
-    """Max over legal actions per record and head (``-finfo.max`` where none is legal)."""
+    """Max over legal actions per record and head (``-finfo.max`` where none is legal).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(batch, heads, actions)`` Q-values.
+    legal : torch.Tensor
+        ``(batch, actions)`` bool legality mask.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch, heads)``.
+    """
     fill = torch.finfo(q.dtype).min
     return q.masked_fill(~legal[:, None, :], fill).max(dim=-1).values
 
 
 def td_errors(online: QNet, target: QNet, batch: Mapping[str, Any]) -> torch.Tensor:
-    """Per record and head TD errors ``Q(s, a) - (r + discount * max_legal Q_target(s'))``."""
+    """Per record and head TD errors ``Q(s, a) - (r + discount * max_legal Q_target(s'))``.
+
+    Records that cannot bootstrap use their reward sum alone.
+
+    Parameters
+    ----------
+    online : QNet
+        The network trained.
+    target : QNet
+        The target network.
+    batch : mapping
+        A DqnBatch minibatch of tensors.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch, heads)``.
+    """
     q = online(batch["obs"])
     chosen = q.gather(2, batch["actions"].view(-1, 1, 1).expand(-1, q.shape[1], 1)).squeeze(2)
     with torch.no_grad():
@@ -52,9 +106,28 @@ def td_errors(online: QNet, target: QNet, batch: Mapping[str, Any]) -> torch.Ten
 
 
 def dqn_loss(online: QNet, target: QNet, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, |TD error| per record)``: Huber loss per record/head, times the bootstrap
-    ``masks`` and the prioritized-replay ``weights`` when present, averaged over the
-    included record/head pairs."""
+    """The Huber loss of a minibatch and its records' new priorities.
+
+    Huber loss per record/head, times the bootstrap ``masks`` and the
+    prioritized-replay ``weights`` when present, averaged over the included
+    record/head pairs.
+
+    Parameters
+    ----------
+    online : QNet
+        The network trained.
+    target : QNet
+        The target network.
+    batch : mapping
+        A DqnBatch minibatch of tensors.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        The scalar loss.
+    priority : torch.Tensor
+        |TD error| per record (masked mean over heads).
+    """
     td = td_errors(online, target, batch)
     per = nn.functional.smooth_l1_loss(td, torch.zeros_like(td), reduction="none")
     masks = batch["masks"].to(per.dtype)
@@ -67,8 +140,29 @@ def dqn_loss(online: QNet, target: QNet, batch: Mapping[str, Any]) -> tuple[torc
 
 def train_step(online: QNet, target: QNet, opt: torch.optim.Optimizer, batch: Mapping[str, Any],
                sampler: PrioritizedSampler) -> float:
-    """One prioritized DQN step on ``batch``: loss, backward, optimizer step, and the batch's
-    |TD errors| written back to ``sampler`` as priorities. Returns the loss."""
+    """One prioritized DQN step on ``batch``.
+
+    Loss, backward, optimizer step, and the batch's |TD errors| written back to
+    ``sampler`` as priorities.
+
+    Parameters
+    ----------
+    online : QNet
+        The network trained.
+    target : QNet
+        The target network.
+    opt : torch.optim.Optimizer
+        The optimizer.
+    batch : mapping
+        A DqnBatch minibatch of tensors, with ``indices``.
+    sampler : PrioritizedSampler
+        The sampler that drew it.
+
+    Returns
+    -------
+    float
+        The loss.
+    """
     loss, priority = dqn_loss(online, target, batch)
     opt.zero_grad()
     loss.backward()
@@ -78,7 +172,22 @@ def train_step(online: QNet, target: QNet, opt: torch.optim.Optimizer, batch: Ma
 
 
 def greedy(online: QNet, obs: torch.Tensor, legal_ids: torch.Tensor) -> int:
-    """The legal action with the highest mean Q over heads, for one observation."""
+    """The legal action with the highest mean Q over heads, for one observation.
+
+    Parameters
+    ----------
+    online : QNet
+        The network.
+    obs : torch.Tensor
+        One observation.
+    legal_ids : torch.Tensor
+        The legal actions.
+
+    Returns
+    -------
+    int
+        The action.
+    """
     with torch.no_grad():
         q = online(obs[None])[0].mean(0)
     return int(legal_ids[q[legal_ids].argmax()])

@@ -30,7 +30,24 @@ START_TIMEOUT_S = 30.0
 
 def s3_options(endpoint_url: str | None = None, key: str | None = None, secret: str | None = None,
                region: str = REGION) -> dict[str, Any]:
-    """s3fs ``storage_options`` for an endpoint (credentials default to s3fs's usual lookup)."""
+    """s3fs ``storage_options`` for an endpoint (credentials default to s3fs's usual lookup).
+
+    Parameters
+    ----------
+    endpoint_url : str, optional
+        The S3 endpoint (default: AWS).
+    key : str, optional
+        Access key id.
+    secret : str, optional
+        Secret access key.
+    region : str, optional
+        Region name.
+
+    Returns
+    -------
+    dict of str to Any
+        The options.
+    """
     options: dict[str, Any] = {"client_kwargs": {"region_name": region}}
     if endpoint_url:
         options["client_kwargs"]["endpoint_url"] = endpoint_url
@@ -43,12 +60,38 @@ def s3_options(endpoint_url: str | None = None, key: str | None = None, secret: 
 
 @dataclass(frozen=True)
 class LoopbackS3:
+    """A running loopback S3 server, as :func:`loopback_s3` yields it.
+
+    Attributes
+    ----------
+    endpoint_url : str
+        ``http://127.0.0.1:<port>``.
+    bucket : str
+        A bucket created on it.
+    storage_options : dict of str to Any
+        s3fs options for the endpoint, with its test credentials.
+    pid : int, optional
+        The server process (for CPU accounting in benchmarks).
+    """
+
     endpoint_url: str
     bucket: str
     storage_options: dict[str, Any]
     pid: int | None = None  # the server process (for CPU accounting in benchmarks)
 
     def url(self, prefix: str) -> str:
+        """The ``s3://`` URL of ``prefix`` in the bucket.
+
+        Parameters
+        ----------
+        prefix : str
+            A key prefix (a store's location).
+
+        Returns
+        -------
+        str
+            ``s3://<bucket>/<prefix>``.
+        """
         return f"s3://{self.bucket}/{prefix}"
 
 
@@ -80,7 +123,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def loopback_s3(bucket: str = "replaystore", attempts: int = 3) -> Iterator[LoopbackS3]:
-    """Run a moto S3 server on 127.0.0.1 for the duration of the context (see the module doc)."""
+    """Run a moto S3 server on 127.0.0.1 for the duration of the context (see the module docstring).
+
+    Starting it costs a few seconds (a subprocess, polled until it answers).
+
+    Parameters
+    ----------
+    bucket : str, optional
+        The bucket to create.
+    attempts : int, optional
+        Ports to try (one may be taken between choosing and binding it).
+
+    Yields
+    ------
+    LoopbackS3
+        The server; stopped when the context exits.
+
+    Raises
+    ------
+    ImportError
+        moto is not installed.
+    RuntimeError
+        The server did not start.
+    """
     try:
         import boto3
     except ImportError as exc:  # pragma: no cover - moto[server] pulls boto3 in

@@ -18,21 +18,49 @@ LINES = np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 
 
 
 def observe(board: np.ndarray, player: int) -> np.ndarray:
-    """Boards ``(games, 9)`` with 1/-1/0 marks -> mover-perspective float32 observations."""
+    """Boards ``(games, 9)`` with 1/-1/0 marks -> mover-perspective float32 observations.
+
+    Parameters
+    ----------
+    board : numpy.ndarray
+        ``(games, 9)`` boards.
+    player : int
+        The mover (0 plays 1, 1 plays -1).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(games, 18)``: own marks, then the opponent's.
+    """
     mine = (board == (1 if player == 0 else -1)).astype(np.float32)
     theirs = (board == (-1 if player == 0 else 1)).astype(np.float32)
     return np.concatenate([mine, theirs], axis=-1)
 
 
 def winner(board: np.ndarray) -> np.ndarray:
-    """+1 / -1 where that mark completed a line, else 0 (per game)."""
+    """+1 / -1 where that mark completed a line, else 0 (per game).
+
+    Parameters
+    ----------
+    board : numpy.ndarray
+        ``(games, 9)`` boards.
+
+    Returns
+    -------
+    numpy.ndarray
+        Per game.
+    """
     sums = board[:, LINES].sum(axis=2)
     return np.where((sums == 3).any(axis=1), 1, np.where((sums == -3).any(axis=1), -1, 0))
 
 
 @dataclass
 class DqnRecords:
-    """DqnBatch fields for a set of decisions (built by :func:`play`)."""
+    """DqnBatch fields for a set of decisions (built by :func:`play`).
+
+    Each attribute is the DqnBatch field of the same name (see
+    :func:`replaystore.schemas.dqn`).
+    """
 
     obs: np.ndarray
     next_obs: np.ndarray
@@ -57,10 +85,23 @@ def _csr(legal_rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def play(policy, rng: np.random.Generator, gamma: float = 0.99) -> tuple[DqnRecords, int]:
-    """Play one game with ``policy(obs, legal_ids) -> action`` for both players.
+    """Play one game with ``policy(obs, legal_ids, player, rng) -> action`` for both players.
 
-    Returns the game's DQN records (in decision order) and the result from player
-    0's perspective (+1 win, 0 draw, -1 loss).
+    Parameters
+    ----------
+    policy : callable
+        Chooses an action.
+    rng : numpy.random.Generator
+        Passed to ``policy``.
+    gamma : float, optional
+        The discount of a record whose player moves again.
+
+    Returns
+    -------
+    records : DqnRecords
+        The game's DQN records, in decision order.
+    result : int
+        The result from player 0's perspective (+1 win, 0 draw, -1 loss).
     """
     board = np.zeros((1, 9), dtype=np.int8)
     decisions: list[dict] = []
@@ -109,4 +150,22 @@ def play(policy, rng: np.random.Generator, gamma: float = 0.99) -> tuple[DqnReco
 
 
 def random_policy(obs: np.ndarray, legal: np.ndarray, player: int, rng: np.random.Generator) -> int:
+    """A uniformly random legal action.
+
+    Parameters
+    ----------
+    obs : numpy.ndarray
+        The observation (unused).
+    legal : numpy.ndarray
+        The legal actions.
+    player : int
+        The mover (unused).
+    rng : numpy.random.Generator
+        The randomness.
+
+    Returns
+    -------
+    int
+        The action.
+    """
     return int(rng.choice(legal))

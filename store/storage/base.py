@@ -1,7 +1,8 @@
-"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees"): whole-object
-writes that become visible atomically or not at all to readers that only follow commit
-records; create-if-absent for commit records; read-after-write consistency for objects and
-listings; delete. Paths are '/'-separated and relative to the store root.
+"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees").
+
+Whole-object writes that become visible atomically or not at all to readers that only follow
+commit records; create-if-absent for commit records; read-after-write consistency for objects
+and listings; delete. Paths are '/'-separated and relative to the store root.
 """
 
 from __future__ import annotations
@@ -17,18 +18,29 @@ from replaystore.store.chunkcache import StoreCache
 
 
 class StorageError(ReplayStoreError):
-    """The storage backend failed or lacks a guarantee the format needs."""
+    """The storage backend failed or lacks a guarantee the format needs.
+
+    Raised when a URL names a filesystem without create-if-absent, when an S3
+    endpoint ignores conditional PUT, and by the subclasses below.
+    """
 
 
 class StorageURLError(StorageError, ValueError):
-    """A URL or its storage options cannot be opened: an unknown protocol, a filesystem package
-    that is not installed, options the filesystem does not take."""
+    """A URL or its storage options cannot be opened.
+
+    An unknown protocol, a filesystem package that is not installed, options the
+    filesystem does not take. Raised by ``open_store`` (through
+    :func:`open_storage`). It is also a ``ValueError``.
+    """
 
 
 class StorageUnavailableError(StorageError, OSError):
-    """The storage backend could not be reached or refused the request: no credentials, an
-    unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write
-    is; the operation that met it changed nothing visible."""
+    """The storage backend could not be reached or refused the request.
+
+    No credentials, an unreachable endpoint, a denied permission, a timeout.
+    Raised by any S3 operation; an ``OSError``, as a failed local write is. The
+    operation that met it changed nothing visible.
+    """
 
 
 def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
@@ -37,7 +49,17 @@ def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One stored object: its path under the store root, size and last modification (storage clock)."""
+    """One stored object: its path under the store root, size and last modification (storage clock).
+
+    Attributes
+    ----------
+    path : str
+        The '/'-separated path relative to the store root.
+    size : int
+        Bytes.
+    mtime_ns : int
+        Last modification (S3: LastModified; files: mtime), in ns.
+    """
 
     path: str
     size: int
@@ -49,10 +71,25 @@ Buffer = bytes | memoryview | np.ndarray
 
 
 class ObjectStream:
-    """A data object written piece by piece (appended to, truncated back), completed and made
-    durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
-    copies of the pieces in memory and the object is written whole at completion (a buffered
-    stream; :meth:`Storage.open_stream` may instead write the pieces as they come)."""
+    """A data object written piece by piece (appended to, truncated back).
+
+    Completed and made durable by :meth:`Storage.write_objects`; nothing
+    references it before. This base keeps copies of the pieces in memory and the
+    object is written whole at completion (a buffered stream;
+    :meth:`Storage.open_stream` may instead write the pieces as they come).
+
+    Parameters
+    ----------
+    path : str
+        The object's path relative to the store root.
+
+    Attributes
+    ----------
+    path : str
+        As given.
+    size : int
+        Bytes written so far.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -60,23 +97,52 @@ class ObjectStream:
         self._pieces: list[bytes] = []
 
     def write(self, pieces: Sequence[Buffer]) -> None:
-        """Append ``pieces`` (copied or written out now: the caller may reuse its buffers)."""
+        """Append ``pieces`` (copied or written out now: the caller may reuse its buffers).
+
+        Parameters
+        ----------
+        pieces : sequence of Buffer
+            Bytes to append.
+
+        Raises
+        ------
+        OSError
+            A file stream's write failed.
+        """
         for piece in pieces:
             data = bytes(piece)
             self._pieces.append(data)
             self.size += len(data)
 
     def truncate(self, size: int) -> None:
-        """Cut the object back to its first ``size`` bytes."""
+        """Cut the object back to its first ``size`` bytes.
+
+        Parameters
+        ----------
+        size : int
+            Bytes to keep.
+        """
         data = self.data()[:size]
         self._pieces, self.size = [data], len(data)
 
     def data(self) -> bytes:
-        """Everything written so far."""
+        """Everything written so far.
+
+        Returns
+        -------
+        bytes
+            The concatenated pieces (a copy).
+        """
         return b"".join(self._pieces)
 
     def pieces(self) -> list[bytes]:
-        """Everything written so far, as the pieces kept (a buffered stream's)."""
+        """Everything written so far, as the pieces kept (a buffered stream's).
+
+        Returns
+        -------
+        list of bytes
+            The pieces.
+        """
         return self._pieces
 
     def close(self) -> None:
@@ -85,7 +151,23 @@ class ObjectStream:
 
 
 class Storage(abc.ABC):
-    """A flat key space of immutable objects under one root."""
+    """A flat key space of immutable objects under one root.
+
+    The protocol the format needs (docs/FORMAT.md, "Storage guarantees"); the
+    backends are :class:`LocalStorage` and :class:`FsspecStorage`, made by
+    :func:`open_storage`.
+
+    Attributes
+    ----------
+    url : str
+        The store's URL (a local root path, or the fsspec URL).
+    remote : bool
+        True for object stores across a network (S3): readers cache their chunk
+        objects locally.
+    cache : StoreCache or None
+        Where chunk reads (``zarrio.read_array``) go through a local disk cache;
+        set by ``open_store``.
+    """
 
     url: str
     remote: bool = False
@@ -95,26 +177,94 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def read(self, path: str) -> bytes:
-        """The whole object; FileNotFoundError if absent."""
+        """The whole object; FileNotFoundError if absent.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bytes
+            The whole object.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        """
 
     def download(self, path: str, local: str) -> None:
-        """Write the object to the local file ``local`` (object stores stream it); FileNotFoundError if absent."""
+        """Write the object to the local file ``local`` (object stores stream it).
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        local : str
+            The local file to write.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        """
         data = self.read(path)
         with open(local, "wb") as f:
             f.write(data)
 
     def read_capped(self, path: str, limit: int) -> bytes:
-        """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes
-        (a record document: its readers never take an unbounded read); FileNotFoundError if
-        absent. This default checks after reading; local storage checks before."""
+        """The whole object, refused if it is larger than ``limit`` bytes.
+
+        For a record document: its readers never take an unbounded read. This default
+        checks after reading; local storage checks before.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        limit : int
+            The most bytes accepted.
+
+        Returns
+        -------
+        bytes
+            The whole object.
+
+        Raises
+        ------
+        CorruptObjectError
+            The object is larger than ``limit`` bytes.
+        FileNotFoundError
+            The object is absent.
+        """
         data = self.read(path)
         if len(data) > limit:
             raise _too_large(path, len(data), limit)
         return data
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
-        """Each object whole, None where absent (any other error raises). Object stores read them
-        concurrently: a reader probing many writers' next commit records pays one round trip."""
+        """Each object whole, None where absent (any other error raises).
+
+        Object stores read them concurrently: a reader probing many writers' next commit
+        records pays one round trip.
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Returns
+        -------
+        list of bytes or None
+            Each object whole, None where absent.
+
+        Raises
+        ------
+        OSError
+            Any error but absence.
+        """
         out: list[bytes | None] = []
         for path in paths:
             try:
@@ -125,51 +275,208 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def write(self, path: str, data: bytes | memoryview) -> None:
-        """Write a data object durably (it is never referenced before this returns)."""
+        """Write a data object durably (it is never referenced before this returns).
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Raises
+        ------
+        OSError
+            The write failed (nothing references the object).
+        """
 
     @abc.abstractmethod
     def create(self, path: str, data: bytes) -> bool:
-        """Create ``path`` atomically and durably if absent; False (writing nothing) if it exists."""
+        """Create ``path`` atomically and durably if absent; False (writing nothing) if it exists.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Returns
+        -------
+        bool
+            True if created; False (writing nothing) if it exists.
+
+        Raises
+        ------
+        OSError
+            The create failed (nothing was created).
+        """
 
     @abc.abstractmethod
-    def exists(self, path: str) -> bool: ...
+    def exists(self, path: str) -> bool:
+        """Whether an object exists at ``path``.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether an object (or a prefix) exists at ``path``.
+        """
 
     @abc.abstractmethod
     def list(self, prefix: str) -> list[str]:
-        """Names (not paths) directly under ``prefix``; empty if none."""
+        """Names (not paths) directly under ``prefix``; empty if none.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        list of str
+            Sorted names (temporary ``.tmp-`` names left out).
+        """
 
     def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
-        """``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no
-        directory was added under ``prefix`` or removed from it since the listing that returned
-        ``token`` (None: no such listing). Entries that are not directories may have changed."""
+        """``(list(prefix), token)``, or ``(None, token)`` where nothing changed.
+
+        ``None`` where this storage can tell that no directory was added under
+        ``prefix`` or removed from it since the listing that returned ``token``.
+        Entries that are not directories may have changed. This default always lists.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+        token : object
+            What the previous call returned (None: none).
+
+        Returns
+        -------
+        names : list of str or None
+            The listing, or None where nothing changed.
+        token : object
+            Pass to the next call.
+        """
         return self.list(prefix), None
 
     @abc.abstractmethod
     def delete(self, path: str) -> None:
-        """Remove an object or, recursively, a prefix; absent paths are ignored."""
+        """Remove an object or, recursively, a prefix; absent paths are ignored.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Raises
+        ------
+        OSError
+            A delete failed.
+        """
 
     @abc.abstractmethod
-    def size(self, path: str) -> int: ...
+    def size(self, path: str) -> int:
+        """The size of object ``path`` in bytes.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        int
+            The object's size in bytes.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        """
 
     def local_path(self, path: str) -> str | None:
-        """A filesystem path for memory-mapping, when the backend has one."""
+        """A filesystem path for memory-mapping, when the backend has one.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        str or None
+            The file's path, or None for backends without local files.
+        """
         return None
 
     def check_create(self) -> None:
-        """Raise StorageError if this storage does not honour create-if-absent (a no-op where it always does)."""
+        """Refuse a storage that does not honour create-if-absent.
+
+        A no-op where it always does.
+
+        Raises
+        ------
+        StorageError
+            The storage does not honour create-if-absent.
+        """
 
     def sync_dirs(self, paths: list[str]) -> None:
-        """Make the directory entries of written ``paths`` durable (local filesystems only)."""
+        """Make the directory entries of written ``paths`` durable (local filesystems only).
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Raises
+        ------
+        OSError
+            An fsync failed.
+        """
 
     def open_stream(self, path: str) -> ObjectStream:
-        """A data object to be written piece by piece, complete only once passed to
-        :meth:`write_objects`. This default is buffered (copies of the pieces in memory)."""
+        """A data object to be written piece by piece.
+
+        Complete only once passed to :meth:`write_objects`. This default is buffered
+        (copies of the pieces in memory).
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        ObjectStream
+            The stream.
+        """
         return ObjectStream(path)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
-        """Write data objects, each the concatenation of its buffers, and complete ``streams``
-        (each holding what was written to it); all of them (and their directory entries) are
-        durable when this returns. This default writes one after another."""
+        """Write data objects and complete ``streams``, all durable when this returns.
+
+        Each object is the concatenation of its buffers; each stream holds what was
+        written to it; their directory entries are durable too. This default writes
+        one after another.
+
+        Parameters
+        ----------
+        objects : mapping of str to sequence of Buffer
+            Object path to the buffers it concatenates.
+        streams : sequence of ObjectStream, optional
+            Streams to complete (each holding what was written to it).
+
+        Raises
+        ------
+        OSError
+            A write or sync failed (nothing references the objects).
+        """
         for path, parts in objects.items():
             self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
         for stream in streams:
@@ -177,7 +484,33 @@ class Storage(abc.ABC):
         self.sync_dirs([*objects, *(s.path for s in streams)])
 
     def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
-        """``prod(shape)`` items of an object from byte ``offset`` as an array (memory-mapped where possible)."""
+        """``prod(shape)`` items of an object from byte ``offset`` as an array.
+
+        Memory-mapped where the backend has local files; read whole otherwise.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        dtype : numpy.dtype
+            The items' dtype.
+        shape : tuple of int
+            The array's shape.
+        offset : int, optional
+            Byte offset of the first item.
+
+        Returns
+        -------
+        numpy.ndarray
+            The items (read-only where memory-mapped).
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        ValueError
+            The object is shorter than the items asked for.
+        """
         count = int(np.prod(shape))
         if count == 0:
             return np.zeros(shape, dtype=dtype)
@@ -188,7 +521,18 @@ class Storage(abc.ABC):
         return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes stored under ``prefix`` (recursively)."""
+        """Bytes stored under ``prefix`` (recursively).
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
         total = 0
         for name in self.list(prefix):
             path = f"{prefix}/{name}" if prefix else name
@@ -196,15 +540,52 @@ class Storage(abc.ABC):
         return total
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes of the objects under ``prefix`` as their sizes say (equal to :meth:`total_size`
-        where objects cannot be sparse)."""
+        """Bytes of the objects under ``prefix`` as their sizes say.
+
+        Equal to :meth:`total_size` where objects cannot be sparse.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
         return self.total_size(prefix)
 
     @abc.abstractmethod
-    def is_dir(self, path: str) -> bool: ...
+    def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a prefix (directory) of objects.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether ``path`` is a prefix (directory) of objects.
+        """
 
     def delete_objects(self, paths: list[str]) -> None:
-        """Remove these objects (not prefixes); absent ones are ignored. Backends may batch the requests."""
+        """Remove these objects (not prefixes); absent ones are ignored.
+
+        Backends may batch the requests.
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Raises
+        ------
+        OSError
+            A delete failed.
+        """
         for path in paths:
             self.delete(path)
 
@@ -212,6 +593,21 @@ class Storage(abc.ABC):
         """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
 
         This default serves backends with a local path (``local_path``); others override it.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        list of ObjectInfo
+            Sorted by path.
+
+        Raises
+        ------
+        NotImplementedError
+            The backend cannot list objects with their times.
         """
         top = self.local_path(prefix)
         root = self.local_path("")

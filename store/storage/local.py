@@ -1,5 +1,8 @@
-"""Storage on a local filesystem: a directory; create-if-absent by link(2); every write and
-directory entry made durable with fsync."""
+"""Storage on a local filesystem.
+
+A directory; create-if-absent by link(2); every write and directory entry made durable with
+fsync.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_l
 
 
 def _raise_open_file_limit() -> None:
-    """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
-    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment."""
+    """Lift the soft open-file limit to the hard one.
+
+    Each memory map holds a descriptor (CPython's mmap keeps a dup), and a reader maps one
+    object per column and fragment.
+    """
     try:
         import resource
 
@@ -38,8 +44,10 @@ def _file_kind(mode: int) -> str:
 
 
 class _FileStream(ObjectStream):
-    """A local file written as the pieces come (into the page cache; the fsync at completion
-    writes it back): for writing from memory maps (merges) without a copy."""
+    """A local file written as the pieces come (into the page cache; the fsync at completion writes it back).
+
+    For writing from memory maps (merges) without a copy.
+    """
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
@@ -70,11 +78,20 @@ class _FileStream(ObjectStream):
 class LocalStorage(Storage):
     """A directory on a local filesystem. Commit records use link(2) for create-if-absent.
 
-    Durability of directory entries: a handle fsyncs a directory when it created an entry in
-    it since its last fsync of it started (``_dirty``), or when a directory on the way to a
-    written object is not known to have a durable entry in its parent (``_durable``: those
-    whose parent this handle fsynced after seeing them). The store root and the levels above
-    a fragment are therefore fsynced once per handle, not on every commit.
+    Durability of directory entries: a handle fsyncs a directory when it created
+    an entry in it since its last fsync of it started (``_dirty``), or when a
+    directory on the way to a written object is not known to have a durable
+    entry in its parent (``_durable``: those whose parent this handle fsynced
+    after seeing them). The store root and the levels above a fragment are
+    therefore fsynced once per handle, not on every commit. Every path is
+    checked to stay under the root (:class:`UnsafeNameError` otherwise).
+    Construction touches nothing on disk but lifts the soft open-file limit to
+    the hard one (each memory map holds a descriptor).
+
+    Parameters
+    ----------
+    root : str
+        The store's directory (need not exist yet).
     """
 
     def __init__(self, root: str) -> None:
@@ -87,9 +104,12 @@ class LocalStorage(Storage):
         _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
-        """The file of ``path``, a '/'-separated path relative to the root. Refuses (with
-        :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL,
-        whatever the caller: nothing a store names can point above its root. Cost: a split."""
+        """The file of ``path``, a '/'-separated path relative to the root.
+
+        Refuses (with :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..``
+        component and NUL, whatever the caller: nothing a store names can point above its root.
+        Cost: a split.
+        """
         if not path:
             return self.root
         parts = path.rstrip("/").split("/")
@@ -99,10 +119,12 @@ class LocalStorage(Storage):
         return os.path.join(self.root, *parts)
 
     def _inside(self, path: str, follow_last: bool = True) -> str:
-        """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
-        every write, delete and data read (a link planted in a store cannot redirect them).
+        """:meth:`_p`, checked also to stay under the root once symbolic links are followed.
+
+        For every write, delete and data read (a link planted in a store cannot redirect them).
         ``follow_last=False`` checks only the directories on the way (a delete removes a link
-        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component)."""
+        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component).
+        """
         full = self._p(path)
         real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
         if real != self.real_root and not real.startswith(self.real_root + os.sep):
@@ -110,13 +132,60 @@ class LocalStorage(Storage):
         return full
 
     def read(self, path: str) -> bytes:
-        """The whole file; CorruptObjectError, without reading, where ``path`` is not a regular
-        file (a FIFO, a device, a directory, a symlink to one): it is opened non-blocking and
-        checked with ``fstat`` first, so a FIFO never blocks and ``/dev/zero`` is never read."""
+        """The whole file; refused unread where ``path`` is not a regular file.
+
+        Not a regular file: a FIFO, a device, a directory, a symlink to one. It is
+        opened non-blocking and checked with ``fstat`` first, so a FIFO never blocks
+        and ``/dev/zero`` is never read.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bytes
+            The whole object.
+
+        Raises
+        ------
+        CorruptObjectError
+            ``path`` is not a regular file (refused unread).
+        FileNotFoundError
+            The object is absent.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return self.read_capped(path, None)
 
     def read_capped(self, path: str, limit: int | None) -> bytes:
-        """:meth:`read`, refused before reading where the file is over ``limit`` bytes."""
+        """:meth:`read`, refused before reading where the file is over ``limit`` bytes.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        limit : int or None
+            The most bytes accepted (None: no limit).
+
+        Returns
+        -------
+        bytes
+            The whole object.
+
+        Raises
+        ------
+        CorruptObjectError
+            ``path`` is not a regular file, or is larger than ``limit`` bytes (refused
+            unread).
+        FileNotFoundError
+            The object is absent.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with open(fd, "rb", closefd=True) as f:
             st = os.fstat(fd)
@@ -154,8 +223,9 @@ class LocalStorage(Storage):
         self._entry_made(parent)
 
     def _unsynced(self, paths: Iterable[str]) -> list[tuple[str, int, list[str]]]:
-        """The directories to fsync so that every entry from the root down to each of ``paths``
-        is durable: ``(directory, its dirty count now, its children to remember as durable)``.
+        """The directories to fsync so that every entry from the root down to each of ``paths`` is durable.
+
+        ``(directory, its dirty count now, its children to remember as durable)``.
 
         Counts are read after the entries were created, so an fsync that starts later covers
         them; an entry created concurrently after the read keeps its directory dirty.
@@ -193,18 +263,78 @@ class LocalStorage(Storage):
         self._entry_made(os.path.dirname(full))
 
     def write(self, path: str, data: bytes | memoryview) -> None:
+        """Write a data object durably (it is never referenced before this returns).
+
+        See :meth:`Storage.write`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Raises
+        ------
+        OSError
+            The write failed (nothing references the object).
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         full = self._inside(path)
         self._makedirs(os.path.dirname(full))
         self._write_synced(full, data)
 
     def open_stream(self, path: str) -> ObjectStream:
+        """A local file written as the pieces come (no copy).
+
+        Complete only once passed to :meth:`write_objects`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        ObjectStream
+            The stream.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return _FileStream(self, path)
 
     def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
-        """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
-        (sparse where the filesystem allows) and return read-write descriptors of them; durable,
-        with their directory entries, once passed to :meth:`write_objects` as ``created``.
-        On error the files created are closed and removed."""
+        """Create files of given sizes that read as zeros, and return read-write descriptors of them.
+
+        Sparse where the filesystem allows; durable, with their directory entries,
+        once passed to :meth:`write_objects` as ``created``. On error the files
+        created are closed and removed.
+
+        Parameters
+        ----------
+        sizes : mapping of str to int
+            Path of each file (none may exist) to its size in bytes.
+
+        Returns
+        -------
+        dict of str to int
+            Path to an open descriptor.
+
+        Raises
+        ------
+        FileExistsError
+            A file exists already.
+        UnsafeNameError
+            A path leaves the store root.
+        OSError
+            Creating a file failed (a full disk, for instance).
+        """
         fds: dict[str, int] = {}
         try:
             for path, size in sizes.items():
@@ -224,12 +354,32 @@ class LocalStorage(Storage):
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
                       created: Mapping[str, int] | None = None) -> None:
-        """Hand each file stream's fsync to a thread pool, write each buffered stream and object
-        and hand its fsync over at once (the disk writes it back while the next ones are
-        written), then fsync the directories whose entries are not yet durable (see the class)
-        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
-        where one after another paid a commit each. Nothing is referenced before this returns.
-        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too."""
+        """Write objects and complete streams with concurrent fsyncs; durable when this returns.
+
+        Hand each file stream's fsync to a thread pool, write each buffered stream
+        and object and hand its fsync over at once (the disk writes it back while
+        the next ones are written), then fsync the directories whose entries are not
+        yet durable (see the class) the same way; returns when every fsync has.
+        Concurrent fsyncs share journal commits, where one after another paid a
+        commit each. Nothing is referenced before this returns.
+
+        Parameters
+        ----------
+        objects : mapping of str to sequence of Buffer
+            Object path to the buffers it concatenates.
+        streams : sequence of ObjectStream, optional
+            Streams to complete (each holding what was written to it).
+        created : mapping of str to int, optional
+            Files made by :meth:`create_sized` (path -> descriptor), made durable too.
+
+        Raises
+        ------
+        OSError
+            A write or sync failed (nothing references the objects).
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         pool = self._fsync_pool()
         files: list[Any] = []
         created = created or {}
@@ -282,22 +432,89 @@ class LocalStorage(Storage):
         self._synced(directory, count, children)
 
     def sync_dirs(self, paths: list[str]) -> None:
-        """Make the directory entries of written ``paths`` durable: their directories and the
-        directories above them up to the root, where this handle has not already (see the class).
+        """Make the directory entries of written ``paths`` durable.
 
-        A write may have created directories (a fragment's, its arrays'): the entry of each new
-        directory lives in its parent, so the parents must be synced too, or a power loss after
-        the commit record is durable could still lose the data it references.
+        Their directories and the directories above them up to the root, where this
+        handle has not already (see the class). A write may have created directories
+        (a fragment's, its arrays'): the entry of each new directory lives in its
+        parent, so the parents must be synced too, or a power loss after the commit
+        record is durable could still lose the data it references.
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Raises
+        ------
+        OSError
+            An fsync failed.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
         """
         self._sync_entries(paths)
 
     def create(self, path: str, data: bytes) -> bool:
+        """Create ``path`` atomically and durably if absent.
+
+        See :meth:`Storage.create`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Returns
+        -------
+        bool
+            True if created; False (writing nothing) if it exists.
+
+        Raises
+        ------
+        OSError
+            The create failed (nothing was created).
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return self.create_after(path, data, ())
 
     def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
-        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
-        (concurrently with the new file's own fsync: one journal commit can cover both) and
-        ``check()`` has returned (it may raise: then nothing is created)."""
+        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``-ed.
+
+        The fdatasyncs run concurrently with the new file's own fsync (one journal
+        commit can cover both), and ``check()`` must have returned (it may raise:
+        then nothing is created). The file is written under a temporary name and
+        published by ``link(2)``, atomic and failing if the name exists.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+        fds : sequence of int
+            Descriptors to ``fdatasync`` first.
+        check : callable, optional
+            Called after the syncs, before publishing.
+
+        Returns
+        -------
+        bool
+            True if created; False (writing nothing) if it exists.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` leaves the store root.
+        OSError
+            A write or sync failed (nothing was created).
+        Exception
+            Whatever ``check`` raises (nothing was created).
+        """
         full = self._inside(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
@@ -327,19 +544,83 @@ class LocalStorage(Storage):
             self._sync_entries([path])
 
     def exists(self, path: str) -> bool:
+        """Whether an object exists at ``path``.
+
+        See :meth:`Storage.exists`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether an object (or a prefix) exists at ``path``.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return os.path.exists(self._p(path))
 
     def list(self, prefix: str) -> list[str]:
+        """Names (not paths) directly under ``prefix``; empty if none.
+
+        See :meth:`Storage.list`.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        list of str
+            Sorted names (temporary ``.tmp-`` names left out).
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         try:
             return sorted(n for n in os.listdir(self._p(prefix)) if not n.startswith(".tmp-"))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
-        """Where the filesystem counts a directory's subdirectories in its link count (2 + their
-        number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an unchanged count means none
-        came or went: the directory is stat'ed first, then listed, and the count is a token only if
-        it matches the listing (a subdirectory made in between shows as a change next time)."""
+        """``(list(prefix), token)``, or ``(None, token)`` where no subdirectory came or went.
+
+        Where the filesystem counts a directory's subdirectories in its link count
+        (2 + their number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an
+        unchanged count means none came or went: the directory is stat'ed first,
+        then listed, and the count is a token only if it matches the listing (a
+        subdirectory made in between shows as a change next time).
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+        token : object
+            What the previous call returned (None: none).
+
+        Returns
+        -------
+        names : list of str or None
+            The listing, or None where nothing changed.
+        token : object
+            Pass to the next call.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         full = self._p(prefix)
         try:
             links = os.stat(full).st_nlink
@@ -356,6 +637,23 @@ class LocalStorage(Storage):
         return sorted(n for n, _ in entries if not n.startswith(".tmp-")), (links if links == dirs + 2 else None)
 
     def delete(self, path: str) -> None:
+        """Remove an object or, recursively, a prefix; absent paths are ignored.
+
+        See :meth:`Storage.delete`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Raises
+        ------
+        OSError
+            A delete failed.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         import shutil
 
         full = self._inside(path, follow_last=False)
@@ -373,11 +671,51 @@ class LocalStorage(Storage):
                 pass
 
     def size(self, path: str) -> int:
+        """The size of object ``path`` in bytes.
+
+        See :meth:`Storage.size`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        int
+            The object's size in bytes.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return os.path.getsize(self._p(path))
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` occupy on disk (allocated blocks: a segment's chunk
-        files are sparse past what was written)."""
+        """Bytes the files under ``prefix`` occupy on disk.
+
+        Allocated blocks: a segment's chunk files are sparse past what was written.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        int
+            Bytes.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
             for name in files:
@@ -388,8 +726,27 @@ class LocalStorage(Storage):
         return total
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` hold by their sizes (``st_size``: a sparse file's
-        unwritten tail counts; :meth:`total_size` counts allocated blocks)."""
+        """Bytes the files under ``prefix`` hold by their sizes (``st_size``).
+
+        A sparse file's unwritten tail counts; :meth:`total_size` counts allocated
+        blocks.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        int
+            Bytes.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
             for name in files:
@@ -400,7 +757,47 @@ class LocalStorage(Storage):
         return total
 
     def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a prefix (directory) of objects.
+
+        See :meth:`Storage.is_dir`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether ``path`` is a prefix (directory) of objects.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return os.path.isdir(self._p(path))
 
     def local_path(self, path: str) -> str | None:
+        """The file of ``path`` under the store root (for memory-mapping).
+
+        See :meth:`Storage.local_path`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        str or None
+            The file's path, or None for backends without local files.
+
+        Raises
+        ------
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
         return self._inside(path)

@@ -17,8 +17,11 @@ _MEMORY_LOCK = threading.RLock()
 
 
 def _new_memory_lock() -> None:
-    """In a forked child (a DataLoader worker, say) no thread holds the lock: a parent thread
-    inside a ``memory://`` call at the fork would otherwise leave the child's copy held forever."""
+    """In a forked child (a DataLoader worker, say) no thread holds the lock.
+
+    A parent thread inside a ``memory://`` call at the fork would otherwise leave the child's
+    copy held forever.
+    """
     global _MEMORY_LOCK
     _MEMORY_LOCK = threading.RLock()
 
@@ -34,10 +37,12 @@ PROBE_PREFIX = ".tmp-create-probe-"
 
 
 class _Serialized:
-    """An fsspec filesystem whose every call runs under one lock. fsspec's ``memory://`` keeps
-    all files in one process-wide dict and walks it unlocked (``find``, ``rm``, ``ls``); a
-    thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk
-    raise "dictionary changed size during iteration"."""
+    """An fsspec filesystem whose every call runs under one lock.
+
+    The ``memory://`` of fsspec keeps all files in one process-wide dict and walks it unlocked
+    (``find``, ``rm``, ``ls``); a thread writing meanwhile (a writer's I/O threads, a
+    DataLoader's) can make that walk raise "dictionary changed size during iteration".
+    """
 
     def __init__(self, fs: Any) -> None:
         self._fs = fs
@@ -57,14 +62,20 @@ _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
 
 
 def _is_client_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from the S3 client stack untranslated (s3fs turns S3's own error
-    responses into ``OSError`` subclasses, but not missing credentials or connection failures)."""
+    """Whether ``exc`` comes from the S3 client stack untranslated.
+
+    s3fs turns S3's own error responses into ``OSError`` subclasses, but not missing
+    credentials or connection failures.
+    """
     return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
 
 
 class _Translated:
-    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` (an ``OSError``)
-    for client-side failures that s3fs lets through as botocore or aiohttp exceptions."""
+    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` for client-side failures.
+
+    An ``OSError``, for the failures that s3fs lets through as botocore or aiohttp
+    exceptions.
+    """
 
     def __init__(self, fs: Any, url: str) -> None:
         self._fs = fs
@@ -90,11 +101,29 @@ class _Translated:
 
 
 class FsspecStorage(Storage):
-    """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
-    (``If-None-Match: *``, checked to be honoured before the first create through an
-    endpoint); ``memory://`` checks and writes under the process lock that every
-    ``memory://`` call takes (it is process-local anyway). Any other fsspec filesystem is
-    refused with StorageError when opened."""
+    """``s3://`` and ``memory://`` through fsspec.
+
+    Create-if-absent: S3 conditional PUT (``If-None-Match: *``, checked to be
+    honoured before the first create through an endpoint); ``memory://`` checks
+    and writes under the process lock that every ``memory://`` call takes (it is
+    process-local anyway). Any other fsspec filesystem is refused. S3 listings
+    are never cached (the format trusts no listing that may be stale), and S3
+    client errors are raised as :class:`StorageUnavailableError`.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/prefix`` or ``memory://...``.
+    storage_options : mapping, optional
+        Passed to fsspec (e.g. ``key``, ``secret``, ``endpoint_url``).
+
+    Raises
+    ------
+    StorageURLError
+        The filesystem's package is not installed, or the options are not accepted.
+    StorageError
+        The fsspec filesystem offers no known create-if-absent primitive.
+    """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
@@ -128,12 +157,72 @@ class FsspecStorage(Storage):
         return f"{self.root}/{path}" if path else self.root
 
     def read(self, path: str) -> bytes:
+        """The whole object ``path``.
+
+        See :meth:`Storage.read`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bytes
+            The whole object.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         return self.fs.cat_file(self._p(path))
 
     def download(self, path: str, local: str) -> None:
+        """Write the object to the local file ``local``.
+
+        See :meth:`Storage.download`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        local : str
+            The local file to write.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         self.fs.get_file(self._p(path), local)  # s3fs: one GET, the body copied in 64 KiB pieces
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
+        """Each object whole, None where absent; read concurrently.
+
+        See :meth:`Storage.read_many`.
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Returns
+        -------
+        list of bytes or None
+            Each object whole, None where absent.
+
+        Raises
+        ------
+        OSError
+            Any error but absence.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         if len(paths) < 2:
             return super().read_many(paths)
         full = [self._p(p) for p in paths]
@@ -150,9 +239,50 @@ class FsspecStorage(Storage):
         return out
 
     def write(self, path: str, data: bytes | memoryview) -> None:
+        """Write a data object durably (it is never referenced before this returns).
+
+        See :meth:`Storage.write`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Raises
+        ------
+        OSError
+            The write failed (nothing references the object).
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         self.fs.pipe_file(self._p(path), bytes(data))
 
     def create(self, path: str, data: bytes) -> bool:
+        """Create ``path`` atomically and durably if absent.
+
+        See :meth:`Storage.create`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+
+        Returns
+        -------
+        bool
+            True if created; False (writing nothing) if it exists.
+
+        Raises
+        ------
+        OSError
+            The create failed (nothing was created).
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         full = self._p(path)
         if self._create_mode == "lock":
             with _MEMORY_LOCK:
@@ -164,12 +294,21 @@ class FsspecStorage(Storage):
         return self._conditional_put(full, data)
 
     def check_create(self) -> None:
-        """Refuse an S3-API endpoint that ignores ``If-None-Match: *`` (checked once per endpoint and bucket).
+        """Refuse an S3-API endpoint that ignores ``If-None-Match: *``.
 
-        Before the first create-if-absent through an endpoint, create a fresh probe
-        object twice: the second create must fail. A server that overwrites instead
-        would let two writers both take one commit number (one commit lost), so the
-        store is refused with StorageError before anything else is created.
+        Checked once per endpoint and bucket: before the first create-if-absent
+        through an endpoint, create a fresh probe object twice: the second create
+        must fail. A server that overwrites instead would let two writers both take
+        one commit number (one commit lost), so the store is refused before anything
+        else is created.
+
+        Raises
+        ------
+        StorageError
+            The storage does not honour create-if-absent.
+        StorageError
+            An S3-API endpoint ignores ``If-None-Match: *``, or a conditional create kept
+            answering 409.
         """
         if self._create_mode != "conditional-put":
             return
@@ -227,9 +366,47 @@ class FsspecStorage(Storage):
             return False
 
     def exists(self, path: str) -> bool:
+        """Whether an object exists at ``path``.
+
+        See :meth:`Storage.exists`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether an object (or a prefix) exists at ``path``.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         return self.fs.exists(self._p(path))
 
     def list(self, prefix: str) -> list[str]:
+        """Names (not paths) directly under ``prefix``; empty if none.
+
+        See :meth:`Storage.list`.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        list of str
+            Sorted names (temporary ``.tmp-`` names left out).
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         full = self._p(prefix)
         try:
             entries = self.fs.ls(full, detail=False, refresh=True) if self._create_mode != "lock" \
@@ -241,6 +418,22 @@ class FsspecStorage(Storage):
         return sorted(n for n in names if not n.startswith(".tmp-"))
 
     def delete(self, path: str) -> None:
+        """Remove an object or, recursively, a prefix; absent paths are ignored.
+
+        See :meth:`Storage.delete`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Raises
+        ------
+        OSError
+            A delete failed.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         full = self._p(path)
         try:
             if self.fs.isdir(full):
@@ -251,13 +444,66 @@ class FsspecStorage(Storage):
             pass
 
     def size(self, path: str) -> int:
+        """The size of object ``path`` in bytes.
+
+        See :meth:`Storage.size`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        int
+            The object's size in bytes.
+
+        Raises
+        ------
+        FileNotFoundError
+            The object is absent.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         return int(self.fs.size(self._p(path)))
 
     def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a prefix (directory) of objects.
+
+        See :meth:`Storage.is_dir`.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        bool
+            Whether ``path`` is a prefix (directory) of objects.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         return bool(self.fs.isdir(self._p(path)))
 
     def delete_objects(self, paths: list[str]) -> None:
-        """One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list)."""
+        """One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list).
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Raises
+        ------
+        OSError
+            A delete failed.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         if paths:
             try:
                 self.fs.rm([self._p(p) for p in paths])
@@ -265,12 +511,48 @@ class FsspecStorage(Storage):
                 pass
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes stored under ``prefix``: the sizes one recursive listing reports (S3: one ``LIST``
-        per 1000 objects), so an object deleted meanwhile (a compaction's originals) is no error."""
+        """Bytes stored under ``prefix``: the sizes one recursive listing reports.
+
+        S3: one ``LIST`` per 1000 objects, so an object deleted meanwhile (a
+        compaction's originals) is no error.
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        int
+            Bytes.
+
+        Raises
+        ------
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         return sum(o.size for o in self.walk(prefix))
 
     def walk(self, prefix: str = "") -> list[ObjectInfo]:
-        """Every object under ``prefix`` with its size and modification time (S3: LastModified)."""
+        """Every object under ``prefix`` with its size and modification time (S3: LastModified).
+
+        Parameters
+        ----------
+        prefix : str
+            A path prefix ('' for the root).
+
+        Returns
+        -------
+        list of ObjectInfo
+            Sorted by path.
+
+        Raises
+        ------
+        NotImplementedError
+            The backend cannot list objects with their times.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
         full = self._p(prefix)
         if self._create_mode != "lock":
             self.fs.invalidate_cache(full)

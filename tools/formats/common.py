@@ -1,9 +1,10 @@
-"""What the episode formats (Minari, D4RL) share: the field mapping, bounded per-stream reading,
-episode assembly, ragged-id masks, progress bars.
+"""What the episode formats (Minari, D4RL) share.
+
+The field mapping, bounded per-stream reading, episode assembly, ragged-id masks, progress bars.
 
 Reading is per stream, in step order, ``chunk`` records at a time (``Table.read`` of that
-stream's row ids), so memory holds one chunk plus — for Minari — the episode being built,
-never a whole table. See docs/EXPORT.md for the mapping each format uses.
+stream's row ids), so memory holds one chunk plus — for Minari — the episode being built, never
+a whole table. See docs/EXPORT.md for the mapping each format uses.
 """
 
 from __future__ import annotations
@@ -30,13 +31,41 @@ RESERVED_INFOS = ("stream", "step", "reset")
 
 
 def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec") -> tqdm:
-    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal."""
+    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal.
+
+    Parameters
+    ----------
+    total : int, optional
+        Expected count (None: unknown).
+    desc : str
+        Label.
+    enabled : bool
+        Whether the caller asked for progress.
+    unit : str, optional
+        Unit name.
+
+    Returns
+    -------
+    tqdm.tqdm
+        The bar (disabled when not shown); use it as a context manager.
+    """
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
                 disable=not (enabled and sys.stderr.isatty()))
 
 
 def record_bytes(schema: Schema) -> int:
-    """An estimate of one record's size in memory (ragged fields: a few values each)."""
+    """An estimate of one record's size in memory (ragged fields: a few values each).
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    int
+        Bytes, at least 1.
+    """
     total = 0
     for f in schema.fields:
         if isinstance(f, Dense):
@@ -47,7 +76,25 @@ def record_bytes(schema: Schema) -> int:
 
 
 def chunk_rows(schema: Schema, batch_rows: int | None = None) -> int:
-    """Records per read: ``batch_rows`` if given, else about TARGET_CHUNK_BYTES worth."""
+    """Records per read: ``batch_rows`` if given, else about TARGET_CHUNK_BYTES worth.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    batch_rows : int, optional
+        An explicit count.
+
+    Returns
+    -------
+    int
+        Records per read (between MIN_CHUNK_ROWS and MAX_CHUNK_ROWS unless given).
+
+    Raises
+    ------
+    StoreError
+        ``batch_rows`` is not a positive int.
+    """
     if batch_rows is not None:
         if not isinstance(batch_rows, int) or batch_rows <= 0:
             raise StoreError(f"batch_rows: expected a positive int, got {batch_rows!r}")
@@ -56,6 +103,25 @@ def chunk_rows(schema: Schema, batch_rows: int | None = None) -> int:
 
 
 def pick_table(store: Any, table: str | None) -> Table:
+    """The table an episode format exports: the one named, or the store's only one.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    table : str, optional
+        The table's name.
+
+    Returns
+    -------
+    Table
+        The table.
+
+    Raises
+    ------
+    StoreError
+        No table was named and the store has several (or an unknown table).
+    """
     if table is not None:
         return store.table(table)
     if len(store.tables) != 1:
@@ -64,6 +130,18 @@ def pick_table(store: Any, table: str | None) -> Table:
 
 
 def require_h5py() -> Any:
+    """Import h5py, or say how to install it.
+
+    Returns
+    -------
+    module
+        The ``h5py`` module.
+
+    Raises
+    ------
+    StoreError
+        h5py is not installed (``pip install 'replaystore[export]'``).
+    """
     try:
         import h5py
     except ImportError:
@@ -72,12 +150,41 @@ def require_h5py() -> Any:
 
 
 def mask_name(name: str) -> str:
-    """Where a ragged id field goes as a mask: ``legal_ids`` -> ``legal_mask``."""
+    """Where a ragged id field goes as a mask: ``legal_ids`` -> ``legal_mask``.
+
+    Parameters
+    ----------
+    name : str
+        The ragged field's name.
+
+    Returns
+    -------
+    str
+        The mask's name.
+    """
     return name.removesuffix("_ids") + "_mask"
 
 
 def action_count(schema: Schema, name: str) -> int | None:
-    """The declared action count for an id field: its ``id_bound`` or the schema's ``actions``."""
+    """The declared action count for an id field: its ``id_bound`` or the schema's ``actions``.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    name : str
+        The field's name.
+
+    Returns
+    -------
+    int or None
+        The count, or None when neither is declared.
+
+    Raises
+    ------
+    SchemaError
+        The schema has no field ``name``.
+    """
     f = schema.field(name)
     bound = getattr(f, "id_bound", None)
     if bound:
@@ -93,13 +200,26 @@ def action_count(schema: Schema, name: str) -> int | None:
 class StepMapping:
     """Which fields of a schema are the observation, action, reward and episode-end flags.
 
-    * schemas with ``terminated`` (transitions, episode, rollout): terminations = ``terminated``,
-      truncations = ``truncated`` (when the schema has it), an episode ends at either;
+    * schemas with ``terminated`` (transitions, episode, rollout): terminations =
+      ``terminated``, truncations = ``truncated`` (when the schema has it), an
+      episode ends at either;
     * schemas with ``dones`` (dqn): an episode ends at ``dones``; terminations =
       ``dones & ~can_bootstrap``, truncations = ``dones & can_bootstrap``.
 
-    Every other per-record field is an *extra* (Minari ``infos``, D4RL ``infos/*``); ragged
-    integer id fields become boolean masks of width ``actions`` (see :class:`Extra`).
+    Every other per-record field is an *extra* (Minari ``infos``, D4RL
+    ``infos/*``); ragged integer id fields become boolean masks of width
+    ``actions`` (see :class:`Extra`). Build one with :func:`step_mapping`.
+
+    Attributes
+    ----------
+    schema : Schema
+        The table's schema.
+    obs, next_obs, action, reward : str
+        The main fields' names.
+    terminated, truncated, dones, can_bootstrap : str or None
+        The flag fields' names, where the schema has them.
+    extras : list of Extra
+        The other per-record fields.
     """
 
     schema: Schema
@@ -115,6 +235,7 @@ class StepMapping:
 
     @property
     def main(self) -> set[str]:
+        """The names of the main fields (observation, action, reward, flags)."""
         names = {self.obs, self.action, self.reward, self.terminated, self.truncated}
         return {n for n in names if n}
 
@@ -124,7 +245,18 @@ class StepMapping:
         return self.truncated is not None
 
     def flags(self, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(terminations, truncations, episode ends)`` of a chunk of records."""
+        """``(terminations, truncations, episode ends)`` of a chunk of records.
+
+        Parameters
+        ----------
+        data : dict of str to numpy.ndarray
+            The chunk, as :func:`convert` returns it.
+
+        Returns
+        -------
+        terminations, truncations, ends : numpy.ndarray
+            Bool per record.
+        """
         if self.terminated is not None:
             term = data[self.terminated].astype(bool)
             trunc = data[self.truncated].astype(bool) if self.truncated else np.zeros(len(term), bool)
@@ -137,7 +269,21 @@ class StepMapping:
 
 @dataclass
 class Extra:
-    """A per-record field exported beside the main ones: ``kind`` is "dense" or "mask"."""
+    """A per-record field exported beside the main ones.
+
+    Attributes
+    ----------
+    name : str
+        The schema field.
+    key : str
+        The exported name.
+    kind : str
+        ``"dense"`` or ``"mask"``.
+    width : int, optional
+        Mask width (the action count), for masks.
+    offsets : str, optional
+        The ragged field's offsets name, for masks.
+    """
 
     name: str
     key: str
@@ -151,7 +297,29 @@ def _first(schema: Schema, *names: str) -> str | None:
 
 
 def step_mapping(schema: Schema, fmt: str) -> StepMapping:
-    """The mapping of ``schema`` for format ``fmt``, or a StoreError naming what is missing."""
+    """The mapping of ``schema`` for format ``fmt``.
+
+    Ragged fields that cannot become a mask (not integer ids, or no declared
+    action count) are left out with a warning.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    fmt : str
+        The format's name, for messages (``"Minari"``, ``"D4RL"``).
+
+    Returns
+    -------
+    StepMapping
+        The mapping.
+
+    Raises
+    ------
+    StoreError
+        The schema lacks obs, next_obs, action(s), reward(s) or terminated/dones,
+        or a field clashes with the exported stream index names.
+    """
     obs, next_obs = _first(schema, "obs"), _first(schema, "next_obs")
     action, reward = _first(schema, "action", "actions"), _first(schema, "reward", "rewards")
     term, dones = _first(schema, "terminated"), _first(schema, "dones")
@@ -189,8 +357,28 @@ def step_mapping(schema: Schema, fmt: str) -> StepMapping:
 
 
 def convert(m: StepMapping, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A chunk as read (dense arrays, CSR values + offsets) -> one array per exported name,
-    all shaped ``(records, ...)``: main fields under their own names, extras under their keys."""
+    """A chunk as read (dense arrays, CSR values + offsets) -> one array per exported name.
+
+    All arrays are shaped ``(records, ...)``: main fields under their own names,
+    extras under their keys (ragged ids as dense bool masks).
+
+    Parameters
+    ----------
+    m : StepMapping
+        The mapping.
+    raw : dict of str to numpy.ndarray
+        The chunk as ``Table.read`` returns it.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Exported name to array.
+
+    Raises
+    ------
+    StoreError
+        A ragged id lies outside ``[0, width)`` of its mask.
+    """
     out = {n: raw[n] for n in (m.obs, m.next_obs, m.action, m.reward, m.terminated, m.truncated, m.dones,
                                 m.can_bootstrap) if n}
     for e in m.extras:
@@ -212,9 +400,21 @@ def convert(m: StepMapping, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 class Chunk:
     """Consecutive records of one stream, in step order, with their episode flags.
 
-    ``close[i]``: record i is the last of its episode (an end flag, or the next record starts
-    a new episode at a reset or step gap, or the stream ends). ``trunc`` includes the *cut*
-    episodes: closed without an end flag.
+    Attributes
+    ----------
+    stream : Any
+        The stream key.
+    steps, resets : numpy.ndarray
+        Per record: its step and whether it is a reset.
+    data : dict of str to numpy.ndarray
+        The records, as :func:`convert` returns them.
+    term, trunc : numpy.ndarray
+        Per record: terminated, and truncated (including the *cut* episodes:
+        closed without an end flag).
+    close : numpy.ndarray
+        ``close[i]``: record i is the last of its episode (an end flag, or the
+        next record starts a new episode at a reset or step gap, or the stream
+        ends).
     """
 
     stream: Any
@@ -226,18 +426,54 @@ class Chunk:
     close: np.ndarray
 
     def __len__(self) -> int:
+        """The number of records."""
         return len(self.steps)
 
 
 def stream_index(table: Table, stream: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, steps, resets)`` of a stream in step order, from the in-memory index (no data read)."""
+    """``(rows, steps, resets)`` of a stream in step order, from the in-memory index (no data read).
+
+    Parameters
+    ----------
+    table : Table
+        The table.
+    stream : Any
+        A stream key of the table.
+
+    Returns
+    -------
+    rows, steps, resets : numpy.ndarray
+        Per record of the stream, in step order.
+    """
     idx = table.reader.index
     lo, hi = idx.span(stream)
     return idx.rows[lo:hi], idx.steps[lo:hi], idx.resets[lo:hi]
 
 
 def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[Chunk]:
-    """Every visible record, stream by stream (``table.streams()`` order), step order inside."""
+    """Every visible record, stream by stream (``table.streams()`` order), step order inside.
+
+    Reads ``rows_per_chunk`` records at a time, so memory holds one chunk.
+
+    Parameters
+    ----------
+    table : Table
+        The table.
+    m : StepMapping
+        The mapping of its schema.
+    rows_per_chunk : int
+        Records per read.
+
+    Yields
+    ------
+    Chunk
+        Consecutive records of one stream.
+
+    Raises
+    ------
+    StoreError
+        A ragged id lies outside its mask (see :func:`convert`).
+    """
     table.reader.sync()
     for stream in table.streams():
         rows, steps, resets = stream_index(table, stream)
@@ -259,7 +495,19 @@ def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[C
 
 @dataclass
 class Episode:
-    """One exported episode: T records of one stream (steps ``first_step ..``), flags per step."""
+    """One exported episode: T records of one stream (steps ``first_step ..``), flags per step.
+
+    Attributes
+    ----------
+    stream : Any
+        The stream key.
+    first_step : int
+        Step of the first record.
+    data : dict of str to numpy.ndarray
+        The records, by exported name.
+    term, trunc : numpy.ndarray
+        Per step: terminated and truncated.
+    """
 
     stream: Any
     first_step: int
@@ -268,11 +516,23 @@ class Episode:
     trunc: np.ndarray
 
     def __len__(self) -> int:
+        """The number of steps."""
         return len(self.term)
 
 
 def iter_episodes(chunks: Iterator[Chunk]) -> Iterator[Episode]:
-    """Assemble episodes from step-ordered chunks (an episode may span chunks, never streams)."""
+    """Assemble episodes from step-ordered chunks (an episode may span chunks, never streams).
+
+    Parameters
+    ----------
+    chunks : iterator of Chunk
+        As :func:`iter_chunks` yields them.
+
+    Yields
+    ------
+    Episode
+        Each episode, in order.
+    """
     parts: list[tuple[Chunk, int, int]] = []
     for c in chunks:
         lo = 0
@@ -298,5 +558,16 @@ def _episode(parts: list[tuple[Chunk, int, int]]) -> Episode:
 
 
 def stream_key_json(key: Any) -> Any:
-    """A stream key as it goes into JSON/HDF5 attributes (int or str, type kept)."""
+    """A stream key as it goes into JSON/HDF5 attributes (int or str, type kept).
+
+    Parameters
+    ----------
+    key : Any
+        An int (numpy integers included) or str stream key.
+
+    Returns
+    -------
+    int or str
+        The key.
+    """
     return int(key) if isinstance(key, (int, np.integer)) else str(key)

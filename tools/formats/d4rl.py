@@ -49,7 +49,43 @@ def _local(path: str) -> Path:
 
 def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: bool = False,
                 batch_rows: int | None = None) -> dict[str, Any]:
-    """Write one table as a D4RL-style HDF5 file at ``out``."""
+    """Write one table as a D4RL-style HDF5 file at ``out``.
+
+    Datasets ``observations``, ``next_observations``, ``actions``, ``rewards``,
+    ``terminals``, ``timeouts``, the extras under ``infos/`` and the stream
+    index under ``infos/stream``, ``infos/step`` and ``infos/reset``
+    (docs/EXPORT.md). Reads each stream in step order a chunk (about 16 MiB of
+    records) at a time, so memory stays at a few chunks. A failed export removes
+    the file.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    out : str
+        A local path (or ``file://`` URL) of a file that does not exist yet.
+    table : str, optional
+        The table to export; required when the store has several.
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    batch_rows : int, optional
+        Records per read (default: about 16 MiB worth).
+
+    Returns
+    -------
+    dict of str to Any
+        ``format``, ``path``, ``files``, ``records``, ``episodes`` and ``streams``.
+
+    Raises
+    ------
+    StoreError
+        h5py is not installed, ``out`` is not local or already exists, the
+        store has several tables and none was chosen, the schema has no step
+        fields (obs, next_obs, action(s), reward(s), terminated or dones) or a
+        field clashes with the stream index, a ragged id lies outside its mask,
+        ``batch_rows`` is not a positive int, or the table changed during the
+        export.
+    """
     h5py = require_h5py()
     t = pick_table(store, table)
     m = step_mapping(t.schema, "D4RL")
@@ -172,8 +208,41 @@ def _schema(f: Any) -> Schema:
 
 def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
                 batch_rows: int | None = None) -> Store:
-    """Create a store at ``url`` from a D4RL-style HDF5 file: an ``episode`` store when the file
-    has ``timeouts``, else a ``transitions`` store."""
+    """Create a store at ``url`` from a D4RL-style HDF5 file.
+
+    An ``episode`` store when the file has ``timeouts``, else a ``transitions``
+    store. A file written by :func:`export_d4rl` gets its streams, steps and
+    resets back; without ``next_observations``, timeout steps whose successor is
+    not in the file are left out, with a warning (as D4RL's
+    ``qlearning_dataset`` does). Reads a chunk of rows at a time and commits
+    every 64 MiB of appended data.
+
+    Parameters
+    ----------
+    src : str
+        A local path (or ``file://`` URL) of the HDF5 file.
+    url : str
+        Where to create the store (it must not exist yet).
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    storage_options : mapping, optional
+        Passed to the storage backend of ``url``.
+    batch_rows : int, optional
+        Records per read (default: about 16 MiB worth).
+
+    Returns
+    -------
+    Store
+        The new store, opened and refreshed.
+
+    Raises
+    ------
+    StoreError
+        h5py is not installed, ``src`` is not a local HDF5 file or lacks a
+        D4RL dataset, or ``batch_rows`` is not a positive int.
+    StoreExistsError
+        A store already exists at ``url``.
+    """
     h5py = require_h5py()
     path = _local(src)
     if not path.is_file():

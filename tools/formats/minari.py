@@ -65,7 +65,23 @@ COMMIT_BYTES = 64 << 20
 
 
 def box_space(dtype: np.dtype, shape: tuple[int, ...], bound: int | None = None) -> dict[str, Any]:
-    """A gymnasium Box as Minari serialises it (``low``/``high`` spelled out over the shape)."""
+    """A gymnasium Box as Minari serialises it (``low``/``high`` spelled out over the shape).
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+        The space's dtype.
+    shape : tuple of int
+        The space's shape.
+    bound : int, optional
+        For integer dtypes, the bounds are ``[0, bound - 1]`` (default: the
+        dtype's range).
+
+    Returns
+    -------
+    dict of str to Any
+        The JSON-ready space document.
+    """
     dtype = np.dtype(dtype)
     if dtype.kind == "f":
         low, high = -np.inf, np.inf
@@ -81,6 +97,18 @@ def box_space(dtype: np.dtype, shape: tuple[int, ...], bound: int | None = None)
 
 
 def discrete_space(n: int) -> dict[str, Any]:
+    """A gymnasium Discrete space of ``n`` actions as Minari serialises it.
+
+    Parameters
+    ----------
+    n : int
+        The number of actions.
+
+    Returns
+    -------
+    dict of str to Any
+        The JSON-ready space document.
+    """
     return {"type": "Discrete", "dtype": "int64", "start": 0, "n": int(n)}
 
 
@@ -103,6 +131,20 @@ def _is_image(space: dict[str, Any]) -> bool:
 
 
 def default_dataset_id(store: Store, table: str) -> str:
+    """The Minari dataset id an export uses when none is given: ``replaystore/<name>-v0``.
+
+    Parameters
+    ----------
+    store : Store
+        The store; ``<name>`` is its URL's last part, sanitised.
+    table : str
+        Fallback name when the URL has no last part.
+
+    Returns
+    -------
+    str
+        The dataset id.
+    """
     name = re.sub(r"[^-_\w]+", "_", os.path.basename(store.url.rstrip("/")) or table).strip("_") or "store"
     return f"replaystore/{name}-v0"
 
@@ -247,7 +289,44 @@ class _HDF5Writer:
 def export_minari(store: Store, out: str, *, table: str | None = None, dataset_id: str | None = None,
                   backend: str = "arrow", progress: bool = False, batch_rows: int | None = None,
                   ) -> dict[str, Any]:
-    """Write one table as the Minari dataset ``dataset_id`` under the datasets root ``out``."""
+    """Write one table as the Minari dataset ``dataset_id`` under the datasets root ``out``.
+
+    The files are written without importing minari; ``minari.load_dataset``
+    reads them (docs/EXPORT.md). Reads each stream in step order a chunk at a
+    time; memory is a few chunks plus the episode being assembled. A failed
+    export removes the dataset directory.
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    out : str
+        A local datasets root (or ``file://`` URL).
+    table : str, optional
+        The table to export; required when the store has several.
+    dataset_id : str, optional
+        ``(namespace/)name-v<version>``; default :func:`default_dataset_id`.
+    backend : {"arrow", "hdf5"}, optional
+        Minari's data format.
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    batch_rows : int, optional
+        Records per read (default: about 16 MiB worth).
+
+    Returns
+    -------
+    dict of str to Any
+        ``format``, ``path``, ``dataset_id``, ``files``, ``records``,
+        ``episodes`` and ``streams``.
+
+    Raises
+    ------
+    StoreError
+        A malformed dataset id, ``out`` not local or the dataset already
+        existing, h5py missing for ``"hdf5"``, the store has several tables and
+        none was chosen, the schema has no step fields, a ragged id lies outside
+        its mask, or ``batch_rows`` is not a positive int.
+    """
     t = pick_table(store, table)
     m = step_mapping(t.schema, "Minari")
     h5py = require_h5py() if backend == "hdf5" else None
@@ -316,7 +395,27 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
 
 
 def resolve_data_dir(src: str, dataset_id: str | None) -> Path:
-    """The ``data`` directory of a Minari dataset given as a path or an id (see import_store)."""
+    """The ``data`` directory of a Minari dataset given as a path or an id (see import_store).
+
+    Parameters
+    ----------
+    src : str
+        A dataset directory, its ``data`` directory, or a dataset id looked up
+        under ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``); with
+        ``dataset_id``, a datasets root.
+    dataset_id : str, optional
+        The dataset id, looked up under ``src``.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory holding ``metadata.json``.
+
+    Raises
+    ------
+    StoreError
+        No ``metadata.json`` in any of the candidate directories.
+    """
     src = src.removeprefix("file://")
     if dataset_id is not None:
         candidates = [Path(src) / dataset_id / "data"]
@@ -394,8 +493,11 @@ class _HDF5Reader:
 
 
 def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[Any, int]]:
-    """``(stream, first step)`` per episode: replaystore's own keys when every episode has them
-    and they are consistent (increasing, non-overlapping steps per stream), else one stream per episode."""
+    """``(stream, first step)`` per episode.
+
+    The keys replaystore wrote, when every episode has them and they are consistent (increasing,
+    non-overlapping steps per stream), else one stream per episode.
+    """
     plan: list[tuple[Any, int]] = []
     last: dict[Any, int] = {}
     for meta, n in zip(metas, lengths, strict=True):
@@ -411,7 +513,39 @@ def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[
 
 def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress: bool = False,
                   storage_options: Any = None) -> Store:
-    """Create an ``episode``-schema store at ``url`` from a Minari dataset (Arrow, Parquet or HDF5)."""
+    """Create an ``episode``-schema store at ``url`` from a Minari dataset (Arrow, Parquet or HDF5).
+
+    Each episode becomes steps of a stream (episodes a replaystore export wrote
+    go back to their streams and steps); read an episode at a time, committed
+    every 64 MiB of appended data.
+
+    Parameters
+    ----------
+    src : str
+        A dataset directory or a datasets root (see :func:`resolve_data_dir`).
+    url : str
+        Where to create the store (it must not exist yet).
+    dataset_id : str, optional
+        The dataset id, when ``src`` is a datasets root.
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    storage_options : mapping, optional
+        Passed to the storage backend of ``url``.
+
+    Returns
+    -------
+    Store
+        The new store, opened and refreshed.
+
+    Raises
+    ------
+    StoreError
+        No dataset found, spaces that are missing or not Box/Discrete,
+        JPEG-encoded image observations, an unknown data format, or h5py
+        missing for an HDF5 dataset.
+    StoreExistsError
+        A store already exists at ``url``.
+    """
     data = resolve_data_dir(src, dataset_id)
     meta = json.loads((data / "metadata.json").read_text())
     fmt = meta.get("data_format", "hdf5")

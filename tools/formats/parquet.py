@@ -49,7 +49,22 @@ MAX_OPEN_FILES = 256
 
 
 def filesystem(path: str, storage_options: Any = None) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and the path in it: local paths natively, URLs through fsspec."""
+    """A pyarrow filesystem and the path in it: local paths natively, URLs through fsspec.
+
+    Parameters
+    ----------
+    path : str
+        A local path, a ``file://`` URL or an fsspec URL (``s3://...``).
+    storage_options : mapping, optional
+        Passed to fsspec for URLs.
+
+    Returns
+    -------
+    fs : pyarrow.fs.FileSystem
+        The filesystem.
+    path : str
+        The path in it (absolute for local paths, without a trailing slash).
+    """
     if "://" in path and not path.startswith("file://"):
         import fsspec
 
@@ -76,12 +91,28 @@ def _natural(name: str) -> list[Any]:
 class StreamFiles:
     """A hive-partitioned Parquet dataset written batch by batch: ``stream=<key>/part-<i>.parquet``.
 
-    Each batch's rows of one stream become one row group of that stream's open file, in batch
-    order, written before :meth:`write` returns (with ``pyarrow.dataset.write_dataset`` the
-    Arrow memory of an export grew with the table: docs/EXPORT.md). Files hold every column but
-    ``stream``; keys are URI-encoded as hive partitioning does. Float columns skip dictionary
-    encoding: random floats do not repeat, and each open file would hold a dictionary per
-    column.
+    Each batch's rows of one stream become one row group of that stream's open
+    file, in batch order, written before :meth:`write` returns (with
+    ``pyarrow.dataset.write_dataset`` the Arrow memory of an export grew with
+    the table: docs/EXPORT.md). Files hold every column but ``stream``; keys are
+    URI-encoded as hive partitioning does. Float columns skip dictionary
+    encoding: random floats do not repeat, and each open file would hold a
+    dictionary per column. At most :data:`MAX_OPEN_FILES` files are open; use it
+    as a context manager, which closes them.
+
+    Parameters
+    ----------
+    fs : pyarrow.fs.FileSystem
+        Where to write.
+    base : str
+        The dataset's directory in ``fs``.
+    schema : pyarrow.Schema
+        The batches' schema, with a ``stream`` column.
+
+    Attributes
+    ----------
+    paths : list of str
+        Every file written so far.
     """
 
     def __init__(self, fs: pafs.FileSystem, base: str, schema: pa.Schema) -> None:
@@ -94,6 +125,15 @@ class StreamFiles:
         self.paths: list[str] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
+        """Write each stream's rows of ``batch`` as a row group of that stream's file.
+
+        Cost: one stable sort of the batch by stream, then one row group per stream.
+
+        Parameters
+        ----------
+        batch : pyarrow.RecordBatch
+            Rows of the dataset's schema.
+        """
         keys = pc.dictionary_encode(batch.column(self._stream))
         codes = keys.indices.to_numpy()
         order = np.argsort(codes, kind="stable")
@@ -122,9 +162,11 @@ class StreamFiles:
         return writer
 
     def __enter__(self) -> StreamFiles:
+        """Return self."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close every open file."""
         while self._open:
             self._open.popitem(last=False)[1].close()
 
@@ -144,7 +186,39 @@ def _stream_type(keys: list[Any]) -> str:
 
 def export_parquet(store: Store, out: str, *, table: str | None = None, progress: bool = False,
                    batch_rows: int | None = None) -> dict[str, Any]:
-    """Write ``store`` (one table, or all of them) as a hive-partitioned Parquet dataset at ``out``."""
+    """Write ``store`` (one table, or all of them) as a hive-partitioned Parquet dataset at ``out``.
+
+    Columns ``row``, ``step``, ``reset`` and the schema's record fields, one
+    directory per stream, and a manifest with each table's schema; several
+    tables go into one subdirectory each. Streams the table's record batches,
+    so memory stays at a few chunks (docs/EXPORT.md, "Memory").
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    out : str
+        A local path or fsspec URL of a directory that does not exist or is empty.
+    table : str, optional
+        Export only this table (default: all).
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    batch_rows : int, optional
+        Records per batch (default: about 16 MiB worth).
+
+    Returns
+    -------
+    dict of str to Any
+        ``format``, ``path``, ``files``, ``tables``, ``records``, ``episodes``
+        (None) and ``streams``.
+
+    Raises
+    ------
+    StoreError
+        ``out`` exists and is not empty, an unknown table, an int and a str
+        stream key that would share one partition, or ``batch_rows`` is not a
+        positive int.
+    """
     fs, root = filesystem(out, store.storage_options)
     if _children(fs, root) or fs.get_file_info(root).type == pafs.FileType.File:
         raise StoreError(f"{out}: already exists and is not empty; export into a new directory")
@@ -315,7 +389,41 @@ def _batches(fs: pafs.FileSystem, files: list[str], columns: list[str], rows: in
 
 def import_parquet(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
                    batch_rows: int | None = None) -> Store:
-    """Create the store at ``url`` from a Parquet export at ``src`` (schema, streams, steps, resets)."""
+    """Create the store at ``url`` from a Parquet export at ``src`` (schema, streams, steps, resets).
+
+    A foreign Parquet dataset (no manifest) is imported with a schema inferred
+    from its Arrow types, hive partitions as streams. Reads one row group at a
+    time and commits every 64 MiB of appended data.
+
+    Parameters
+    ----------
+    src : str
+        A local directory or fsspec URL.
+    url : str
+        Where to create the store (it must not exist yet).
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    storage_options : mapping, optional
+        Passed to fsspec for ``src`` and to the storage backend of ``url``.
+    batch_rows : int, optional
+        Records per batch (default: about 16 MiB worth).
+
+    Returns
+    -------
+    Store
+        The new store, opened and refreshed.
+
+    Raises
+    ------
+    StoreError
+        ``src`` is not a directory, or its manifest or files are malformed.
+    SchemaError
+        A column type has no replaystore equivalent.
+    ValidationError
+        A batch does not conform to the table's schema.
+    StoreExistsError
+        A store already exists at ``url``.
+    """
     fs, root = filesystem(src, storage_options)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         raise StoreError(f"{src}: no such directory")
