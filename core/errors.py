@@ -361,8 +361,20 @@ class ResumeMismatchError(StoreError):
 
 
 class ModeError(StoreError, ValueError):
-    """``open_store`` got a ``mode`` it does not know: ``field`` is ``"mode"``, ``actual`` the
-    value given, ``expected`` the accepted spellings."""
+    """``open_store`` got a ``mode`` it does not know.
+
+    Parameters
+    ----------
+    actual : Any
+        The value given for ``mode``.
+    expected : tuple of str
+        The accepted spellings.
+
+    Attributes
+    ----------
+    field : str
+        Always ``"mode"``.
+    """
 
     def __init__(self, actual: Any, expected: tuple[str, ...]) -> None:
         self.field = "mode"

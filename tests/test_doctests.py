@@ -9,9 +9,17 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
-MODULES = ("replaystore", "replaystore.store.store")
+MODULES = (
+    "replaystore",
+    "replaystore.store.store",
+    "replaystore.schemas.schema",
+    "replaystore.schemas.csr",
+    "replaystore.loaders.buffer",
+    "replaystore.loaders.uniform",
+    "replaystore.loaders.masks",
+)
 """Modules whose docstrings hold examples."""
-ROOTS = ("/quickstart", "/doc-open-store", "/doc-sql")
+ROOTS = ("/quickstart", "/doc-open-store", "/doc-sql", "/examples")
 """The ``memory://`` stores the examples create."""
 
 
