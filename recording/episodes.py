@@ -15,8 +15,8 @@ def recorded_episodes(store: Store) -> list[dict[str, Any]]:
     """The episodes recorded into ``store``, in commit order, one dict each.
 
     Each holds ``writer``, ``stream`` (the stream key), ``first_step`` (the step of its first
-    record), ``length`` (records stored), ``return`` (the sum of its rewards as the environment
-    gave them, before any cast), ``seed`` (given to ``reset``, else None), ``terminated`` and
+    record), ``length`` (records stored), ``return`` (the sum of its stored rewards, in float64),
+    ``seed`` (given to ``reset``, else None), ``terminated`` and
     ``truncated`` (both false: left unfinished by a reset, a failed step or ``close``). An
     episode is listed by the commit holding its last record; one without records is not listed.
 
