@@ -79,7 +79,8 @@ def cast(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], *, fini
     elif np.can_cast(src, dtype, "safe"):
         out = arr.astype(dtype)
     elif np.can_cast(src, dtype, "same_kind"):
-        out = arr.astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked next
+            out = arr.astype(dtype)
         _check_same_kind(name, arr, out)
     else:
         raise UnsafeCastError(name, f"values castable to {dtype}", f"{src} value {_show(arr)}",

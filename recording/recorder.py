@@ -233,7 +233,7 @@ class SlotRecorder:
         self.abandon(mask)
         if not mask.any():
             return
-        for slot in np.flatnonzero(mask):
+        for slot in np.flatnonzero(mask).tolist():
             seed = seeds[slot]
             self.ep_seed[slot] = None if seed is None else int(seed)
         values = self._field("obs", obs, mask)

@@ -179,7 +179,8 @@ class RecordVectorEpisodes(VectorWrapper):
             seeds = [int(seed) + i for i in range(n)]
         else:
             seeds = list(seed)
-        obs, infos = self.env.reset(seed=seed, options=options)
+        # (vector envs take a list of seeds too; VectorEnv.reset's annotation says int | None)
+        obs, infos = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]
         self._autoreset[mask] = False
         self._started = True
         self.recorder.begin(mask, obs, seeds)
