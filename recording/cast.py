@@ -70,7 +70,7 @@ def cast(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], *, fini
 
     Cost: one pass over the values per check (a few for narrowing casts).
     """
-    arr = as_array(name, value)
+    arr = value if isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC else as_array(name, value)
     if arr.shape != shape:
         raise ShapeError(name, f"shape {shape}", f"shape {arr.shape}")
     src = arr.dtype

@@ -112,6 +112,7 @@ class SlotRecorder:
         self.ep_length = np.zeros(slots, dtype=np.int64)
         self.ep_return = np.zeros(slots, dtype=np.float64)
         self.ep_seed: list[int | None] = [None] * slots
+        self._all_slots = np.arange(slots)
         # the step fields as the spaces lay them out; an existing store's schema replaces them
         self._fields = {f.name: f for f in schema_from_spaces(observation_space, action_space).dense_fields}
         self.obs = self._obs_array()  # the current observation of each slot, in the obs field's dtype
@@ -198,14 +199,14 @@ class SlotRecorder:
                                       + "; ".join(problems))
 
     # -- casts --------------------------------------------------------------------------
-    def _rows(self, name: str, value: Any, mask: np.ndarray) -> np.ndarray:
+    def _rows(self, name: str, value: Any, mask: np.ndarray | slice) -> np.ndarray:
         arr = as_array(name, value)
         if arr.shape[:1] != (self.slots,):
             raise ShapeError(name, f"a leading axis of {self.slots} (one value per environment)",
                              f"shape {arr.shape}")
         return arr[mask]
 
-    def _field(self, name: str, value: Any, mask: np.ndarray, column: str | None = None) -> np.ndarray:
+    def _field(self, name: str, value: Any, mask: np.ndarray | slice, column: str | None = None) -> np.ndarray:
         f = self._fields[column or name]
         rows = self._rows(name, value, mask)
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
@@ -278,29 +279,32 @@ class SlotRecorder:
         mask = np.asarray(mask, dtype=bool) & self.in_episode
         if not mask.any():
             return
+        sel: np.ndarray | slice = slice(None) if mask.all() else mask  # (a view, not a copy, when all)
         try:
             if self.schema is None:
                 self._create_from(infos, mask)
-            cols = self._cast_step(mask, action, next_obs, reward, terminated, truncated, infos)
+            cols = self._cast_step(sel, action, next_obs, reward, terminated, truncated, infos)
         except BaseException:
             self.abandon(mask)
             raise
-        self._buffer(mask, cols)
+        self._buffer(sel, cols)
+        self.step[sel] += 1
+        self.first[sel] = False
+        self.ep_length[sel] += 1
+        self.ep_return[sel] += cols["reward"]
         done = cols["terminated"] | cols["truncated"]
-        slots = np.flatnonzero(mask)
-        self.step[mask] += 1
-        self.first[mask] = False
-        self.ep_length[mask] += 1
-        self.ep_return[mask] += cols["reward"].astype(np.float64)
-        going = slots[~done]
-        self.obs[going] = cols["next_obs"][~done]
-        ended = np.zeros(self.slots, dtype=bool)
-        ended[slots[done]] = True
-        term = np.zeros(self.slots, dtype=bool)
-        trunc = np.zeros(self.slots, dtype=bool)
-        term[slots] = cols["terminated"]
-        trunc[slots] = cols["truncated"]
-        self._end(ended, term, trunc)
+        if not done.any():
+            self.obs[sel] = cols["next_obs"]
+        else:
+            slots = np.flatnonzero(mask)
+            self.obs[slots[~done]] = cols["next_obs"][~done]
+            ended = np.zeros(self.slots, dtype=bool)
+            ended[slots[done]] = True
+            term = np.zeros(self.slots, dtype=bool)
+            trunc = np.zeros(self.slots, dtype=bool)
+            term[slots] = cols["terminated"]
+            trunc[slots] = cols["truncated"]
+            self._end(ended, term, trunc)
         if self._buffered >= self._append_rows:
             self.flush()
         if self._uncommitted >= self.commit_every:
@@ -322,10 +326,10 @@ class SlotRecorder:
             info[key] = (first.dtype, first.shape)
         self._create(info)
 
-    def _cast_step(self, mask: np.ndarray, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
+    def _cast_step(self, mask: np.ndarray | slice, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
                    truncated: Any, infos: InfoValues) -> dict[str, np.ndarray]:
         cols = {
-            "obs": self.obs[mask],
+            "obs": self.obs[mask].copy() if isinstance(mask, slice) else self.obs[mask],  # (not a view)
             "action": action[mask],
             "reward": self._field("reward", reward, mask),
             "next_obs": self._field("next_obs", next_obs, mask),
@@ -338,7 +342,7 @@ class SlotRecorder:
             values, present = infos.get(key, (None, np.zeros(self.slots, bool)))
             have = np.asarray(present, dtype=bool)[mask]
             if values is None:
-                cols[value_col] = np.zeros((int(mask.sum()), *f.shape), dtype=f.dtype)
+                cols[value_col] = np.zeros((len(have), *f.shape), dtype=f.dtype)
             else:
                 rows = self._rows(value_col, values, mask)
                 rows = np.where(have.reshape(-1, *([1] * (rows.ndim - 1))), rows, np.zeros((), rows.dtype))
@@ -346,13 +350,14 @@ class SlotRecorder:
             cols[valid_col] = have
         return cols
 
-    def _buffer(self, mask: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+    def _buffer(self, mask: np.ndarray | slice, cols: dict[str, np.ndarray]) -> None:
         for name, values in cols.items():
             self._buf.setdefault(name, []).append(values)
-        self._buf.setdefault("_slot", []).append(np.flatnonzero(mask))
+        slots = self._all_slots[mask]
+        self._buf.setdefault("_slot", []).append(slots)
         self._buf.setdefault("_step", []).append(self.step[mask].copy())
         self._buf.setdefault("_reset", []).append(self.first[mask].copy())
-        n = int(mask.sum())
+        n = len(slots)
         self._buffered += n
         self._uncommitted += n
 
