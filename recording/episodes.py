@@ -20,6 +20,16 @@ def recorded_episodes(store: Store) -> list[dict[str, Any]]:
     ``truncated`` (both false: left unfinished by a reset, a failed step or ``close``). An
     episode is listed by the commit holding its last record; one without records is not listed.
 
+    Parameters
+    ----------
+    store
+        An open store (any mode).
+
+    Returns
+    -------
+    list of dict
+        One per episode.
+
     Raises
     ------
     StoreError

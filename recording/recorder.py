@@ -153,12 +153,20 @@ class SlotRecorder:
             schema = store.schema
         except StoreError as exc:  # several tables
             raise SchemaMismatchError(f"{store.url}: recording needs a store with one table ({exc})") from None
-        self._check_schema(store.url, schema)
+        try:
+            self._check_schema(store.url, schema)
+        except SchemaMismatchError:
+            if owns:
+                store.close()
+            raise
         self.store, self.schema, self._owns_store = store, schema, owns
         self.writer = store.writer()
         keys = self._given_streams or [f"w{self.writer.id}-{slot}" for slot in range(self.slots)]
         self.stream_keys = keys
-        self._keys = np.array(keys) if all(isinstance(k, str) for k in keys) else np.array(keys, dtype=object)
+        if all(isinstance(k, str) for k in keys) or all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+            self._keys = np.array(keys)  # coded by the writer without a Python object per record
+        else:
+            self._keys = np.array(keys, dtype=object)
         if self._given_streams is not None:  # continue streams already stored
             stored = set(store.streams())
             for slot, key in enumerate(keys):

@@ -197,6 +197,14 @@ def test_recording_on_into_an_existing_store_continues_the_stream(tmp_path):
     rows, steps = st.rows("actor")
     np.testing.assert_array_equal(np.sort(steps), np.arange(6))
     assert [e["seed"] for e in recorded_episodes(st)] == [0, 1]
+    venv = RecordVectorEpisodes(SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), tmp_path / "b",
+                                streams=[7, 9])
+    venv.reset(seed=[3, None])
+    venv.step(np.array([0, 1]))
+    venv.close()
+    st = open_store(str(tmp_path / "b"), mode="r")
+    assert sorted(st.streams()) == [7, 9]
+    assert sorted((e["stream"], e["seed"]) for e in recorded_episodes(st)) == [(7, 3), (9, None)]
 
 
 def test_info_keys_inferred_or_given(tmp_path):
