@@ -251,3 +251,22 @@ def test_info_keys_inferred_or_given(tmp_path):
         env.step(0)
     assert env.recorder.uncommitted == 2
     env.close()
+
+
+def test_vector_env_without_an_autoreset_mode_is_refused(tmp_path):
+    venv = SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    venv.metadata = {k: v for k, v in venv.metadata.items() if k != "autoreset_mode"}
+    with pytest.raises(RecordingError, match="autoreset_mode"):
+        RecordVectorEpisodes(venv, tmp_path / "m")
+
+
+def test_an_open_store_stays_open_and_the_callers(tmp_path):
+    base = gym.make("CartPole-v1")
+    st = open_store(str(tmp_path / "o"), schema_from_spaces(base.observation_space, base.action_space, env=base))
+    env = RecordEpisodes(base, st, commit_every=2)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(0)
+    env.close()
+    assert not st.closed and len(st) == 3  # its own commits show through the caller's handle
+    assert st.read(st.row_ids())["action"].tolist() == [0, 0, 0]
