@@ -381,3 +381,23 @@ class ModeError(StoreError, ValueError):
         self.expected = expected
         self.actual = actual
         super().__init__(f"mode: expected one of {', '.join(repr(m) for m in expected)}, got {actual!r}")
+
+
+class UnsupportedSpaceError(SchemaError):
+    """A Gymnasium space has no column layout (``Text``, ``Graph``, ``Sequence``; ``Dict`` and
+    ``Tuple`` until nested fields exist); ``space`` names it and the message lists the supported
+    spaces."""
+
+    def __init__(self, space: str, supported: str, detail: str = "") -> None:
+        self.space = space
+        super().__init__(f"{space}: not supported{f' ({detail})' if detail else ''}; supported: {supported}")
+
+
+class UnsafeCastError(DTypeError):
+    """A value cannot be cast to its field's dtype without changing it (3.7 into an int64 action,
+    300 into uint8, a float into bool); nothing of the step was recorded."""
+
+
+class RecordingError(StoreError):
+    """A recording wrapper was used out of order (a step before a reset, a step after the episode
+    ended or after a failed step), or the vector environment does not say its autoreset mode."""

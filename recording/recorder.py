@@ -1,0 +1,426 @@
+"""The recording engine behind both wrappers: per-slot episode state, safe casts, buffered appends,
+commits carrying per-episode metadata.
+
+A *slot* is one environment (a single env has one; a vector env one per sub-env) and writes one
+stream. The wrappers translate Gymnasium's reset/step/autoreset rules into three calls:
+:meth:`SlotRecorder.begin` (slots start an episode with an observation), :meth:`SlotRecorder.record`
+(slots store one transition each) and :meth:`SlotRecorder.abandon` (slots leave an unfinished
+episode). Every value of a step is cast and checked before any of it is buffered.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import RecordingError, SchemaMismatchError, ShapeError, StoreError, StoreNotFoundError
+from replaystore.gym.cast import as_array, cast, check_bounds
+from replaystore.gym.episodes import EPISODE_KEYS
+from replaystore.gym.spaces import InfoSpec, bounds, info_columns, schema_from_spaces
+from replaystore.schemas import Dense, Schema
+from replaystore.store import Store, Writer, open_store
+
+STEP_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+APPEND_BYTES = 8 << 20
+"""Buffered records are appended to the writer once they hold about this many bytes."""
+
+InfoValues = dict[str, tuple[Any, np.ndarray]]
+"""Per info key: the values of every slot (``[slots, ...]``, or None when no slot has the key)
+and which slots have it."""
+
+
+def _info_keys(info_keys: Sequence[str] | Mapping[str, InfoSpec | None]) -> dict[str, InfoSpec | None]:
+    if isinstance(info_keys, str):
+        raise RecordingError(f"info_keys: expected a sequence or mapping of keys, got the string {info_keys!r}")
+    if isinstance(info_keys, Mapping):
+        return dict(info_keys)
+    return dict.fromkeys(info_keys)
+
+
+class SlotRecorder:
+    """Records the transitions of ``slots`` environment slots into one store.
+
+    Parameters
+    ----------
+    target
+        A store URL (created with the spaces' schema when absent) or an open :class:`Store`
+        (its single table's schema is used; the caller keeps ownership).
+    slots
+        Environments recorded (1 for a single env).
+    observation_space, action_space
+        The (single) spaces.
+    env
+        The environment, for its spec in the schema metadata.
+    schema
+        The schema to create the store with (default: :func:`schema_from_spaces`).
+    name
+        The default schema's name.
+    info_keys
+        Info keys to record: keys (dtype from the first value) or ``{key: dtype or (dtype, shape)}``.
+    commit_every
+        Commit once this many records are pending.
+    streams
+        One stream key per slot; default ``"w<writer>-<slot>"``. Keys already in the store
+        continue after their last stored step.
+    capacity, storage_options
+        Passed to :func:`open_store` when opening a URL.
+
+    Raises
+    ------
+    SchemaMismatchError
+        The existing store's schema cannot hold these spaces' steps.
+    UnsupportedSpaceError
+        A space without a column layout.
+    """
+
+    def __init__(self, target: str | os.PathLike[str] | Store, slots: int, observation_space: Any,
+                 action_space: Any, *, env: Any = None, schema: Schema | None = None, name: str | None = None,
+                 info_keys: Sequence[str] | Mapping[str, InfoSpec | None] = (), commit_every: int = 10_000,
+                 streams: Sequence[str | int] | None = None, capacity: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(commit_every, int) or isinstance(commit_every, bool) or commit_every < 1:
+            raise RecordingError(f"commit_every: expected a positive int, got {commit_every!r}")
+        if streams is not None and (len(streams) != slots or len(set(streams)) != slots):
+            raise RecordingError(f"streams: expected {slots} distinct stream keys, one per slot, got {streams!r}")
+        self.slots = slots
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.env = env
+        self.name = name
+        self.info_keys = _info_keys(info_keys)
+        self.commit_every = commit_every
+        self._given_streams = list(streams) if streams is not None else None
+        self._capacity = capacity
+        self._storage_options = storage_options
+        self._bounds = bounds(action_space)
+        self.store: Store | None = None
+        self.writer: Writer | None = None
+        self.schema: Schema | None = None
+        self._owns_store = False
+        self._target = target
+        self.stream_keys: list[str | int] = []
+        self._keys = np.array([])
+        # per-slot episode state
+        self.in_episode = np.zeros(slots, dtype=bool)
+        self.first = np.zeros(slots, dtype=bool)
+        self.step = np.zeros(slots, dtype=np.int64)
+        self.ep_first = np.zeros(slots, dtype=np.int64)
+        self.ep_length = np.zeros(slots, dtype=np.int64)
+        self.ep_return = np.zeros(slots, dtype=np.float64)
+        self.ep_seed: list[int | None] = [None] * slots
+        self._all_slots = np.arange(slots)
+        # the step fields as the spaces lay them out; an existing store's schema replaces them
+        self._fields = {f.name: f for f in schema_from_spaces(observation_space, action_space).dense_fields}
+        self.obs = self._obs_array()  # the current observation of each slot, in the obs field's dtype
+        # buffered records and the episodes ended since the last commit
+        self._buf: dict[str, list[np.ndarray]] = {}
+        self._buffered = 0
+        self._uncommitted = 0
+        self._ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
+        self.closed = False
+        if isinstance(target, Store):
+            self._attach(target, owns=False)
+        elif schema is not None:
+            self._attach(open_store(os.fspath(target), schema, mode="a", capacity=capacity,
+                                    storage_options=storage_options), owns=True)
+        else:
+            try:
+                existing = open_store(os.fspath(target), mode="r", storage_options=storage_options)
+            except StoreNotFoundError:
+                existing = None
+            if existing is not None:
+                existing.close()
+                self._attach(open_store(os.fspath(target), mode="a", capacity=capacity,
+                                        storage_options=storage_options), owns=True)
+            elif all(spec is not None for spec in self.info_keys.values()):
+                self._create({k: v for k, v in self.info_keys.items() if v is not None})
+            # else: created at the first recorded step, when the info values' dtypes are known
+
+    # -- the store ----------------------------------------------------------------------
+    def _create(self, info: Mapping[str, InfoSpec]) -> None:
+        schema = schema_from_spaces(self.observation_space, self.action_space, name=self.name, env=self.env,
+                                    info=info)
+        self._attach(open_store(os.fspath(self._target), schema, mode="a", capacity=self._capacity,  # type: ignore[arg-type]
+                                storage_options=self._storage_options), owns=True)
+
+    def _attach(self, store: Store, *, owns: bool) -> None:
+        """Check ``store``'s schema against the spaces and open a writer."""
+        try:
+            schema = store.schema
+        except StoreError as exc:  # several tables
+            raise SchemaMismatchError(f"{store.url}: recording needs a store with one table ({exc})") from None
+        try:
+            self._check_schema(store.url, schema)
+        except SchemaMismatchError:
+            if owns:
+                store.close()
+            raise
+        self.store, self.schema, self._owns_store = store, schema, owns
+        self.writer = store.writer()
+        keys = self._given_streams or [f"w{self.writer.id}-{slot}" for slot in range(self.slots)]
+        self.stream_keys = keys
+        if all(isinstance(k, str) for k in keys) or all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+            self._keys = np.array(keys)  # coded by the writer without a Python object per record
+        else:
+            self._keys = np.array(keys, dtype=object)
+        if self._given_streams is not None:  # continue streams already stored
+            stored = set(store.streams())
+            for slot, key in enumerate(keys):
+                if key in stored:
+                    _, steps = store.rows(key)
+                    if len(steps):
+                        self.step[slot] = max(int(self.step[slot]), int(steps.max()) + 1)
+        self._fields = {f.name: f for f in schema.dense_fields}
+        if self.obs.dtype != self._fields["obs"].dtype:  # (an existing store, attached before any step)
+            self.obs = self._obs_array()
+        record_bytes = sum(f.dtype.itemsize * math.prod(f.shape) for f in schema.dense_fields) + 17
+        self._append_rows = max(1, min(self.commit_every, APPEND_BYTES // record_bytes))
+
+    def _obs_array(self) -> np.ndarray:
+        f = self._fields["obs"]
+        return np.zeros((self.slots, *f.shape), dtype=f.dtype)
+
+    def _check_schema(self, url: str, schema: Schema) -> None:
+        want = {"obs": _space_shape(self.observation_space), "next_obs": _space_shape(self.observation_space),
+                "action": _space_shape(self.action_space), "reward": (), "terminated": (), "truncated": ()}
+        names: list[str] = list(STEP_FIELDS)
+        for key in self.info_keys:
+            names += info_columns(key)
+        problems = []
+        got = {f.name for f in schema.fields if f.kind != "meta"}
+        if got != set(names):
+            problems.append(f"fields {sorted(got)}, expected {sorted(names)}")
+        for fname, shape in want.items():
+            f = schema.field(fname) if fname in schema else None
+            if isinstance(f, Dense) and f.shape != shape:
+                problems.append(f"{fname!r} shape {f.shape}, expected {shape}")
+        for fname in ("terminated", "truncated", *(info_columns(k)[1] for k in self.info_keys)):
+            f = schema.field(fname) if fname in schema else None
+            if f is not None and f.dtype != np.bool_:
+                problems.append(f"{fname!r} dtype {f.dtype}, expected bool")
+        if problems:
+            raise SchemaMismatchError(f"{url}: the store's schema {schema.name!r} cannot hold these steps: "
+                                      + "; ".join(problems))
+
+    # -- casts --------------------------------------------------------------------------
+    def _rows(self, name: str, value: Any, mask: np.ndarray | slice) -> np.ndarray:
+        arr = as_array(name, value)
+        if arr.shape[:1] != (self.slots,):
+            raise ShapeError(name, f"a leading axis of {self.slots} (one value per environment)",
+                             f"shape {arr.shape}")
+        return arr[mask]
+
+    def _field(self, name: str, value: Any, mask: np.ndarray | slice, column: str | None = None) -> np.ndarray:
+        f = self._fields[column or name]
+        rows = self._rows(name, value, mask)
+        return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
+
+    def check_action(self, action: Any) -> np.ndarray:
+        """The actions of every slot cast to the action field, or a typed error naming ``action``.
+
+        Raises UnsafeCastError, ShapeError, IdRangeError (outside a Discrete, MultiDiscrete or
+        MultiBinary space), NonFiniteError. Call it before stepping the environment.
+        """
+        f = self._fields["action"]
+        out = cast("action", action, f.dtype, (self.slots, *f.shape), finite=bool(f.finite))
+        if self._bounds is not None:
+            check_bounds("action", out, self._bounds.low, self._bounds.high)
+        return out
+
+    # -- episodes -----------------------------------------------------------------------
+    def begin(self, mask: np.ndarray, obs: Any, seeds: Sequence[int | None]) -> None:
+        """Slots in ``mask`` start an episode at observation ``obs`` (every slot's, ``[slots, ...]``).
+
+        Any episode those slots were in is abandoned first. Raises the cast errors of ``obs``
+        (the slots then record nothing until their next episode).
+        """
+        mask = np.asarray(mask, dtype=bool)
+        self.abandon(mask)
+        if not mask.any():
+            return
+        for slot in np.flatnonzero(mask).tolist():
+            seed = seeds[slot]
+            self.ep_seed[slot] = None if seed is None else int(seed)
+        values = self._field("obs", obs, mask)
+        self.obs[mask] = values
+        self.in_episode[mask] = True
+        self._start(mask)
+
+    def _start(self, mask: np.ndarray) -> None:
+        self.first[mask] = True
+        self.ep_first[mask] = self.step[mask]
+        self.ep_length[mask] = 0
+        self.ep_return[mask] = 0.0
+
+    def abandon(self, mask: np.ndarray) -> None:
+        """Slots in ``mask`` leave their episode unfinished (reset mid-episode, a failed step, close)."""
+        self._end(np.asarray(mask, dtype=bool) & self.in_episode, np.zeros(self.slots, bool),
+                  np.zeros(self.slots, bool))
+
+    def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        for slot in np.flatnonzero(mask):
+            if self.ep_length[slot] > 0:  # an episode without a step stored nothing
+                ret = float(self.ep_return[slot])
+                for key, value in zip(EPISODE_KEYS, (
+                        self.stream_keys[slot], int(self.ep_first[slot]), int(self.ep_length[slot]),
+                        ret if math.isfinite(ret) else None, self.ep_seed[slot], bool(terminated[slot]),
+                        bool(truncated[slot])), strict=True):
+                    self._ended[key].append(value)
+        self.in_episode[mask] = False
+
+    # -- transitions --------------------------------------------------------------------
+    def record(self, mask: np.ndarray, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
+               truncated: Any, infos: InfoValues) -> None:
+        """Slots in ``mask`` (which must be in an episode) store one transition each.
+
+        ``action`` comes from :meth:`check_action`; the other values hold every slot
+        (``[slots, ...]``). Everything is cast before anything is buffered; on a typed error
+        nothing of the step is kept and the masked slots leave their episodes (their next
+        records start a new episode). Slots whose transition ends the episode leave it.
+        Cost: a cast per field; an append every few thousand records, a commit every
+        ``commit_every``.
+        """
+        mask = np.asarray(mask, dtype=bool) & self.in_episode
+        if not mask.any():
+            return
+        sel: np.ndarray | slice = slice(None) if mask.all() else mask  # (a view, not a copy, when all)
+        try:
+            if self.schema is None:
+                self._create_from(infos, mask)
+            cols = self._cast_step(sel, action, next_obs, reward, terminated, truncated, infos)
+        except BaseException:
+            self.abandon(mask)
+            raise
+        self._buffer(sel, cols)
+        self.step[sel] += 1
+        self.first[sel] = False
+        self.ep_length[sel] += 1
+        self.ep_return[sel] += cols["reward"]
+        done = cols["terminated"] | cols["truncated"]
+        if not done.any():
+            self.obs[sel] = cols["next_obs"]
+        else:
+            slots = np.flatnonzero(mask)
+            self.obs[slots[~done]] = cols["next_obs"][~done]
+            ended = np.zeros(self.slots, dtype=bool)
+            ended[slots[done]] = True
+            term = np.zeros(self.slots, dtype=bool)
+            trunc = np.zeros(self.slots, dtype=bool)
+            term[slots] = cols["terminated"]
+            trunc[slots] = cols["truncated"]
+            self._end(ended, term, trunc)
+        if self._buffered >= self._append_rows:
+            self.flush()
+        if self._uncommitted >= self.commit_every:
+            self.commit()
+
+    def _create_from(self, infos: InfoValues, mask: np.ndarray) -> None:
+        """Create the store once the first recorded step shows each info key's dtype and shape."""
+        info: dict[str, InfoSpec] = {}
+        for key, spec in self.info_keys.items():
+            if spec is not None:
+                info[key] = spec
+                continue
+            values, present = infos.get(key, (None, np.zeros(self.slots, bool)))
+            have = np.asarray(present, bool) & mask
+            if values is None or not have.any():
+                raise RecordingError(f"info key {key!r}: absent from the first recorded step, so its dtype is "
+                                     f"unknown; give it: info_keys={{{key!r}: dtype or (dtype, shape)}}")
+            first = as_array(f"info[{key!r}]", values)[np.flatnonzero(have)[0]]
+            info[key] = (first.dtype, first.shape)
+        self._create(info)
+
+    def _cast_step(self, mask: np.ndarray | slice, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
+                   truncated: Any, infos: InfoValues) -> dict[str, np.ndarray]:
+        cols = {
+            "obs": self.obs[mask].copy() if isinstance(mask, slice) else self.obs[mask],  # (not a view)
+            "action": action[mask],
+            "reward": self._field("reward", reward, mask),
+            "next_obs": self._field("next_obs", next_obs, mask),
+            "terminated": self._field("terminated", terminated, mask),
+            "truncated": self._field("truncated", truncated, mask),
+        }
+        for key in self.info_keys:
+            value_col, valid_col = info_columns(key)
+            f = self._fields[value_col]
+            values, present = infos.get(key, (None, np.zeros(self.slots, bool)))
+            have = np.asarray(present, dtype=bool)[mask]
+            if values is None:
+                cols[value_col] = np.zeros((len(have), *f.shape), dtype=f.dtype)
+            else:
+                rows = self._rows(value_col, values, mask)
+                rows = np.where(have.reshape(-1, *([1] * (rows.ndim - 1))), rows, np.zeros((), rows.dtype))
+                cols[value_col] = cast(value_col, rows, f.dtype, (len(rows), *f.shape))
+            cols[valid_col] = have
+        return cols
+
+    def _buffer(self, mask: np.ndarray | slice, cols: dict[str, np.ndarray]) -> None:
+        for name, values in cols.items():
+            self._buf.setdefault(name, []).append(values)
+        slots = self._all_slots[mask]
+        self._buf.setdefault("_slot", []).append(slots)
+        self._buf.setdefault("_step", []).append(self.step[mask].copy())
+        self._buf.setdefault("_reset", []).append(self.first[mask].copy())
+        n = len(slots)
+        self._buffered += n
+        self._uncommitted += n
+
+    # -- appends and commits ------------------------------------------------------------
+    @property
+    def buffered(self) -> int:
+        """Records recorded and not yet appended to the writer."""
+        return self._buffered
+
+    @property
+    def uncommitted(self) -> int:
+        """Records recorded and not yet committed."""
+        return self._uncommitted
+
+    def flush(self) -> None:
+        """Append the buffered records to the writer (still uncommitted). Cost: one concatenation
+        per field and one ``Writer.append``."""
+        if not self._buffered:
+            return
+        assert self.writer is not None
+        arrays = {name: np.concatenate(parts) for name, parts in self._buf.items()}
+        slot, step, reset = arrays.pop("_slot"), arrays.pop("_step"), arrays.pop("_reset")
+        self.writer.append(arrays, stream=self._keys[slot], step=step, reset=reset)
+        self._buf.clear()
+        self._buffered = 0
+
+    def commit(self) -> None:
+        """Append what is buffered and commit, with the episodes ended since the last commit in
+        the commit's metadata (``{"episodes": {column: [values]}}``). Cost: one commit."""
+        if self.writer is None:
+            return
+        self.flush()
+        ended = self._ended if self._ended["stream"] else None
+        if ended is None and not self._uncommitted:
+            return
+        self.writer.commit(metadata={"episodes": ended} if ended is not None else None)
+        self._ended = {k: [] for k in EPISODE_KEYS}
+        self._uncommitted = 0
+
+    def close(self) -> None:
+        """Abandon open episodes (their records are kept), commit, close the writer and, if this
+        recorder opened the store, the store. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.abandon(np.ones(self.slots, dtype=bool))
+            self.commit()
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            if self._owns_store and self.store is not None:
+                self.store.close()
+
+
+def _space_shape(space: Any) -> tuple[int, ...]:
+    shape = getattr(space, "shape", None)
+    return tuple(int(d) for d in shape) if shape else ()

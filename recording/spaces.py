@@ -1,0 +1,213 @@
+"""Gymnasium spaces -> step schemas, the spaces' JSON form, and the value bounds a recorder checks."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from gymnasium import spaces
+
+from replaystore.errors import SchemaError, UnsupportedSpaceError
+from replaystore.schemas import Dense, Schema, episode
+
+SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary"
+"""The spaces :func:`schema_from_spaces` lays out as columns."""
+
+INFO_PREFIX = "info_"
+VALID_SUFFIX = "_valid"
+
+InfoSpec = npt.DTypeLike | tuple[npt.DTypeLike, tuple[int, ...]]
+"""What an info key holds: a dtype (a scalar per step) or ``(dtype, shape)``."""
+
+
+def _check_space(space: Any, role: str) -> None:
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return
+    kind = type(space).__name__
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        raise UnsupportedSpaceError(f"{role} space {kind}", SUPPORTED,
+                                    "Dict and Tuple spaces need nested fields, which are not implemented yet")
+    raise UnsupportedSpaceError(f"{role} space {kind}", SUPPORTED,
+                                "it has no fixed-shape numeric column layout")
+
+
+def _layout(space: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and per-record shape of one value of ``space``."""
+    if isinstance(space, spaces.Discrete):
+        return np.dtype(space.dtype), ()
+    return np.dtype(space.dtype), tuple(int(d) for d in space.shape)
+
+
+def space_json(space: Any, *, use_minari: bool = True) -> str:
+    """``space`` serialised as Minari serialises it (``minari.serialization.serialize_space``).
+
+    Parameters
+    ----------
+    space
+        A Box, Discrete, MultiDiscrete or MultiBinary space.
+    use_minari
+        Call Minari's function when Minari is installed; without it (or with False) an
+        equivalent form is written here, with the same text.
+
+    Returns
+    -------
+    str
+        The JSON text (infinite bounds as ``Infinity``, as Python's ``json`` writes them).
+
+    Raises
+    ------
+    UnsupportedSpaceError
+        Any other space.
+    """
+    _check_space(space, "the")
+    if use_minari:
+        try:
+            from minari.serialization import serialize_space
+        except ImportError:
+            pass
+        else:
+            return str(serialize_space(space))
+    doc: dict[str, Any]
+    if isinstance(space, spaces.Box):
+        doc = {"type": "Box", "dtype": str(space.dtype), "shape": list(space.shape),
+               "low": space.low.tolist(), "high": space.high.tolist()}
+    elif isinstance(space, spaces.Discrete):
+        doc = {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
+    elif isinstance(space, spaces.MultiDiscrete):
+        doc = {"type": "MultiDiscrete", "dtype": str(space.dtype), "nvec": space.nvec.tolist(),
+               "start": space.start.tolist()}
+    else:
+        doc = {"type": "MultiBinary", "n": space.n}
+    return json.dumps(doc)
+
+
+def env_spec_json(env: Any) -> str | None:
+    """The environment's ``spec.to_json()`` (for a vector env, its sub-environments' common spec).
+
+    Returns None when the env has no spec. A spec whose arguments are not JSON-serialisable is
+    left out with a warning naming the environment. Cost: for a vector env, one ``get_attr``.
+    """
+    spec = None
+    if hasattr(env, "single_observation_space") and hasattr(env, "get_attr"):  # a vector env
+        try:
+            specs = env.get_attr("spec")
+        except Exception:  # noqa: BLE001 - an env without the attribute: fall back to its own spec
+            specs = ()
+        if specs and all(s is not None and s == specs[0] for s in specs):
+            spec = specs[0]
+    if spec is None:
+        spec = getattr(env, "spec", None)
+    if spec is None:
+        return None
+    try:
+        return str(spec.to_json())
+    except ValueError as exc:
+        warnings.warn(f"environment {spec.id!r}: its spec is not JSON-serialisable and is not kept ({exc})",
+                      stacklevel=3)
+        return None
+
+
+def info_columns(key: str, column: str | None = None) -> tuple[str, str]:
+    """The value and presence column names of info key ``key`` (``info_<key>``, ``info_<key>_valid``).
+
+    Raises SchemaError when the names are not identifiers.
+    """
+    name = column or f"{INFO_PREFIX}{key}"
+    if not name.isidentifier():
+        raise SchemaError(f"info key {key!r}: column {name!r} is not an identifier; give a column name "
+                          f"with info_keys={{{key!r}: ...}} in the schema or rename the key")
+    return name, f"{name}{VALID_SUFFIX}"
+
+
+def schema_from_spaces(observation_space: Any, action_space: Any, *, name: str | None = None, env: Any = None,
+                       reward_dtype: npt.DTypeLike = np.float64, info: Mapping[str, InfoSpec] | None = None,
+                       metadata: Mapping[str, Any] | None = None) -> Schema:
+    """A step schema for an environment's spaces, in the built-in ``episode`` layout.
+
+    Fields: ``obs``, ``action``, ``reward``, ``next_obs``, ``terminated``, ``truncated`` (as
+    :func:`replaystore.schemas.episode` builds them), then per info key ``info_<key>`` and the
+    bool ``info_<key>_valid`` (false where the step's info lacked the key). ``Box`` keeps its
+    dtype and shape, ``Discrete`` is a scalar int64 (range-checked when it starts at 0),
+    ``MultiDiscrete`` and ``MultiBinary`` their dtype and shape. The metadata keeps both spaces as
+    Minari's JSON (``observation_space``, ``action_space``), the environment spec
+    (``env_spec``, ``spec.to_json()``, when ``env`` has one) and ``env_id``.
+
+    Parameters
+    ----------
+    observation_space, action_space
+        Gymnasium spaces (for a vector env: its ``single_*`` spaces).
+    name
+        The schema name; default: the env id, else ``"gym"``.
+    env
+        The environment whose spec is kept (optional).
+    reward_dtype
+        A float dtype for ``reward`` (default float64, what Gymnasium returns).
+    info
+        Info keys to keep: ``{key: dtype}`` or ``{key: (dtype, shape)}``.
+    metadata
+        More schema metadata (JSON).
+
+    Returns
+    -------
+    Schema
+
+    Raises
+    ------
+    UnsupportedSpaceError
+        ``Dict``, ``Tuple``, ``Text``, ``Graph``, ``Sequence`` or any other space.
+    SchemaError
+        A non-float ``reward_dtype``, a bad info dtype or key.
+
+    Cost: serialising the spaces (Box bounds are written out in full).
+    """
+    _check_space(observation_space, "observation")
+    _check_space(action_space, "action")
+    if np.dtype(reward_dtype).kind != "f":
+        raise SchemaError(f"reward_dtype: expected a float dtype, got {np.dtype(reward_dtype)}")
+    obs_dtype, obs_shape = _layout(observation_space)
+    act_dtype, act_shape = _layout(action_space)
+    actions = None
+    if isinstance(action_space, spaces.Discrete) and int(action_space.start) == 0:
+        actions = int(action_space.n)
+    base = episode(obs_shape, act_shape, act_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype, actions=actions)
+    fields: list[Dense] = [f for f in base.fields if isinstance(f, Dense)]
+    for key, spec in (info or {}).items():
+        dtype, shape = spec if isinstance(spec, tuple) else (spec, ())
+        value, valid = info_columns(key)
+        fields.append(Dense(value, np.dtype(dtype), tuple(shape), finite=False,
+                            description=f"info[{key!r}] of the step (zero where absent)"))
+        fields.append(Dense(valid, np.dtype(np.bool_), description=f"whether the step's info had {key!r}"))
+    meta: dict[str, Any] = dict(base.metadata)
+    meta["observation_space"] = space_json(observation_space)
+    meta["action_space"] = space_json(action_space)
+    spec_json = env_spec_json(env) if env is not None else None
+    if spec_json is not None:
+        meta["env_spec"] = spec_json
+        meta["env_id"] = json.loads(spec_json)["id"]
+    meta.update(metadata or {})
+    return Schema(name or meta.get("env_id") or "gym", fields, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SpaceBounds:
+    """The valid integer range ``[low, high)`` of a Discrete, MultiDiscrete or MultiBinary value."""
+
+    low: np.ndarray | int
+    high: np.ndarray | int
+
+
+def bounds(space: Any) -> SpaceBounds | None:
+    """The integer range a value of ``space`` must lie in; None for Box (not checked: an agent's
+    action is recorded as given, the environment clips it)."""
+    if isinstance(space, spaces.Discrete):
+        return SpaceBounds(int(space.start), int(space.start) + int(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        return SpaceBounds(np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec))
+    if isinstance(space, spaces.MultiBinary):
+        return SpaceBounds(0, 2)
+    return None
