@@ -384,9 +384,20 @@ class ModeError(StoreError, ValueError):
 
 
 class UnsupportedSpaceError(SchemaError):
-    """A Gymnasium space has no column layout (``Text``, ``Graph``, ``Sequence``; ``Dict`` and
-    ``Tuple`` until nested fields exist); ``space`` names it and the message lists the supported
-    spaces."""
+    """A Gymnasium space has no column layout.
+
+    Raised by ``replaystore.gym.schema_from_spaces`` for ``Text``, ``Graph`` and ``Sequence``
+    spaces (and ``Dict``/``Tuple`` until nested fields exist).
+
+    Parameters
+    ----------
+    space : str
+        The space (and where it sits in the observation), kept as ``.space``.
+    supported : str
+        The spaces that are supported, listed in the message.
+    detail : str, optional
+        Why this space is refused.
+    """
 
     def __init__(self, space: str, supported: str, detail: str = "") -> None:
         self.space = space
