@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main, store_append_rate
+
 from replaystore.schemas import Schema, dqn
 from replaystore.schemas import validate as validate_module
 from replaystore.store.fragment import INDEX_DTYPES

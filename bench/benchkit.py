@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from replaystore.schemas import transitions
 from replaystore.store import open_store
 

@@ -83,6 +83,7 @@ from benchkit import (
     rate,
     transitions_records,
 )
+
 from replaystore.loaders import (
     EpochSampler,
     PrioritizedSampler,

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import numpy as np
+
 from replaystore.loaders import SequenceSampler
 from replaystore.schemas import transitions
 from replaystore.store import open_store

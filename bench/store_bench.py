@@ -61,6 +61,7 @@ from benchkit import (
     main,
     store_append_rate,
 )
+
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 from replaystore.store.table import TableReader

@@ -25,7 +25,8 @@ def kernel_cache_directory() -> str:
     """Where numba keeps replaystore's compiled kernels: ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/replaystore-kernels``, else ``~/.cache/replaystore-kernels`` (beside the
     chunk cache's default directory, not inside it: the chunk cache prunes what it holds).
-    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents."""
+    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents.
+    """
     env = os.environ.get("REPLAYSTORE_KERNEL_CACHE_DIR")
     if env:
         return env
@@ -37,7 +38,8 @@ def kernel_cache_directory() -> str:
 def _kernel_cache() -> Iterator[None]:
     """While a kernel module is imported (its functions decorated, which is when numba picks a
     cache location), point numba's cache at :func:`kernel_cache_directory`, unless the user set
-    ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is not affected."""
+    ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is not affected.
+    """
     from numba.core import config
 
     if config.CACHE_DIR:
@@ -52,7 +54,8 @@ def _kernel_cache() -> Iterator[None]:
 
 def kernels(module: str) -> ModuleType | None:
     """The kernel module ``module`` (e.g. ``"replaystore.store.csrkernels"``), or None: numba is
-    not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again."""
+    not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again.
+    """
     if os.environ.get("REPLAYSTORE_NUMBA", "1") == "0":
         return None
     try:

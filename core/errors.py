@@ -133,22 +133,26 @@ class CorruptObjectError(StoreError):
 class UnsafeNameError(CorruptObjectError):
     """A name read from a store breaks the format's name grammar (``..``, a separator, an
     absolute path, a control character), or a path under the store root leads outside it
-    through a symbolic link. Nothing was read, written or deleted through it."""
+    through a symbolic link. Nothing was read, written or deleted through it.
+    """
 
 
 class InvalidNameError(StoreError, ValueError):
     """A name given as an argument (a table, state slot or state array) breaks the format's name
-    grammar (docs/FORMAT.md, "Object names")."""
+    grammar (docs/FORMAT.md, "Object names").
+    """
 
 
 class NotAStoreError(StoreError):
     """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store
-    (no manifest, or one that is not replaystore's); nothing was deleted."""
+    (no manifest, or one that is not replaystore's); nothing was deleted.
+    """
 
 
 class StoreReplacedError(StoreError):
     """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
-    opened it; the opener that lost wrote and deleted nothing."""
+    opened it; the opener that lost wrote and deleted nothing.
+    """
 
 class StepRangeError(StepOrderError):
     """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``)."""
@@ -156,7 +160,8 @@ class StepRangeError(StepOrderError):
 
 class SamplerParameterError(StoreError, ValueError):
     """A sampler argument (``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every``, ...) is
-    out of its valid range: ``field`` got ``actual``, wanted ``expected``."""
+    out of its valid range: ``field`` got ``actual``, wanted ``expected``.
+    """
 
     def __init__(self, field: str, expected: Any, actual: Any) -> None:
         self.field = field
@@ -168,7 +173,8 @@ class SamplerParameterError(StoreError, ValueError):
 class ResumeMismatchError(StoreError):
     """``resume=True`` found saved sampler state whose hyperparameters differ from the ones
     given; ``parameters`` maps each differing name to ``(saved, given)``. Pass
-    ``override=True`` to resume with the given ones."""
+    ``override=True`` to resume with the given ones.
+    """
 
     def __init__(self, slot: str, parameters: dict[str, tuple[Any, Any]], detail: str = "") -> None:
         self.slot = slot

@@ -58,7 +58,8 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> dict[str, Any]:
         """``batch_size`` records drawn uniformly with replacement from the committed ones
-        (EmptyStoreError if there are none)."""
+        (EmptyStoreError if there are none).
+        """
         self.store.refresh()
         if self._pending and self._pending >= len(self.store):
             self.flush()
@@ -71,7 +72,8 @@ class ReplayBuffer:
 
     def save(self) -> None:
         """Commit the pending records and persist the sampling RNG, so a reopened buffer
-        continues the same draws."""
+        continues the same draws.
+        """
         self.flush()
         self._sampler.save()
 

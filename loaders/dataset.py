@@ -46,7 +46,7 @@ def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray
 
 
 def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy arrays -> torch tensors (sharing memory); other values pass through."""
+    """Numpy arrays -> torch tensors (sharing memory); other values pass through."""
     return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
             for k, v in arrays.items()}
 
@@ -156,7 +156,8 @@ def _first(batch: Any) -> Any:
 
 class StoreLoader(DataLoader):
     """The DataLoader of :func:`make_loader`: batches that workers sent as :class:`WorkerBatch`
-    come out as mappings of tensors, like those gathered in the main process."""
+    come out as mappings of tensors, like those gathered in the main process.
+    """
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in super().__iter__():

@@ -16,7 +16,8 @@ import numpy as np
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def group(labels: np.ndarray, buckets: int, out: np.ndarray) -> np.ndarray:
     """Fill ``out`` with the positions ``0..len(labels)-1`` grouped by label (each group ascending,
-    groups in label order) and return each group's end in ``out``. Labels are ``< buckets``."""
+    groups in label order) and return each group's end in ``out``. Labels are ``< buckets``.
+    """
     ends = np.zeros(buckets, np.int64)
     for i in range(labels.shape[0]):
         ends[labels[i]] += 1

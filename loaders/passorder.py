@@ -159,7 +159,8 @@ class _Blocks:
 class PassOrder:
     """A pass's rows in a uniformly random order determined by ``seed`` (and ``method``), taken
     from the front (``taken`` rows so far); :meth:`keep` drops rows not taken yet, after which
-    the order is no longer the seed's (``seed`` is None)."""
+    the order is no longer the seed's (``seed`` is None).
+    """
 
     def __init__(self, rows: PassRows, seed: int, method: str = METHOD) -> None:
         if method not in METHODS:

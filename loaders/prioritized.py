@@ -12,7 +12,6 @@ from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
-
 MAX_LEAF = 2.0 ** 960
 """The largest leaf value ``priority ** alpha``: a sum of up to 2**63 of them stays finite
 (float64 max ~ 2**1024), so the tree's total never overflows."""
@@ -35,7 +34,8 @@ def _real(name: str, value: Any, lo: float = 0.0) -> float:
 def leaf_values(priorities: np.ndarray, alpha: float) -> np.ndarray:
     """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`;
     SamplerParameterError naming ``priorities`` when one exceeds :data:`MAX_LEAF` (the whole
-    call is then refused). Cost: O(n)."""
+    call is then refused). Cost: O(n).
+    """
     with np.errstate(over="ignore", under="ignore"):
         values = priorities ** alpha
     if len(values) and not float(values.max()) <= MAX_LEAF:

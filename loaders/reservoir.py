@@ -46,7 +46,8 @@ class ReservoirSampler(StoreSampler):
         """Of ascending new visible rows, those not offered yet (each writer's rows arrive in order).
 
         A writer's rows are a contiguous run of ascending ``rows`` (its id is the high bits), so
-        each writer costs one search, not a pass over every row."""
+        each writer costs one search, not a pass over every row.
+        """
         parts = [rows[:0]]
         lo = 0
         while lo < len(rows):

@@ -21,13 +21,15 @@ _accumulate = np.add.accumulate
 
 def compiled_kernels() -> ModuleType | None:
     """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked
-    when a tree is made or grown."""
+    when a tree is made or grown.
+    """
     return kernels("replaystore.loaders.treekernels")
 
 
 def _aligned_zeros(n: int) -> np.ndarray:
     """``n`` float64 zeros starting on a 64-byte boundary (so every run of 8 children that starts
-    at a multiple of 8 is one cache line)."""
+    at a multiple of 8 is one cache line).
+    """
     raw = np.zeros(n + FANOUT)
     skip = (-(raw.ctypes.data >> 3)) % FANOUT
     return raw[skip:skip + n]
@@ -149,7 +151,8 @@ class SumTree:
 
     def _off_zero(self, leaf: np.ndarray) -> np.ndarray:
         """``leaf`` with any zero leaf moved to the next positive one (the last, past the end):
-        floating-point slack can land a target on a zero leaf at the far right."""
+        floating-point slack can land a target on a zero leaf at the far right.
+        """
         bad = self.leaves().take(leaf) <= 0
         if bad.any():
             positive = np.flatnonzero(self.leaves() > 0)
@@ -158,7 +161,8 @@ class SumTree:
 
     def grow(self, size: int) -> None:
         """Enlarge to hold at least ``size`` leaves, keeping values; at least doubles, so a tree
-        that follows a growing table (a commit at a time) is rebuilt O(log n) times in all."""
+        that follows a growing table (a commit at a time) is rebuilt O(log n) times in all.
+        """
         if size <= self.size:
             return
         old = self.leaves().copy()

@@ -78,7 +78,8 @@ class _Body:
 
     def name(self, kind: str, value: Any, where: str) -> str:
         """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names");
-        else :class:`UnsafeNameError`: a name is never used as a path before this check."""
+        else :class:`UnsafeNameError`: a name is never used as a path before this check.
+        """
         problem = layout.name_problem(kind, value)
         if problem:
             raise UnsafeNameError(self.path, f"field {where!r}: {problem}")
@@ -99,7 +100,8 @@ def _power(n: int) -> str:
 def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """Check a manifest body: ``format``/``format_version`` (FormatVersionError naming ``url``),
     then ``tables`` (a non-empty object of schema documents, each parsed), ``capacity`` (null
-    or an int in ``[1, 2**40)``) and ``created_ns``. Returns ``body``."""
+    or an int in ``[1, 2**40)``) and ``created_ns``. Returns ``body``.
+    """
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{url}: not a replaystore store")
     version = body.get("format_version")
@@ -134,7 +136,8 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]:
     """Check writer ``writer``'s registration: ``writer`` equals the directory's number (a copied
     writer directory is refused), ``capacity`` (where recorded) is null or a valid capacity,
-    and the optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types."""
+    and the optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types.
+    """
     b = _Body(path)
     got = b.key(body, "writer", "")
     if b.integer(got, "writer", 0, WRITER_LIMIT) != writer:
@@ -157,7 +160,8 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
     """Check commit record ``seq`` of writer ``writer``: ``writer`` and ``seq`` equal the record's
     place, ``time_ns``, ``kind`` (append, compact, close), ``metadata`` and ``tables``; every
     fragment descriptor added (:func:`fragment`); a ``close`` record changes no table.
-    ``offsets``: the known tables (with their CSR offsets array names, where a mapping)."""
+    ``offsets``: the known tables (with their CSR offsets array names, where a mapping).
+    """
     b = _Body(path)
     got = b.key(body, "writer", "")
     if b.integer(got, "writer", 0, WRITER_LIMIT) != writer:
@@ -203,7 +207,8 @@ def fragment(path: str, d: Any, where: str, seq_limit: int = COUNT_LIMIT,
     """Check one fragment descriptor (``where`` names it in ``path``): ``name``, ``row_start`` and
     ``rows`` within a writer's rows, ``nnz`` (per CSR offsets array: exactly ``offsets`` where
     given), ``streams`` (ints or strings), ``parts`` (``[seq < seq_limit, time_ns, rows]`` whose
-    rows sum to ``rows``) and, if present, ``segment`` consistent with them."""
+    rows sum to ``rows``) and, if present, ``segment`` consistent with them.
+    """
     return _fragment(_Body(path), d, where, seq_limit, offsets)
 
 
@@ -286,7 +291,8 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
                offsets: Mapping[str, Collection[str]] | Collection[str] | None = None) -> dict[str, Any]:
     """Check a log checkpoint: ``kind``, ``number`` (equal to its place, where given),
     ``time_ns``, and per writer ``next_seq``, ``closed`` and its live fragment descriptors
-    (unique names per table, parts of records before ``next_seq``)."""
+    (unique names per table, parts of records before ``next_seq``).
+    """
     b = _Body(path)
     if body.get("kind") != "checkpoint":
         b.problem(f"not a log checkpoint (kind {body.get('kind')!r})")
@@ -319,7 +325,8 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
 # -- state records ----------------------------------------------------------------------------
 def state(path: str, body: dict[str, Any], slot: str, version: int) -> dict[str, Any]:
     """Check state record ``version`` of ``slot``: those two, ``time_ns``, ``doc`` (an object)
-    and ``arrays`` (name -> the path of that array's payload in this slot)."""
+    and ``arrays`` (name -> the path of that array's payload in this slot).
+    """
     b = _Body(path)
     if b.key(body, "slot", "") != slot:
         b.fail("slot", repr(slot), body["slot"])
@@ -345,7 +352,8 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None
     it must keep. Reads the registrations of the ``CAPACITY_WITNESSES`` lowest and highest
     writer numbers among ``names`` (the listing of ``writers/``; one ``read_many``); damaged or
     absent ones, and those written before registrations recorded a capacity, witness nothing.
-    Raises CorruptObjectError naming the manifest."""
+    Raises CorruptObjectError naming the manifest.
+    """
     numbers = sorted(int(n) for n in names if n.isdigit() and len(n) == 6)
     chosen = sorted(set(numbers[:CAPACITY_WITNESSES] + numbers[-CAPACITY_WITNESSES:]))
     paths = [layout.writer_record(w) for w in chosen]

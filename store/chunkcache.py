@@ -91,7 +91,8 @@ class ChunkCache:
 
     def kept(self, size: int, keep: str) -> None:
         """Count a file of ``size`` bytes just kept (``keep``); prune when this process's figure
-        for the cache's size (from its last scan plus its own files since) passes the budget."""
+        for the cache's size (from its last scan plus its own files since) passes the budget.
+        """
         if self._size is not None and self._size + size <= self.budget():
             self._size += size
             return
@@ -100,7 +101,8 @@ class ChunkCache:
     def prune(self, keep: str = "", target: int | None = None) -> int:
         """Delete least recently used files (never ``keep``) until the cache holds at most
         ``target`` bytes (None: its budget), and temporary files a killed process left;
-        the bytes left."""
+        the bytes left.
+        """
         files = _files(self.directory)
         budget = self.budget() if target is None else target
         stale = time.time_ns() - int(STALE_TMP_S * 1e9)
@@ -124,7 +126,8 @@ class ChunkCache:
 def choose(cache: Any, remote: bool) -> ChunkCache | None:
     """The cache ``open_store(..., cache=)`` asks for: None (the default) or True, a
     :class:`ChunkCache` in the default directory for remote stores (True: for any backend
-    without local files); a path, a ChunkCache there; False, none."""
+    without local files); a path, a ChunkCache there; False, none.
+    """
     if cache is None:
         return ChunkCache() if remote else None
     if cache is True:
@@ -153,7 +156,8 @@ class StoreCache:
     def forget(self, prefixes: list[str]) -> None:
         """Mark the files under these object prefixes least recently used (a reader saw their
         fragments leave the store's visible records): pruning deletes them first. Not deleted
-        now, for processes with an older view that may still read them."""
+        now, for processes with an older view that may still read them.
+        """
         for prefix in prefixes:
             for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):
                 if not os.path.basename(path).startswith(TMP):  # (another process's download in flight)

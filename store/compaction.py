@@ -32,7 +32,8 @@ def segment_run(frags: list[Fragment]) -> list[Fragment]:
 
 def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     """The trailing run of small fragments a merge would rewrite (size-tiered; ``max_rows``:
-    the fragment size cap)."""
+    the fragment size cap).
+    """
     run: list[Fragment] = []
     total = 0
     for f in reversed(frags):
@@ -50,7 +51,8 @@ def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 
 def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     """The trailing run due for a background merge, if it has reached the fan-in (else empty):
-    segment-backed fragments of one segment, to be described as one, or small fragments."""
+    segment-backed fragments of one segment, to be described as one, or small fragments.
+    """
     if not frags:
         return []
     run = segment_run(frags) if frags[-1].segment is not None else tiered_run(frags, max_rows)
@@ -60,7 +62,8 @@ def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[list[Fragment]]:
     """Every run a full compaction merges (``frags`` in row order; ``visible``: the names of
     those every reader sees whole): adjacent fragments of one kind (one segment's, or
-    fragments of their own) up to ``max_rows`` records; runs of one fragment are left out."""
+    fragments of their own) up to ``max_rows`` records; runs of one fragment are left out.
+    """
     runs: list[list[Fragment]] = [[]]
     for f in frags:
         run = runs[-1]
@@ -82,7 +85,8 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
             run: list[Fragment]) -> tuple[Fragment, str] | None:
     """Write ``run``'s records as one new fragment ``name`` of ``writer`` (durable, not yet
     referenced by any commit record); returns it and the path of its objects, or None (and
-    nothing left behind) if part of the run was evicted and reclaimed while it was read."""
+    nothing left behind) if part of the run was evicted and reclaimed while it was read.
+    """
     staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start)
     try:
         datas = [FragmentData(storage, schema, f, cached=False) for f in run]  # read once: not worth a cache

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from replaystore.store.segments import Segments, grown
 from replaystore.store.streamkeys import StreamKey
 
@@ -115,7 +116,8 @@ class StreamIndex:
         them), or None when it is the current order followed by ``new_keys``. Cost: the
         entries changed and the streams touched, plus a rewrite of each stream changed
         elsewhere than at its ends (plus the number of streams when ``keys`` is given).
-        False (the index is then unusable) if the pieces contradict the index."""
+        False (the index is then unusable) if the pieces contradict the index.
+        """
         self.version += 1
         fresh = [k for k in (keys if keys is not None else new_keys or []) if k not in self.slot_of]
         self.slot_of.update((k, self.seg.slots + i) for i, k in enumerate(fresh))
@@ -264,7 +266,8 @@ class StreamIndex:
     def span(self, stream: StreamKey) -> tuple[int, int]:
         """``[lo, hi)`` of a stream's entries in the dense views; empty for a stream with no
         visible records (never written, or wholly evicted: the same answer whether or not a
-        live fragment still lists its key)."""
+        live fragment still lists its key).
+        """
         g = self._lookup.get(stream)
         if g is None:
             return 0, 0

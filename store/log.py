@@ -10,8 +10,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from dataclasses import dataclass, field
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replaystore.errors import CorruptObjectError, StoreError
@@ -57,7 +57,8 @@ class WriterLog:
 
     def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
         """Next seq, closed flag and live fragment descriptors per table (by name): what two
-        applications of the same records agree on, whatever order the fragments were added in."""
+        applications of the same records agree on, whatever order the fragments were added in.
+        """
         return self.next_seq, self.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
                                             for t, frags in self.fragments.items() if frags}
 
@@ -152,7 +153,8 @@ class CommitLog:
         records, so the ones it holds are all there are. Takes from ``created`` each record it
         applies and drops those already applied; applies in order from the writer's next record
         and stops at the first it does not hold. True if anything was applied; None if this log
-        has not read the store yet (nothing done: call :meth:`refresh`)."""
+        has not read the store yet (nothing done: call :meth:`refresh`).
+        """
         if not self._started:
             return None
         if writer not in self.writers:
@@ -195,7 +197,8 @@ class CommitLog:
     def fragments(self, table: str) -> list[Fragment]:
         """Live fragments of ``table``, ordered by row id (a writer's row ids all follow those of
         lower writer numbers). Cost: the fragments of the writers whose records were applied
-        since the last call. The list is shared until the log changes: do not modify it."""
+        since the last call. The list is shared until the log changes: do not modify it.
+        """
         out = self._ordered.get(table)
         if out is None:
             out = list(itertools.chain.from_iterable(self.writers[w].ordered(table) for w in sorted(self.writers)))
@@ -212,14 +215,16 @@ class CommitLog:
     def history(self) -> list[CommitInfo]:
         """Every applied record (each writer's up to where this log has applied it), ordered by
         commit time, then writer and seq. Read from storage at the first call (the log may
-        have started from a checkpoint), then kept and extended by each refresh."""
+        have started from a checkpoint), then kept and extended by each refresh.
+        """
         if self._history is None:
             self._history = list(self._read_records({w: wlog.next_seq for w, wlog in self.writers.items()}))
         return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
 
     def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
         """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError (raised
-        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd)."""
+        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd).
+        """
         wanted = ((w, seq) for w in sorted(ends) for seq in range(ends[w]))
         out: list[CommitInfo] = []
         while chunk := list(itertools.islice(wanted, HISTORY_BATCH)):
@@ -242,7 +247,8 @@ class CommitLog:
         """Take the state of the newest checkpoint that reads back whole; none: start empty.
 
         A damaged checkpoint is skipped (``replaystore verify`` reports it); one deleted
-        meanwhile (superseded) likewise: the commit records hold everything it summarised."""
+        meanwhile (superseded) likewise: the commit records hold everything it summarised.
+        """
         for number in reversed(self.checkpoint_numbers()):
             path = layout.checkpoint(number)
             try:
@@ -266,7 +272,8 @@ class CommitLog:
         """Create the next checkpoint of what this log has applied (create-if-absent) and delete
         those before the previous one; its number. None, writing nothing, if another writer
         made a checkpoint this log did not know of (listed, or created first under the same
-        number). Either way the count of records since a checkpoint starts again."""
+        number). Either way the count of records since a checkpoint starts again.
+        """
         numbers = self.checkpoint_numbers()
         known = -1 if self.checkpoint is None else self.checkpoint
         self.since_checkpoint = 0
@@ -284,7 +291,8 @@ class CommitLog:
 
     def state_at(self, ends: dict[int, int]) -> dict[int, WriterLog]:
         """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``
-        (what a checkpoint at those positions must hold), read from the records themselves."""
+        (what a checkpoint at those positions must hold), read from the records themselves.
+        """
         state = {w: WriterLog(w) for w in ends}
         for info in self._read_records(ends):
             apply_record(state[info.writer], info.body)
@@ -321,7 +329,8 @@ def decode_checkpoint(path: str, data: bytes, number: int | None = None,
                       ) -> tuple[dict[int, WriterLog], int]:
     """``(writers, latest commit time)`` of checkpoint ``number`` (where given); CorruptObjectError
     if it is damaged, not a checkpoint or malformed (store/bodies.py; ``tables``: the known
-    tables, with their CSR offsets arrays where a mapping)."""
+    tables, with their CSR offsets arrays where a mapping).
+    """
     body = bodies.checkpoint(path, records.decode(path, data), number, tables)
     writers: dict[int, WriterLog] = {}
     for key, doc in body["writers"].items():

@@ -37,7 +37,8 @@ def clear_for_create(storage: Storage) -> None:
     link inside the store is removed, never followed; a store root that is a link is
     replaced in the directory it points to (the link and that directory stay).
 
-    Raises:
+    Raises
+    ------
         NotAStoreError: objects are there but no replaystore manifest (nothing deleted).
         StoreReplacedError: another opener holds the claim: it is replacing this store, or
             replaced it since this call read the manifest (nothing deleted).

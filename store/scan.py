@@ -24,7 +24,8 @@ def _stream_type(reader: TableReader) -> pa.DataType:
 
 def scan_schema(reader: TableReader) -> pa.Schema:
     """The scanned columns: ``row``, ``stream``, ``step``, ``reset``, the schema's fields,
-    then ``writer``, ``commit`` (its seq) and ``commit_time``."""
+    then ``writer``, ``commit`` (its seq) and ``commit_time``.
+    """
     fields = [pa.field("row", pa.int64(), nullable=False), pa.field("stream", _stream_type(reader), nullable=False),
               pa.field("step", pa.int64(), nullable=False), pa.field("reset", pa.bool_(), nullable=False)]
     for f in reader.schema.fields:

@@ -58,7 +58,8 @@ class _Writeback:
     """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that
     an append never waits for the device's queue; durability still comes only from the commit's
     ``fdatasync``. A request for a descriptor closed meanwhile fails or starts the write-back of
-    another file's pages: either is harmless."""
+    another file's pages: either is harmless.
+    """
 
     def __init__(self) -> None:
         self._pid = -1
@@ -131,7 +132,8 @@ def fixed_row_bytes(schema: Schema) -> int:
 class Segment:
     """Writer ``writer``'s open segment ``name`` of one table: ``capacity`` rows and
     ``value_capacity[offsets]`` values per CSR group. ``row_start``, the writer's local row of
-    segment row 0, is set when the segment starts taking records (it may be created ahead)."""
+    segment row 0, is set when the segment starts taking records (it may be created ahead).
+    """
 
     def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str,
                  capacity: int, value_capacity: dict[str, int]) -> None:
@@ -193,7 +195,8 @@ class Segment:
             resets: np.ndarray) -> None:
         """Write ``cols``' records at their place (the caller checked :meth:`fits`); record i
         belongs to stream ``streams[codes[i]]``. All or nothing: a failure forgets the partial
-        add (nothing committed is ever touched)."""
+        add (nothing committed is ever touched).
+        """
         mark = self.mark()
         try:
             self._add(cols, codes, streams, steps, resets)
@@ -252,7 +255,8 @@ class Segment:
     def check_present(self) -> None:
         """StoreError if the segment's files were deleted while open (a vacuum whose threshold is
         shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum"): committing
-        would reference data that is gone."""
+        would reference data that is gone.
+        """
         if not self.present():
             raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "
                              "a threshold shorter than the writer's pause?); discard() them")

@@ -23,7 +23,8 @@ class Segments:
         """Empty, or the dense ``columns`` cut at ``bounds`` into the segments of slots
         ``slot_order`` (default ``0, 1, ...``; ``slots`` in all, the others empty). Each
         segment gets room for an eighth more entries (its first appends do not move it),
-        and the buffer ``slack`` free entries after them."""
+        and the buffer ``slack`` free entries after them.
+        """
         bounds = np.zeros(1, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
         counts = np.diff(bounds)
         ends = np.cumsum(counts + counts // 8)
@@ -94,7 +95,8 @@ class Segments:
 
     def replace(self, slot: int, arrays: dict[str, np.ndarray]) -> None:
         """New contents for ``slot``, numbered from relative position 0. Written at the top of
-        the buffer: entries once handed out as views are never overwritten in place."""
+        the buffer: entries once handed out as views are never overwritten in place.
+        """
         self.live -= self.count(slot)
         self.lo[slot] = self.hi[slot] = self.end[slot] = self.origin[slot] = self.top
         if arrays:
@@ -144,7 +146,8 @@ def grown(a: np.ndarray, n: int, fill: int) -> np.ndarray:
 
     Amortised O(added): the result is the start of a buffer with room to double, which
     later calls fill in place. So ``a`` must be an array its caller owns outright (no other
-    live view of its buffer beyond ``len(a)``) or an earlier result of this function."""
+    live view of its buffer beyond ``len(a)``) or an earlier result of this function.
+    """
     if len(a) >= n:
         return a
     base = a.base

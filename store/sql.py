@@ -80,7 +80,8 @@ def _sql_type(t: pa.DataType) -> pa.DataType:
 
 def sql_schema(stored: pa.Schema) -> pa.Schema:
     """The schema DuckDB sees for a table scanned as ``stored``: float16 values read as float32
-    (exact: every float16 is a float32); every other type as stored."""
+    (exact: every float16 is a float32); every other type as stored.
+    """
     return pa.schema([f.with_type(_sql_type(f.type)) for f in stored], metadata=stored.metadata)
 
 
@@ -129,7 +130,8 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
 
     A connection made here is read-only towards the outside world (:data:`SAFE_CONFIG`) unless
     ``unsafe`` is true; a ``connection`` passed in keeps the settings its caller gave it.
-    Cost: one refresh of the store and one pass over the commit log."""
+    Cost: one refresh of the store and one pass over the commit log.
+    """
     if connection is not None:
         con = connection
     elif unsafe:
@@ -161,7 +163,8 @@ def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
     A statement that returns nothing (``COPY``, ``SET``) gives an empty table. Raises
     :class:`QueryError` for an empty query (nothing but whitespace and comments) or anything
     DuckDB rejects, including file, network and
-    extension access unless ``unsafe`` (see :func:`connect`)."""
+    extension access unless ``unsafe`` (see :func:`connect`).
+    """
     if not isinstance(sql, str):
         raise QueryError(f"query: expected SQL text, got {type(sql).__name__}")
     con = connect(store, unsafe=unsafe)

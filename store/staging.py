@@ -28,7 +28,8 @@ Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 
 class StagedFragment:
     """One fragment of writer ``writer``'s table, open for adding records in order (``buffered``:
-    see the module)."""
+    see the module).
+    """
 
     def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int,
                  buffered: bool = False) -> None:
@@ -48,7 +49,8 @@ class StagedFragment:
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
         """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``. All or nothing:
-        a failure undoes the partial add (or, if even that fails, marks the fragment broken)."""
+        a failure undoes the partial add (or, if even that fails, marks the fragment broken).
+        """
         self._check()
         mark = self.mark()
         try:
@@ -89,7 +91,8 @@ class StagedFragment:
 
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
         """Write the checksums and metadata and make every object durable; returns the fragment
-        (``parts``: its descriptor's). May be called again after a failure, with new parts."""
+        (``parts``: its descriptor's). May be called again after a failure, with new parts.
+        """
         self._check()
         frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),
                         list(self.streams.keys), parts)

@@ -1,5 +1,6 @@
 """Stream keys: checking them, coding a batch's keys as small integers (the ``_stream`` index
-array's codes), and grouping records by stream."""
+array's codes), and grouping records by stream.
+"""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def per_record_keys(stream: Any, n: int) -> list[StreamKey]:
 
 def stream_codes(stream: Any, n: int) -> Coded:
     """The :data:`Coded` keys of ``n`` records (``stream``: a key or ``n`` keys); integer and
-    string arrays are coded without a Python object per record."""
+    string arrays are coded without a Python object per record.
+    """
     values = _values(stream, n)
     if values is None:
         return np.zeros(n, dtype=STREAM_CODE), [check_key(stream)] if n else []

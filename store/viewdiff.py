@@ -1,6 +1,7 @@
 """How two views of a table differ: which fragments stayed, came and left between two syncs of
 a reader, which rows appeared and left, and how the stream index's key order grows. Pure
-functions of fragment lists; the reader (store/table.py) follows a change with them."""
+functions of fragment lists; the reader (store/table.py) follows a change with them.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
     them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same object as
     ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row,
     and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both
-    views."""
+    views.
+    """
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
     head = int(differ.argmax()) if differ.any() else n
@@ -51,7 +53,8 @@ def identities(frags: list[Fragment]) -> np.ndarray:
 
 def first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
     """Per stream key listed by ``frags`` (a view, ordered by row id): ``(first_id, position)``
-    of its first listing, in order of first listing (the stream index's key order)."""
+    of its first listing, in order of first listing (the stream index's key order).
+    """
     out: dict[StreamKey, tuple[int, int]] = {}
     for f in frags:
         for j, k in enumerate(f.streams):
@@ -69,7 +72,8 @@ def grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey],
     the changed fragments list can move, and each keeps its place where its first listing
     stays or a fragment that came lists it at the same place (a fragment growing or compacted
     from its start), and the order only grows where the keys new to it come after every old
-    one. Cost: the changed fragments' stream lists."""
+    one. Cost: the changed fragments' stream lists.
+    """
     came_at: dict[StreamKey, tuple[int, int]] = {}
     for f in came:
         for j, k in enumerate(f.streams):

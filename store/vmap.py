@@ -50,7 +50,8 @@ def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int) -> int:
 
 def _reserve_at(addr: int | None, length: int) -> int:
     """A read-only anonymous mapping: address space that reads as zeros (no memory is committed;
-    a read faults in the shared zero page), so a stray index never kills the process."""
+    a read faults in the shared zero page), so a stray index never kills the process.
+    """
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_FIXED if addr is not None else 0)
     return _mmap(addr, length, mmap.PROT_READ, flags, -1)
 

@@ -1,5 +1,6 @@
 """The storage protocol the format needs (base.py) and its backends: local files (local.py),
-S3 and ``memory://`` through fsspec (objects.py)."""
+S3 and ``memory://`` through fsspec (objects.py).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from replaystore.store.storage.base import (Buffer, ObjectInfo, ObjectStream, Storage, StorageError,
-                                            StorageUnavailableError, StorageURLError)
+from replaystore.store.storage.base import (
+    Buffer,
+    ObjectInfo,
+    ObjectStream,
+    Storage,
+    StorageError,
+    StorageUnavailableError,
+    StorageURLError,
+)
 from replaystore.store.storage.local import LocalStorage
 from replaystore.store.storage.objects import FsspecStorage
 

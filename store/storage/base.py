@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store.chunkcache import StoreCache
 
@@ -22,13 +23,15 @@ class StorageError(ReplayStoreError):
 
 class StorageURLError(StorageError, ValueError):
     """A URL or its storage options cannot be opened: an unknown protocol, a filesystem package
-    that is not installed, options the filesystem does not take."""
+    that is not installed, options the filesystem does not take.
+    """
 
 
 class StorageUnavailableError(StorageError, OSError):
     """The storage backend could not be reached or refused the request: no credentials, an
     unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write
-    is; the operation that met it changed nothing visible."""
+    is; the operation that met it changed nothing visible.
+    """
 
 
 def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
@@ -52,7 +55,8 @@ class ObjectStream:
     """A data object written piece by piece (appended to, truncated back), completed and made
     durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
     copies of the pieces in memory and the object is written whole at completion (a buffered
-    stream; :meth:`Storage.open_stream` may instead write the pieces as they come)."""
+    stream; :meth:`Storage.open_stream` may instead write the pieces as they come).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -106,7 +110,8 @@ class Storage(abc.ABC):
     def read_capped(self, path: str, limit: int) -> bytes:
         """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes
         (a record document: its readers never take an unbounded read); FileNotFoundError if
-        absent. This default checks after reading; local storage checks before."""
+        absent. This default checks after reading; local storage checks before.
+        """
         data = self.read(path)
         if len(data) > limit:
             raise _too_large(path, len(data), limit)
@@ -114,7 +119,8 @@ class Storage(abc.ABC):
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
         """Each object whole, None where absent (any other error raises). Object stores read them
-        concurrently: a reader probing many writers' next commit records pays one round trip."""
+        concurrently: a reader probing many writers' next commit records pays one round trip.
+        """
         out: list[bytes | None] = []
         for path in paths:
             try:
@@ -141,7 +147,8 @@ class Storage(abc.ABC):
     def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
         """``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no
         directory was added under ``prefix`` or removed from it since the listing that returned
-        ``token`` (None: no such listing). Entries that are not directories may have changed."""
+        ``token`` (None: no such listing). Entries that are not directories may have changed.
+        """
         return self.list(prefix), None
 
     @abc.abstractmethod
@@ -163,13 +170,15 @@ class Storage(abc.ABC):
 
     def open_stream(self, path: str) -> ObjectStream:
         """A data object to be written piece by piece, complete only once passed to
-        :meth:`write_objects`. This default is buffered (copies of the pieces in memory)."""
+        :meth:`write_objects`. This default is buffered (copies of the pieces in memory).
+        """
         return ObjectStream(path)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
         """Write data objects, each the concatenation of its buffers, and complete ``streams``
         (each holding what was written to it); all of them (and their directory entries) are
-        durable when this returns. This default writes one after another."""
+        durable when this returns. This default writes one after another.
+        """
         for path, parts in objects.items():
             self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
         for stream in streams:
@@ -197,7 +206,8 @@ class Storage(abc.ABC):
 
     def apparent_size(self, prefix: str = "") -> int:
         """Bytes of the objects under ``prefix`` as their sizes say (equal to :meth:`total_size`
-        where objects cannot be sparse)."""
+        where objects cannot be sparse).
+        """
         return self.total_size(prefix)
 
     @abc.abstractmethod

@@ -1,5 +1,6 @@
 """Storage on a local filesystem: a directory; create-if-absent by link(2); every write and
-directory entry made durable with fsync."""
+directory entry made durable with fsync.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_l
 
 def _raise_open_file_limit() -> None:
     """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
-    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment."""
+    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment.
+    """
     try:
         import resource
 
@@ -39,7 +41,8 @@ def _file_kind(mode: int) -> str:
 
 class _FileStream(ObjectStream):
     """A local file written as the pieces come (into the page cache; the fsync at completion
-    writes it back): for writing from memory maps (merges) without a copy."""
+    writes it back): for writing from memory maps (merges) without a copy.
+    """
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(path)
@@ -89,7 +92,8 @@ class LocalStorage(Storage):
     def _p(self, path: str) -> str:
         """The file of ``path``, a '/'-separated path relative to the root. Refuses (with
         :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL,
-        whatever the caller: nothing a store names can point above its root. Cost: a split."""
+        whatever the caller: nothing a store names can point above its root. Cost: a split.
+        """
         if not path:
             return self.root
         parts = path.rstrip("/").split("/")
@@ -102,7 +106,8 @@ class LocalStorage(Storage):
         """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
         every write, delete and data read (a link planted in a store cannot redirect them).
         ``follow_last=False`` checks only the directories on the way (a delete removes a link
-        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component)."""
+        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component).
+        """
         full = self._p(path)
         real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
         if real != self.real_root and not real.startswith(self.real_root + os.sep):
@@ -112,7 +117,8 @@ class LocalStorage(Storage):
     def read(self, path: str) -> bytes:
         """The whole file; CorruptObjectError, without reading, where ``path`` is not a regular
         file (a FIFO, a device, a directory, a symlink to one): it is opened non-blocking and
-        checked with ``fstat`` first, so a FIFO never blocks and ``/dev/zero`` is never read."""
+        checked with ``fstat`` first, so a FIFO never blocks and ``/dev/zero`` is never read.
+        """
         return self.read_capped(path, None)
 
     def read_capped(self, path: str, limit: int | None) -> bytes:
@@ -204,7 +210,8 @@ class LocalStorage(Storage):
         """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
         (sparse where the filesystem allows) and return read-write descriptors of them; durable,
         with their directory entries, once passed to :meth:`write_objects` as ``created``.
-        On error the files created are closed and removed."""
+        On error the files created are closed and removed.
+        """
         fds: dict[str, int] = {}
         try:
             for path, size in sizes.items():
@@ -229,7 +236,8 @@ class LocalStorage(Storage):
         written), then fsync the directories whose entries are not yet durable (see the class)
         the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
         where one after another paid a commit each. Nothing is referenced before this returns.
-        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too."""
+        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too.
+        """
         pool = self._fsync_pool()
         files: list[Any] = []
         created = created or {}
@@ -297,7 +305,8 @@ class LocalStorage(Storage):
     def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
         """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
         (concurrently with the new file's own fsync: one journal commit can cover both) and
-        ``check()`` has returned (it may raise: then nothing is created)."""
+        ``check()`` has returned (it may raise: then nothing is created).
+        """
         full = self._inside(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
@@ -339,7 +348,8 @@ class LocalStorage(Storage):
         """Where the filesystem counts a directory's subdirectories in its link count (2 + their
         number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an unchanged count means none
         came or went: the directory is stat'ed first, then listed, and the count is a token only if
-        it matches the listing (a subdirectory made in between shows as a change next time)."""
+        it matches the listing (a subdirectory made in between shows as a change next time).
+        """
         full = self._p(prefix)
         try:
             links = os.stat(full).st_nlink
@@ -377,7 +387,8 @@ class LocalStorage(Storage):
 
     def total_size(self, prefix: str = "") -> int:
         """Bytes the files under ``prefix`` occupy on disk (allocated blocks: a segment's chunk
-        files are sparse past what was written)."""
+        files are sparse past what was written).
+        """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
             for name in files:
@@ -389,7 +400,8 @@ class LocalStorage(Storage):
 
     def apparent_size(self, prefix: str = "") -> int:
         """Bytes the files under ``prefix`` hold by their sizes (``st_size``: a sparse file's
-        unwritten tail counts; :meth:`total_size` counts allocated blocks)."""
+        unwritten tail counts; :meth:`total_size` counts allocated blocks).
+        """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
             for name in files:

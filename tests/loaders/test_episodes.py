@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from replaystore.errors import StoreError
 from replaystore.loaders import EmptyStoreError, ReplayBuffer, iter_episodes
 from replaystore.schemas import episode, rollout, transitions

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import StoreError
 from replaystore.loaders import EmptyStoreError, SequenceSampler, gather
 from replaystore.loaders.sequence import legal_windows

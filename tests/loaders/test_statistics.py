@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.loaders import (
     PrioritizedSampler,
     ReservoirSampler,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from replaystore.store.compaction import COMPACT_FANIN, due_run, full_runs, segment_run, tiered_run
 from replaystore.store.fragment import Fragment, SegmentRef
 

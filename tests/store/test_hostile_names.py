@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.batches import dqn_batch
 
 from replaystore.errors import InvalidNameError, ReplayStoreError, UnsafeNameError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store, records
 from replaystore.store.storage import LocalStorage
 from replaystore.tools.info import run_verify
+from support.batches import dqn_batch
 
 SCHEMA = dqn(16, 2, actions=9)
 ESCAPE = "../../../../../victim"  # from writers/<W>/data/<table>/<name> up to the store's parent

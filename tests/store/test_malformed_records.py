@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.schemas import dqn
 from replaystore.store import Store, layout, open_store, records

@@ -28,11 +28,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
+from replaystore.store import table as table_module
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.storage import LocalStorage
-from replaystore.store import table as table_module
 from replaystore.store.table import TableReader
 from support.batches import dqn_batch
 from support.indexops import fresh_at

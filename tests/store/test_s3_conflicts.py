@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.store import open_store
 from replaystore.store.storage import FsspecStorage, StorageError, open_storage
 from support.procs import Child, crash_batch, same_records, schema, take_rows

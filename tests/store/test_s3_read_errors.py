@@ -4,9 +4,9 @@ A loopback proxy in front of the moto server denies the reads (``support.s3proxy
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store
 from replaystore.store import log as log_module

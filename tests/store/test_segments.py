@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+
 from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn, transitions
 from replaystore.store import layout, open_store, records
-from replaystore.store.fragment import Fragment
-from replaystore.store.store import Store
-from replaystore.store.writer import Writer
 from replaystore.store import writer as writer_module
+from replaystore.store.fragment import Fragment
 from replaystore.store.segment import MAX_STREAMS
+from replaystore.store.store import Store
 from replaystore.store.verify import verify
+from replaystore.store.writer import Writer
 from support.batches import dqn_batch, transitions_batch
 from support.storecheck import assert_same, columns_of
 

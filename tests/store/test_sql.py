@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.batches import deep_cfr_batch, dqn_batch, ppo_batch
 
 from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, dqn, ppo, treestrap
 from replaystore.store import open_store
 from replaystore.store.sql import QueryError, to_arrow
+from support.batches import deep_cfr_batch, dqn_batch, ppo_batch
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+
 from replaystore.store.fragment import Fragment
 from replaystore.store.viewdiff import intervals, pair, subtract
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+
 from replaystore.schemas import dqn
 from replaystore.store import layout, records
 from replaystore.store import writer as writer_module
