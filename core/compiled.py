@@ -22,10 +22,11 @@ from types import ModuleType
 
 
 def kernel_cache_directory() -> str:
-    """Where numba keeps replaystore's compiled kernels: ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/replaystore-kernels``, else ``~/.cache/replaystore-kernels`` (beside the
-    chunk cache's default directory, not inside it: the chunk cache prunes what it holds).
-    ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents.
+    """Where numba keeps replaystore's compiled kernels.
+
+    ``$REPLAYSTORE_KERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/replaystore-kernels``, else
+    ``~/.cache/replaystore-kernels`` (beside the chunk cache's default directory, not inside it: the chunk cache prunes
+    what it holds). ``NUMBA_CACHE_DIR``, when set, wins over all of these, as numba documents.
     """
     env = os.environ.get("REPLAYSTORE_KERNEL_CACHE_DIR")
     if env:
@@ -36,9 +37,11 @@ def kernel_cache_directory() -> str:
 
 @contextlib.contextmanager
 def _kernel_cache() -> Iterator[None]:
-    """While a kernel module is imported (its functions decorated, which is when numba picks a
-    cache location), point numba's cache at :func:`kernel_cache_directory`, unless the user set
-    ``NUMBA_CACHE_DIR``; restored afterwards, so other numba code is not affected.
+    """Point numba's kernel cache at replaystore's directory while a kernel module is imported.
+
+    While a kernel module is imported (its functions decorated, which is when numba picks a cache location), point
+    numba's cache at :func:`kernel_cache_directory`, unless the user set ``NUMBA_CACHE_DIR``; restored afterwards, so
+    other numba code is not affected.
     """
     from numba.core import config
 
@@ -53,8 +56,9 @@ def _kernel_cache() -> Iterator[None]:
 
 
 def kernels(module: str) -> ModuleType | None:
-    """The kernel module ``module`` (e.g. ``"replaystore.store.csrkernels"``), or None: numba is
-    not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again.
+    """The kernel module ``module`` (e.g. ``"replaystore.store.csrkernels"``), or None.
+
+    Numba is not installed, cannot load with this numpy, or ``REPLAYSTORE_NUMBA=0``. Cheap to call again.
     """
     if os.environ.get("REPLAYSTORE_NUMBA", "1") == "0":
         return None

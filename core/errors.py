@@ -131,27 +131,32 @@ class CorruptObjectError(StoreError):
 
 
 class UnsafeNameError(CorruptObjectError):
-    """A name read from a store breaks the format's name grammar (``..``, a separator, an
-    absolute path, a control character), or a path under the store root leads outside it
-    through a symbolic link. Nothing was read, written or deleted through it.
+    """A name read from a store is unsafe to use as a path.
+
+    A name read from a store breaks the format's name grammar (``..``, a separator, an absolute path, a control
+    character), or a path under the store root leads outside it through a symbolic link. Nothing was read, written or
+    deleted through it.
     """
 
 
 class InvalidNameError(StoreError, ValueError):
-    """A name given as an argument (a table, state slot or state array) breaks the format's name
-    grammar (docs/FORMAT.md, "Object names").
+    """A name given as an argument breaks the format's name grammar (docs/FORMAT.md, "Object names").
+
+    The name is of a table, state slot or state array.
     """
 
 
 class NotAStoreError(StoreError):
-    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store
-    (no manifest, or one that is not replaystore's); nothing was deleted.
+    """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store; nothing was deleted.
+
+    No manifest, or one that is not replaystore's.
     """
 
 
 class StoreReplacedError(StoreError):
-    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle
-    opened it; the opener that lost wrote and deleted nothing.
+    """Another opener is replacing the store (``mode="w+"``) or replaced it after this handle opened it.
+
+    The opener that lost wrote and deleted nothing.
     """
 
 class StepRangeError(StepOrderError):
@@ -159,8 +164,9 @@ class StepRangeError(StepOrderError):
 
 
 class SamplerParameterError(StoreError, ValueError):
-    """A sampler argument (``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every``, ...) is
-    out of its valid range: ``field`` got ``actual``, wanted ``expected``.
+    """A sampler argument is out of its valid range: ``field`` got ``actual``, wanted ``expected``.
+
+    Such as ``alpha``, ``beta``, ``eps``, ``priorities``, ``refresh_every``.
     """
 
     def __init__(self, field: str, expected: Any, actual: Any) -> None:
@@ -171,9 +177,9 @@ class SamplerParameterError(StoreError, ValueError):
 
 
 class ResumeMismatchError(StoreError):
-    """``resume=True`` found saved sampler state whose hyperparameters differ from the ones
-    given; ``parameters`` maps each differing name to ``(saved, given)``. Pass
-    ``override=True`` to resume with the given ones.
+    """``resume=True`` found saved sampler state whose hyperparameters differ from the ones given.
+
+    ``parameters`` maps each differing name to ``(saved, given)``. Pass ``override=True`` to resume with the given ones.
     """
 
     def __init__(self, slot: str, parameters: dict[str, tuple[Any, Any]], detail: str = "") -> None:

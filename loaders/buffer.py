@@ -57,8 +57,9 @@ class ReplayBuffer:
             self._pending = 0
 
     def sample(self, batch_size: int) -> dict[str, Any]:
-        """``batch_size`` records drawn uniformly with replacement from the committed ones
-        (EmptyStoreError if there are none).
+        """``batch_size`` records drawn uniformly with replacement from the committed ones.
+
+        EmptyStoreError if there are none.
         """
         self.store.refresh()
         if self._pending and self._pending >= len(self.store):
@@ -71,9 +72,7 @@ class ReplayBuffer:
         return n if self.capacity is None else min(n, self.capacity)
 
     def save(self) -> None:
-        """Commit the pending records and persist the sampling RNG, so a reopened buffer
-        continues the same draws.
-        """
+        """Commit the pending records and persist the sampling RNG, so a reopened buffer continues the same draws."""
         self.flush()
         self._sampler.save()
 

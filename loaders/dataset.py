@@ -155,8 +155,10 @@ def _first(batch: Any) -> Any:
 
 
 class StoreLoader(DataLoader):
-    """The DataLoader of :func:`make_loader`: batches that workers sent as :class:`WorkerBatch`
-    come out as mappings of tensors, like those gathered in the main process.
+    """The DataLoader of :func:`make_loader`.
+
+    Batches that workers sent as :class:`WorkerBatch` come out as mappings of tensors, like those gathered in the main
+    process.
     """
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

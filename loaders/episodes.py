@@ -25,10 +25,10 @@ def _end_flags(table: Table) -> tuple[str, str | None]:
 
 def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only: bool = True,
                   ) -> Iterator[dict[str, Any]]:
-    """Yield each episode as a mapping of tensors: the schema's fields over T steps (ragged
-    fields as CSR of the episode's steps), plus
-    ``final_obs`` (the last ``next_obs``), ``terminated`` and ``truncated`` (bools),
-    ``stream`` and ``steps``.
+    """Yield each episode as a mapping of tensors.
+
+    The schema's fields over T steps (ragged fields as CSR of the episode's steps), plus ``final_obs`` (the last
+    ``next_obs``), ``terminated`` and ``truncated`` (bools), ``stream`` and ``steps``.
 
     An episode starts at a reset, after an episode end or after a step gap, and ends
     at a step whose terminated/truncated (or ``dones``) flag is set. Only whole

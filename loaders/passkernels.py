@@ -15,8 +15,9 @@ import numpy as np
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def group(labels: np.ndarray, buckets: int, out: np.ndarray) -> np.ndarray:
-    """Fill ``out`` with the positions ``0..len(labels)-1`` grouped by label (each group ascending,
-    groups in label order) and return each group's end in ``out``. Labels are ``< buckets``.
+    """Fill ``out`` with the positions ``0..len(labels)-1`` grouped by label and return each group's end in ``out``.
+
+    Each group ascending, groups in label order. Labels are ``< buckets``.
     """
     ends = np.zeros(buckets, np.int64)
     for i in range(labels.shape[0]):

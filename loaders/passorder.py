@@ -157,9 +157,11 @@ class _Blocks:
 
 
 class PassOrder:
-    """A pass's rows in a uniformly random order determined by ``seed`` (and ``method``), taken
-    from the front (``taken`` rows so far); :meth:`keep` drops rows not taken yet, after which
-    the order is no longer the seed's (``seed`` is None).
+    """A pass's rows in a random order determined by ``seed``, taken from the front.
+
+    A pass's rows in a uniformly random order determined by ``seed`` (and ``method``), taken from the front (``taken``
+    rows so far); :meth:`keep` drops rows not taken yet, after which the order is no longer the seed's (``seed`` is
+    None).
     """
 
     def __init__(self, rows: PassRows, seed: int, method: str = METHOD) -> None:

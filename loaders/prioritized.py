@@ -32,9 +32,10 @@ def _real(name: str, value: Any, lo: float = 0.0) -> float:
 
 
 def leaf_values(priorities: np.ndarray, alpha: float) -> np.ndarray:
-    """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`;
-    SamplerParameterError naming ``priorities`` when one exceeds :data:`MAX_LEAF` (the whole
-    call is then refused). Cost: O(n).
+    """``priorities ** alpha`` (priorities finite, >= 0), raised to at least :data:`MIN_LEAF`.
+
+    SamplerParameterError naming ``priorities`` when one exceeds :data:`MAX_LEAF` (the whole call is then refused).
+    Cost: O(n).
     """
     with np.errstate(over="ignore", under="ignore"):
         values = priorities ** alpha

@@ -20,15 +20,14 @@ _accumulate = np.add.accumulate
 
 
 def compiled_kernels() -> ModuleType | None:
-    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked
-    when a tree is made or grown.
-    """
+    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked when a tree is made or grown."""
     return kernels("replaystore.loaders.treekernels")
 
 
 def _aligned_zeros(n: int) -> np.ndarray:
-    """``n`` float64 zeros starting on a 64-byte boundary (so every run of 8 children that starts
-    at a multiple of 8 is one cache line).
+    """``n`` float64 zeros starting on a 64-byte boundary.
+
+    So every run of 8 children that starts at a multiple of 8 is one cache line.
     """
     raw = np.zeros(n + FANOUT)
     skip = (-(raw.ctypes.data >> 3)) % FANOUT
@@ -150,8 +149,9 @@ class SumTree:
         return self._off_zero(node)
 
     def _off_zero(self, leaf: np.ndarray) -> np.ndarray:
-        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end):
-        floating-point slack can land a target on a zero leaf at the far right.
+        """``leaf`` with any zero leaf moved to the next positive one (the last, past the end).
+
+        Floating-point slack can land a target on a zero leaf at the far right.
         """
         bad = self.leaves().take(leaf) <= 0
         if bad.any():
@@ -160,8 +160,9 @@ class SumTree:
         return leaf
 
     def grow(self, size: int) -> None:
-        """Enlarge to hold at least ``size`` leaves, keeping values; at least doubles, so a tree
-        that follows a growing table (a commit at a time) is rebuilt O(log n) times in all.
+        """Enlarge to hold at least ``size`` leaves, keeping values.
+
+        At least doubles, so a tree that follows a growing table (a commit at a time) is rebuilt O(log n) times in all.
         """
         if size <= self.size:
             return

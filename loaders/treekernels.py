@@ -24,8 +24,10 @@ from numba.extending import intrinsic
 
 @intrinsic
 def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-    """``_prefetch(array, i)``: ask the CPU to bring the cache line of ``array[i]`` in (LLVM's
-    ``llvm.prefetch``, a hint: no fault for any address, no effect on results).
+    """``_prefetch(array, i)``: a software prefetch.
+
+    Ask the CPU to bring the cache line of ``array[i]`` in (LLVM's ``llvm.prefetch``, a hint: no fault for any address,
+    no effect on results).
     """
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         array_type = signature.args[0]

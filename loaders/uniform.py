@@ -141,9 +141,10 @@ class EpochSampler(StoreSampler):
         return full if self.num_batches is None else min(full, self.num_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        """Besides the base state: the pass as its seed, row intervals, row count and row-id sum
-        (checked on load: a sampler with another subset is refused) and rows taken, or, once
-        evictions made it depart from its seed, the rows it has left.
+        """The pass and its progress, besides the base state.
+
+        The pass as its seed, row intervals, row count and row-id sum (checked on load: a sampler with another subset is
+        refused) and rows taken, or, once evictions made it depart from its seed, the rows it has left.
         """
         state = super().state_dict()
         state.update(epoch=self.epoch, drop_last=self.drop_last)

@@ -39,8 +39,10 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def episode_columns(schema: Schema, episode: Any) -> Columns:
-    """One episode (``obs`` [T, ...], ``action``, ``reward``, ``final_obs``, ``terminated`` and
-    optionally ``truncated``, both scalar bools) as T step records.
+    """One episode as T step records.
+
+    One episode (``obs`` [T, ...], ``action``, ``reward``, ``final_obs``, ``terminated`` and optionally ``truncated``,
+    both scalar bools) as T step records.
 
     ``next_obs`` of step t is ``obs[t + 1]`` and, for the last step, ``final_obs``; the last
     step carries ``terminated`` and ``truncated`` as given (``truncated`` left out: ``not

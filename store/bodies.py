@@ -1,5 +1,6 @@
-"""What a reader refuses in a record body: key presence, types and ranges of every record kind
-(docs/FORMAT.md, "What a reader must refuse").
+"""What a reader refuses in a record body.
+
+Key presence, types and ranges of every record kind (docs/FORMAT.md, "What a reader must refuse").
 
 A record document whose checksum matches may still be malformed (written by a buggy or
 foreign writer, or edited and re-checksummed). Each function here checks one kind of body
@@ -77,8 +78,9 @@ class _Body:
         return value
 
     def name(self, kind: str, value: Any, where: str) -> str:
-        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names");
-        else :class:`UnsafeNameError`: a name is never used as a path before this check.
+        """``value`` if it is a valid ``kind`` name of the format (docs/FORMAT.md, "Object names").
+
+        Else :class:`UnsafeNameError`: a name is never used as a path before this check.
         """
         problem = layout.name_problem(kind, value)
         if problem:
@@ -98,9 +100,10 @@ def _power(n: int) -> str:
 
 # -- manifest --------------------------------------------------------------------------------
 def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Check a manifest body: ``format``/``format_version`` (FormatVersionError naming ``url``),
-    then ``tables`` (a non-empty object of schema documents, each parsed), ``capacity`` (null
-    or an int in ``[1, 2**40)``) and ``created_ns``. Returns ``body``.
+    """Check a manifest body.
+
+    ``format``/``format_version`` (FormatVersionError naming ``url``), then ``tables`` (a non-empty object of schema
+    documents, each parsed), ``capacity`` (null or an int in ``[1, 2**40)``) and ``created_ns``. Returns ``body``.
     """
     if body.get("format") != layout.FORMAT_NAME:
         raise FormatVersionError(f"{url}: not a replaystore store")
@@ -134,9 +137,10 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 # -- writer registration -----------------------------------------------------------------------
 def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]:
-    """Check writer ``writer``'s registration: ``writer`` equals the directory's number (a copied
-    writer directory is refused), ``capacity`` (where recorded) is null or a valid capacity,
-    and the optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types.
+    """Check writer ``writer``'s registration.
+
+    ``writer`` equals the directory's number (a copied writer directory is refused), ``capacity`` (where recorded) is
+    null or a valid capacity, and the optional ``host``, ``pid``, ``time_ns``, ``lock`` have their types.
     """
     b = _Body(path)
     got = b.key(body, "writer", "")
@@ -157,10 +161,11 @@ def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]
 # -- commit records -----------------------------------------------------------------------------
 def commit(path: str, body: dict[str, Any], writer: int, seq: int,
            offsets: Mapping[str, Collection[str]] | Collection[str] | None = None) -> dict[str, Any]:
-    """Check commit record ``seq`` of writer ``writer``: ``writer`` and ``seq`` equal the record's
-    place, ``time_ns``, ``kind`` (append, compact, close), ``metadata`` and ``tables``; every
-    fragment descriptor added (:func:`fragment`); a ``close`` record changes no table.
-    ``offsets``: the known tables (with their CSR offsets array names, where a mapping).
+    """Check commit record ``seq`` of writer ``writer``.
+
+    ``writer`` and ``seq`` equal the record's place, ``time_ns``, ``kind`` (append, compact, close), ``metadata`` and
+    ``tables``; every fragment descriptor added (:func:`fragment`); a ``close`` record changes no table. ``offsets``:
+    the known tables (with their CSR offsets array names, where a mapping).
     """
     b = _Body(path)
     got = b.key(body, "writer", "")
@@ -204,10 +209,11 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
 
 def fragment(path: str, d: Any, where: str, seq_limit: int = COUNT_LIMIT,
              offsets: Collection[str] | None = None) -> dict[str, Any]:
-    """Check one fragment descriptor (``where`` names it in ``path``): ``name``, ``row_start`` and
-    ``rows`` within a writer's rows, ``nnz`` (per CSR offsets array: exactly ``offsets`` where
-    given), ``streams`` (ints or strings), ``parts`` (``[seq < seq_limit, time_ns, rows]`` whose
-    rows sum to ``rows``) and, if present, ``segment`` consistent with them.
+    """Check one fragment descriptor (``where`` names it in ``path``).
+
+    ``name``, ``row_start`` and ``rows`` within a writer's rows, ``nnz`` (per CSR offsets array: exactly ``offsets``
+    where given), ``streams`` (ints or strings), ``parts`` (``[seq < seq_limit, time_ns, rows]`` whose rows sum to
+    ``rows``) and, if present, ``segment`` consistent with them.
     """
     return _fragment(_Body(path), d, where, seq_limit, offsets)
 
@@ -289,9 +295,10 @@ def _segment(b: _Body, s: Any, where: str, rows: int, parts: int, nnz: Mapping[s
 # -- log checkpoints -----------------------------------------------------------------------------
 def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
                offsets: Mapping[str, Collection[str]] | Collection[str] | None = None) -> dict[str, Any]:
-    """Check a log checkpoint: ``kind``, ``number`` (equal to its place, where given),
-    ``time_ns``, and per writer ``next_seq``, ``closed`` and its live fragment descriptors
-    (unique names per table, parts of records before ``next_seq``).
+    """Check a log checkpoint.
+
+    ``kind``, ``number`` (equal to its place, where given), ``time_ns``, and per writer ``next_seq``, ``closed`` and its
+    live fragment descriptors (unique names per table, parts of records before ``next_seq``).
     """
     b = _Body(path)
     if body.get("kind") != "checkpoint":
@@ -324,8 +331,9 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
 
 # -- state records ----------------------------------------------------------------------------
 def state(path: str, body: dict[str, Any], slot: str, version: int) -> dict[str, Any]:
-    """Check state record ``version`` of ``slot``: those two, ``time_ns``, ``doc`` (an object)
-    and ``arrays`` (name -> the path of that array's payload in this slot).
+    """Check state record ``version`` of ``slot``.
+
+    Those two, ``time_ns``, ``doc`` (an object) and ``arrays`` (name -> the path of that array's payload in this slot).
     """
     b = _Body(path)
     if b.key(body, "slot", "") != slot:
@@ -346,13 +354,14 @@ CAPACITY_WITNESSES = 4
 
 
 def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None:
-    """Refuse to write to a store whose manifest's ``capacity`` differs from the capacity an
-    earlier writer registered under (``capacity`` in its registration): the manifest never
-    changes, so it was edited, and a writer trusting a lowered capacity would reclaim records
-    it must keep. Reads the registrations of the ``CAPACITY_WITNESSES`` lowest and highest
-    writer numbers among ``names`` (the listing of ``writers/``; one ``read_many``); damaged or
-    absent ones, and those written before registrations recorded a capacity, witness nothing.
-    Raises CorruptObjectError naming the manifest.
+    """Refuse to write to a store whose manifest's ``capacity`` was edited.
+
+    Refuse to write to a store whose manifest's ``capacity`` differs from the capacity an earlier writer registered
+    under (``capacity`` in its registration): the manifest never changes, so it was edited, and a writer trusting a
+    lowered capacity would reclaim records it must keep. Reads the registrations of the ``CAPACITY_WITNESSES`` lowest
+    and highest writer numbers among ``names`` (the listing of ``writers/``; one ``read_many``); damaged or absent ones,
+    and those written before registrations recorded a capacity, witness nothing. Raises CorruptObjectError naming the
+    manifest.
     """
     numbers = sorted(int(n) for n in names if n.isdigit() and len(n) == 6)
     chosen = sorted(set(numbers[:CAPACITY_WITNESSES] + numbers[-CAPACITY_WITNESSES:]))

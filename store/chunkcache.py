@@ -90,8 +90,10 @@ class ChunkCache:
         return sum(size for _, size, _ in _files(self.directory))
 
     def kept(self, size: int, keep: str) -> None:
-        """Count a file of ``size`` bytes just kept (``keep``); prune when this process's figure
-        for the cache's size (from its last scan plus its own files since) passes the budget.
+        """Count a file of ``size`` bytes just kept (``keep``).
+
+        Prune when this process's figure for the cache's size (from its last scan plus its own files since) passes the
+        budget.
         """
         if self._size is not None and self._size + size <= self.budget():
             self._size += size
@@ -99,9 +101,10 @@ class ChunkCache:
         self._size = self.prune(keep, self.budget() - self.budget() // 8)  # room for the next files
 
     def prune(self, keep: str = "", target: int | None = None) -> int:
-        """Delete least recently used files (never ``keep``) until the cache holds at most
-        ``target`` bytes (None: its budget), and temporary files a killed process left;
-        the bytes left.
+        """Delete least recently used files until the cache holds at most ``target`` bytes.
+
+        Delete least recently used files (never ``keep``) until the cache holds at most ``target`` bytes (None: its
+        budget), and temporary files a killed process left; the bytes left.
         """
         files = _files(self.directory)
         budget = self.budget() if target is None else target
@@ -124,8 +127,9 @@ class ChunkCache:
 
 
 def choose(cache: Any, remote: bool) -> ChunkCache | None:
-    """The cache ``open_store(..., cache=)`` asks for: None (the default) or True, a
-    :class:`ChunkCache` in the default directory for remote stores (True: for any backend
+    """The cache ``open_store(..., cache=)`` asks for.
+
+    None (the default) or True, a :class:`ChunkCache` in the default directory for remote stores (True: for any backend
     without local files); a path, a ChunkCache there; False, none.
     """
     if cache is None:
@@ -154,9 +158,10 @@ class StoreCache:
         return sum(size for _, size, _ in _files(self.root))
 
     def forget(self, prefixes: list[str]) -> None:
-        """Mark the files under these object prefixes least recently used (a reader saw their
-        fragments leave the store's visible records): pruning deletes them first. Not deleted
-        now, for processes with an older view that may still read them.
+        """Mark the files under these object prefixes least recently used: pruning deletes them first.
+
+        A reader saw their fragments leave the store's visible records. Not deleted now, for processes with an older
+        view that may still read them.
         """
         for prefix in prefixes:
             for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):

@@ -31,9 +31,7 @@ def segment_run(frags: list[Fragment]) -> list[Fragment]:
 
 
 def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
-    """The trailing run of small fragments a merge would rewrite (size-tiered; ``max_rows``:
-    the fragment size cap).
-    """
+    """The trailing run of small fragments a merge would rewrite (size-tiered; ``max_rows``: the fragment size cap)."""
     run: list[Fragment] = []
     total = 0
     for f in reversed(frags):
@@ -50,8 +48,9 @@ def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 
 
 def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
-    """The trailing run due for a background merge, if it has reached the fan-in (else empty):
-    segment-backed fragments of one segment, to be described as one, or small fragments.
+    """The trailing run due for a background merge, if it has reached the fan-in (else empty).
+
+    Segment-backed fragments of one segment, to be described as one, or small fragments.
     """
     if not frags:
         return []
@@ -60,9 +59,11 @@ def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
 
 
 def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[list[Fragment]]:
-    """Every run a full compaction merges (``frags`` in row order; ``visible``: the names of
-    those every reader sees whole): adjacent fragments of one kind (one segment's, or
-    fragments of their own) up to ``max_rows`` records; runs of one fragment are left out.
+    """Every run a full compaction merges.
+
+    Every run a full compaction merges (``frags`` in row order; ``visible``: the names of those every reader sees
+    whole): adjacent fragments of one kind (one segment's, or fragments of their own) up to ``max_rows`` records; runs
+    of one fragment are left out.
     """
     runs: list[list[Fragment]] = [[]]
     for f in frags:
@@ -83,9 +84,11 @@ def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[l
 
 def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str,
             run: list[Fragment]) -> tuple[Fragment, str] | None:
-    """Write ``run``'s records as one new fragment ``name`` of ``writer`` (durable, not yet
-    referenced by any commit record); returns it and the path of its objects, or None (and
-    nothing left behind) if part of the run was evicted and reclaimed while it was read.
+    """Write ``run``'s records as one new fragment ``name`` of ``writer``.
+
+    Write ``run``'s records as one new fragment ``name`` of ``writer`` (durable, not yet referenced by any commit
+    record); returns it and the path of its objects, or None (and nothing left behind) if part of the run was evicted
+    and reclaimed while it was read.
     """
     staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start)
     try:

@@ -1,5 +1,7 @@
-"""Fragments: runs of one writer's records of one table, each in its own immutable Zarr group
-or (format 2, local storage) in rows of a segment's arrays (docs/FORMAT.md, "Segments").
+"""Fragments: runs of one writer's records of one table.
+
+Fragments: runs of one writer's records of one table, each in its own immutable Zarr group or (format 2, local storage)
+in rows of a segment's arrays (docs/FORMAT.md, "Segments").
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class Fragment:
 
     @functools.cached_property
     def part_table(self) -> np.ndarray:
-        """``parts`` as an int64 array, a row per part: ``(time_ns, seq, rows, offset)``, where
-        offset is the local row of the part's first record.
+        """``parts`` as an int64 array, a row per part.
+
+        ``(time_ns, seq, rows, offset)``, where offset is the local row of the part's first record.
         """
         table = np.zeros((len(self.parts), 4), dtype=np.int64)
         if self.parts:
@@ -114,8 +117,10 @@ class Fragment:
 
 
 def coalesce(run: list[Fragment], name: str) -> Fragment | None:
-    """One fragment ``name`` describing the adjacent segment-backed fragments ``run`` of one
-    segment (no data moves: a metadata-only merge); None if they are not such a run.
+    """One fragment ``name`` describing the adjacent segment-backed fragments ``run`` of one segment.
+
+    One fragment ``name`` describing the adjacent segment-backed fragments ``run`` of one segment (no data moves: a
+    metadata-only merge); None if they are not such a run.
     """
     first, last = run[0], run[-1]
     if any(f.segment is None or f.segment.name != first.segment.name for f in run):  # type: ignore[union-attr]
@@ -142,8 +147,9 @@ def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]
 
 
 class FragmentData:
-    """Lazy, cached access to one fragment's arrays (memory maps on local storage; on object
-    storage through its chunk cache, if it has one, unless not ``cached``).
+    """Lazy, cached access to one fragment's arrays.
+
+    Memory maps on local storage; on object storage through its chunk cache, if it has one, unless not ``cached``.
     """
 
     def __init__(self, storage: Storage, schema: Schema, frag: Fragment, *, cached: bool = True) -> None:

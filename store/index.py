@@ -111,12 +111,12 @@ class StreamIndex:
     # -- incremental maintenance -------------------------------------------------------------------
     def apply(self, added: list[Piece], removed: list[Piece], keys: list[StreamKey] | None = None,
               new_keys: list[StreamKey] | None = None) -> bool:
-        """Follow a change of the visible rows: ``added``/``removed`` are the entries that
-        appeared/disappeared; ``keys`` the new stream order (as :meth:`build` would number
-        them), or None when it is the current order followed by ``new_keys``. Cost: the
-        entries changed and the streams touched, plus a rewrite of each stream changed
-        elsewhere than at its ends (plus the number of streams when ``keys`` is given).
-        False (the index is then unusable) if the pieces contradict the index.
+        """Follow a change of the visible rows.
+
+        ``added``/``removed`` are the entries that appeared/disappeared; ``keys`` the new stream order (as :meth:`build`
+        would number them), or None when it is the current order followed by ``new_keys``. Cost: the entries changed and
+        the streams touched, plus a rewrite of each stream changed elsewhere than at its ends (plus the number of
+        streams when ``keys`` is given). False (the index is then unusable) if the pieces contradict the index.
         """
         self.version += 1
         fresh = [k for k in (keys if keys is not None else new_keys or []) if k not in self.slot_of]
@@ -264,8 +264,9 @@ class StreamIndex:
         return [k for k, c in zip(self.keys, counts.tolist(), strict=True) if c]
 
     def span(self, stream: StreamKey) -> tuple[int, int]:
-        """``[lo, hi)`` of a stream's entries in the dense views; empty for a stream with no
-        visible records (never written, or wholly evicted: the same answer whether or not a
+        """``[lo, hi)`` of a stream's entries in the dense views.
+
+        Empty for a stream with no visible records (never written, or wholly evicted: the same answer whether or not a
         live fragment still lists its key).
         """
         g = self._lookup.get(stream)

@@ -29,9 +29,10 @@ _STATE_NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*")
 
 
 def name_problem(kind: str, name: object) -> str | None:
-    """Why ``name`` is not a valid ``kind`` name of the format (docs/FORMAT.md, "Object names"),
-    or None if it is. ``kind``: ``"table"``, ``"fragment"``, ``"segment"``, ``"state slot"``,
-    ``"state array"`` or ``"payload token"``. Cost: one regular-expression match.
+    """Why ``name`` is not a valid ``kind`` name of the format (docs/FORMAT.md, "Object names"), or None if it is.
+
+    ``kind``: ``"table"``, ``"fragment"``, ``"segment"``, ``"state slot"``, ``"state array"`` or ``"payload token"``.
+    Cost: one regular-expression match.
     """
     if not isinstance(name, str):
         return f"{kind} name {name!r}: expected a string"
@@ -55,8 +56,9 @@ def _checked(kind: str, name: str) -> str | None:
 
 
 def stored_name(kind: str, name: object, where: str) -> str:
-    """``name``, read from the store object ``where``, if it is a valid ``kind`` name; else
-    raises :class:`UnsafeNameError` naming ``where``. Cost: a cache lookup once seen.
+    """``name``, read from the store object ``where``, if it is a valid ``kind`` name.
+
+    Else raises :class:`UnsafeNameError` naming ``where``. Cost: a cache lookup once seen.
     """
     problem = _checked(kind, name) if isinstance(name, str) else name_problem(kind, name)
     if problem:
@@ -65,8 +67,9 @@ def stored_name(kind: str, name: object, where: str) -> str:
 
 
 def given_name(kind: str, name: object, argument: str) -> str:
-    """``name``, given as ``argument``, if it is a valid ``kind`` name; else raises
-    :class:`InvalidNameError` naming the argument.
+    """``name``, given as ``argument``, if it is a valid ``kind`` name.
+
+    Else raises :class:`InvalidNameError` naming the argument.
     """
     problem = name_problem(kind, name)
     if problem:
@@ -91,8 +94,9 @@ def commit_record(writer: int, seq: int) -> str:
 
 
 def fragment_dir(writer: int, table: str, name: str) -> str:
-    """The directory of fragment or segment ``name`` of ``table``; both names checked
-    (:func:`stored_name`), as they come from commit records.
+    """The directory of fragment or segment ``name`` of ``table``.
+
+    Both names checked (:func:`stored_name`), as they come from commit records.
     """
     where = f"{writer_dir(writer)}/data"
     stored_name("table", table, where)
@@ -131,8 +135,10 @@ def state_payload(slot: str, token: str, name: str) -> str:
 
 
 def state_payload_of(slot: str, array: str, path: object, where: str) -> str:
-    """``path``, read from state record ``where`` for array ``array``, if it names that array's
-    payload in ``slot`` (``state/<slot>/payload-<token>/<array>.npy``); else UnsafeNameError.
+    """``path``, read from state record ``where``, checked to name a payload of array ``array``.
+
+    ``path``, read from state record ``where`` for array ``array``, if it names that array's payload in ``slot``
+    (``state/<slot>/payload-<token>/<array>.npy``); else UnsafeNameError.
     """
     stored_name("state array", array, where)
     prefix = f"{state_dir(slot)}/payload-"

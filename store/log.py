@@ -56,8 +56,9 @@ class WriterLog:
         return out
 
     def state(self) -> tuple[int, bool, dict[str, list[dict[str, Any]]]]:
-        """Next seq, closed flag and live fragment descriptors per table (by name): what two
-        applications of the same records agree on, whatever order the fragments were added in.
+        """Next seq, closed flag and live fragment descriptors per table (by name).
+
+        What two applications of the same records agree on, whatever order the fragments were added in.
         """
         return self.next_seq, self.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
                                             for t, frags in self.fragments.items() if frags}
@@ -148,12 +149,13 @@ class CommitLog:
         return bool(new)
 
     def apply_created(self, writer: int, created: dict[int, bytes]) -> bool | None:
-        """Apply writer ``writer``'s records that its own process created, ``created`` (seq ->
-        the record's bytes, as stored), without reading storage: only that writer creates its
-        records, so the ones it holds are all there are. Takes from ``created`` each record it
-        applies and drops those already applied; applies in order from the writer's next record
-        and stops at the first it does not hold. True if anything was applied; None if this log
-        has not read the store yet (nothing done: call :meth:`refresh`).
+        """Apply writer ``writer``'s records that its own process created, without reading storage.
+
+        Apply writer ``writer``'s records that its own process created, ``created`` (seq -> the record's bytes, as
+        stored), without reading storage: only that writer creates its records, so the ones it holds are all there are.
+        Takes from ``created`` each record it applies and drops those already applied; applies in order from the
+        writer's next record and stops at the first it does not hold. True if anything was applied; None if this log has
+        not read the store yet (nothing done: call :meth:`refresh`).
         """
         if not self._started:
             return None
@@ -195,9 +197,10 @@ class CommitLog:
         self.time_ns = max(self.time_ns, int(body.get("time_ns", 0)))
 
     def fragments(self, table: str) -> list[Fragment]:
-        """Live fragments of ``table``, ordered by row id (a writer's row ids all follow those of
-        lower writer numbers). Cost: the fragments of the writers whose records were applied
-        since the last call. The list is shared until the log changes: do not modify it.
+        """Live fragments of ``table``, ordered by row id (a writer's row ids all follow those of lower writer numbers).
+
+        Cost: the fragments of the writers whose records were applied since the last call. The list is shared until the
+        log changes: do not modify it.
         """
         out = self._ordered.get(table)
         if out is None:
@@ -213,17 +216,20 @@ class CommitLog:
 
     # -- history --------------------------------------------------------------------------
     def history(self) -> list[CommitInfo]:
-        """Every applied record (each writer's up to where this log has applied it), ordered by
-        commit time, then writer and seq. Read from storage at the first call (the log may
-        have started from a checkpoint), then kept and extended by each refresh.
+        """Every applied record, ordered by commit time, then writer and seq.
+
+        Each writer's up to where this log has applied it. Read from storage at the first call (the log may have started
+        from a checkpoint), then kept and extended by each refresh.
         """
         if self._history is None:
             self._history = list(self._read_records({w: wlog.next_seq for w, wlog in self.writers.items()}))
         return sorted(self._history, key=lambda c: (int(c.body.get("time_ns", 0)), c.writer, c.seq))
 
     def _read_records(self, ends: dict[int, int]) -> list[CommitInfo]:
-        """Records ``0 .. ends[w] - 1`` of each writer ``w``; a missing one is a StoreError (raised
-        at the first batch that meets it: ``ends`` from a damaged checkpoint may be absurd).
+        """Records ``0 .. ends[w] - 1`` of each writer ``w``.
+
+        A missing one is a StoreError (raised at the first batch that meets it:
+        ``ends`` from a damaged checkpoint may be absurd).
         """
         wanted = ((w, seq) for w in sorted(ends) for seq in range(ends[w]))
         out: list[CommitInfo] = []
@@ -269,10 +275,10 @@ class CommitLog:
         return self.since_checkpoint >= CHECKPOINT_EVERY
 
     def write_checkpoint(self) -> int | None:
-        """Create the next checkpoint of what this log has applied (create-if-absent) and delete
-        those before the previous one; its number. None, writing nothing, if another writer
-        made a checkpoint this log did not know of (listed, or created first under the same
-        number). Either way the count of records since a checkpoint starts again.
+        """Create the next checkpoint of what this log has applied and delete those before the previous one; its number.
+
+        Create-if-absent. None, writing nothing, if another writer made a checkpoint this log did not know of (listed,
+        or created first under the same number). Either way the count of records since a checkpoint starts again.
         """
         numbers = self.checkpoint_numbers()
         known = -1 if self.checkpoint is None else self.checkpoint
@@ -290,8 +296,9 @@ class CommitLog:
         return number
 
     def state_at(self, ends: dict[int, int]) -> dict[int, WriterLog]:
-        """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``
-        (what a checkpoint at those positions must hold), read from the records themselves.
+        """The writers' state after applying records ``0 .. ends[w] - 1`` of each writer ``w``.
+
+        This is what a checkpoint at those positions must hold, read from the records themselves.
         """
         state = {w: WriterLog(w) for w in ends}
         for info in self._read_records(ends):
@@ -327,9 +334,10 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
 def decode_checkpoint(path: str, data: bytes, number: int | None = None,
                       tables: Mapping[str, Collection[str]] | Collection[str] | None = None,
                       ) -> tuple[dict[int, WriterLog], int]:
-    """``(writers, latest commit time)`` of checkpoint ``number`` (where given); CorruptObjectError
-    if it is damaged, not a checkpoint or malformed (store/bodies.py; ``tables``: the known
-    tables, with their CSR offsets arrays where a mapping).
+    """``(writers, latest commit time)`` of checkpoint ``number`` (where given).
+
+    CorruptObjectError if it is damaged, not a checkpoint or malformed (store/bodies.py; ``tables``: the known tables,
+    with their CSR offsets arrays where a mapping).
     """
     body = bodies.checkpoint(path, records.decode(path, data), number, tables)
     writers: dict[int, WriterLog] = {}

@@ -33,10 +33,11 @@ MAX_BYTES = 64 << 20
 
 
 def decode(path: str, data: bytes) -> dict[str, Any]:
-    """The body of the record document ``data`` read from ``path``. Raises CorruptObjectError
-    naming ``path`` if it is over :data:`MAX_BYTES`, does not parse, fails its checksum or its
-    body is not a JSON object (what the body holds is checked by store/bodies.py).
-    Cost: one parse (two where the layout is not :func:`encode`'s).
+    """The body of the record document ``data`` read from ``path``.
+
+    Raises CorruptObjectError naming ``path`` if it is over :data:`MAX_BYTES`, does not parse, fails its checksum or its
+    body is not a JSON object (what the body holds is checked by store/bodies.py). Cost: one parse (two where the layout
+    is not :func:`encode`'s).
     """
     if len(data) > MAX_BYTES:
         raise CorruptObjectError(path, f"{len(data)} bytes: larger than any record ({MAX_BYTES} bytes at most)")
@@ -55,17 +56,19 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
 
 def read(storage: Any, path: str) -> bytes:
-    """The bytes of record document ``path`` of ``storage`` (a Storage), refused with
-    CorruptObjectError if larger than :data:`MAX_BYTES` or (local storage) not a regular file;
-    FileNotFoundError if absent.
+    """The bytes of record document ``path`` of ``storage``, size-limited.
+
+    The bytes of record document ``path`` of ``storage`` (a Storage), refused with CorruptObjectError if larger than
+    :data:`MAX_BYTES` or (local storage) not a regular file; FileNotFoundError if absent.
     """
     return storage.read_capped(path, MAX_BYTES)
 
 
 def _decode_canonical(data: bytes) -> Any:
-    """The body of a document laid out as :func:`encode` writes it whose checksum matches the
-    body's bytes as stored (one parse, no re-encoding); None for any other input, which
-    :func:`decode` then parses and checks in full.
+    """The body of an :func:`encode`-formatted document whose checksum matches, else None.
+
+    The body of a document laid out as :func:`encode` writes it whose checksum matches the body's bytes as stored (one
+    parse, no re-encoding); None for any other input, which :func:`decode` then parses and checks in full.
     """
     cut = data.rfind(_TAIL)
     if cut < 0 or not data.startswith(_HEAD) or not data.endswith(b"}"):

@@ -1,6 +1,7 @@
-"""Which records a capped store keeps: the newest ``capacity`` records across all writers, by
-commit time (docs/FORMAT.md, "Reading a store" and "Capacity and reclamation"). Pure functions
-of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
+"""Which records a capped store keeps.
+
+The newest ``capacity`` records across all writers, by commit time (docs/FORMAT.md, "Reading a store" and "Capacity and
+reclamation"). Pure functions of the live fragments: readers show what :func:`visible_from` keeps, writers reclaim what
 lies beyond it and a grace margin (:func:`reclaimable`).
 """
 
@@ -15,16 +16,18 @@ from replaystore.store.fragment import Fragment
 
 
 def grace(capacity: int) -> int:
-    """The grace margin of a capped store (docs/FORMAT.md, "Capacity and reclamation"): how many
-    records beyond ``capacity`` stay stored after eviction, for readers whose view lags.
+    """The grace margin of a capped store (docs/FORMAT.md, "Capacity and reclamation").
+
+    How many records beyond ``capacity`` stay stored after eviction, for readers whose view lags.
     """
     return max(capacity // 4, 1)
 
 
 def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
-    """Per fragment, the local offset from which its rows are among the newest ``capacity``:
-    all parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset),
-    records taken from them until ``capacity`` are.
+    """Per fragment, the local offset from which its rows are among the newest ``capacity``.
+
+    All parts ordered newest first by ``(time_ns, writer, seq)`` (then fragment, offset), records taken from them until
+    ``capacity`` are.
     """
     vis_from = np.array([f.rows for f in frags], dtype=np.int64)
     if not frags:
@@ -48,8 +51,9 @@ def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
 
 
 def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
-    """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records (and
-    of empty parts among them: kept is the safe side for a reclaim).
+    """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records.
+
+    And of empty parts among them: kept is the safe side for a reclaim.
     """
     parts = sorted(((t, f.writer, seq, rows) for f in frags for seq, t, rows in f.parts), reverse=True)
     kept: set[tuple[int, int]] = set()
@@ -63,11 +67,12 @@ def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
 
 def reclaimable(counts: list[tuple[Fragment, int]], writer: int, writing: set[str],
                 is_gone: Callable[[int], bool]) -> set[str]:
-    """The units writer ``writer`` may delete (docs/FORMAT.md, "Capacity and reclamation"), from
-    each live fragment with its rows beyond the grace margin (``counts``): fragments of their
-    own wholly evicted, and segments all of whose fragments are, when nobody adds to them any
-    more: full ones, ``writer``'s own not in ``writing``, and those of writers ``is_gone``
-    (asked last: it may probe liveness).
+    """The units writer ``writer`` may delete.
+
+    The units writer ``writer`` may delete (docs/FORMAT.md, "Capacity and reclamation"), from each live fragment with
+    its rows beyond the grace margin (``counts``): fragments of their own wholly evicted, and segments all of whose
+    fragments are, when nobody adds to them any more: full ones, ``writer``'s own not in ``writing``, and those of
+    writers ``is_gone`` (asked last: it may probe liveness).
     """
     evicted = {(f.writer, f.name) for f, v in counts if v >= f.rows}
     paths = {f.path for f, v in counts if v >= f.rows and f.segment is None}
@@ -87,9 +92,10 @@ _SEGMENT_NAME = re.compile(r"s[0-9]{10}")
 
 
 def unreferenced_segments(names: Iterable[str], live: set[str]) -> list[str]:
-    """Of the names listed under a gone writer's ``data/<table>/`` (``names``: data, validated
-    here), its segments no live fragment of its final log is backed by (``live``): spares, a
-    segment its last uncommitted appends went to, segments it retired and did not finish
-    deleting (docs/FORMAT.md, "Capacity and reclamation"). Cost: the names.
+    """The segments of a gone writer that no live fragment of its final log is backed by.
+
+    Of the names listed under a gone writer's ``data/<table>/`` (``names``: data, validated here), its segments no live
+    fragment of its final log is backed by (``live``): spares, a segment its last uncommitted appends went to, segments
+    it retired and did not finish deleting (docs/FORMAT.md, "Capacity and reclamation"). Cost: the names.
     """
     return sorted(n for n in names if _SEGMENT_NAME.fullmatch(n) and n not in live)

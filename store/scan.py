@@ -23,8 +23,10 @@ def _stream_type(reader: TableReader) -> pa.DataType:
 
 
 def scan_schema(reader: TableReader) -> pa.Schema:
-    """The scanned columns: ``row``, ``stream``, ``step``, ``reset``, the schema's fields,
-    then ``writer``, ``commit`` (its seq) and ``commit_time``.
+    """The scanned columns.
+
+    ``row``, ``stream``, ``step``, ``reset``, the schema's fields, then ``writer``, ``commit`` (its seq) and
+    ``commit_time``.
     """
     fields = [pa.field("row", pa.int64(), nullable=False), pa.field("stream", _stream_type(reader), nullable=False),
               pa.field("step", pa.int64(), nullable=False), pa.field("reset", pa.bool_(), nullable=False)]
@@ -61,8 +63,9 @@ def scan(reader: TableReader, columns: Sequence[str] | None = None, batch_rows: 
 
 def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_rows: int = SCAN_ROWS,
                   stop: int | None = None) -> Iterator[pa.RecordBatch]:
-    """One fragment's records ``[vis_from, stop)`` (``stop``: its end by default) as batches with
-    exactly the columns of ``schema``.
+    """One fragment's records ``[vis_from, stop)`` as batches with exactly the columns of ``schema``.
+
+    ``stop``: its end by default.
 
     ``schema`` is :func:`scan_schema` of the table (or a :func:`scan_projection` of it), so
     that every fragment of a table yields the same column types (e.g. ``stream`` is string

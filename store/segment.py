@@ -55,10 +55,11 @@ _LITTLE = sys.byteorder == "little"
 
 
 class _Writeback:
-    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that
-    an append never waits for the device's queue; durability still comes only from the commit's
-    ``fdatasync``. A request for a descriptor closed meanwhile fails or starts the write-back of
-    another file's pages: either is harmless.
+    """Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process.
+
+    Starts write-back (Linux ``sync_file_range``) on a daemon thread of this process, so that an append never waits for
+    the device's queue; durability still comes only from the commit's ``fdatasync``. A request for a descriptor closed
+    meanwhile fails or starts the write-back of another file's pages: either is harmless.
     """
 
     def __init__(self) -> None:
@@ -130,8 +131,9 @@ def fixed_row_bytes(schema: Schema) -> int:
 
 
 class Segment:
-    """Writer ``writer``'s open segment ``name`` of one table: ``capacity`` rows and
-    ``value_capacity[offsets]`` values per CSR group. ``row_start``, the writer's local row of
+    """Writer ``writer``'s open segment ``name`` of one table.
+
+    ``capacity`` rows and ``value_capacity[offsets]`` values per CSR group. ``row_start``, the writer's local row of
     segment row 0, is set when the segment starts taking records (it may be created ahead).
     """
 
@@ -193,9 +195,10 @@ class Segment:
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
-        """Write ``cols``' records at their place (the caller checked :meth:`fits`); record i
-        belongs to stream ``streams[codes[i]]``. All or nothing: a failure forgets the partial
-        add (nothing committed is ever touched).
+        """Write ``cols``' records at their place (the caller checked :meth:`fits`).
+
+        Record i belongs to stream ``streams[codes[i]]``. All or nothing: a failure forgets the partial add (nothing
+        committed is ever touched).
         """
         mark = self.mark()
         try:
@@ -253,9 +256,9 @@ class Segment:
         return all(os.fstat(a.fd).st_nlink for a in self._arrays.values())
 
     def check_present(self) -> None:
-        """StoreError if the segment's files were deleted while open (a vacuum whose threshold is
-        shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum"): committing
-        would reference data that is gone.
+        """StoreError if the segment's files were deleted while open: committing would reference data that is gone.
+
+        A vacuum whose threshold is shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum".
         """
         if not self.present():
             raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "

@@ -20,10 +20,10 @@ class Segments:
     def __init__(self, dtypes: dict[str, np.dtype], columns: dict[str, np.ndarray] | None = None,
                  bounds: np.ndarray | None = None, slack: int = 0, slot_order: np.ndarray | None = None,
                  slots: int | None = None) -> None:
-        """Empty, or the dense ``columns`` cut at ``bounds`` into the segments of slots
-        ``slot_order`` (default ``0, 1, ...``; ``slots`` in all, the others empty). Each
-        segment gets room for an eighth more entries (its first appends do not move it),
-        and the buffer ``slack`` free entries after them.
+        """Empty, or the dense ``columns`` cut at ``bounds`` into the segments of slots ``slot_order``.
+
+        Default ``0, 1, ...``; ``slots`` in all, the others empty. Each segment gets room for an eighth more entries
+        (its first appends do not move it), and the buffer ``slack`` free entries after them.
         """
         bounds = np.zeros(1, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
         counts = np.diff(bounds)
@@ -94,8 +94,9 @@ class Segments:
         self.live -= k
 
     def replace(self, slot: int, arrays: dict[str, np.ndarray]) -> None:
-        """New contents for ``slot``, numbered from relative position 0. Written at the top of
-        the buffer: entries once handed out as views are never overwritten in place.
+        """New contents for ``slot``, numbered from relative position 0.
+
+        Written at the top of the buffer: entries once handed out as views are never overwritten in place.
         """
         self.live -= self.count(slot)
         self.lo[slot] = self.hi[slot] = self.end[slot] = self.origin[slot] = self.top

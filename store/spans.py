@@ -96,9 +96,10 @@ class Layout:
         return self._bases_of(frags, keys)
 
     def follow(self, removed: list[Fragment], added: list[Fragment]) -> np.ndarray | None:
-        """Follow a change of the visible fragments, ``removed`` left and ``added`` came (the rest
-        kept their places); the base rows of ``added``. Cost: the change. None where the
-        reserved space runs out: the layout is then in no defined state until :meth:`place`.
+        """Follow a change of the visible fragments, ``removed`` left and ``added`` came (the rest kept their places).
+
+        The base rows of ``added``. Cost: the change. None where the reserved space runs out: the layout is then in no
+        defined state until :meth:`place`.
         """
         count = self._count
         for f in removed:
@@ -137,8 +138,10 @@ class Layout:
                 mapped.discard(k)
 
     def array(self, name: str) -> np.ndarray:
-        """The view of array ``name``; every placed unit's rows are mapped at their base, except
-        in a ``lazy`` layout, where :meth:`map_units` maps them.
+        """The view of array ``name``.
+
+        Every placed unit's rows are mapped at their base, except in a ``lazy`` layout, where :meth:`map_units` maps
+        them.
         """
         view = self._views.get(name)
         if view is not None:

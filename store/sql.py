@@ -79,8 +79,9 @@ def _sql_type(t: pa.DataType) -> pa.DataType:
 
 
 def sql_schema(stored: pa.Schema) -> pa.Schema:
-    """The schema DuckDB sees for a table scanned as ``stored``: float16 values read as float32
-    (exact: every float16 is a float32); every other type as stored.
+    """The schema DuckDB sees for a table scanned as ``stored``.
+
+    Float16 values read as float32 (exact: every float16 is a float32); every other type as stored.
     """
     return pa.schema([f.with_type(_sql_type(f.type)) for f in stored], metadata=stored.metadata)
 
@@ -124,9 +125,10 @@ def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
 
 def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
             unsafe: bool = False) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with every table of ``store`` registered under its name,
-    plus ``commits`` (one row per commit) and ``appends`` (one row per append, with
-    its ``telemetry``). Metadata columns hold JSON text (``metadata->>'$.iteration'``).
+    """A DuckDB connection with every table of ``store`` registered under its name, plus ``commits`` and ``appends``.
+
+    One row per commit. One row per append, with its ``telemetry``. Metadata columns hold JSON text
+    (``metadata->>'$.iteration'``).
 
     A connection made here is read-only towards the outside world (:data:`SAFE_CONFIG`) unless
     ``unsafe`` is true; a ``connection`` passed in keeps the settings its caller gave it.

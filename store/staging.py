@@ -1,5 +1,7 @@
-"""Fragments being written: records are added in order, ``finish`` makes the fragment
-complete and durable (docs/FORMAT.md, "Fragments" and "Durable whole-object writes").
+"""Fragments being written.
+
+Records are added in order, ``finish`` makes the fragment complete and durable (docs/FORMAT.md, "Fragments" and "Durable
+whole-object writes").
 
 A writer adds each appended batch to its table's staged fragment at ``append``, buffered
 (copies: the caller may reuse its buffers; the files are written at the commit). A merge
@@ -27,9 +29,7 @@ Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 
 
 class StagedFragment:
-    """One fragment of writer ``writer``'s table, open for adding records in order (``buffered``:
-    see the module).
-    """
+    """One fragment of writer ``writer``'s table, open for adding records in order (``buffered``: see the module)."""
 
     def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int,
                  buffered: bool = False) -> None:
@@ -48,8 +48,9 @@ class StagedFragment:
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
             resets: np.ndarray) -> None:
-        """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``. All or nothing:
-        a failure undoes the partial add (or, if even that fails, marks the fragment broken).
+        """Append ``cols``' records; record i belongs to stream ``streams[codes[i]]``.
+
+        All or nothing: a failure undoes the partial add (or, if even that fails, marks the fragment broken).
         """
         self._check()
         mark = self.mark()
@@ -90,8 +91,9 @@ class StagedFragment:
         self.streams.truncate(streams)
 
     def finish(self, parts: list[tuple[int, int, int]]) -> Fragment:
-        """Write the checksums and metadata and make every object durable; returns the fragment
-        (``parts``: its descriptor's). May be called again after a failure, with new parts.
+        """Write the checksums and metadata and make every object durable.
+
+        Returns the fragment (``parts``: its descriptor's). May be called again after a failure, with new parts.
         """
         self._check()
         frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),

@@ -1,5 +1,7 @@
-"""Stream keys: checking them, coding a batch's keys as small integers (the ``_stream`` index
-array's codes), and grouping records by stream.
+"""Stream keys.
+
+Checking them, coding a batch's keys as small integers (the ``_stream`` index array's codes), and grouping records by
+stream.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def per_record_keys(stream: Any, n: int) -> list[StreamKey]:
 
 
 def stream_codes(stream: Any, n: int) -> Coded:
-    """The :data:`Coded` keys of ``n`` records (``stream``: a key or ``n`` keys); integer and
-    string arrays are coded without a Python object per record.
+    """The :data:`Coded` keys of ``n`` records (``stream``: a key or ``n`` keys).
+
+    Integer and string arrays are coded without a Python object per record.
     """
     values = _values(stream, n)
     if values is None:

@@ -83,8 +83,9 @@ def _unit_of(path: str) -> tuple[str, str] | None:
 
 
 def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
-    """Fragment directories the live log lists (a segment-backed fragment's: its segment's), and
-    removed ones -> the commit record removing them.
+    """Fragment directories the live log lists, and removed ones -> the commit record removing them.
+
+    For a segment-backed fragment, the directory is its segment's.
     """
     live = {f.path for w in store.log.writers.values() for frags in w.fragments.values() for f in frags.values()}
     removed = {}
@@ -112,8 +113,10 @@ def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], 
 
 def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
                        unreadable: set[str]) -> dict[str, list[ObjectInfo]]:
-    """State record path -> the record and its payload objects, for each record older than its slot's
-    newest ``keep_last`` (slots with an unreadable record are left whole).
+    """Superseded state records, each with its payload objects.
+
+    State record path -> the record and its payload objects, for each record older than its slot's newest ``keep_last``
+    (slots with an unreadable record are left whole).
     """
     versions: dict[str, list[tuple[int, ObjectInfo]]] = {}
     payloads: dict[str, list[ObjectInfo]] = {}
@@ -201,9 +204,11 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
 
 
 def _keep_referenced(store: Store, report: VacuumReport) -> None:
-    """Read the log again right before deleting and keep every fragment unit that a commit
-    created since :func:`find_garbage` read it references (its objects were listed before that
-    commit existed). Cost: one refresh (the records created since).
+    """Keep every fragment unit a commit created since :func:`find_garbage` read the log.
+
+    Read the log again right before deleting and keep every fragment unit that a commit created since
+    :func:`find_garbage` read it references (its objects were listed before that commit existed). Cost: one refresh (the
+    records created since).
     """
     store.refresh()
     live, _ = _live_fragments(store)
@@ -212,10 +217,11 @@ def _keep_referenced(store: Store, report: VacuumReport) -> None:
 
 def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
                          pattern: tuple[str, ...] = ("*", "data", "*", "*")) -> dict[str, int]:
-    """Local filesystems: fragment directories holding no file (a writer killed right after creating
-    them) -> their newest directory mtime; with ``top_name=STATE`` and ``pattern=("*",
-    "payload-*")``, the same for state payload directories (a saver killed right after creating
-    one). Object stores have no directories.
+    """Empty fragment (or state payload) directories on local filesystems, with their newest mtime.
+
+    Fragment directories holding no file (a writer killed right after creating them) -> their newest directory mtime;
+    with ``top_name=STATE`` and ``pattern=("*", "payload-*")``, the same for state payload directories (a saver killed
+    right after creating one). Object stores have no directories.
     """
     top = store.storage.local_path(top_name)
     root = store.storage.local_path("")

@@ -44,9 +44,10 @@ def _check_record(store: Store, path: str,
 
 
 def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
-    """Writer ``writer``'s commit records: each well-formed and in its place, numbered densely from
-    0, none after a close record (readers stop at a gap or a close, so records beyond either
-    never show). Also the number of records listed.
+    """Writer ``writer``'s commit records.
+
+    Each well-formed and in its place, numbered densely from 0, none after a close record (readers stop at a gap or a
+    close, so records beyond either never show). Also the number of records listed.
     """
     problems: list[Problem] = []
     directory = layout.commits_dir(writer)
@@ -72,9 +73,10 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
 
 
 def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list[Problem]:
-    """A log checkpoint reads back whole and holds exactly what the commit records it
-    summarises say (each writer's next seq, closed flag and live fragments); ``listed``: the
-    number of commit records listed per writer.
+    """Check that a log checkpoint matches the commit records it summarises.
+
+    A log checkpoint reads back whole and holds exactly what the commit records it summarises say (each writer's next
+    seq, closed flag and live fragments); ``listed``: the number of commit records listed per writer.
     """
     path = layout.checkpoint(number)
     try:
@@ -126,8 +128,10 @@ def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtyp
 
 
 def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
-    """A segment-backed fragment: its segment's arrays have their declared shapes, the bytes
-    each of its parts wrote match their CRC32C, its CSR offsets are consistent.
+    """A segment-backed fragment.
+
+    Its segment's arrays have their declared shapes, the bytes each of its parts wrote match their CRC32C, its CSR
+    offsets are consistent.
     """
     problems: list[Problem] = []
     storage = store.storage
@@ -220,10 +224,11 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
 
 
 def _replay(store: Store) -> None:
-    """Apply every commit record from the first, as a reader opening without a checkpoint does,
-    and order each table's live fragments (raises on a log that no reader can apply: records
-    of another writer, overlapping live fragments), whatever ``store`` has applied already.
-    Cost: every commit record read once more.
+    """Apply every commit record from the first and order each table's live fragments.
+
+    Apply every commit record from the first, as a reader opening without a checkpoint does, and order each table's live
+    fragments (raises on a log that no reader can apply: records of another writer, overlapping live fragments),
+    whatever ``store`` has applied already. Cost: every commit record read once more.
     """
     log = CommitLog(store.storage, store.schemas, checkpoints=False)
     log.refresh()

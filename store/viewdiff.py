@@ -1,6 +1,7 @@
-"""How two views of a table differ: which fragments stayed, came and left between two syncs of
-a reader, which rows appeared and left, and how the stream index's key order grows. Pure
-functions of fragment lists; the reader (store/table.py) follows a change with them.
+"""How two views of a table differ.
+
+Which fragments stayed, came and left between two syncs of a reader, which rows appeared and left, and how the stream
+index's key order grows. Pure functions of fragment lists; the reader (store/table.py) follows a change with them.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ _PLACE = operator.itemgetter(1)
 
 def pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
           ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Two views of fragments ``was`` and ``now`` (their :func:`identities` ``a`` and ``b``),
-    each visible from a local row: ``(head, tail, src, kept, stays)``. The first ``head`` and
-    last ``tail`` fragments of both are the same objects visible from the same rows; between
-    them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the same object as
-    ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row,
-    and ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both
-    views.
+    """Two views of fragments ``was`` and ``now``, each visible from a local row: ``(head, tail, src, kept, stays)``.
+
+    Their :func:`identities` ``a`` and ``b``. The first ``head`` and last ``tail`` fragments of both are the same
+    objects visible from the same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
+    same object as ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row, and
+    ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both views.
     """
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]) | (vis_was[:n] != vis_now[:n])
@@ -52,8 +52,9 @@ def identities(frags: list[Fragment]) -> np.ndarray:
 
 
 def first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
-    """Per stream key listed by ``frags`` (a view, ordered by row id): ``(first_id, position)``
-    of its first listing, in order of first listing (the stream index's key order).
+    """Per stream key listed by ``frags`` (a view, ordered by row id).
+
+    ``(first_id, position)`` of its first listing, in order of first listing (the stream index's key order).
     """
     out: dict[StreamKey, tuple[int, int]] = {}
     for f in frags:
@@ -65,14 +66,14 @@ def first_listings(frags: list[Fragment]) -> dict[StreamKey, tuple[int, int]]:
 
 def grown_order(key_at: dict[StreamKey, tuple[int, int]], keys: list[StreamKey], gone: list[Fragment],
                  came: list[Fragment]) -> list[StreamKey] | None:
-    """The keys that a change of view (fragments ``gone`` replaced by ``came``; the rest
-    kept) appends to the stream order ``keys`` (first listings ``key_at``, updated), or None
-    where the order may change otherwise. A view's fragments are ordered by their disjoint
-    row ids, so a key's place is its first listing's ``(first_id, position)``: only the keys
-    the changed fragments list can move, and each keeps its place where its first listing
-    stays or a fragment that came lists it at the same place (a fragment growing or compacted
-    from its start), and the order only grows where the keys new to it come after every old
-    one. Cost: the changed fragments' stream lists.
+    """The keys that a change of view appends to the stream order ``keys``, or None.
+
+    The keys that a change of view (fragments ``gone`` replaced by ``came``; the rest kept) appends to the stream order
+    ``keys`` (first listings ``key_at``, updated), or None where the order may change otherwise. A view's fragments are
+    ordered by their disjoint row ids, so a key's place is its first listing's ``(first_id, position)``: only the keys
+    the changed fragments list can move, and each keeps its place where its first listing stays or a fragment that came
+    lists it at the same place (a fragment growing or compacted from its start), and the order only grows where the keys
+    new to it come after every old one. Cost: the changed fragments' stream lists.
     """
     came_at: dict[StreamKey, tuple[int, int]] = {}
     for f in came:

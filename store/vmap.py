@@ -49,8 +49,10 @@ def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int) -> int:
 
 
 def _reserve_at(addr: int | None, length: int) -> int:
-    """A read-only anonymous mapping: address space that reads as zeros (no memory is committed;
-    a read faults in the shared zero page), so a stray index never kills the process.
+    """A read-only anonymous mapping.
+
+    Address space that reads as zeros (no memory is committed; a read faults in the shared zero page), so a stray index
+    never kills the process.
     """
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_FIXED if addr is not None else 0)
     return _mmap(addr, length, mmap.PROT_READ, flags, -1)
@@ -77,8 +79,9 @@ class AddressRange:
         weakref.finalize(self._buf, _unmap, self.address, self.length).atexit = False
 
     def map_file(self, offset: int, path: str | int, nbytes: int) -> None:
-        """Map the first ``nbytes`` of the file at ``path`` (or open as file descriptor ``path``)
-        at ``offset`` (a multiple of PAGE).
+        """Map the first ``nbytes`` of the file at ``path`` at ``offset`` (a multiple of PAGE).
+
+        Or open as file descriptor ``path``.
 
         FileNotFoundError if it is gone; EOFError if it is shorter than ``nbytes`` (reading
         a mapping past the end of its file would kill the process with SIGBUS).

@@ -59,11 +59,11 @@ def raw_bytes(piece: np.ndarray) -> np.ndarray:
 
 
 class ChunkWriter:
-    """The chunk object of an array written piece by piece along axis 0: each piece's bytes are
-    kept (``buffered``: copies, written at completion) or go to storage as they come
-    (:meth:`Storage.open_stream`); the CRC32C of all of them is extended on the way and
-    appended by :meth:`finish`. The object is opened by the first non-empty piece: an array
-    of length 0 has none.
+    """The chunk object of an array written piece by piece along axis 0.
+
+    Each piece's bytes are kept (``buffered``: copies, written at completion) or go to storage as they come
+    (:meth:`Storage.open_stream`); the CRC32C of all of them is extended on the way and appended by :meth:`finish`. The
+    object is opened by the first non-empty piece: an array of length 0 has none.
     """
 
     def __init__(self, storage: Storage, array_path: str, ndim: int, buffered: bool = False) -> None:
@@ -95,8 +95,9 @@ class ChunkWriter:
             self.stream.truncate(self.size)
 
     def finish(self) -> ObjectStream | None:
-        """The chunk object, its checksum written after the data (again, after a failed
-        completion); None for an empty array. Completed by ``Storage.write_objects``.
+        """The chunk object, its checksum written after the data (again, after a failed completion).
+
+        None for an empty array. Completed by ``Storage.write_objects``.
         """
         if self.stream is None:
             return None
@@ -118,9 +119,11 @@ def group_object(path: str, attributes: dict) -> dict[str, list[Buffer]]:
 
 def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, ...], first: int = 0, *,
                checksum: bool = True, cached: bool = True) -> np.ndarray:
-    """Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows
-    or (``cached``) through the storage's chunk cache (checksum not verified; a cache checks
-    what it downloads when ``checksum``, i.e. the chunk holds exactly ``shape`` and its CRC32C).
+    """Rows ``[first, first + shape[0])`` of the array.
+
+    Rows ``[first, first + shape[0])`` of the array, memory-mapped where the backend allows or (``cached``) through the
+    storage's chunk cache (checksum not verified; a cache checks what it downloads when ``checksum``, i.e. the chunk
+    holds exactly ``shape`` and its CRC32C).
     """
     if not shape[0]:
         return np.zeros(shape, dtype=dtype)
@@ -143,10 +146,11 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
 
 def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int, ...],
                 checksum: bool = True) -> IO[bytes] | bytes:
-    """The chunk object ``cpath`` through the storage's chunk cache: an open file, or its bytes
-    where the cache cannot keep it. With ``checksum`` the object holds exactly ``shape``
-    rows and its CRC32C, and a download is checked against both (a fragment's chunk; a
-    segment's has no checksum and more rows than its fragments).
+    """The chunk object ``cpath`` through the storage's chunk cache.
+
+    An open file, or its bytes where the cache cannot keep it. With ``checksum`` the object holds exactly ``shape`` rows
+    and its CRC32C, and a download is checked against both (a fragment's chunk; a segment's has no checksum and more
+    rows than its fragments).
     """
     assert storage.cache is not None
     size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
@@ -158,9 +162,7 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
 
 
 def missing_chunk(cpath: str) -> StaleReadError:
-    """The error for a chunk a live commit referenced that is gone: reclaimed after the
-    reader's view was taken.
-    """
+    """The error for a chunk a live commit referenced that is gone: reclaimed after the reader's view was taken."""
     return StaleReadError(f"{cpath}: missing; its records were evicted and reclaimed since this view was "
                           "taken (call refresh()), or the store is damaged (run replaystore verify)")
 

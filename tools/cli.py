@@ -1,5 +1,7 @@
-"""The ``replaystore`` command: one clear error line and a distinct non-zero exit code for every
-operational error (:data:`EXIT_CODES`); never a traceback unless ``REPLAYSTORE_TRACEBACK=1``.
+"""The ``replaystore`` command.
+
+One clear error line and a distinct non-zero exit code for every operational error (:data:`EXIT_CODES`); never a
+traceback unless ``REPLAYSTORE_TRACEBACK=1``.
 """
 
 from __future__ import annotations

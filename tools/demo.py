@@ -62,9 +62,7 @@ def collect(url: str, collector: int, seed: int) -> int:
 
 
 def win_rate(net: QNet | None, rng: np.random.Generator, games: int = EVAL_GAMES) -> tuple[float, float]:
-    """Win rates of the greedy network (random play if None) against a random player,
-    moving first and moving second.
-    """
+    """Win rates of the greedy network (random play if None) against a random player, moving first and moving second."""
     rates = []
     for seat in (0, 1):
         wins = 0

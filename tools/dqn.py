@@ -52,9 +52,10 @@ def td_errors(online: QNet, target: QNet, batch: Mapping[str, Any]) -> torch.Ten
 
 
 def dqn_loss(online: QNet, target: QNet, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, |TD error| per record)``: Huber loss per record/head, times the bootstrap
-    ``masks`` and the prioritized-replay ``weights`` when present, averaged over the
-    included record/head pairs.
+    """``(loss, |TD error| per record)``.
+
+    Huber loss per record/head, times the bootstrap ``masks`` and the prioritized-replay ``weights`` when present,
+    averaged over the included record/head pairs.
     """
     td = td_errors(online, target, batch)
     per = nn.functional.smooth_l1_loss(td, torch.zeros_like(td), reduction="none")
@@ -68,8 +69,10 @@ def dqn_loss(online: QNet, target: QNet, batch: Mapping[str, Any]) -> tuple[torc
 
 def train_step(online: QNet, target: QNet, opt: torch.optim.Optimizer, batch: Mapping[str, Any],
                sampler: PrioritizedSampler) -> float:
-    """One prioritized DQN step on ``batch``: loss, backward, optimizer step, and the batch's
-    |TD errors| written back to ``sampler`` as priorities. Returns the loss.
+    """One prioritized DQN step on ``batch``.
+
+    Loss, backward, optimizer step, and the batch's |TD errors| written back to ``sampler`` as priorities. Returns the
+    loss.
     """
     loss, priority = dqn_loss(online, target, batch)
     opt.zero_grad()

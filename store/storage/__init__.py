@@ -1,5 +1,6 @@
-"""The storage protocol the format needs (base.py) and its backends: local files (local.py),
-S3 and ``memory://`` through fsspec (objects.py).
+"""The storage protocol the format needs (base.py) and its backends.
+
+Local files (local.py), S3 and ``memory://`` through fsspec (objects.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees"): whole-object
-writes that become visible atomically or not at all to readers that only follow commit
-records; create-if-absent for commit records; read-after-write consistency for objects and
-listings; delete. Paths are '/'-separated and relative to the store root.
+"""The storage protocol the format needs (docs/FORMAT.md, "Storage guarantees").
+
+Whole-object writes that become visible atomically or not at all to readers that only follow commit records;
+create-if-absent for commit records; read-after-write consistency for objects and listings; delete. Paths are
+'/'-separated and relative to the store root.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ class StorageError(ReplayStoreError):
 
 
 class StorageURLError(StorageError, ValueError):
-    """A URL or its storage options cannot be opened: an unknown protocol, a filesystem package
-    that is not installed, options the filesystem does not take.
+    """A URL or its storage options cannot be opened.
+
+    An unknown protocol, a filesystem package that is not installed, options the filesystem does not take.
     """
 
 
 class StorageUnavailableError(StorageError, OSError):
-    """The storage backend could not be reached or refused the request: no credentials, an
-    unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write
-    is; the operation that met it changed nothing visible.
+    """The storage backend could not be reached or refused the request.
+
+    No credentials, an unreachable endpoint, a denied permission, a timeout. An ``OSError``, as a failed local write is;
+    the operation that met it changed nothing visible.
     """
 
 
@@ -52,10 +55,12 @@ Buffer = bytes | memoryview | np.ndarray
 
 
 class ObjectStream:
-    """A data object written piece by piece (appended to, truncated back), completed and made
-    durable by :meth:`Storage.write_objects`; nothing references it before. This base keeps
-    copies of the pieces in memory and the object is written whole at completion (a buffered
-    stream; :meth:`Storage.open_stream` may instead write the pieces as they come).
+    """A data object written piece by piece.
+
+    A data object written piece by piece (appended to, truncated back), completed and made durable by
+    :meth:`Storage.write_objects`; nothing references it before. This base keeps copies of the pieces in memory and the
+    object is written whole at completion (a buffered stream; :meth:`Storage.open_stream` may instead write the pieces
+    as they come).
     """
 
     def __init__(self, path: str) -> None:
@@ -108,9 +113,11 @@ class Storage(abc.ABC):
             f.write(data)
 
     def read_capped(self, path: str, limit: int) -> bytes:
-        """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes
-        (a record document: its readers never take an unbounded read); FileNotFoundError if
-        absent. This default checks after reading; local storage checks before.
+        """The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes.
+
+        The whole object, refused with CorruptObjectError if it is larger than ``limit`` bytes (a record document: its
+        readers never take an unbounded read); FileNotFoundError if absent. This default checks after reading; local
+        storage checks before.
         """
         data = self.read(path)
         if len(data) > limit:
@@ -118,8 +125,9 @@ class Storage(abc.ABC):
         return data
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
-        """Each object whole, None where absent (any other error raises). Object stores read them
-        concurrently: a reader probing many writers' next commit records pays one round trip.
+        """Each object whole, None where absent (any other error raises).
+
+        Object stores read them concurrently: a reader probing many writers' next commit records pays one round trip.
         """
         out: list[bytes | None] = []
         for path in paths:
@@ -145,9 +153,11 @@ class Storage(abc.ABC):
         """Names (not paths) directly under ``prefix``; empty if none."""
 
     def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
-        """``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no
-        directory was added under ``prefix`` or removed from it since the listing that returned
-        ``token`` (None: no such listing). Entries that are not directories may have changed.
+        """List ``prefix`` unless it is known unchanged since the listing that returned ``token``.
+
+        ``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no directory was added under
+        ``prefix`` or removed from it since the listing that returned ``token`` (None: no such listing). Entries that
+        are not directories may have changed.
         """
         return self.list(prefix), None
 
@@ -169,15 +179,18 @@ class Storage(abc.ABC):
         """Make the directory entries of written ``paths`` durable (local filesystems only)."""
 
     def open_stream(self, path: str) -> ObjectStream:
-        """A data object to be written piece by piece, complete only once passed to
-        :meth:`write_objects`. This default is buffered (copies of the pieces in memory).
+        """A data object to be written piece by piece, complete only once passed to :meth:`write_objects`.
+
+        This default is buffered (copies of the pieces in memory).
         """
         return ObjectStream(path)
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
-        """Write data objects, each the concatenation of its buffers, and complete ``streams``
-        (each holding what was written to it); all of them (and their directory entries) are
-        durable when this returns. This default writes one after another.
+        """Write data objects and complete ``streams``, all durable when this returns.
+
+        Write data objects, each the concatenation of its buffers, and complete ``streams`` (each holding what was
+        written to it); all of them (and their directory entries) are durable when this returns. This default writes one
+        after another.
         """
         for path, parts in objects.items():
             self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
@@ -205,8 +218,9 @@ class Storage(abc.ABC):
         return total
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes of the objects under ``prefix`` as their sizes say (equal to :meth:`total_size`
-        where objects cannot be sparse).
+        """Bytes of the objects under ``prefix`` as their sizes say.
+
+        Equal to :meth:`total_size` where objects cannot be sparse.
         """
         return self.total_size(prefix)
 

@@ -1,5 +1,6 @@
-"""Storage on a local filesystem: a directory; create-if-absent by link(2); every write and
-directory entry made durable with fsync.
+"""Storage on a local filesystem.
+
+A directory; create-if-absent by link(2); every write and directory entry made durable with fsync.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_l
 
 
 def _raise_open_file_limit() -> None:
-    """Lift the soft open-file limit to the hard one: each memory map holds a descriptor
-    (CPython's mmap keeps a dup), and a reader maps one object per column and fragment.
+    """Lift the soft open-file limit to the hard one.
+
+    Each memory map holds a descriptor (CPython's mmap keeps a dup), and a reader maps one object per column and
+    fragment.
     """
     try:
         import resource
@@ -40,8 +43,9 @@ def _file_kind(mode: int) -> str:
 
 
 class _FileStream(ObjectStream):
-    """A local file written as the pieces come (into the page cache; the fsync at completion
-    writes it back): for writing from memory maps (merges) without a copy.
+    """A local file written as the pieces come (into the page cache; the fsync at completion writes it back).
+
+    For writing from memory maps (merges) without a copy.
     """
 
     def __init__(self, storage: LocalStorage, path: str) -> None:
@@ -90,9 +94,10 @@ class LocalStorage(Storage):
         _raise_open_file_limit()
 
     def _p(self, path: str) -> str:
-        """The file of ``path``, a '/'-separated path relative to the root. Refuses (with
-        :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL,
-        whatever the caller: nothing a store names can point above its root. Cost: a split.
+        """The file of ``path``, a '/'-separated path relative to the root.
+
+        Refuses (with :class:`UnsafeNameError`) an absolute path, an empty, ``.`` or ``..`` component and NUL, whatever
+        the caller: nothing a store names can point above its root. Cost: a split.
         """
         if not path:
             return self.root
@@ -103,10 +108,11 @@ class LocalStorage(Storage):
         return os.path.join(self.root, *parts)
 
     def _inside(self, path: str, follow_last: bool = True) -> str:
-        """:meth:`_p`, checked also to stay under the root once symbolic links are followed: for
-        every write, delete and data read (a link planted in a store cannot redirect them).
-        ``follow_last=False`` checks only the directories on the way (a delete removes a link
-        itself, never what it points to). Cost: one ``realpath`` (an lstat per path component).
+        """:meth:`_p`, checked also to stay under the root once symbolic links are followed.
+
+        For every write, delete and data read (a link planted in a store cannot redirect them). ``follow_last=False``
+        checks only the directories on the way (a delete removes a link itself, never what it points to). Cost: one
+        ``realpath`` (an lstat per path component).
         """
         full = self._p(path)
         real = os.path.realpath(full if follow_last or not path else os.path.dirname(full))
@@ -115,9 +121,11 @@ class LocalStorage(Storage):
         return full
 
     def read(self, path: str) -> bytes:
-        """The whole file; CorruptObjectError, without reading, where ``path`` is not a regular
-        file (a FIFO, a device, a directory, a symlink to one): it is opened non-blocking and
-        checked with ``fstat`` first, so a FIFO never blocks and ``/dev/zero`` is never read.
+        """The whole file.
+
+        CorruptObjectError, without reading, where ``path`` is not a regular file (a FIFO, a device, a directory, a
+        symlink to one): it is opened non-blocking and checked with ``fstat`` first, so a FIFO never blocks and
+        ``/dev/zero`` is never read.
         """
         return self.read_capped(path, None)
 
@@ -160,8 +168,9 @@ class LocalStorage(Storage):
         self._entry_made(parent)
 
     def _unsynced(self, paths: Iterable[str]) -> list[tuple[str, int, list[str]]]:
-        """The directories to fsync so that every entry from the root down to each of ``paths``
-        is durable: ``(directory, its dirty count now, its children to remember as durable)``.
+        """The directories to fsync so that every entry from the root down to each of ``paths`` is durable.
+
+        ``(directory, its dirty count now, its children to remember as durable)``.
 
         Counts are read after the entries were created, so an fsync that starts later covers
         them; an entry created concurrently after the read keeps its directory dirty.
@@ -207,10 +216,11 @@ class LocalStorage(Storage):
         return _FileStream(self, path)
 
     def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
-        """Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros
-        (sparse where the filesystem allows) and return read-write descriptors of them; durable,
-        with their directory entries, once passed to :meth:`write_objects` as ``created``.
-        On error the files created are closed and removed.
+        """Create zero-filled files of the given sizes and return read-write descriptors of them.
+
+        Create each file ``path`` (none may exist) of ``sizes[path]`` bytes that read as zeros (sparse where the
+        filesystem allows) and return read-write descriptors of them; durable, with their directory entries, once passed
+        to :meth:`write_objects` as ``created``. On error the files created are closed and removed.
         """
         fds: dict[str, int] = {}
         try:
@@ -231,12 +241,13 @@ class LocalStorage(Storage):
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
                       created: Mapping[str, int] | None = None) -> None:
-        """Hand each file stream's fsync to a thread pool, write each buffered stream and object
-        and hand its fsync over at once (the disk writes it back while the next ones are
-        written), then fsync the directories whose entries are not yet durable (see the class)
-        the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
-        where one after another paid a commit each. Nothing is referenced before this returns.
-        ``created``: files made by :meth:`create_sized` (path -> descriptor), made durable too.
+        """Write streams and objects, fsyncing them and their directories concurrently.
+
+        Hand each file stream's fsync to a thread pool, write each buffered stream and object and hand its fsync over at
+        once (the disk writes it back while the next ones are written), then fsync the directories whose entries are not
+        yet durable (see the class) the same way; returns when every fsync has. Concurrent fsyncs share journal commits,
+        where one after another paid a commit each. Nothing is referenced before this returns. ``created``: files made
+        by :meth:`create_sized` (path -> descriptor), made durable too.
         """
         pool = self._fsync_pool()
         files: list[Any] = []
@@ -290,8 +301,10 @@ class LocalStorage(Storage):
         self._synced(directory, count, children)
 
     def sync_dirs(self, paths: list[str]) -> None:
-        """Make the directory entries of written ``paths`` durable: their directories and the
-        directories above them up to the root, where this handle has not already (see the class).
+        """Make the directory entries of written ``paths`` durable.
+
+        Their directories and the directories above them up to the root, where this handle has not already (see the
+        class).
 
         A write may have created directories (a fragment's, its arrays'): the entry of each new
         directory lives in its parent, so the parents must be synced too, or a power loss after
@@ -303,9 +316,11 @@ class LocalStorage(Storage):
         return self.create_after(path, data, ())
 
     def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
-        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed
-        (concurrently with the new file's own fsync: one journal commit can cover both) and
-        ``check()`` has returned (it may raise: then nothing is created).
+        """Create ``path`` once the descriptors ``fds`` are durable and ``check()`` has passed.
+
+        :meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``ed (concurrently with the
+        new file's own fsync: one journal commit can cover both) and ``check()`` has returned (it may raise: then
+        nothing is created).
         """
         full = self._inside(path)
         directory = os.path.dirname(full)
@@ -345,10 +360,12 @@ class LocalStorage(Storage):
             return []
 
     def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
-        """Where the filesystem counts a directory's subdirectories in its link count (2 + their
-        number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an unchanged count means none
-        came or went: the directory is stat'ed first, then listed, and the count is a token only if
-        it matches the listing (a subdirectory made in between shows as a change next time).
+        """A listing token from a directory's link count, where the filesystem keeps one.
+
+        Where the filesystem counts a directory's subdirectories in its link count (2 + their number: ext4, XFS, tmpfs;
+        not btrfs, and not ext4 past 65,000), an unchanged count means none came or went: the directory is stat'ed
+        first, then listed, and the count is a token only if it matches the listing (a subdirectory made in between
+        shows as a change next time).
         """
         full = self._p(prefix)
         try:
@@ -386,8 +403,9 @@ class LocalStorage(Storage):
         return os.path.getsize(self._p(path))
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` occupy on disk (allocated blocks: a segment's chunk
-        files are sparse past what was written).
+        """Bytes the files under ``prefix`` occupy on disk.
+
+        Allocated blocks: a segment's chunk files are sparse past what was written.
         """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
@@ -399,8 +417,9 @@ class LocalStorage(Storage):
         return total
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` hold by their sizes (``st_size``: a sparse file's
-        unwritten tail counts; :meth:`total_size` counts allocated blocks).
+        """Bytes the files under ``prefix`` hold by their sizes.
+
+        ``st_size``: a sparse file's unwritten tail counts; :meth:`total_size` counts allocated blocks.
         """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):

@@ -17,8 +17,9 @@ _MEMORY_LOCK = threading.RLock()
 
 
 def _new_memory_lock() -> None:
-    """In a forked child (a DataLoader worker, say) no thread holds the lock: a parent thread
-    inside a ``memory://`` call at the fork would otherwise leave the child's copy held forever.
+    """In a forked child (a DataLoader worker, say) no thread holds the lock.
+
+    A parent thread inside a ``memory://`` call at the fork would otherwise leave the child's copy held forever.
     """
     global _MEMORY_LOCK
     _MEMORY_LOCK = threading.RLock()
@@ -35,10 +36,11 @@ PROBE_PREFIX = ".tmp-create-probe-"
 
 
 class _Serialized:
-    """An fsspec filesystem whose every call runs under one lock. fsspec's ``memory://`` keeps
-    all files in one process-wide dict and walks it unlocked (``find``, ``rm``, ``ls``); a
-    thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk
-    raise "dictionary changed size during iteration".
+    """An fsspec filesystem whose every call runs under one lock.
+
+    fsspec's ``memory://`` keeps all files in one process-wide dict and walks it unlocked (``find``, ``rm``, ``ls``); a
+    thread writing meanwhile (a writer's I/O threads, a DataLoader's) can make that walk raise "dictionary changed size
+    during iteration".
     """
 
     def __init__(self, fs: Any) -> None:
@@ -59,15 +61,18 @@ _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
 
 
 def _is_client_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from the S3 client stack untranslated (s3fs turns S3's own error
-    responses into ``OSError`` subclasses, but not missing credentials or connection failures).
+    """Whether ``exc`` comes from the S3 client stack untranslated.
+
+    S3fs turns S3's own error responses into ``OSError`` subclasses, but not missing credentials or connection failures.
     """
     return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
 
 
 class _Translated:
-    """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` (an ``OSError``)
-    for client-side failures that s3fs lets through as botocore or aiohttp exceptions.
+    """An s3fs filesystem that raises :class:`StorageUnavailableError` for client-side failures.
+
+    An s3fs filesystem whose calls raise :class:`StorageUnavailableError` (an ``OSError``) for client-side failures that
+    s3fs lets through as botocore or aiohttp exceptions.
     """
 
     def __init__(self, fs: Any, url: str) -> None:
@@ -94,11 +99,11 @@ class _Translated:
 
 
 class FsspecStorage(Storage):
-    """``s3://`` and ``memory://`` through fsspec. Create-if-absent: S3 conditional PUT
-    (``If-None-Match: *``, checked to be honoured before the first create through an
-    endpoint); ``memory://`` checks and writes under the process lock that every
-    ``memory://`` call takes (it is process-local anyway). Any other fsspec filesystem is
-    refused with StorageError when opened.
+    """``s3://`` and ``memory://`` through fsspec.
+
+    Create-if-absent: S3 conditional PUT (``If-None-Match: *``, checked to be honoured before the first create through
+    an endpoint); ``memory://`` checks and writes under the process lock that every ``memory://`` call takes (it is
+    process-local anyway). Any other fsspec filesystem is refused with StorageError when opened.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -270,8 +275,10 @@ class FsspecStorage(Storage):
                 pass
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes stored under ``prefix``: the sizes one recursive listing reports (S3: one ``LIST``
-        per 1000 objects), so an object deleted meanwhile (a compaction's originals) is no error.
+        """Bytes stored under ``prefix``.
+
+        The sizes one recursive listing reports (S3: one ``LIST`` per 1000 objects), so an object deleted meanwhile (a
+        compaction's originals) is no error.
         """
         return sum(o.size for o in self.walk(prefix))
 
