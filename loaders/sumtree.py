@@ -20,7 +20,10 @@ _accumulate = np.add.accumulate
 
 
 def compiled_kernels() -> ModuleType | None:
-    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py); asked when a tree is made or grown."""
+    """The numba kernels (loaders/treekernels.py) or None (replaystore/compiled.py).
+
+    Asked when a tree is made or grown.
+    """
     return kernels("replaystore.loaders.treekernels")
 
 

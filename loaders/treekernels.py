@@ -39,7 +39,8 @@ def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
                                             "llvm.prefetch.p0i8")
         # read, keep in all cache levels, data cache
-        builder.call(fn, [builder.bitcast(ptr, byte_ptr), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        builder.call(fn, [builder.bitcast(ptr, byte_ptr), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
         return context.get_dummy_value()
     return types.void(array, index), codegen
 

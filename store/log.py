@@ -179,9 +179,9 @@ class CommitLog:
         """Apply each writer's next records ``new`` (decoded, in seq order)."""
         for stale in self._stale.values():
             stale.update(new)
-        for writer, bodies in new.items():
+        for writer, batch in new.items():
             wlog = self.writers[writer]
-            for body in bodies:
+            for body in batch:
                 self._apply(wlog, body)
                 if self._history is not None:
                     self._history.append(CommitInfo(writer, wlog.next_seq, body))

@@ -269,7 +269,10 @@ class Segment:
         return [a.fd for a in self._arrays.values() if a.end != a.committed]
 
     def fragment(self, name: str, parts: list[tuple[int, int, int]]) -> Fragment:
-        """The pending records as the fragment ``name`` (its :meth:`dirty_fds` synced first; :meth:`advance` once committed)."""
+        """The pending records as the fragment ``name``.
+
+        Its :meth:`dirty_fds` are synced first; :meth:`advance` once committed.
+        """
         ref = SegmentRef(self.name, self.committed, dict(self.committed_nnz), self.capacity,
                          dict(self.value_capacity), {n: [a.crc] for n, a in self._arrays.items()})
         nnz = {k: self.nnz[k] - self.committed_nnz[k] for k in self.nnz}

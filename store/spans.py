@@ -76,7 +76,7 @@ class Layout:
     def place(self, frags: list[Fragment]) -> np.ndarray:
         """Lay out ``frags`` (the visible fragments, in the reader's order); their base rows."""
         keys = [f.group for f in frags]
-        units = dict(zip(keys, frags))  # any fragment of a unit describes it
+        units = dict(zip(keys, frags, strict=True))  # any fragment of a unit describes it
         new = [(k, f) for k, f in units.items() if k not in self._base]
         if self._top + sum(self._slot(f) for _, f in new) > self._cap:
             # start afresh in new ranges; the old ones stay whole until their last view is gone

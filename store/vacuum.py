@@ -129,7 +129,7 @@ def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
         elif len(parts) > 3 and parts[2].startswith("payload-"):
             payloads.setdefault("/".join(parts[:3]), []).append(o)
     out: dict[str, list[ObjectInfo]] = {}
-    for slot, found in versions.items():
+    for found in versions.values():
         for _, record in sorted(found, key=lambda vo: vo[0])[:-keep_last]:
             try:
                 body = records.decode(record.path, store.storage.read(record.path))

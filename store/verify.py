@@ -56,8 +56,8 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
     for seq in seqs:
         path = layout.commit_record(writer, seq)
         kind: list[str] = []
-        p = _check_record(store, path, lambda b, s=seq: kind.append(
-            bodies.commit(path, b, writer, s, store.log.offsets)["kind"]))
+        p = _check_record(store, path, lambda b, s=seq, at=path, kinds=kind: kinds.append(
+            bodies.commit(at, b, writer, s, store.log.offsets)["kind"]))
         if p:
             problems.append(p)
         elif kind[0] == CLOSE and closed_at is None:

@@ -174,9 +174,11 @@ class Storage(abc.ABC):
 
     def check_create(self) -> None:
         """Raise StorageError if this storage does not honour create-if-absent (a no-op where it always does)."""
+        return None
 
     def sync_dirs(self, paths: list[str]) -> None:
         """Make the directory entries of written ``paths`` durable (local filesystems only)."""
+        return None
 
     def open_stream(self, path: str) -> ObjectStream:
         """A data object to be written piece by piece, complete only once passed to :meth:`write_objects`.

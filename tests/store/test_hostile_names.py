@@ -70,11 +70,12 @@ FORGERIES: dict[str, Callable[[Path], None]] = {
     "segment name": lambda root: edit_record(root, layout.commit_record(0, 0),
                                              lambda b: first_add(b)["segment"].__setitem__("name", ESCAPE)),
     "absolute segment name": lambda root: edit_record(
-        root, layout.commit_record(0, 0), lambda b: first_add(b)["segment"].__setitem__("name", str(root.parent / "victim"))),
+        root, layout.commit_record(0, 0),
+        lambda b: first_add(b)["segment"].__setitem__("name", str(root.parent / "victim"))),
     "removed name": lambda root: edit_record(root, layout.commit_record(0, 1),
                                              lambda b: b["tables"]["records"].__setitem__("remove", [ESCAPE])),
-    "table name": lambda root: (edit_record(root, layout.MANIFEST,
-                                            lambda b: b.__setitem__("tables", {"../../victim": b["tables"]["records"]}))),
+    "table name": lambda root: edit_record(
+        root, layout.MANIFEST, lambda b: b.__setitem__("tables", {"../../victim": b["tables"]["records"]})),
 }
 
 

@@ -179,7 +179,8 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
     followed = reader.default.reader
     monkeypatch.setattr(table_module, "_REDO_UP_TO", 8)  # fewer fragments here than the default
     redone = []
-    monkeypatch.setattr(TableReader, "_sync_all", lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
+    monkeypatch.setattr(TableReader, "_sync_all",
+                        lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
     try:
         for _ in range(5):
             for w, key in ((first, "first"), (last, "last")):

@@ -257,7 +257,7 @@ def test_a_capped_store_reclaims_full_segments_and_never_a_live_writers_open_one
     (seg_a,) = {f.segment.name for f in _fragments(st) if f.writer == a.id}
     data = tmp_path / "st" / layout.writer_dir(a.id) / "data/records"
     b = open_store(url, mode="a").writer()
-    for i in range(30):
+    for _ in range(30):
         b.append(dqn_batch(rng, 4, extra=0), stream="b")
         b.commit()
     st = open_store(url, mode="r")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -188,7 +189,7 @@ def test_sql_is_read_only_by_default(ppo_store, tmp_path, template):
         st.sql(template.format(out=out, secret=secret))
     assert list(out.iterdir()) == []
     con = st.duckdb()
-    with pytest.raises(Exception):
+    with pytest.raises(duckdb.Error):
         con.sql(template.format(out=out, secret=secret)).fetchall()
     assert list(out.iterdir()) == []
 

@@ -73,7 +73,8 @@ def test_readme_commands_one_after_the_other_in_one_environment(tmp_path) -> Non
     r = subprocess.run(f"{demo} {demo_dir}", shell=True, cwd=checkout, env=env, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", purelib],
                                capture_output=True, text=True, check=True).stdout.strip())
     installed = site / "replaystore"
     assert installed.is_dir() and not kernel_files(installed)

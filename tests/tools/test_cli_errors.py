@@ -128,7 +128,8 @@ def test_a_closed_pipe_ends_quietly(store_url, args) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes anything
     try:
-        r = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", *[a.replace("{url}", store_url) for a in args]],
+        argv = [a.replace("{url}", store_url) for a in args]
+        r = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", *argv],
                            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)
