@@ -143,7 +143,7 @@ class StoreDataset(Dataset):
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
         return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
 
-    def __getitem__(self, request: Request) -> dict[str, Any]:
+    def __getitem__(self, request: Request) -> dict[str, Any] | WorkerBatch:
         return self.__getitems__(request)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -161,7 +161,8 @@ class StoreLoader(DataLoader):
     process.
     """
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    # torch types DataLoader.__iter__ as returning its private iterator class; this yields the same batches
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         for batch in super().__iter__():
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
@@ -184,5 +185,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
                            store.cache if store.cache is not None else False)
-    return StoreLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                       collate_fn=_first, **kwargs)
+    # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
+    # Request) to the dataset's __getitems__ unchanged
+    return StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
+                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)

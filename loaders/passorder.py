@@ -66,7 +66,10 @@ class PassRows:
 
     def ids(self) -> np.ndarray:
         """Every row id, ascending, in an array the caller may reorder."""
-        return self._ids if self._ids is not None else expand(self._iv)
+        if self._ids is not None:
+            return self._ids
+        assert self._iv is not None  # one of the two is given
+        return expand(self._iv)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         """The row ids at ``positions`` (int64, ``0 <= p < n``)."""
@@ -80,6 +83,7 @@ class PassRows:
         """Row count and the sum of the row ids (in int64, as numpy sums them)."""
         if self._ids is not None:
             return [self.n, int(np.add.reduce(self._ids, dtype=np.int64))]
+        assert self._iv is not None  # one of the two is given
         total = sum((lo + hi - 1) * (hi - lo) // 2 for lo, hi in self._iv.tolist())
         return [self.n, (total + 2**63) % 2**64 - 2**63]
 
@@ -134,10 +138,10 @@ class _Blocks:
         rng.permuted(blocks, axis=1, out=blocks)
         rng.shuffle(rows[whole:])
         self.shuffled = rows
-        blocks = -(-n // BLOCK)
-        self.next = np.arange(blocks, dtype=np.int64) * BLOCK  # per block: its next row in ``shuffled``
-        self.left = np.full(blocks, BLOCK, dtype=np.int64)  # per block: rows not yet handed out
-        self.left[-1] = n - (blocks - 1) * BLOCK
+        nblocks = -(-n // BLOCK)
+        self.next = np.arange(nblocks, dtype=np.int64) * BLOCK  # per block: its next row in ``shuffled``
+        self.left = np.full(nblocks, BLOCK, dtype=np.int64)  # per block: rows not yet handed out
+        self.left[-1] = n - (nblocks - 1) * BLOCK
         self.remaining = n
         self.rng = rng
 

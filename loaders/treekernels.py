@@ -66,7 +66,8 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
             m = m - half - 1 if go else half
         t[i] = x - prefix[lo]
         node[i] = lo
-        _prefetch(tree, starts[1] + (lo << 3))
+        # numba's stubs type an intrinsic's __call__ with the typing context as its first argument
+        _prefetch(tree, starts[1] + (lo << 3))  # type: ignore[call-arg]
     # Level by level over all targets, each target's next line (its node's 8 children)
     # prefetched as soon as the node is known, so it is in cache a pass over the batch later
     # (at 10M leaves the lowest levels and the leaves miss DRAM).
@@ -96,7 +97,8 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
             t[i] = x
             node[i] = (node[i] << 3) + k
             if j < depth:
-                _prefetch(tree, below + (node[i] << 3))
+                # numba's stubs type an intrinsic's __call__ with the typing context as its first argument
+                _prefetch(tree, below + (node[i] << 3))  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

@@ -165,7 +165,7 @@ class CommitLog:
         wlog = self.writers[writer]
         for seq in [s for s in list(created) if s < wlog.next_seq]:  # (applied by a refresh)
             created.pop(seq, None)
-        docs = []
+        docs: list[dict[str, Any]] = []
         while not wlog.closed and (data := created.pop(wlog.next_seq + len(docs), None)) is not None:
             seq = wlog.next_seq + len(docs)
             path = layout.commit_record(writer, seq)

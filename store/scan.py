@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from replaystore.errors import StoreError
 from replaystore.schemas.arrow import arrow_type, dense_to_arrow, ragged_to_arrow
-from replaystore.schemas.fields import BatchMeta, Dense
+from replaystore.schemas.fields import BatchMeta, Dense, Ragged
 from replaystore.store.fragment import FragmentData
 from replaystore.store.table import TableReader
 
@@ -109,6 +109,7 @@ def _column(data: FragmentData, name: str, lo: int, hi: int, string_streams: boo
     f = schema.field(name)
     if isinstance(f, Dense):
         return dense_to_arrow(f, np.asarray(data.array(name)[lo:hi]))
+    assert isinstance(f, Ragged), name  # metadata fields are not scanned columns
     offsets = np.asarray(data.array(f.offsets)[lo:hi + 1])
     start, stop = int(offsets[0]), int(offsets[-1])
     return ragged_to_arrow(np.asarray(data.array(name)[start:stop]), offsets - start)

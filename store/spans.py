@@ -47,7 +47,8 @@ class Layout:
         self.storage = storage
         self.schema = schema
         self.specs = {s.name: s for s in specs}
-        self.values_of = next((schema.field(s.name).offsets for s in specs if s.role == "values"), None)
+        ragged = {f.name: f.offsets for f in schema.ragged_fields}
+        self.values_of = next((ragged[s.name] for s in specs if s.role == "values"), None)
         self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, s.row_bytes) for s in specs))
         self._units: dict[UnitKey, Fragment] = {}  # a fragment of each placed unit
         self._base: dict[UnitKey, int] = {}

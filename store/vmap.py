@@ -104,7 +104,8 @@ class AddressRange:
     def view(self, dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
         """The whole range as an array of rows of ``trailing`` shape (rows not mapped read as zeros)."""
         row_bytes = dtype.itemsize * int(np.prod(trailing))  # > 0: schema shapes are positive
-        arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]
+        # typeshed declares ctypes arrays' buffer protocol (__buffer__) only for Python >= 3.12
+        arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]  # type: ignore[call-overload]
         return arr.view(dtype).reshape(-1, *trailing)
 
 

@@ -8,6 +8,7 @@ create-if-absent for commit records; read-after-write consistency for objects an
 from __future__ import annotations
 
 import abc
+import builtins
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -152,7 +153,7 @@ class Storage(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Names (not paths) directly under ``prefix``; empty if none."""
 
-    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+    def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
         """List ``prefix`` unless it is known unchanged since the listing that returned ``token``.
 
         ``(list(prefix), token)``, or ``(None, token)`` where this storage can tell that no directory was added under
@@ -176,7 +177,7 @@ class Storage(abc.ABC):
         """Raise StorageError if this storage does not honour create-if-absent (a no-op where it always does)."""
         return None
 
-    def sync_dirs(self, paths: list[str]) -> None:
+    def sync_dirs(self, paths: builtins.list[str]) -> None:
         """Make the directory entries of written ``paths`` durable (local filesystems only)."""
         return None
 
@@ -195,7 +196,9 @@ class Storage(abc.ABC):
         after another.
         """
         for path, parts in objects.items():
-            self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
+            # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+            data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)  # type: ignore[arg-type]
+            self.write(path, data)
         for stream in streams:
             self.write(stream.path, stream.data())
         self.sync_dirs([*objects, *(s.path for s in streams)])
@@ -229,12 +232,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def is_dir(self, path: str) -> bool: ...
 
-    def delete_objects(self, paths: list[str]) -> None:
+    def delete_objects(self, paths: builtins.list[str]) -> None:
         """Remove these objects (not prefixes); absent ones are ignored. Backends may batch the requests."""
         for path in paths:
             self.delete(path)
 
-    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+    def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
 
         This default serves backends with a local path (``local_path``); others override it.

@@ -5,6 +5,7 @@ A directory; create-if-absent by link(2); every write and directory entry made d
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import stat
@@ -58,7 +59,8 @@ class _FileStream(ObjectStream):
 
     def write(self, pieces: Sequence[Buffer]) -> None:
         for piece in pieces:
-            view = memoryview(piece).cast("B")
+            # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+            view = memoryview(piece).cast("B")  # type: ignore[arg-type]
             while view:
                 n = os.pwrite(self.fd, view, self.size)
                 view = view[n:]
@@ -267,7 +269,8 @@ class LocalStorage(Storage):
                 f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
                 files.append(f)
                 self._entry_made(directory)
-                f.writelines(parts)
+                # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+                f.writelines(parts)  # type: ignore[arg-type]
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
             for job in self._unsynced([*objects, *(s.path for s in streams), *created]):
@@ -359,7 +362,7 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+    def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
         """A listing token from a directory's link count, where the filesystem keeps one.
 
         Where the filesystem counts a directory's subdirectories in its link count (2 + their number: ext4, XFS, tmpfs;
