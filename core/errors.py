@@ -149,7 +149,7 @@ class InvalidNameError(StoreError, ValueError):
 class NotAStoreError(StoreError):
     """``open_store(mode="w+")`` found objects at the URL that are not a replaystore store; nothing was deleted.
 
-    No manifest, or one that is not replaystore's.
+    There is no manifest, or one that is not replaystore's.
     """
 
 

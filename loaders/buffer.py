@@ -59,7 +59,7 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> dict[str, Any]:
         """``batch_size`` records drawn uniformly with replacement from the committed ones.
 
-        EmptyStoreError if there are none.
+        Raises EmptyStoreError if there are none.
         """
         self.store.refresh()
         if self._pending and self._pending >= len(self.store):

@@ -17,7 +17,7 @@ import numpy as np
 def group(labels: np.ndarray, buckets: int, out: np.ndarray) -> np.ndarray:
     """Fill ``out`` with the positions ``0..len(labels)-1`` grouped by label and return each group's end in ``out``.
 
-    Each group ascending, groups in label order. Labels are ``< buckets``.
+    Each group is ascending, groups are in label order. Labels are ``< buckets``.
     """
     ends = np.zeros(buckets, np.int64)
     for i in range(labels.shape[0]):

@@ -30,7 +30,7 @@ def compiled_kernels() -> ModuleType | None:
 def _aligned_zeros(n: int) -> np.ndarray:
     """``n`` float64 zeros starting on a 64-byte boundary.
 
-    So every run of 8 children that starts at a multiple of 8 is one cache line.
+    Every run of 8 children that starts at a multiple of 8 is then one cache line.
     """
     raw = np.zeros(n + FANOUT)
     skip = (-(raw.ctypes.data >> 3)) % FANOUT

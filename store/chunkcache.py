@@ -160,8 +160,8 @@ class StoreCache:
     def forget(self, prefixes: list[str]) -> None:
         """Mark the files under these object prefixes least recently used: pruning deletes them first.
 
-        A reader saw their fragments leave the store's visible records. Not deleted now, for processes with an older
-        view that may still read them.
+        Called when a reader saw their fragments leave the store's visible records. Not deleted now, for processes with
+        an older view that may still read them.
         """
         for prefix in prefixes:
             for _, _, path in _files(os.path.join(self.root, *prefix.split("/"))):

@@ -149,7 +149,8 @@ def shape_of(frag: Fragment, schema: Schema, spec: ArraySpec) -> tuple[int, ...]
 class FragmentData:
     """Lazy, cached access to one fragment's arrays.
 
-    Memory maps on local storage; on object storage through its chunk cache, if it has one, unless not ``cached``.
+    Memory maps on local storage; on object storage, reads go through its chunk cache, if it has one, unless not
+    ``cached``.
     """
 
     def __init__(self, storage: Storage, schema: Schema, frag: Fragment, *, cached: bool = True) -> None:

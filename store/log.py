@@ -218,8 +218,8 @@ class CommitLog:
     def history(self) -> list[CommitInfo]:
         """Every applied record, ordered by commit time, then writer and seq.
 
-        Each writer's up to where this log has applied it. Read from storage at the first call (the log may have started
-        from a checkpoint), then kept and extended by each refresh.
+        Each writer's records up to where this log has applied them. Read from storage at the first call (the log may
+        have started from a checkpoint), then kept and extended by each refresh.
         """
         if self._history is None:
             self._history = list(self._read_records({w: wlog.next_seq for w, wlog in self.writers.items()}))
@@ -277,8 +277,9 @@ class CommitLog:
     def write_checkpoint(self) -> int | None:
         """Create the next checkpoint of what this log has applied and delete those before the previous one; its number.
 
-        Create-if-absent. None, writing nothing, if another writer made a checkpoint this log did not know of (listed,
-        or created first under the same number). Either way the count of records since a checkpoint starts again.
+        The checkpoint is created if absent. None, writing nothing, if another writer made a checkpoint this log did not
+        know of (listed, or created first under the same number). Either way the count of records since a checkpoint
+        starts again.
         """
         numbers = self.checkpoint_numbers()
         known = -1 if self.checkpoint is None else self.checkpoint

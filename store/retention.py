@@ -53,7 +53,7 @@ def visible_from(frags: list[Fragment], capacity: int) -> np.ndarray:
 def retained_parts(frags: list[Fragment], budget: int) -> set[tuple[int, int]]:
     """``(writer, seq)`` of the append parts holding any of the newest ``budget`` records.
 
-    And of empty parts among them: kept is the safe side for a reclaim.
+    Empty parts among them are included too: kept is the safe side for a reclaim.
     """
     parts = sorted(((t, f.writer, seq, rows) for f in frags for seq, t, rows in f.parts), reverse=True)
     kept: set[tuple[int, int]] = set()

@@ -65,7 +65,7 @@ def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_ro
                   stop: int | None = None) -> Iterator[pa.RecordBatch]:
     """One fragment's records ``[vis_from, stop)`` as batches with exactly the columns of ``schema``.
 
-    ``stop``: its end by default.
+    ``stop`` is the fragment's end by default.
 
     ``schema`` is :func:`scan_schema` of the table (or a :func:`scan_projection` of it), so
     that every fragment of a table yields the same column types (e.g. ``stream`` is string

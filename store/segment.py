@@ -260,7 +260,8 @@ class Segment:
     def check_present(self) -> None:
         """StoreError if the segment's files were deleted while open: committing would reference data that is gone.
 
-        A vacuum whose threshold is shorter than the time since this writer's appends, docs/FORMAT.md "Vacuum".
+        That is what a vacuum whose threshold is shorter than the time since this writer's appends does
+        (docs/FORMAT.md, "Vacuum").
         """
         if not self.present():
             raise StoreError(f"{self.path}: deleted while this writer had appends pending (by a vacuum with "

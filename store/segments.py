@@ -22,8 +22,8 @@ class Segments:
                  slots: int | None = None) -> None:
         """Empty, or the dense ``columns`` cut at ``bounds`` into the segments of slots ``slot_order``.
 
-        Default ``0, 1, ...``; ``slots`` in all, the others empty. Each segment gets room for an eighth more entries
-        (its first appends do not move it), and the buffer ``slack`` free entries after them.
+        ``slot_order`` defaults to ``0, 1, ...``; ``slots`` in all, the others empty. Each segment gets room for an
+        eighth more entries (its first appends do not move it), and the buffer ``slack`` free entries after them.
         """
         bounds = np.zeros(1, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
         counts = np.diff(bounds)

@@ -127,8 +127,8 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
             unsafe: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every table of ``store`` registered under its name, plus ``commits`` and ``appends``.
 
-    One row per commit. One row per append, with its ``telemetry``. Metadata columns hold JSON text
-    (``metadata->>'$.iteration'``).
+    ``commits`` has one row per commit, ``appends`` one row per append, with its ``telemetry``. Metadata columns hold
+    JSON text (``metadata->>'$.iteration'``).
 
     A connection made here is read-only towards the outside world (:data:`SAFE_CONFIG`) unless
     ``unsafe`` is true; a ``connection`` passed in keeps the settings its caller gave it.

@@ -21,7 +21,7 @@ def pair(a: np.ndarray, vis_was: np.ndarray, b: np.ndarray, vis_now: np.ndarray,
           ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
     """Two views of fragments ``was`` and ``now``, each visible from a local row: ``(head, tail, src, kept, stays)``.
 
-    Their :func:`identities` ``a`` and ``b``. The first ``head`` and last ``tail`` fragments of both are the same
+    ``a`` and ``b`` are their :func:`identities`. The first ``head`` and last ``tail`` fragments of both are the same
     objects visible from the same rows; between them, ``src[i]`` is the index in ``was[head:len(was) - tail]`` of the
     same object as ``now[head + i]`` (-1: none), ``kept[i]`` whether it is also visible from the same row, and
     ``stays[j]`` whether ``was[head + j]`` is kept so. Cost: array operations over both views.

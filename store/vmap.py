@@ -81,7 +81,7 @@ class AddressRange:
     def map_file(self, offset: int, path: str | int, nbytes: int) -> None:
         """Map the first ``nbytes`` of the file at ``path`` at ``offset`` (a multiple of PAGE).
 
-        Or open as file descriptor ``path``.
+        ``path`` may also be an open file descriptor.
 
         FileNotFoundError if it is gone; EOFError if it is shorter than ``nbytes`` (reading
         a mapping past the end of its file would kill the process with SIGBUS).

@@ -39,8 +39,8 @@ class CopyReport:
 def _copy_sparse(src: str, dst: str) -> int:
     """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data ranges.
 
-    ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole file is data. Returns the bytes written. The
-    file is fsynced.
+    Data ranges come from ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole file is data. Returns
+    the bytes written. The file is fsynced.
     """
     written = 0
     with open(src, "rb") as fin, open(dst, "xb") as fout:

@@ -225,7 +225,7 @@ class Storage(abc.ABC):
     def apparent_size(self, prefix: str = "") -> int:
         """Bytes of the objects under ``prefix`` as their sizes say.
 
-        Equal to :meth:`total_size` where objects cannot be sparse.
+        This equals :meth:`total_size` where objects cannot be sparse.
         """
         return self.total_size(prefix)
 

@@ -408,7 +408,7 @@ class LocalStorage(Storage):
     def total_size(self, prefix: str = "") -> int:
         """Bytes the files under ``prefix`` occupy on disk.
 
-        Allocated blocks: a segment's chunk files are sparse past what was written.
+        This counts allocated blocks: a segment's chunk files are sparse past what was written.
         """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):
@@ -422,7 +422,7 @@ class LocalStorage(Storage):
     def apparent_size(self, prefix: str = "") -> int:
         """Bytes the files under ``prefix`` hold by their sizes.
 
-        ``st_size``: a sparse file's unwritten tail counts; :meth:`total_size` counts allocated blocks.
+        This sums ``st_size``: a sparse file's unwritten tail counts; :meth:`total_size` counts allocated blocks.
         """
         total = 0
         for directory, _, files in os.walk(self._p(prefix)):

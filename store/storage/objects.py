@@ -64,7 +64,7 @@ _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
 def _is_client_error(exc: BaseException) -> bool:
     """Whether ``exc`` comes from the S3 client stack untranslated.
 
-    S3fs turns S3's own error responses into ``OSError`` subclasses, but not missing credentials or connection failures.
+    s3fs turns S3's own error responses into ``OSError`` subclasses, but not missing credentials or connection failures.
     """
     return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
 
