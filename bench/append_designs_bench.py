@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main, store_append_rate
+
 from replaystore.schemas import Schema, dqn
 from replaystore.schemas import validate as validate_module
 from replaystore.store.fragment import INDEX_DTYPES
@@ -300,7 +301,8 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
     out.add(f"store append, {n:,} records, commit every {COMMIT_EVERY:,}", med["ours"], peer_rate, "rows/s", 1.0,
             note + f"; the store (validation, index arrays, an open segment); {where}")
     out.add("  floor: fragment per commit (format 1)", med["fragment"], peer_rate, "rows/s", None,
-            f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files per commit")
+            f"{designs.arrays} arrays: {2 * designs.arrays + 1} new directories and {2 * designs.arrays} files "
+            "per commit")
     out.add("  floor: chunk per commit in an open segment", med["chunk"], peer_rate, "rows/s", None,
             f"{designs.arrays} new files per commit in existing directories")
     out.add("  floor: open segment extended in place (format 2)", med["in_place"], peer_rate, "rows/s", None,

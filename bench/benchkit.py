@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from replaystore.schemas import transitions
 from replaystore.store import open_store
 
@@ -247,7 +248,10 @@ class Table:
         head = ("benchmark", "ours", self.ref, "unit", "ratio", "target", "met", "notes")
         rows = [head, *self.rows]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+
+        def line(r: list[str]) -> str:
+            return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+
         print(line(head))
         print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
         for r in self.rows:

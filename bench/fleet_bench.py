@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, main
+
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 

@@ -83,6 +83,7 @@ from benchkit import (
     rate,
     transitions_records,
 )
+
 from replaystore.loaders import (
     EpochSampler,
     PrioritizedSampler,
@@ -239,8 +240,9 @@ def bench_uniform(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -
     out.add("   breakdown: Table.read(256 rows) alone (store/table.py)", r["read"], r["ours"], "batches/s", None,
             f"reference: sample()+gather(); {1e6 / r['read']:.0f} of {1e6 / r['ours']:.0f} us")
     csr = "numba" if tab.reader._csr is not None else "numpy (no numba, or REPLAYSTORE_NUMBA=0)"
-    out.add("   Table.read: this CSR index vs the numpy one (REPLAYSTORE_NUMBA=0)", r["read"], r["read_np"], "batches/s",
-            None, f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/csrkernels.py)")
+    out.add("   Table.read: this CSR index vs the numpy one (REPLAYSTORE_NUMBA=0)", r["read"], r["read_np"],
+            "batches/s", None,
+            f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/csrkernels.py)")
     return r
 
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from benchkit import ACTIONS, HEADS, OBS, commit_server, dqn_records
+
 from replaystore.loaders import SequenceSampler
 from replaystore.schemas import dqn
 from replaystore.store import open_store

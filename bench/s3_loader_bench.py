@@ -216,7 +216,7 @@ def measure(url: str, options: dict[str, Any] | None, cfg: dict[str, Any], live:
         memory = worker_memory(forked_children())
         st.refresh()
         end_len = len(st)
-        del it, loader
+        it = loader = None  # drops the loader's workers (next_batch's cell still refers to ``it``)
     finally:
         stop.set()
         if live:

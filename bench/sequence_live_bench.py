@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import numpy as np
+
 from replaystore.loaders import SequenceSampler
 from replaystore.schemas import transitions
 from replaystore.store import open_store
@@ -111,9 +112,11 @@ def main() -> int:
         for kind in ("append", "capped", "episodes"):
             paths[n, kind] = path = os.path.join(args.dir, f"{kind}{n}")
             if not os.path.exists(path):
-                secs = build_episodes(path, n) if kind == "episodes" else build(path, n, n if kind == "capped" else None)
+                secs = (build_episodes(path, n) if kind == "episodes"
+                        else build(path, n, n if kind == "capped" else None))
                 print(f"  .. built {path}: {secs:.1f} s", flush=True)
-    paths[args.small, "new stream"], paths[args.big, "new stream"] = paths[args.small, "append"], paths[args.big, "append"]
+    paths[args.small, "new stream"] = paths[args.small, "append"]
+    paths[args.big, "new stream"] = paths[args.big, "append"]
     print(f"{'commit kind':<12} {'refresh big/small us':>22} {'sample big/small us':>24} {'ratio':>7}")
     for kind in KINDS:
         (rs, ss), (rb, sb) = live([paths[args.small, kind], paths[args.big, kind]], kind, args.reps)

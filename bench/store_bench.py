@@ -61,6 +61,7 @@ from benchkit import (
     main,
     store_append_rate,
 )
+
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 from replaystore.store.table import TableReader
@@ -198,8 +199,8 @@ def bench_append(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.ndarr
             f"peer's first allocation) spread, and the disk's sustained write rate counts for ours (the peer's "
             f"writes stay in the page cache); peer: better of {default} threads ({med(pl):,.0f}) and 1 "
             f"({med(pl1):,.0f})")
-    out.add(f"  the synced append into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)), "rows/s",
-            None, f"ours evicts and reclaims storage; TorchRL's ring buffer overwrites (better of {default} "
+    out.add(f"  the synced append into a capped replay (capacity {capped:,})", med(oc), max(med(pc), med(pc1)),
+            "rows/s", None, f"ours evicts and reclaims storage; TorchRL's ring buffer overwrites (better of {default} "
             f"threads {med(pc):,.0f} and 1 {med(pc1):,.0f})")
 
 
@@ -229,7 +230,8 @@ def build_read_stores(tmp: str, cfg: dict[str, Any], batches: list[dict[str, np.
     frags = st.table("records").reader.fragments
     live = sum(du(os.path.join(path, group)) for group in {f.path for f in frags})  # a segment once
     out.add(f"append {n:,} rows (building the read store)", ours_build, peer_build, "rows/s", None,
-            f"peer on 1 torch thread; {len(frags)} fragments, {live / 2**20:,.0f} MiB live ({du(path) / 2**20:,.0f} MiB on disk "
+            f"peer on 1 torch thread; {len(frags)} fragments, {live / 2**20:,.0f} MiB live "
+            f"({du(path) / 2**20:,.0f} MiB on disk "
             "incl. compaction inputs in their 30 s trash grace)")
     # (c) the same again, then Writer.compact() before close: what a finished dataset can look like
     pathc = os.path.join(tmp, "read10kc")

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 from benchkit import ACTIONS, HEADS, OBS, dqn_records
+
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 from replaystore.store import table as table_module

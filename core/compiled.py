@@ -51,14 +51,15 @@ def _kernel_cache() -> Iterator[None]:
     """
     from numba.core import config
 
-    if config.CACHE_DIR:
+    # numba's config module sets its attributes from the environment at import; its stubs declare none of them
+    if config.CACHE_DIR:  # type: ignore[attr-defined]
         yield
         return
-    config.CACHE_DIR = kernel_cache_directory()
+    config.CACHE_DIR = kernel_cache_directory()  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        config.CACHE_DIR = ""
+        config.CACHE_DIR = ""  # type: ignore[attr-defined]
 
 
 def kernels(module: str) -> ModuleType | None:

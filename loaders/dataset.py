@@ -317,5 +317,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
                            store.cache if store.cache is not None else False)
-    return StoreLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                       collate_fn=_first, **kwargs)
+    # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
+    # Request) to the dataset's __getitems__ unchanged
+    return StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
+                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)

@@ -116,6 +116,7 @@ class PassRows:
         """
         if self._ids is not None:
             return [self.n, int(np.add.reduce(self._ids, dtype=np.int64))]
+        assert self._iv is not None  # one of the two is given
         total = sum((lo + hi - 1) * (hi - lo) // 2 for lo, hi in self._iv.tolist())
         return [self.n, (total + 2**63) % 2**64 - 2**63]
 
@@ -170,10 +171,10 @@ class _Blocks:
         rng.permuted(blocks, axis=1, out=blocks)
         rng.shuffle(rows[whole:])
         self.shuffled = rows
-        blocks = -(-n // BLOCK)
-        self.next = np.arange(blocks, dtype=np.int64) * BLOCK  # per block: its next row in ``shuffled``
-        self.left = np.full(blocks, BLOCK, dtype=np.int64)  # per block: rows not yet handed out
-        self.left[-1] = n - (blocks - 1) * BLOCK
+        nblocks = -(-n // BLOCK)
+        self.next = np.arange(nblocks, dtype=np.int64) * BLOCK  # per block: its next row in ``shuffled``
+        self.left = np.full(nblocks, BLOCK, dtype=np.int64)  # per block: rows not yet handed out
+        self.left[-1] = n - (nblocks - 1) * BLOCK
         self.remaining = n
         self.rng = rng
 

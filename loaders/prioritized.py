@@ -12,7 +12,6 @@ from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
-
 MAX_LEAF = 2.0 ** 960
 """The largest leaf value ``priority ** alpha``: a sum of up to 2**63 of them stays finite
 (float64 max ~ 2**1024), so the tree's total never overflows."""

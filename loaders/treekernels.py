@@ -38,7 +38,8 @@ def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
                                             "llvm.prefetch.p0i8")
         # read, keep in all cache levels, data cache
-        builder.call(fn, [builder.bitcast(ptr, byte_ptr), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        builder.call(fn, [builder.bitcast(ptr, byte_ptr), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
         return context.get_dummy_value()
     return types.void(array, index), codegen
 
@@ -80,7 +81,8 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
             m = m - half - 1 if go else half
         t[i] = x - prefix[lo]
         node[i] = lo
-        _prefetch(tree, starts[1] + (lo << 3))
+        # numba's stubs type an intrinsic's __call__ with the typing context as its first argument
+        _prefetch(tree, starts[1] + (lo << 3))  # type: ignore[call-arg]
     # Level by level over all targets, each target's next line (its node's 8 children)
     # prefetched as soon as the node is known, so it is in cache a pass over the batch later
     # (at 10M leaves the lowest levels and the leaves miss DRAM).
@@ -110,7 +112,8 @@ def find(tree: np.ndarray, starts: np.ndarray, depth: int, prefix: np.ndarray, t
             t[i] = x
             node[i] = (node[i] << 3) + k
             if j < depth:
-                _prefetch(tree, below + (node[i] << 3))
+                # numba's stubs type an intrinsic's __call__ with the typing context as its first argument
+                _prefetch(tree, below + (node[i] << 3))  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

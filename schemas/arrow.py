@@ -216,7 +216,8 @@ def columns_to_arrow(cols: Columns) -> pa.RecordBatch:
 
 def _primitive_to_numpy(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
     if dtype == np.bool_:
-        return arr.to_numpy(zero_copy_only=False)
+        bools: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        return bools
     buf = arr.buffers()[1]
     return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
 

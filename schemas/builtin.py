@@ -238,7 +238,8 @@ def deep_cfr_strategy(observation_size: int, *, actions: int | None = None,
         Dense("strategy_iterations", I64, description="CFR iteration, for sampling/weighting"),
         Dense("strategy_players", I64, description="acting player"),
         _legal("strategy_", actions, "legal action ids"),
-        Ragged("strategy_probs", F64, "strategy_legal_offsets", description="action probabilities aligned with legal ids"),
+        Ragged("strategy_probs", F64, "strategy_legal_offsets",
+               description="action probabilities aligned with legal ids"),
         BatchMeta("telemetry", "traversal and inference measurements"),
     ], metadata=_meta(metadata, observation_size=observation_size, actions=actions))
 

@@ -27,7 +27,8 @@ def _check_dtype(name: str, dtype: Any) -> np.dtype:
         raise SchemaError(f"field {name!r}: dtype {dtype!r} is not a numpy dtype") from exc
     if dt.kind not in _KINDS or dt.shape or dt.names:
         raise SchemaError(f"field {name!r}: expected a fixed-width numeric or bool dtype, got {dt}")
-    return dt.newbyteorder("=") if dt.byteorder == ">" else dt
+    native: np.dtype = dt.newbyteorder("=") if dt.byteorder == ">" else dt
+    return native
 
 
 def _check_bound(name: str, dt: np.dtype, id_bound: int | None) -> None:

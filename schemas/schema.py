@@ -26,9 +26,10 @@ def _json_safe(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise SchemaError(f"schema metadata: expected a mapping, got {type(metadata).__name__}")
     try:
-        return json.loads(json.dumps(dict(metadata), allow_nan=False))
+        plain: dict[str, Any] = json.loads(json.dumps(dict(metadata), allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"schema metadata: expected JSON-serialisable values ({exc})") from exc
+    return plain
 
 
 class Schema:

@@ -206,10 +206,10 @@ def validate(schema: Schema, batch: Any, *, allow_extra: bool = False) -> Column
         nnz = int(offsets[-1])
         first_len: tuple[str, int] | None = None
         for name in names:
-            f = schema.field(name)
-            assert isinstance(f, Ragged)
+            rf = schema.field(name)
+            assert isinstance(rf, Ragged)
             values = to_numpy(name, items[name])
-            _check_dtype(name, values, f.dtype)
+            _check_dtype(name, values, rf.dtype)
             if values.ndim != 1:
                 raise ShapeError(name, "a 1-D values array", f"shape {values.shape}")
             if first_len is not None and len(values) != first_len[1]:
@@ -219,7 +219,7 @@ def validate(schema: Schema, batch: Any, *, allow_extra: bool = False) -> Column
                 raise OffsetsError(off_name, f"a last offset equal to len({name})={len(values)}",
                                    f"last offset {nnz}")
             first_len = (name, len(values))
-            _check_values(f, values)
+            _check_values(rf, values)
             arrays[name] = np.ascontiguousarray(values)
         arrays[off_name] = np.ascontiguousarray(offsets)
 

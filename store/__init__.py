@@ -1,5 +1,7 @@
-"""The on-disk format: tables of Zarr columns in immutable fragments, a commit log per writer,
-a stream/step index, retention, state slots."""
+"""The on-disk format.
+
+Tables of Zarr columns in immutable fragments, a commit log per writer, a stream/step index, retention, state slots.
+"""
 
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamIndex

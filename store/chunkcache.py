@@ -324,7 +324,7 @@ class StoreCache:
         """
         local = os.path.join(self.root, *path.split("/"))
         with contextlib.suppress(OSError):  # absent (or the directory unusable: found out below)
-            f = open(local, "rb")  # noqa: SIM115 (returned open)
+            f: IO[bytes] = open(local, "rb")  # noqa: SIM115 (returned open)
             if size is None or os.fstat(f.fileno()).st_size == size:
                 with contextlib.suppress(OSError):  # a read-only cache still serves
                     os.utime(f.fileno())

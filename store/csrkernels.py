@@ -16,10 +16,12 @@ import numpy as np
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def csr_index(offsets: np.ndarray, loc: np.ndarray, shift: np.ndarray, top: int,
               new_offsets: np.ndarray) -> tuple[bool, np.ndarray]:
-    """For records ``loc`` of ``offsets``: fill ``new_offsets`` (``len(loc) + 1``, rebased to 0) and
-    return ``(True, value_index)``, each gathered value's index in the values array (plus
-    ``shift[i]`` for record i when ``shift`` is not empty); ``(False, empty)`` if any record is
-    not in ``offsets`` or its offsets are negative, decreasing or above ``top``."""
+    """The CSR gather plan of records ``loc`` of ``offsets``.
+
+    Fill ``new_offsets`` (``len(loc) + 1``, rebased to 0) and return ``(True, value_index)``, each gathered value's
+    index in the values array (plus ``shift[i]`` for record i when ``shift`` is not empty); ``(False, empty)`` if any
+    record is not in ``offsets`` or its offsets are negative, decreasing or above ``top``.
+    """
     n = loc.shape[0]
     new_offsets[0] = 0
     total = 0

@@ -22,7 +22,7 @@ from replaystore.store.zarrio import read_array
 
 STEP = np.dtype(np.int64)
 RESET = np.dtype(np.bool_)
-INDEX_DTYPES = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
+INDEX_DTYPES: dict[str, np.dtype] = {"_stream": STREAM_CODE, "_step": STEP, "_reset": RESET}
 """The dtypes of the index arrays every fragment and segment holds beside the schema's."""
 
 
@@ -206,7 +206,7 @@ class Fragment:
         """
         seg = SegmentRef.from_dict(d["segment"]) if "segment" in d else None
         return cls(writer, table, d["name"], d["row_start"], d["rows"], dict(d["nnz"]), list(d["streams"]),
-                   [tuple(p) for p in d["parts"]], seg)  # type: ignore[misc]
+                   [tuple(p) for p in d["parts"]], seg)
 
 
 def coalesce(run: list[Fragment], name: str) -> Fragment | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from replaystore.store.segments import Segments, grown
 from replaystore.store.streamkeys import StreamKey
 
@@ -248,8 +249,8 @@ class StreamIndex:
         if pieces[0].steps is None:
             order = np.lexsort((rows, slot))
             return slot[order], rows[order], None, None
-        steps = np.concatenate([p.steps for p in pieces])  # type: ignore[misc]
-        resets = np.concatenate([p.resets for p in pieces])  # type: ignore[misc]
+        steps = np.concatenate([p.steps for p in pieces])
+        resets = np.concatenate([p.resets for p in pieces])
         order = np.lexsort((rows, steps, slot))
         return slot[order], rows[order], steps[order], resets[order]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from dataclasses import dataclass, field
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replaystore.errors import CorruptObjectError, StoreError
@@ -257,7 +257,7 @@ class CommitLog:
         wlog = self.writers[writer]
         for seq in [s for s in list(created) if s < wlog.next_seq]:  # (applied by a refresh)
             created.pop(seq, None)
-        docs = []
+        docs: list[dict[str, Any]] = []
         while not wlog.closed and (data := created.pop(wlog.next_seq + len(docs), None)) is not None:
             seq = wlog.next_seq + len(docs)
             path = layout.commit_record(writer, seq)
@@ -271,9 +271,9 @@ class CommitLog:
         """Apply each writer's next records ``new`` (decoded, in seq order)."""
         for stale in self._stale.values():
             stale.update(new)
-        for writer, bodies in new.items():
+        for writer, batch in new.items():
             wlog = self.writers[writer]
-            for body in bodies:
+            for body in batch:
                 self._apply(wlog, body)
                 if self._history is not None:
                     self._history.append(CommitInfo(writer, wlog.next_seq, body))

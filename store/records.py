@@ -8,11 +8,14 @@ damaged document is detected and reported, never trusted.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 
 from replaystore.errors import CorruptObjectError
+
+if TYPE_CHECKING:
+    from replaystore.store.storage.base import Storage
 
 
 def _canonical(body: Any) -> bytes:
@@ -164,6 +167,7 @@ def json_document(name: str, doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise MetadataError(name, "a JSON mapping", type(doc).__name__)
     try:
-        return json.loads(json.dumps(doc, allow_nan=False))
+        plain: dict[str, Any] = json.loads(json.dumps(doc, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise MetadataError(name, "JSON-serialisable values", str(exc)) from exc
+    return plain

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from replaystore.errors import StoreError
 from replaystore.schemas.arrow import arrow_type, dense_to_arrow, ragged_to_arrow
-from replaystore.schemas.fields import BatchMeta, Dense
+from replaystore.schemas.fields import BatchMeta, Dense, Ragged
 from replaystore.store.fragment import FragmentData
 from replaystore.store.table import TableReader
 
@@ -23,8 +23,11 @@ def _stream_type(reader: TableReader) -> pa.DataType:
 
 
 def scan_schema(reader: TableReader) -> pa.Schema:
-    """The scanned columns: ``row``, ``stream``, ``step``, ``reset``, the schema's fields,
-    then ``writer``, ``commit`` (its seq) and ``commit_time``."""
+    """The scanned columns.
+
+    ``row``, ``stream``, ``step``, ``reset``, the schema's fields, then ``writer``, ``commit`` (its seq) and
+    ``commit_time``.
+    """
     fields = [pa.field("row", pa.int64(), nullable=False), pa.field("stream", _stream_type(reader), nullable=False),
               pa.field("step", pa.int64(), nullable=False), pa.field("reset", pa.bool_(), nullable=False)]
     for f in reader.schema.fields:
@@ -60,8 +63,9 @@ def scan(reader: TableReader, columns: Sequence[str] | None = None, batch_rows: 
 
 def scan_fragment(data: FragmentData, vis_from: int, schema: pa.Schema, batch_rows: int = SCAN_ROWS,
                   stop: int | None = None) -> Iterator[pa.RecordBatch]:
-    """One fragment's records ``[vis_from, stop)`` (``stop``: its end by default) as batches with
-    exactly the columns of ``schema``.
+    """One fragment's records ``[vis_from, stop)`` as batches with exactly the columns of ``schema``.
+
+    ``stop`` is the fragment's end by default.
 
     ``schema`` is :func:`scan_schema` of the table (or a :func:`scan_projection` of it), so
     that every fragment of a table yields the same column types (e.g. ``stream`` is string
@@ -105,6 +109,7 @@ def _column(data: FragmentData, name: str, lo: int, hi: int, string_streams: boo
     f = schema.field(name)
     if isinstance(f, Dense):
         return dense_to_arrow(f, np.asarray(data.array(name)[lo:hi]))
+    assert isinstance(f, Ragged), name  # metadata fields are not scanned columns
     offsets = np.asarray(data.array(f.offsets)[lo:hi + 1])
     start, stop = int(offsets[0]), int(offsets[-1])
     return ragged_to_arrow(np.asarray(data.array(name)[start:stop]), offsets - start)

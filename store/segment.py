@@ -105,9 +105,11 @@ class _Array:
         # a C-contiguous little-endian array is its own raw bytes (buffer protocol): no view made
         raw = piece if piece.flags.c_contiguous and piece.dtype.byteorder in "<|=" and _LITTLE else raw_bytes(piece)
         pos, nbytes = self.end, raw.nbytes
-        n = os.pwrite(self.fd, raw, pos)
+        # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+        n = os.pwrite(self.fd, raw, pos)  # type: ignore[arg-type]
         if n < nbytes:  # a short write (rare): the rest through a byte view
-            view = memoryview(raw_bytes(piece))[n:]
+            # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+            view = memoryview(raw_bytes(piece))[n:]  # type: ignore[arg-type]
             while view:
                 k = os.pwrite(self.fd, view, pos + n)
                 view, n = view[k:], n + k

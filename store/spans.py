@@ -59,7 +59,8 @@ class Layout:
         self.storage = storage
         self.schema = schema
         self.specs = {s.name: s for s in specs}
-        self.values_of = next((schema.field(s.name).offsets for s in specs if s.role == "values"), None)
+        ragged = {f.name: f.offsets for f in schema.ragged_fields}
+        self.values_of = next((ragged[s.name] for s in specs if s.role == "values"), None)
         self.unit = math.lcm(1, *(PAGE // math.gcd(PAGE, s.row_bytes) for s in specs))
         self._units: dict[UnitKey, Fragment] = {}  # a fragment of each placed unit
         self._base: dict[UnitKey, int] = {}
@@ -103,7 +104,7 @@ class Layout:
             int64 base row of each fragment.
         """
         keys = [f.group for f in frags]
-        units = dict(zip(keys, frags))  # any fragment of a unit describes it
+        units = dict(zip(keys, frags, strict=True))  # any fragment of a unit describes it
         new = [(k, f) for k, f in units.items() if k not in self._base]
         if self._top + sum(self._slot(f) for _, f in new) > self._cap:
             # start afresh in new ranges; the old ones stay whole until their last view is gone

@@ -125,7 +125,8 @@ def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
 
 def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], set[str]]:
     """Payload directories named by state records, and slots with a record that cannot be read."""
-    named, unreadable = set(), set()
+    named: set[str] = set()
+    unreadable: set[str] = set()
     for o in objects:
         parts = o.path.split("/")
         if len(parts) != 3 or parts[0] != layout.STATE or not parts[2].endswith(".json"):
@@ -156,7 +157,7 @@ def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
         elif len(parts) > 3 and parts[2].startswith("payload-"):
             payloads.setdefault("/".join(parts[:3]), []).append(o)
     out: dict[str, list[ObjectInfo]] = {}
-    for slot, found in versions.items():
+    for found in versions.values():
         for _, record in sorted(found, key=lambda vo: vo[0])[:-keep_last]:
             try:
                 body = records.decode(record.path, store.storage.read(record.path))
@@ -235,8 +236,8 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
         since = max((o.mtime_ns for o in objs), default=mtimes.get(path, now))
         if path in removed:  # a removing commit created after the listing counts as just now
             since = max(since, mtimes.get(removed[path], now))
-        unit = Unit(path, kind, tuple(objs), since)
-        (report.deleted if now - since >= older_than_s * 1e9 else report.recent).append(unit)
+        found = Unit(path, kind, tuple(objs), since)
+        (report.deleted if now - since >= older_than_s * 1e9 else report.recent).append(found)
     return report
 
 

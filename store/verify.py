@@ -11,6 +11,7 @@ import google_crc32c
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
+from replaystore.schemas.fields import Ragged
 from replaystore.store import bodies, layout, records
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
@@ -36,6 +37,11 @@ class Problem:
     def __str__(self) -> str:
         """``"<path>: <problem>"``."""
         return f"{self.path}: {self.problem}"
+
+
+def _state_check(path: str, slot: str, version: int) -> Callable[[dict[str, Any]], object]:
+    """The body check of state record ``version`` of ``slot``, stored at ``path``."""
+    return lambda b: bodies.state(path, b, slot, version)
 
 
 def _check_record(store: Store, path: str,
@@ -66,8 +72,11 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
     for seq in seqs:
         path = layout.commit_record(writer, seq)
         kind: list[str] = []
-        p = _check_record(store, path, lambda b, s=seq: kind.append(
-            bodies.commit(path, b, writer, s, store.log.offsets)["kind"]))
+
+        def check_commit(b: dict[str, Any], s: int = seq, at: str = path, kinds: list[str] = kind) -> None:
+            kinds.append(bodies.commit(at, b, writer, s, store.log.offsets)["kind"])
+
+        p = _check_record(store, path, check_commit)
         if p:
             problems.append(p)
         elif kind[0] == CLOSE and closed_at is None:
@@ -131,8 +140,9 @@ def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtyp
         elif spec.role == "offsets":
             yield spec.name, np.dtype(spec.dtype), (seg.capacity + 1,), "offsets"
         else:
-            off = schema.field(spec.name).offsets
-            yield spec.name, np.dtype(spec.dtype), (seg.value_capacity[off],), off  # type: ignore[index]
+            f = schema.field(spec.name)
+            assert isinstance(f, Ragged)  # a "values" array holds a ragged field
+            yield spec.name, np.dtype(spec.dtype), (seg.value_capacity[f.offsets],), f.offsets
     for name, dtype in (("_stream", STREAM_CODE), ("_step", STEP), ("_reset", RESET)):
         yield name, dtype, (seg.capacity,), "dense"
 
@@ -283,8 +293,10 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         problems.append(p)
     capacities: dict[int, Any] = {}
     for w in registered:
-        p = _check_record(store, layout.writer_record(w), lambda b, w=w: capacities.__setitem__(
-            w, bodies.registration(layout.writer_record(w), b, w).get("capacity", store.capacity)))
+        def check_registration(b: dict[str, Any], w: int = w) -> None:
+            capacities[w] = bodies.registration(layout.writer_record(w), b, w).get("capacity", store.capacity)
+
+        p = _check_record(store, layout.writer_record(w), check_registration)
         if p:
             problems.append(p)
     for w, cap in capacities.items():
@@ -311,8 +323,8 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         for name in store.storage.list(layout.state_dir(slot)):
             if name.endswith(".json"):
                 path = f"{layout.state_dir(slot)}/{name}"
-                p = _check_record(store, path, None if not name[:-5].isdigit() else (
-                    lambda b, s=slot, v=int(name[:-5]), path=path: bodies.state(path, b, s, v)))
+                check = _state_check(path, slot, int(name[:-5])) if name[:-5].isdigit() else None
+                p = _check_record(store, path, check)
                 if p:
                     problems.append(p)
     checked = 0

@@ -157,7 +157,8 @@ class AddressRange:
             A read-only view that keeps the range alive.
         """
         row_bytes = dtype.itemsize * int(np.prod(trailing))  # > 0: schema shapes are positive
-        arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]
+        # typeshed declares ctypes arrays' buffer protocol (__buffer__) only for Python >= 3.12
+        arr = np.frombuffer(self._buf, dtype=np.uint8)[: self.length // row_bytes * row_bytes]  # type: ignore[call-overload]
         return arr.view(dtype).reshape(-1, *trailing)
 
 

@@ -42,7 +42,8 @@ def run_tiny(tmp_path: Path, *args: str, ci: str | None = None) -> tuple[int, st
     if ci is not None:
         env["CI"] = ci
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "support.slow_selection", "-p", "no:cacheprovider",
-                           "-v", "-rA", *args], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                           "-v", "-rA", *args], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 
 

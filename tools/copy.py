@@ -151,7 +151,8 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     src.refresh()
     snapshot = {t: src.table(t).row_ids() for t in src.tables}
     paths = [layout.writer_record(w) for w in sorted(src.log.writers)]
-    paths += [layout.commit_record(w, seq) for w, wlog in sorted(src.log.writers.items()) for seq in range(wlog.next_seq)]
+    paths += [layout.commit_record(w, seq)
+              for w, wlog in sorted(src.log.writers.items()) for seq in range(wlog.next_seq)]
     for unit in _data_units(src):
         paths += [o.path for o in src.storage.walk(unit) if not o.path.rsplit("/", 1)[-1].startswith(".tmp-")]
     paths += _state_objects(src)

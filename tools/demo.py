@@ -97,7 +97,8 @@ def win_rate(net: QNet | None, rng: np.random.Generator, games: int = EVAL_GAMES
     for seat in (0, 1):
         wins = 0
         for _ in range(games):
-            def policy(obs: np.ndarray, legal: np.ndarray, player: int, r: np.random.Generator) -> int:
+            def policy(obs: np.ndarray, legal: np.ndarray, player: int, r: np.random.Generator,
+                       seat: int = seat) -> int:
                 if net is None or player != seat:
                     return tictactoe.random_policy(obs, legal, player, r)
                 return greedy(net, torch.from_numpy(obs), torch.from_numpy(legal))

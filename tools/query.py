@@ -22,7 +22,9 @@ def _json_lines(table: pa.Table) -> str:
 def run_query(st: Store, sql: str, fmt: str = "table", output: str | None = None,
               allow_file_access: bool = False) -> int:
     """Run ``sql``; print it as a table, or write csv / json (one object per line) / parquet.
-    ``allow_file_access`` lets the query itself read and write files (``Store.sql(unsafe=True)``)."""
+
+    ``allow_file_access`` lets the query itself read and write files (``Store.sql(unsafe=True)``).
+    """
     result = st.sql(sql, unsafe=allow_file_access)
     try:
         return _write(result, fmt, output)

@@ -9,8 +9,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from replaystore.store.storage.base import (Buffer, ObjectInfo, ObjectStream, Storage, StorageError,
-                                            StorageUnavailableError, StorageURLError)
+from replaystore.store.storage.base import (
+    Buffer,
+    ObjectInfo,
+    ObjectStream,
+    Storage,
+    StorageError,
+    StorageUnavailableError,
+    StorageURLError,
+)
 from replaystore.store.storage.local import LocalStorage
 from replaystore.store.storage.objects import FsspecStorage
 

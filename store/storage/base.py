@@ -8,11 +8,13 @@ and listings; delete. Paths are '/'-separated and relative to the store root.
 from __future__ import annotations
 
 import abc
+import builtins
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store.chunkcache import StoreCache
 
@@ -478,7 +480,9 @@ class Storage(abc.ABC):
             A write or sync failed (nothing references the objects).
         """
         for path, parts in objects.items():
-            self.write(path, parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
+            # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+            data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)  # type: ignore[arg-type]
+            self.write(path, data)
         for stream in streams:
             self.write(stream.path, stream.data())
         self.sync_dirs([*objects, *(s.path for s in streams)])
@@ -589,7 +593,7 @@ class Storage(abc.ABC):
         for path in paths:
             self.delete(path)
 
-    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+    def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
 
         This default serves backends with a local path (``local_path``); others override it.

@@ -6,6 +6,7 @@ fsync.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import stat
@@ -59,7 +60,8 @@ class _FileStream(ObjectStream):
 
     def write(self, pieces: Sequence[Buffer]) -> None:
         for piece in pieces:
-            view = memoryview(piece).cast("B")
+            # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+            view = memoryview(piece).cast("B")  # type: ignore[arg-type]
             while view:
                 n = os.pwrite(self.fd, view, self.size)
                 view = view[n:]
@@ -398,7 +400,8 @@ class LocalStorage(Storage):
                 f = open(full, "wb")  # noqa: SIM115 - closed below, once its fsync has ended
                 files.append(f)
                 self._entry_made(directory)
-                f.writelines(parts)
+                # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
+                f.writelines(parts)  # type: ignore[arg-type]
                 f.flush()
                 syncs.append(pool.submit(os.fsync, f.fileno()))
             for job in self._unsynced([*objects, *(s.path for s in streams), *created]):

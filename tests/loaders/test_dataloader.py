@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from replaystore.errors import StoreError
 from replaystore.loaders import (
     EmptyStoreError,

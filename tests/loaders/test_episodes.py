@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from replaystore.errors import StoreError
 from replaystore.loaders import EmptyStoreError, ReplayBuffer, iter_episodes
 from replaystore.schemas import episode, rollout, transitions
@@ -18,8 +19,10 @@ OBS = 4
 
 
 def check_episodes(got: list[dict[str, Any]], want: list[RefEpisode]) -> None:
-    key = lambda e: (str(e.stream if isinstance(e, RefEpisode) else e["stream"]),
-                     e.steps[0] if isinstance(e, RefEpisode) else int(e["steps"][0]))
+    def key(e: Any) -> tuple[str, int]:
+        return (str(e.stream if isinstance(e, RefEpisode) else e["stream"]),
+                e.steps[0] if isinstance(e, RefEpisode) else int(e["steps"][0]))
+
     got, want = sorted(got, key=key), sorted(want, key=key)
     assert [(e["stream"], e["steps"].tolist()) for e in got] == [(w.stream, w.steps) for w in want]
     for e, w in zip(got, want, strict=True):
@@ -194,7 +197,10 @@ def test_replay_buffer_commits_in_groups(new_url: Any) -> None:
     url = new_url()
     schema = transitions(OBS, actions=3)
     buf = ReplayBuffer(url, schema, commit_every=8, seed=3)
-    commits = lambda: len(open_store(url, mode="r").commits())
+
+    def commits() -> int:
+        return len(open_store(url, mode="r").commits())
+
     buf.add(steps(0, 1))
     assert commits() == 0 and len(buf) == 1
     assert buf.sample(4)["obs"][:, 0].int().tolist() == [0] * 4  # the first record at once

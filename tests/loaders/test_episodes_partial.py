@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from support.batches import episode_batch
 
 from replaystore.loaders import iter_episodes
 from replaystore.schemas import episode
 from replaystore.store import open_store
+from support.batches import episode_batch
 
 
 def test_an_episode_with_an_evicted_beginning_is_not_yielded_as_whole(tmp_path):

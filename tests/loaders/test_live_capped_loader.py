@@ -10,6 +10,7 @@ import textwrap
 from typing import Any
 
 import numpy as np
+
 from replaystore.loaders import UniformSampler, make_loader
 from replaystore.schemas import transitions
 from replaystore.store import open_store

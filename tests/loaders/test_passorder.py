@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import StoreError
 from replaystore.loaders import EpochSampler, passorder
 from replaystore.loaders.passorder import PassOrder, PassRows

@@ -22,6 +22,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+
 from replaystore.loaders import gather
 from replaystore.loaders.sumtree import SEARCH_TOP
 from replaystore.store import open_store
@@ -187,8 +188,8 @@ def test_prioritized_replay_is_the_same_bit_for_bit_with_or_without_numba(tmp_pa
                                                                           then: str) -> None:
     """A run saved with the compiled kernels resumes exactly without them, and the other way round:
     the sum tree and the CSR gather are the same arithmetic either way (issue 4, Resume)."""
-    from support.batches import dqn_batch
     from replaystore.schemas import dqn
+    from support.batches import dqn_batch
 
     url = str(tmp_path / "st")
     st = open_store(url, dqn(16, 2, actions=9), mode="w")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import ResumeMismatchError, SamplerParameterError
 from replaystore.loaders import PrioritizedSampler, ReservoirSampler, SequenceSampler, UniformSampler
 from replaystore.loaders.prioritized import MAX_LEAF, MIN_LEAF

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from support.batches import dqn_batch
 
 from replaystore.loaders import UniformSampler
 from replaystore.schemas import dqn
 from replaystore.store import open_store
+from support.batches import dqn_batch
 
 
 def test_sampler_save_keeps_the_newest_two_versions(tmp_path) -> None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import StoreError
 from replaystore.loaders import (
     EmptyStoreError,

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import StoreError
 from replaystore.loaders import EmptyStoreError, SequenceSampler, gather
 from replaystore.loaders.sequence import legal_windows
@@ -240,7 +241,8 @@ def test_eviction_removes_context_and_the_reset_with_it(new_url: Any) -> None:
     ref = RefStore(6)
     _write(st, ref, "s", [0, 1, 2, 3], [True, False, False, False])
     sampler = SequenceSampler(st, length=1, burn_in=2, batch_size=16, seed=1)
-    assert sampler_windows(sampler) == {(("str", "s"), s): (f, p) for s, f, p in ((0, 0, 2), (1, 0, 1), (2, 0, 0), (3, 1, 0))}
+    assert sampler_windows(sampler) == {(("str", "s"), s): (f, p)
+                                        for s, f, p in ((0, 0, 2), (1, 0, 1), (2, 0, 0), (3, 1, 0))}
     _write(st, ref, "s", [4, 5, 6, 7], [False] * 4)  # evicts steps 0 and 1 (the reset)
     assert sampler_windows(sampler) == {(("str", "s"), s): (s - 2, 0) for s in (4, 5, 6, 7)}
     req = sampler.sample()

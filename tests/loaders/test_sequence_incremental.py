@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.loaders import SequenceSampler
 from replaystore.store import open_store
 from replaystore.store.layout import ROW_BITS

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.loaders import (
     PrioritizedSampler,
     ReservoirSampler,
@@ -157,7 +158,7 @@ def test_reservoir_keeps_each_record_with_probability_k_over_n(new_url: Any) -> 
 def test_reservoir_never_exceeds_its_capacity_while_the_table_evicts(new_url: Any) -> None:
     h = Harness(new_url(), 8)
     sampler = ReservoirSampler(h.store, capacity=6, batch_size=4, seed=0)
-    for i in range(12):
+    for _ in range(12):
         h.append(Append(("s",) * 3, False, (0,) * 3, "none", (False,) * 3))
         h.commit()
         req = sampler.sample()

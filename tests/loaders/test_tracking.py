@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+
 from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler, UniformSampler
 from replaystore.loaders.tracking import RowSlots, ViewTracker, difference, expand, inside, merge, rows_in
 from replaystore.schemas import transitions

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from replaystore.loaders import PrioritizedSampler, legal_mask, make_loader
 from replaystore.store import open_store
 from support.loaderref import (

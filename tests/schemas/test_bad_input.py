@@ -8,15 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from support.batches import (
-    alphazero_batch,
-    deep_cfr_batch,
-    dqn_batch,
-    episode_batch,
-    ppo_batch,
-    rollout_batch,
-    treestrap_batch,
-)
 
 from replaystore.errors import (
     DeviceError,
@@ -52,6 +43,15 @@ from replaystore.schemas import (
     rollout_columns,
     treestrap,
     validate_tables,
+)
+from support.batches import (
+    alphazero_batch,
+    deep_cfr_batch,
+    dqn_batch,
+    episode_batch,
+    ppo_batch,
+    rollout_batch,
+    treestrap_batch,
 )
 
 OBS, HEADS, ACTIONS = 16, 2, 9

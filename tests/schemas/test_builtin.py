@@ -11,22 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.batches import (
-    BATCHES,
-    AlphaZeroBatch,
-    DeepCfrBatch,
-    DqnBatch,
-    PpoBatch,
-    TreeStrapBatch,
-    alphazero_batch,
-    deep_cfr_batch,
-    dqn_batch,
-    episode_batch,
-    ppo_batch,
-    rollout_batch,
-    transitions_batch,
-    treestrap_batch,
-)
 
 from replaystore.schemas import (
     BatchMeta,
@@ -46,6 +30,22 @@ from replaystore.schemas import (
     validate_tables,
 )
 from replaystore.schemas.builtin import BUILTINS, EXAMPLE_ARGS
+from support.batches import (
+    BATCHES,
+    AlphaZeroBatch,
+    DeepCfrBatch,
+    DqnBatch,
+    PpoBatch,
+    TreeStrapBatch,
+    alphazero_batch,
+    deep_cfr_batch,
+    dqn_batch,
+    episode_batch,
+    ppo_batch,
+    rollout_batch,
+    transitions_batch,
+    treestrap_batch,
+)
 
 F32, F64, I64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_)
 

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.batches import BATCHES, dqn_batch, episode_batch, ppo_batch, rollout_batch
 
 from replaystore.schemas import (
     BatchMeta,
@@ -25,6 +24,7 @@ from replaystore.schemas import (
 )
 from replaystore.schemas.arrow import FIELD_KEY, META_KEY, SCHEMA_KEY
 from replaystore.schemas.builtin import BUILTINS, EXAMPLE_ARGS
+from support.batches import BATCHES, dqn_batch, episode_batch, ppo_batch, rollout_batch
 
 
 def example(name: str) -> Schema:

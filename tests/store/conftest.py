@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import fsspec
 import pytest
+
 from support.s3 import S3Server, moto_s3
 from support.storecheck import Backend
 

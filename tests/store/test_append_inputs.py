@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+
 from replaystore.errors import StepOrderError, StepRangeError, UnknownFieldError
 from replaystore.schemas import episode, rollout, transitions
 from replaystore.store.streamkeys import MAX_STEP

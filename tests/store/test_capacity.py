@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from replaystore.errors import RowError, StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, layout

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.errors import CorruptObjectError, StaleReadError, StoreError
 from replaystore.loaders import UniformSampler, make_loader
 from replaystore.loaders.dataset import gather

@@ -5,8 +5,11 @@ test_segments.py and test_vacuum.py."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from replaystore.store.compaction import COMPACT_FANIN, due_run, full_runs, segment_run, tiered_run
 from replaystore.store.fragment import Fragment, SegmentRef
 
@@ -53,7 +56,7 @@ def test_full_runs_are_adjacent_visible_runs_of_one_kind_within_the_cap(specs: l
         assert at == list(range(at[0], at[0] + len(run)))  # consecutive in row order
         seen += at
         assert all(f.name in visible for f in run)
-        assert all(_may_join(a, b) for a, b in zip(run, run[1:]))
+        assert all(_may_join(a, b) for a, b in pairwise(run))
         if run[0].segment is None:  # rewritten: the merged fragment stays within the cap
             assert sum(f.rows for f in run) <= MAX_ROWS
     assert seen == sorted(set(seen))  # disjoint, in order
@@ -66,7 +69,7 @@ def test_full_runs_leave_no_two_mergeable_neighbours_apart(specs: list) -> None:
     frags, visible = _fragments(specs)
     runs = full_runs(frags, visible, MAX_ROWS)
     run_of = {f.name: k for k, run in enumerate(runs) for f in run}
-    for a, b in zip(frags, frags[1:]):
+    for a, b in pairwise(frags):
         if not (a.name in visible and b.name in visible and _may_join(a, b)):
             continue
         k = run_of.get(a.name)

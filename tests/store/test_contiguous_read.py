@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import dqn
 from replaystore.store import ChunkCache, Store, layout, open_store

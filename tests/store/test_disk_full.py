@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import numpy as np
+
 from replaystore.store import open_store
 from replaystore.store.verify import verify
 from support.procs import Child, fsize_batch

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.batches import dqn_batch
 
 from replaystore.errors import InvalidNameError, ReplayStoreError, UnsafeNameError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store, records
 from replaystore.store.storage import LocalStorage
 from replaystore.tools.info import run_verify
+from support.batches import dqn_batch
 
 SCHEMA = dqn(16, 2, actions=9)
 ESCAPE = "../../../../../victim"  # from writers/<W>/data/<table>/<name> up to the store's parent
@@ -70,11 +70,12 @@ FORGERIES: dict[str, Callable[[Path], None]] = {
     "segment name": lambda root: edit_record(root, layout.commit_record(0, 0),
                                              lambda b: first_add(b)["segment"].__setitem__("name", ESCAPE)),
     "absolute segment name": lambda root: edit_record(
-        root, layout.commit_record(0, 0), lambda b: first_add(b)["segment"].__setitem__("name", str(root.parent / "victim"))),
+        root, layout.commit_record(0, 0),
+        lambda b: first_add(b)["segment"].__setitem__("name", str(root.parent / "victim"))),
     "removed name": lambda root: edit_record(root, layout.commit_record(0, 1),
                                              lambda b: b["tables"]["records"].__setitem__("remove", [ESCAPE])),
-    "table name": lambda root: (edit_record(root, layout.MANIFEST,
-                                            lambda b: b.__setitem__("tables", {"../../victim": b["tables"]["records"]}))),
+    "table name": lambda root: edit_record(
+        root, layout.MANIFEST, lambda b: b.__setitem__("tables", {"../../victim": b["tables"]["records"]})),
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.schemas import transitions
 from replaystore.store import StreamIndex, open_store
 from replaystore.store.segments import Segments

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.store import open_store
 from replaystore.store import vacuum as vacuum_module
 from replaystore.store.verify import verify

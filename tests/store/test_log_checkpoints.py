@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.errors import StoreError
 from replaystore.schemas import dqn
 from replaystore.store import Store, layout, records

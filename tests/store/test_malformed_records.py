@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.schemas import dqn
 from replaystore.store import Store, layout, open_store, records
@@ -515,7 +516,7 @@ def test_any_one_field_changed_only_typed_errors_escape(tmp_path: Path, record: 
                 except ReplayStoreError:
                     pass
                 except BUILTIN_ERRORS as exc:
-                    raise AssertionError(f"{type(exc).__name__} escaped for {paths[which]} = {value!r}: {exc}")
+                    raise AssertionError(f"{type(exc).__name__} escaped for {paths[which]} = {value!r}: {exc}") from exc
             assert {p: b for p, b in _files(storage).items() if p != path} == others
         finally:
             storage.write(path, good)

@@ -28,11 +28,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
+from replaystore.store import table as table_module
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.storage import LocalStorage
-from replaystore.store import table as table_module
 from replaystore.store.table import TableReader
 from support.batches import dqn_batch
 from support.indexops import fresh_at
@@ -178,7 +179,8 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
     followed = reader.default.reader
     monkeypatch.setattr(table_module, "_REDO_UP_TO", 8)  # fewer fragments here than the default
     redone = []
-    monkeypatch.setattr(TableReader, "_sync_all", lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
+    monkeypatch.setattr(TableReader, "_sync_all",
+                        lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
     try:
         for _ in range(5):
             for w, key in ((first, "first"), (last, "last")):

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.errors import NotAStoreError, SchemaMismatchError, StoreReplacedError
 from replaystore.store import layout, open_store
 from replaystore.store.storage import open_storage

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from replaystore.store.fragment import Fragment, SegmentRef
 from replaystore.store.retention import reclaimable, retained_parts, visible_from
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from replaystore.store import open_store
 from replaystore.store.storage import FsspecStorage, StorageError, open_storage
 from support.procs import Child, crash_batch, same_records, schema, take_rows
@@ -69,7 +70,8 @@ def test_concurrent_writer_registration_through_409s(s3_server: S3Server) -> Non
     url = s3_server.url(f"reg409-{uuid.uuid4().hex}")
     open_store(url, schema(), mode="w", storage_options=s3_server.storage_options).close()
     with conflicting_s3(s3_server.endpoint_url, hold_s=0.05) as (endpoint, faults):
-        results = _race("register-writer", RACERS, url=url, storage_options=options_via(s3_server.storage_options, endpoint), seed=3)
+        results = _race("register-writer", RACERS, url=url,
+                        storage_options=options_via(s3_server.storage_options, endpoint), seed=3)
     assert faults.conflicts > 0  # every racer started at writer number 0: registration collided
     writers = sorted(r["writer"] for r in results)
     assert writers == list(range(RACERS))  # each took its own number, none lost

@@ -4,9 +4,9 @@ A loopback proxy in front of the moto server denies the reads (``support.s3proxy
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store
 from replaystore.store import log as log_module
@@ -26,7 +26,7 @@ def test_a_denied_read_of_the_log_is_raised(s3_server: S3Server, monkeypatch: py
     rng = np.random.default_rng(0)
     st = open_store(url, DQN, mode="w", storage_options=s3_server.storage_options)
     writers = [st.writer() for _ in range(2)]
-    for i in range(6):
+    for _ in range(6):
         for w in writers:
             w.append(dqn_batch(rng, 1, extra=0), stream=w.id)
             w.commit()

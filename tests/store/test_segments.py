@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+
 from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn, transitions
 from replaystore.store import layout, open_store, records
-from replaystore.store.fragment import Fragment
-from replaystore.store.store import Store
-from replaystore.store.writer import Writer
 from replaystore.store import writer as writer_module
+from replaystore.store.fragment import Fragment
 from replaystore.store.segment import MAX_STREAMS
+from replaystore.store.store import Store
 from replaystore.store.verify import verify
+from replaystore.store.writer import Writer
 from support.batches import dqn_batch, transitions_batch
 from support.storecheck import assert_same, columns_of
 
@@ -256,7 +257,7 @@ def test_a_capped_store_reclaims_full_segments_and_never_a_live_writers_open_one
     (seg_a,) = {f.segment.name for f in _fragments(st) if f.writer == a.id}
     data = tmp_path / "st" / layout.writer_dir(a.id) / "data/records"
     b = open_store(url, mode="a").writer()
-    for i in range(30):
+    for _ in range(30):
         b.append(dqn_batch(rng, 4, extra=0), stream="b")
         b.commit()
     st = open_store(url, mode="r")

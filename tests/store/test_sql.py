@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.batches import deep_cfr_batch, dqn_batch, ppo_batch
 
 from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, dqn, ppo, treestrap
 from replaystore.store import open_store
 from replaystore.store.sql import QueryError, to_arrow
+from support.batches import deep_cfr_batch, dqn_batch, ppo_batch
 
 
 @pytest.fixture
@@ -188,7 +189,7 @@ def test_sql_is_read_only_by_default(ppo_store, tmp_path, template):
         st.sql(template.format(out=out, secret=secret))
     assert list(out.iterdir()) == []
     con = st.duckdb()
-    with pytest.raises(Exception):
+    with pytest.raises(duckdb.Error):
         con.sql(template.format(out=out, secret=secret)).fetchall()
     assert list(out.iterdir()) == []
 

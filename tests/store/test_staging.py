@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import zarr
+
 from replaystore.schemas import dqn
 from replaystore.store import layout
 from replaystore.store.fragment import FragmentData

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from replaystore.errors import (
     CorruptObjectError,
     DTypeError,
@@ -193,15 +194,32 @@ def _bad_batches(rng: np.random.Generator) -> list[tuple[type[Exception], dict]]
         return dict(vars(dqn_batch(rng, 6, extra=0)))
 
     out: list[tuple[type[Exception], dict]] = []
-    b = base(); b["rewards"] = b["rewards"].astype(np.float32); out.append((DTypeError, b))
-    b = base(); b["obs"] = b["obs"].astype(np.float64); out.append((DTypeError, b))
-    b = base(); b["bogus"] = np.zeros(6); out.append((UnknownFieldError, b))
-    b = base(); del b["masks"]; out.append((MissingFieldError, b))
-    b = base(); b["masks"] = b["masks"][:, :1].copy(); out.append((ShapeError, b))
-    b = base(); b["players"] = b["players"][:5].copy(); out.append((RecordCountError, b))
-    b = base(); b["legal_offsets"] = b["legal_offsets"].copy(); b["legal_offsets"][0] = 1
+    b = base()
+    b["rewards"] = b["rewards"].astype(np.float32)
+    out.append((DTypeError, b))
+    b = base()
+    b["obs"] = b["obs"].astype(np.float64)
+    out.append((DTypeError, b))
+    b = base()
+    b["bogus"] = np.zeros(6)
+    out.append((UnknownFieldError, b))
+    b = base()
+    del b["masks"]
+    out.append((MissingFieldError, b))
+    b = base()
+    b["masks"] = b["masks"][:, :1].copy()
+    out.append((ShapeError, b))
+    b = base()
+    b["players"] = b["players"][:5].copy()
+    out.append((RecordCountError, b))
+    b = base()
+    b["legal_offsets"] = b["legal_offsets"].copy()
+    b["legal_offsets"][0] = 1
     out.append((OffsetsError, b))
-    b = base(); b["actions"] = b["actions"].copy(); b["actions"][2] = 9; out.append((IdRangeError, b))
+    b = base()
+    b["actions"] = b["actions"].copy()
+    b["actions"][2] = 9
+    out.append((IdRangeError, b))
     return out
 
 

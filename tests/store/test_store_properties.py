@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
 from replaystore.errors import StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, Writer, layout, open_store

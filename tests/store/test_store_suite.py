@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+
 from replaystore.errors import RowError, StepOrderError, StoreError
 from replaystore.schemas import Schema, alphazero, dqn, ppo, treestrap
 from replaystore.store import Store, layout, records

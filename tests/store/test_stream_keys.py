@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from replaystore.errors import StreamKeyError
 from replaystore.store.streamkeys import group_positions, per_record_keys, stream_codes
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+
 from replaystore.store.fragment import Fragment
 from replaystore.store.viewdiff import first_listings, grown_order
 

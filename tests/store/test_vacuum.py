@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+
 from replaystore.errors import ReadOnlyError, StoreError
 from replaystore.schemas import dqn
 from replaystore.store import layout

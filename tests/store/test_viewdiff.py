@@ -4,9 +4,12 @@ reader following real commits is checked against a fresh reader in test_reader_f
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+
 from replaystore.store.fragment import Fragment
 from replaystore.store.viewdiff import intervals, pair, subtract
 
@@ -27,8 +30,8 @@ def _pair_reference(a: list[int], va: list[int], b: list[int], vb: list[int],
     mid_a, mid_va = a[head:len(a) - tail], va[head:len(a) - tail]
     mid_b, mid_vb = b[head:len(b) - tail], vb[head:len(b) - tail]
     src = [mid_a.index(x) if x in mid_a else -1 for x in mid_b]
-    kept = [s >= 0 and mid_va[s] == v for s, v in zip(src, mid_vb)]
-    stays = [any(s == j and k for s, k in zip(src, kept)) for j in range(len(mid_a))]
+    kept = [s >= 0 and mid_va[s] == v for s, v in zip(src, mid_vb, strict=False)]
+    stays = [any(s == j and k for s, k in zip(src, kept, strict=False)) for j in range(len(mid_a))]
     return head, tail, src, kept, stays
 
 
@@ -54,7 +57,7 @@ def _fragments(cuts: list[int], writer: int = 1) -> list[Fragment]:
     """Fragments covering ``[cuts[i], cuts[i + 1])`` of one writer's rows."""
     bounds = sorted(set(cuts))
     return [Fragment(writer, "records", f"f{lo}-{hi}", lo, hi - lo, {}, [0], [(0, 0, hi - lo)])
-            for lo, hi in zip(bounds, bounds[1:])]
+            for lo, hi in pairwise(bounds)]
 
 
 # a view's fragments: adjacent or apart (every other one may be missing), each visible from a row
@@ -64,13 +67,13 @@ SIDE = st.tuples(st.lists(st.integers(0, 60), min_size=2, max_size=10), st.lists
 
 def _view(side: tuple[list[int], list[bool], list[int]]) -> tuple[list[Fragment], np.ndarray]:
     cuts, present, vis = side
-    frags = [f for f, p in zip(_fragments(cuts), present) if p]
-    return frags, np.array([min(v, f.rows) for f, v in zip(frags, vis)], dtype=np.int64)
+    frags = [f for f, p in zip(_fragments(cuts), present, strict=False) if p]
+    return frags, np.array([min(v, f.rows) for f, v in zip(frags, vis, strict=False)], dtype=np.int64)
 
 
 def _rows(view: tuple[list[Fragment], np.ndarray]) -> set[int]:
     frags, vis = view
-    return {f.first_id + r for f, v in zip(frags, vis) for r in range(int(v), f.rows)}
+    return {f.first_id + r for f, v in zip(frags, vis, strict=False) for r in range(int(v), f.rows)}
 
 
 @given(SIDE, SIDE)

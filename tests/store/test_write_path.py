@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+
 from replaystore.schemas import dqn
 from replaystore.store import layout, records
 from replaystore.store import writer as writer_module
@@ -73,7 +74,8 @@ def test_background_merges_keep_records_dense_ordered_and_readable(fast_backend:
         assert merged.segment is not None and len(merged.segment.crc32c["obs"]) == len(merged.parts)
         group = zarr.open_group(f"{fast_backend.url}/{merged.path}", mode="r")
         rows = slice(merged.segment.row, merged.segment.row + merged.rows)
-        assert np.array_equal(group["obs"][rows], st.read(np.arange(merged.first_id, merged.first_id + merged.rows))["obs"])
+        merged_rows = np.arange(merged.first_id, merged.first_id + merged.rows)
+        assert np.array_equal(group["obs"][rows], st.read(merged_rows)["obs"])
 
 
 def test_a_merge_whose_inputs_are_gone_is_abandoned(fast_backend: Backend) -> None:

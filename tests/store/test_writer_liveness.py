@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
+
 from replaystore.store import layout, liveness, open_store, records
 from replaystore.store.store import Store
 from replaystore.store.verify import verify

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as hs
+
 from replaystore.schemas import transitions
 from replaystore.store import open_store
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as hs
+
 from replaystore.schemas import Dense, Ragged, Schema, dqn
 
 I64, F32, BOOL = np.int64, np.float32, np.bool_

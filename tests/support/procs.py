@@ -67,8 +67,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.schemas import Schema, dqn, transitions
-from replaystore.store import open_store
 from replaystore.store import log as log_module
+from replaystore.store import open_store
 from replaystore.store import writer as writer_module
 from support.batches import dqn_batch
 
@@ -123,7 +123,7 @@ def _tag_seed(seed: int, tag: str) -> list[int]:
     return [seed, zlib.crc32(tag.encode())]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crash_batch(seed: int, tag: str, i: int, max_records: int) -> dict[str, np.ndarray]:
     """Batch ``i`` of writer ``tag``: 1..max_records random DQN records."""
     rng = np.random.default_rng([*_tag_seed(seed, tag), 0, i])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.columns import concat_columns
 from replaystore.store import Store, layout, open_store, records

@@ -8,8 +8,8 @@ The parent never trusts the child's word alone: it regenerates every batch from 
 and checks the store against the commit records *and* against what the child reported
 (a commit whose ``commit()`` returned must be there; at most the one in flight may be
 there without having been reported; with pipelined commits, ``commit(wait=False)``, one counts
-as reported once the next one returned, and two may be there unreported). Also here: damaged commit records are reported,
-never trusted; crash leftovers are neither shown nor tripped over.
+as reported once the next one returned, and two may be there unreported). Also here: damaged commit records are
+reported, never trusted; crash leftovers are neither shown nor tripped over.
 """
 
 from __future__ import annotations
@@ -343,7 +343,8 @@ def crash_pipeline(place: Place, cfg: CrashConfig, lane: int, trials: range) -> 
             numbers = final.log.checkpoint_numbers()
             stats["log checkpoints written"] += numbers[-1] + 1 if numbers else 0
             stats["reclaimed fragments"] += sum(  # (a segment-backed fragment's data: its segment's)
-                not storage.exists(f"{layout.fragment_dir(b['writer'], 'records', d.get('segment', d)['name'])}/zarr.json")
+                not storage.exists(
+                    f"{layout.fragment_dir(b['writer'], 'records', d.get('segment', d)['name'])}/zarr.json")
                 for b in commits for tb in b["tables"].values() for d in tb.get("add", []))
             if cfg.capacity is not None and options is None:  # local disk: records in segments
                 # every writer here closed or was killed: each segment whose records are all evicted

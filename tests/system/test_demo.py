@@ -13,7 +13,8 @@ def test_demo_runs_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "committed by 2 writers" in out
-    rates = [(int(a), int(b)) for a, b in re.findall(r"\): (?:the Q-network )?wins (\d+)% moving first, (\d+)% moving second", out)]
+    pattern = r"\): (?:the Q-network )?wins (\d+)% moving first, (\d+)% moving second"
+    rates = [(int(a), int(b)) for a, b in re.findall(pattern, out)]
     baseline = re.search(r"random play wins (\d+)% moving first, (\d+)% moving second", out)
     assert baseline and len(rates) == 2
     random_first, random_second = int(baseline.group(1)), int(baseline.group(2))

@@ -12,15 +12,22 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from support.batches import dqn_batch
-from support.s3 import S3Server, moto_s3
-from support.s3proxy import Faults, faulty_s3, options_via
 
 from replaystore.schemas import dqn
 from replaystore.store import open_store
 from replaystore.store.storage import StorageUnavailableError
-from replaystore.tools.cli import (EXIT_BROKEN_PIPE, EXIT_CODES, EXIT_CORRUPT, EXIT_NOT_FOUND, EXIT_STORAGE,
-                                   EXIT_USAGE, exit_code)
+from replaystore.tools.cli import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CODES,
+    EXIT_CORRUPT,
+    EXIT_NOT_FOUND,
+    EXIT_STORAGE,
+    EXIT_USAGE,
+    exit_code,
+)
+from support.batches import dqn_batch
+from support.s3 import S3Server, moto_s3
+from support.s3proxy import Faults, faulty_s3, options_via
 
 NO_AWS = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None,
           "AWS_PROFILE": None, "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
@@ -121,7 +128,8 @@ def test_a_closed_pipe_ends_quietly(store_url, args) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes anything
     try:
-        r = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", *[a.replace("{url}", store_url) for a in args]],
+        argv = [a.replace("{url}", store_url) for a in args]
+        r = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", *argv],
                            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)

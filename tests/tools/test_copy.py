@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.batches import dqn_batch
 
 from replaystore.errors import StoreExistsError, StoreNotFoundError
 from replaystore.schemas import dqn
 from replaystore.store import layout, open_store
 from replaystore.store.verify import verify
 from replaystore.tools.copy import copy_store
+from support.batches import dqn_batch
 
 SCHEMA = dqn(16, 2, actions=9)
 

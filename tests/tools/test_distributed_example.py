@@ -39,7 +39,8 @@ def test_distributed_actors_example_quick(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.terminate()  # the example stops its actors and its S3 server on SIGTERM
             stdout, stderr = proc.communicate(timeout=60)
-            raise AssertionError(f"the example did not finish in {TIMEOUT_S} s:\n{stdout[-4000:]}{stderr[-4000:]}")
+            raise AssertionError(
+                f"the example did not finish in {TIMEOUT_S} s:\n{stdout[-4000:]}{stderr[-4000:]}") from None
     assert proc.returncode == 0, stdout[-4000:] + stderr[-8000:]
     summary = json.loads(summary_path.read_text())
     print(stdout)

@@ -17,7 +17,6 @@ import h5py
 import minari
 import numpy as np
 import pytest
-from support.batches import deep_cfr_batch
 
 from replaystore.errors import StoreError
 from replaystore.schemas import deep_cfr_advantage, deep_cfr_strategy, episode
@@ -25,6 +24,7 @@ from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.formats.common import chunk_rows
 from replaystore.tools.formats.parquet import export_parquet
+from support.batches import deep_cfr_batch
 
 OBS = 64
 EPISODE = 100

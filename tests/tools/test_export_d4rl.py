@@ -8,13 +8,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from support.batches import dqn_batch
 
 from replaystore.errors import StoreError
 from replaystore.schemas import dqn, episode, transitions
 from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
+from support.batches import dqn_batch
 
 F32, I64 = np.float32, np.int64
 

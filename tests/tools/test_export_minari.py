@@ -15,7 +15,6 @@ import minari
 import numpy as np
 import pytest
 from minari.data_collector import EpisodeBuffer
-from support.batches import dqn_batch, episode_batch, rollout_batch, transitions_batch
 
 from replaystore.errors import StoreError
 from replaystore.loaders import iter_episodes
@@ -23,6 +22,7 @@ from replaystore.schemas import dqn, episode, ppo, rollout, transitions
 from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
+from support.batches import dqn_batch, episode_batch, rollout_batch, transitions_batch
 
 BACKENDS = [("minari", "arrow"), ("minari-hdf5", "hdf5")]
 F32, I64 = np.float32, np.int64

@@ -10,13 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from support.batches import deep_cfr_batch, dqn_batch, transitions_batch
 
 from replaystore.errors import StoreError, StoreExistsError
 from replaystore.schemas import Schema, deep_cfr_advantage, deep_cfr_strategy, dqn, transitions
 from replaystore.store import open_store
 from replaystore.tools.export import EXPORT_FORMATS, export_store
 from replaystore.tools.importer import IMPORT_FORMATS, import_store
+from support.batches import deep_cfr_batch, dqn_batch, transitions_batch
 
 
 def assert_same_table(a, b) -> None:

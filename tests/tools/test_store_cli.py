@@ -8,11 +8,11 @@ import subprocess
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from support.batches import dqn_batch
-from support.storecheck import Backend
 
 from replaystore.schemas import dqn
 from replaystore.store import open_store
+from support.batches import dqn_batch
+from support.storecheck import Backend
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

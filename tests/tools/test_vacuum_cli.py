@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from support.batches import dqn_batch
-from support.s3 import moto_s3
-from support.storecheck import Backend, snapshot
 
 from replaystore.schemas import dqn
 from replaystore.store import layout
 from replaystore.store.compaction import COMPACT_FANIN
+from support.batches import dqn_batch
+from support.s3 import moto_s3
+from support.storecheck import Backend, snapshot
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
