@@ -192,7 +192,8 @@ class StoreSampler(Sampler[Request]):
 
     def _subset_view(self) -> None:
         """Where the visible rows fall in the subset: one span of subset entries per visible
-        interval (cost: number of fragments, once per change of the table's view)."""
+        interval (cost: number of fragments, once per change of the table's view).
+        """
         reader = self.table.reader
         reader.sync()
         if self._view_version == reader.log.version:

@@ -197,7 +197,8 @@ class StreamWindows:
     def _windows_of(self, jobs: list[tuple[int, int, int, int, bool]]) -> None:
         """For each job ``(slot, first, ctx, hi, replace)``: the slot's windows whose first learning
         step is at relative position ``>= first``, from its entries ``[ctx, hi)``; they replace
-        the slot's windows or are appended. One :func:`legal_windows` call for all jobs."""
+        the slot's windows or are appended. One :func:`legal_windows` call for all jobs.
+        """
         seg = self.index.seg
         at = np.array([seg.origin[s] + ctx for s, _, ctx, _, _ in jobs], dtype=np.int64)
         counts = np.array([hi - ctx for _, _, ctx, hi, _ in jobs], dtype=np.int64)

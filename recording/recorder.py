@@ -382,7 +382,8 @@ class SlotRecorder:
 
     def flush(self) -> None:
         """Append the buffered records to the writer (still uncommitted). Cost: one concatenation
-        per field and one ``Writer.append``."""
+        per field and one ``Writer.append``.
+        """
         if not self._buffered:
             return
         assert self.writer is not None
@@ -394,7 +395,8 @@ class SlotRecorder:
 
     def commit(self) -> None:
         """Append what is buffered and commit, with the episodes ended since the last commit in
-        the commit's metadata (``{"episodes": {column: [values]}}``). Cost: one commit."""
+        the commit's metadata (``{"episodes": {column: [values]}}``). Cost: one commit.
+        """
         if self.writer is None:
             return
         self.flush()
@@ -407,7 +409,8 @@ class SlotRecorder:
 
     def close(self) -> None:
         """Abandon open episodes (their records are kept), commit, close the writer and, if this
-        recorder opened the store, the store. Idempotent."""
+        recorder opened the store, the store. Idempotent.
+        """
         if self.closed:
             return
         self.closed = True

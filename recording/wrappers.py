@@ -1,5 +1,6 @@
 """``RecordEpisodes`` (a ``gymnasium.Wrapper``) and ``RecordVectorEpisodes`` (a
-``gymnasium.vector.VectorWrapper``): every transition an environment makes goes into a store."""
+``gymnasium.vector.VectorWrapper``): every transition an environment makes goes into a store.
+"""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import google_crc32c
 from replaystore.errors import CorruptObjectError
 
 if TYPE_CHECKING:
-    from replaystore.store.storage.base import Storage
+    pass
 
 
 def _canonical(body: Any) -> bytes:

@@ -376,7 +376,8 @@ class Store:
 
     def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
         """Show the records writer ``writer`` of this process created (``CommitLog.apply_created``)
-        without reading storage; a handle that has not read the store yet refreshes."""
+        without reading storage; a handle that has not read the store yet refreshes.
+        """
         applied = self.log.apply_created(writer, created)
         if applied is None:
             self.refresh()
@@ -591,7 +592,8 @@ class Store:
     def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
         """Delete the slot's versions older than the newest ``keep_last`` up to ``saved`` (just
         created, intact): each record first, then its arrays, so that a crash at any instant
-        leaves every remaining record whole (arrays of a deleted record are vacuum's)."""
+        leaves every remaining record whole (arrays of a deleted record are vacuum's).
+        """
         # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
         older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
         for version in older:
@@ -771,7 +773,8 @@ class Store:
 
     def close(self) -> None:
         """Mark the handle closed. It holds no resource that needs releasing: writers are closed
-        on their own (``Writer.close``). Cost: none."""
+        on their own (``Writer.close``). Cost: none.
+        """
         self.closed = True
 
     def __enter__(self) -> Store:

@@ -15,8 +15,8 @@ from replaystore.compiled import kernels
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
-from replaystore.store.fragment import Fragment, FragmentData
 from replaystore.store import retention
+from replaystore.store.fragment import Fragment, FragmentData
 from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
@@ -87,7 +87,8 @@ class TableReader:
         """Recompute the visible set after the log changed. Cost: the fragments that changed
         (appended, compacted, closed with their writer, with rows evicted), the rest keeping
         their places; plus, in a store with a capacity, array operations over every fragment's
-        parts (eviction)."""
+        parts (eviction).
+        """
         if self._version == self.log.version:
             return
         self._version = self.log.version
@@ -122,7 +123,8 @@ class TableReader:
 
     def _sync_all(self, frags: list[Fragment], vis_from: np.ndarray) -> None:
         """:meth:`sync`'s per-fragment state, computed afresh for the live fragments ``frags``,
-        each visible from local row ``vis_from``."""
+        each visible from local row ``vis_from``.
+        """
         rows = np.array([f.rows for f in frags], dtype=np.int64)
         keep = self._shown = vis_from < rows
         before = self.fragments
@@ -148,7 +150,8 @@ class TableReader:
         visible from the same row, in both views keeps what was computed for it; the rest is
         computed for what changed. Cost: array operations over both views (:func:`pair`),
         plus what changed. False, with nothing changed, where more than a quarter of the
-        fragments changed."""
+        fragments changed.
+        """
         was, shown = self.all_fragments, self._shown
         head, tail, src, kept, stays = pair(self._all_ids, self._vis_all, ids, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
@@ -206,7 +209,8 @@ class TableReader:
         """Show ``extra`` more records than the capacity: those evicted most recently, still
         stored while within the grace margin (docs/FORMAT.md, "Capacity and reclamation"). For
         a handle that only gathers rows another handle's (possibly older) view chose, such as a
-        DataLoader worker's. No effect without a capacity. Cost: one :meth:`sync`."""
+        DataLoader worker's. No effect without a capacity. Cost: one :meth:`sync`.
+        """
         if self.capacity is None or extra <= 0:
             return
         self.capacity += int(extra)
@@ -215,7 +219,8 @@ class TableReader:
 
     def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
         """Each fragment with how many of its rows (its first ones) are older than the newest
-        ``capacity + grace`` records; none in a store without a capacity."""
+        ``capacity + grace`` records; none in a store without a capacity.
+        """
         if self.capacity is None:
             return []
         vis_from = retention.visible_from(self.all_fragments, self.capacity + grace)
@@ -351,7 +356,8 @@ class TableReader:
 
     def _map_touched(self, frag_i: np.ndarray) -> None:
         """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync
-        (object storage: each is a download into the chunk cache, on first use only)."""
+        (object storage: each is a download into the chunk cache, on first use only).
+        """
         unmapped = self._unmapped
         assert unmapped is not None
         need = frag_i[unmapped.take(frag_i)]
@@ -418,7 +424,8 @@ class TableReader:
 
         Reads check only what keeps a gather bounded (no negative offset or count, no end
         beyond the largest fragment's values); offsets damaged within that range read wrong
-        values, as any damaged data would: ``replaystore verify`` finds them by checksum."""
+        values, as any damaged data would: ``replaystore verify`` finds them by checksum.
+        """
         bad = (ends < starts) | (starts < 0) | (ends > self._nnz[off_name][frag_i])
         frag = self.fragments[int(frag_i[np.argmax(bad)])]
         return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
@@ -456,7 +463,8 @@ class TableReader:
         """False only when no visible fragment lists stream ``key``: it then has no visible
         records, which a writer asking for a new stream's last step learns without the
         index. (True may still mean no visible records: keys of fragments evicted or
-        compacted since stay listed.) Cost: fragments not seen before."""
+        compacted since stay listed.) Cost: fragments not seen before.
+        """
         if self._listed_version != self._version:
             self._listed_version = self._version
             for f in self.fragments:
@@ -469,7 +477,8 @@ class TableReader:
     def index(self) -> StreamIndex:
         """The (stream, step) index of visible rows: built on first use, then followed across
         the changes :meth:`sync` saw since, at the cost of the change (:meth:`_follow_index`),
-        when next used (a writer that only appends never pays for it)."""
+        when next used (a writer that only appends never pays for it).
+        """
         if self._index_view is not None:
             view, self._index_view = self._index_view, None
             if not self._follow_index(*view):
@@ -495,7 +504,8 @@ class TableReader:
         False, and the index is rebuilt on next use, where that is cheaper or the only way:
         the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
         index arrays of rows that left the view can no longer be read (their fragment was
-        reclaimed before this reader saw them go); the change contradicts the index."""
+        reclaimed before this reader saw them go); the change contradicts the index.
+        """
         assert self._index is not None
         # only fragments that are not the same objects, visible from the same row, in both views
         # changed (appends add fragments, compaction replaces a writer's newest ones, eviction

@@ -119,7 +119,8 @@ class Writer:
     def _register(self) -> int:
         """Take the next free writer number; its registration records the capacity this writer
         works under. CorruptObjectError, registering nothing, where the manifest's capacity
-        differs from one an earlier writer registered under (:func:`bodies.check_capacity`)."""
+        differs from one an earlier writer registered under (:func:`bodies.check_capacity`).
+        """
         names = self.storage.list(layout.WRITERS)
         bodies.check_capacity(self.storage, self.store.capacity, names)
         n = len(names)
@@ -183,7 +184,8 @@ class Writer:
 
         Once the open segment is half full its successor is created on the writer's I/O thread
         (a *spare*: creating a segment's files and directories durably takes ~10 ms),
-        so that a rollover rarely waits."""
+        so that a rollover rarely waits.
+        """
         nnz = {off: int(cols.arrays[off][-1]) - int(cols.arrays[off][0]) for off in cols.schema.offsets_groups}
         seg = self._open.get(table)
         rolled = False  # a full segment was left: the writer fills segments, keep a spare ready
@@ -207,7 +209,8 @@ class Writer:
 
     def _new_segment(self, table: str, rows: int, nnz: dict[str, int], sample_rows: int) -> Segment:
         """A new segment for at least ``rows`` rows, its values capacity sized from ``nnz`` values
-        per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments")."""
+        per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments").
+        """
         capacity = max(self._segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
@@ -242,7 +245,8 @@ class Writer:
     def _delete_later(self, path: str) -> None:
         """Delete the unit at ``path`` on an I/O thread, whatever is left of it: a writer killed while
         deleting it leaves part of it (its group's ``zarr.json`` possibly first), which the log
-        still lists, so another writer's reclaim finishes the job."""
+        still lists, so another writer's reclaim finishes the job.
+        """
         if path in self._deleting or path in self._deleted:
             return
         self._deleting.add(path)
@@ -463,14 +467,16 @@ class Writer:
         eviction (and so what this writer retires and reclaims) follows them: reading everyone's
         records after every commit costs each writer work, and requests on object storage, in
         proportion to the number of writers (docs/PERFORMANCE.md, "Many writers into one store").
-        ``st.refresh()`` picks them up on demand."""
+        ``st.refresh()`` picks them up on demand.
+        """
         if self.store.capacity is not None:
             self.store.refresh()
         self.store._apply_created(self.id, self._created)
 
     def wait(self) -> None:
         """Wait until the commit made with ``commit(wait=False)``, if one is in flight, is durable
-        and visible; the writer's store handle then shows it."""
+        and visible; the writer's store handle then shows it.
+        """
         self._check_open()
         with self._lock:
             flying = self._in_flight is not None
@@ -481,7 +487,8 @@ class Writer:
     def _finish(self, table: str, seq: int, now: int, rows: int, segments: list[Segment]) -> list[Fragment]:
         """The table's pending records as fragments (not yet referenced): its staged fragment,
         made durable, or a fragment per segment holding pending records, whose segment is added
-        to ``segments`` (made durable by :meth:`_create_record`)."""
+        to ``segments`` (made durable by :meth:`_create_record`).
+        """
         if not self._segmented:
             return [self._staged[table].finish([(seq, now, rows)])]
         segs = [s for s in self._filling[table] if s.pending] or self._filling[table][-1:]  # (empty appends)
@@ -490,7 +497,8 @@ class Writer:
 
     def _committed_segments(self, table: str) -> None:
         """The table's pending segment records were committed: sealed segments are done (closed
-        once the commit record is made, which may still be syncing their files)."""
+        once the commit record is made, which may still be syncing their files).
+        """
         for seg in self._filling[table]:
             seg.advance()
             if seg is not self._open.get(table):
@@ -499,7 +507,8 @@ class Writer:
 
     def _close_committed(self, seg: Segment) -> None:
         """Close a sealed segment, once the commit record being made (which may be syncing its
-        files) is."""
+        files) is.
+        """
         future = self._in_flight  # (read once: the compaction thread may settle it meanwhile)
         if future is None:
             seg.close()
@@ -511,7 +520,8 @@ class Writer:
         """Create commit record ``seq`` (under ``self._lock``), after the record before it exists;
         the pending bytes of ``segments`` are made durable first, concurrently with the record's
         own file, and checked present before it is published. ``wait=False``: on the committer
-        thread (:meth:`commit`)."""
+        thread (:meth:`commit`).
+        """
         self._settle()
         path, data = layout.commit_record(self.id, seq), records.encode(body)
         fds = [fd for seg in segments for fd in seg.dirty_fds()]
@@ -539,7 +549,8 @@ class Writer:
 
     def _settle(self) -> None:
         """Wait for the commit record being made on the committer thread (under ``self._lock``);
-        if that failed, the writer is broken (:meth:`commit`)."""
+        if that failed, the writer is broken (:meth:`commit`).
+        """
         future = self._in_flight
         if future is None:
             return
@@ -612,7 +623,8 @@ class Writer:
         and the segment of appends it never committed (docs/FORMAT.md, "Capacity and reclamation").
         Its death was proved first, so its log is final: the directories are listed, then the log
         is read, and a segment committed before it died is seen as referenced. Once per writer.
-        Cost: a listing per table and a refresh of the log."""
+        Cost: a listing per table and a refresh of the log.
+        """
         self._swept.add(writer)
         listed = {t: self.storage.list(f"{layout.writer_dir(writer)}/data/{t}") for t in self.store.schemas}
         self.store.refresh()
@@ -629,7 +641,8 @@ class Writer:
         this one is reclaimed once the rest of it is evicted. A writer that gets a small share
         of the appends (one of many collectors) would otherwise keep the evicted records of a
         long-filling segment on disk until it was full (docs/FORMAT.md, "Capacity and
-        reclamation")."""
+        reclamation").
+        """
         seg = self._open.get(table)
         if seg is None or seg.sealed or not any(
                 v > 0 and f.writer == self.id and f.segment is not None and f.segment.name == seg.name
@@ -654,7 +667,8 @@ class Writer:
 
     def _segment_rows(self, table: str) -> int:
         """Rows of a new segment: the largest fragment, or in a store with capacity N at least
-        ``SEGMENT_FLOOR_BYTES`` of fixed-size columns, up to N (docs/FORMAT.md, "Segments")."""
+        ``SEGMENT_FLOOR_BYTES`` of fixed-size columns, up to N (docs/FORMAT.md, "Segments").
+        """
         cap = self.store.capacity
         if cap is None:
             return self._max_rows()
@@ -741,7 +755,8 @@ class Writer:
 
     def _publish_merge(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
         """Publish ``merged`` in place of ``run`` with a ``compact`` commit record (True), or abandon
-        it (False; its objects at ``path`` deleted) if part of ``run`` was retired meanwhile."""
+        it (False; its objects at ``path`` deleted) if part of ``run`` was retired meanwhile.
+        """
         with self._lock:
             live = {f.name for f in self.fragments[table]}
             if not all(f.name in live for f in run):
@@ -785,7 +800,8 @@ class Writer:
 
     def discard(self) -> None:
         """Drop everything appended since the last commit (and the steps those appends took);
-        a commit made with ``wait=False`` is waited for first."""
+        a commit made with ``wait=False`` is waited for first.
+        """
         with self._lock:
             self._settle()
         for pending in self._pending.values():
@@ -840,7 +856,8 @@ class Writer:
 
     def _close_segments(self) -> None:
         """Close the open segments (the committer thread is done with them), delete the spares
-        and wait for the I/O threads' work."""
+        and wait for the I/O threads' work.
+        """
         if self._committer is not None:
             self._committer.shutdown(wait=True)
             self._committer = None
@@ -861,7 +878,8 @@ class Writer:
 
     def _close_record(self) -> None:
         """Create this writer's last record, ``close``, then drop its liveness lock: from now on any
-        writer may reclaim its evicted segments, and readers stop probing for its commits."""
+        writer may reclaim its evicted segments, and readers stop probing for its commits.
+        """
         try:
             with self._lock:
                 seq, now = self.seq, self._now()
@@ -879,7 +897,8 @@ class Writer:
     def _abandon(self) -> None:
         """Release the writer without committing what is pending (an error is propagating, or a
         commit made with ``wait=False`` failed: then no close record either, as readers stop at
-        the missing commit record and would never reach it)."""
+        the missing commit record and would never reach it).
+        """
         with contextlib.suppress(Exception):  # (the error propagating, or already reported, wins)
             self.discard()
         self.closed = True

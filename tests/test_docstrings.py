@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from numpydoc.docscrape import NumpyDocString
+
 import replaystore.loaders
 import replaystore.schemas
 import replaystore.store
-from numpydoc.docscrape import NumpyDocString
 
 # Names other engineers are documenting on their own branches; the test skips
 # exactly these. Deleting this one line (and nothing else) makes them checked too.

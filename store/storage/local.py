@@ -6,7 +6,6 @@ fsync.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import stat

@@ -13,10 +13,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from support.gymref import assert_episodes_equal, assert_stream_equals, drive_vector, single_truth, vector_truth
 
 from replaystore.gym import RecordEpisodes, RecordVectorEpisodes, recorded_episodes
 from replaystore.store import open_store
+from support.gymref import assert_episodes_equal, assert_stream_equals, drive_vector, single_truth, vector_truth
 
 ENVS = {
     # (id, kwargs): a short time limit, so that truncations happen next to terminations

@@ -11,10 +11,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
-from support.gymref import assert_episodes_equal, assert_stream_equals, drive_vector, vector_truth
 
 from replaystore.gym import RecordVectorEpisodes
 from replaystore.store import open_store
+from support.gymref import assert_episodes_equal, assert_stream_equals, drive_vector, vector_truth
 
 
 class Countdown(gym.Env):

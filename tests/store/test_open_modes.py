@@ -10,6 +10,7 @@ from typing import get_args
 
 import numpy as np
 import pytest
+
 from replaystore.errors import (
     ModeError,
     ReadOnlyError,
