@@ -9,8 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.store.index import StreamIndex
-from replaystore.store.segments import Segments, grown
+from replaystore.store import Segments, StreamIndex, grown
 
 
 @dataclass
@@ -240,9 +239,7 @@ class SequenceSampler(StoreSampler):
 
     def _followed(self) -> StreamWindows:
         """The legal windows, brought up to date with the table (cost: what changed)."""
-        reader = self.table.reader
-        reader.sync()
-        index = reader.index
+        index = self.table.stream_index()
         if self._windows is None or self._windows.index is not index:
             self._windows = StreamWindows(index, self.length, self.burn_in, self.subset)
         self._windows.follow()
@@ -250,7 +247,7 @@ class SequenceSampler(StoreSampler):
 
     def windows(self) -> Windows:
         """Every legal window, in draw order, as positions of the table's stream index
-        (``table.reader.index``) dense views. Cost: the table (inspection, not sampling)."""
+        (``table.stream_index()``) dense views. Cost: the table (inspection, not sampling)."""
         return self._followed().dense()
 
     def sample(self) -> Request:

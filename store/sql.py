@@ -11,11 +11,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from replaystore.errors import StoreError
-from replaystore.store.scan import scan, scan_schema
-from replaystore.store.table import TableReader
-
 if TYPE_CHECKING:
-    from replaystore.store.store import Store
+    from replaystore.store.store import Store, Table
 
 
 RESERVED_VIEWS = ("commits", "appends")
@@ -45,11 +42,10 @@ class TableDataset(ds.InMemoryDataset):
     names) from the store, and let pyarrow apply the filter.
     """
 
-    def __init__(self, reader: TableReader) -> None:
-        reader.sync()
-        self.stored = scan_schema(reader)
+    def __init__(self, table: Table) -> None:
+        self.stored = table.scan_schema()
         super().__init__(sql_schema(self.stored).empty_table())
-        self.reader = reader
+        self.source = table
 
     def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
         full = self.schema
@@ -58,7 +54,7 @@ class TableDataset(ds.InMemoryDataset):
         if filter is not None:
             text = str(filter)
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
-        batches = scan(self.reader, needed)
+        batches = self.source.scan(needed)
         schema = pa.schema([full.field(n) for n in needed])
         if schema != pa.schema([self.stored.field(n) for n in needed]):
             batches = (b.cast(schema) for b in batches)
@@ -140,7 +136,7 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
     for name in store.tables:
         if name in RESERVED_VIEWS:
             raise StoreError(f"table name {name!r} clashes with the built-in {name!r} view")
-        con.register(name, TableDataset(store.table(name).reader))
+        con.register(name, TableDataset(store.table(name)))
     commits, appends = _commit_tables(store)
     con.register("commits", commits)
     con.register("appends", appends)

@@ -231,14 +231,14 @@ class Chunk:
 
 def stream_index(table: Table, stream: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rows, steps, resets)`` of a stream in step order, from the in-memory index (no data read)."""
-    idx = table.reader.index
+    idx = table.stream_index()
     lo, hi = idx.span(stream)
     return idx.rows[lo:hi], idx.steps[lo:hi], idx.resets[lo:hi]
 
 
 def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[Chunk]:
     """Every visible record, stream by stream (``table.streams()`` order), step order inside."""
-    table.reader.sync()
+    table.view()
     for stream in table.streams():
         rows, steps, resets = stream_index(table, stream)
         n = len(rows)
