@@ -345,7 +345,8 @@ class TableReader:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if not len(rows):
             return self._empty(dense, ragged)
-        if self._layouts and v is self.view:
+        # (a column subset on object storage reads per fragment: mapping a fragment maps every array)
+        if self._layouts and v is self.view and (columns is None or self._unmapped is None):
             try:
                 if self._views is None:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
