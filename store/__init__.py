@@ -17,9 +17,8 @@ from replaystore.store.layout import ROW_BITS
 from replaystore.store.retention import grace
 from replaystore.store.scan import SCAN_ROWS, scan_fragment, scan_projection
 from replaystore.store.segments import Segments, grown
-from replaystore.store.store import DEFAULT_TABLE, Store, Table, open_store
 from replaystore.store.storage import Storage
-from replaystore.store.store import _read_manifest
+from replaystore.store.store import DEFAULT_TABLE, Store, Table, _read_manifest, open_store
 from replaystore.store.verify import Problem
 from replaystore.store.verify import verify as verify_store
 from replaystore.store.view import FragmentInfo, TableView

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from replaystore.errors import StoreError
+
 if TYPE_CHECKING:
     from replaystore.store.store import Store, Table
 

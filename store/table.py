@@ -15,8 +15,8 @@ from replaystore.compiled import kernels
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownFieldError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
-from replaystore.store.fragment import Fragment, FragmentData
 from replaystore.store import retention
+from replaystore.store.fragment import Fragment, FragmentData
 from replaystore.store.index import Piece, StreamIndex
 from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
@@ -544,7 +544,7 @@ class TableReader:
                 parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
                               np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
             self._index = StreamIndex.build(parts)
-            self._key_at = first_listings(self.fragments)
+            self._key_at = first_listings(list(self.fragments))
         return self._index
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
@@ -582,7 +582,7 @@ class TableReader:
         if grown is not None:
             known = self._index.slot_of
             return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
-        self._key_at = first_listings(self.fragments)
+        self._key_at = first_listings(list(self.fragments))
         return self._index.apply(added, removed, keys=list(self._key_at))
 
     @staticmethod

@@ -84,7 +84,8 @@ class FragmentInfo:
                    MappingProxyType(dict(frag.nnz)), frag)
 
     @classmethod
-    def from_descriptor(cls, writer: int, table: str, descriptor: dict[str, Any], visible_from: int = 0) -> FragmentInfo:
+    def from_descriptor(cls, writer: int, table: str, descriptor: dict[str, Any],
+                        visible_from: int = 0) -> FragmentInfo:
         """A description rebuilt from :meth:`descriptor` (e.g. in another process).
 
         Parameters

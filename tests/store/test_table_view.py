@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.batches import ppo_batch
 
 from replaystore.errors import StaleReadError, StoreError, UnknownFieldError
 from replaystore.schemas import ppo
 from replaystore.store import ChunkCache, FragmentInfo, TableView, open_store
+from support.batches import ppo_batch
 
 SCHEMA = ppo(16, actions=9)
 
