@@ -92,18 +92,6 @@ class Table:
         self.reader.sync()
         return self.reader.view
 
-    def refresh(self) -> TableView:
-        """Pick up the store's new commits (:meth:`Store.refresh`), then :meth:`view`.
-
-        Returns
-        -------
-        TableView
-            A new view if anything changed, else the same one. Cost: one refresh of the
-            store's commit log (all tables follow it).
-        """
-        self.reader.log.refresh()
-        return self.view()
-
     def widen(self, extra: int) -> None:
         """Show ``extra`` more records than the capacity: those evicted most recently and still
         stored within the grace margin (docs/FORMAT.md, "Capacity and reclamation").
@@ -349,7 +337,16 @@ class Store:
 
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:
-        """Pick up commits made since the last refresh (by any writer); True if any."""
+        """Pick up commits made since the last refresh (by any writer).
+
+        Each table that changed gets a new :class:`~replaystore.store.view.TableView`
+        (``Table.view()``); views taken before stay as they were.
+
+        Returns
+        -------
+        bool
+            True if there were new commits. Cost: what is new (about 0.1 ms when nothing is).
+        """
         changed = self.log.refresh()
         if changed:
             self._sync_tables()

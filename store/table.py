@@ -107,14 +107,17 @@ class TableReader:
 
     @property
     def first_ids(self) -> np.ndarray:
+        """Per visible fragment: its first row id (read-only)."""
         return self.view.first_ids
 
     @property
     def ends(self) -> np.ndarray:
+        """Per visible fragment: its end row id (read-only)."""
         return self.view.ends
 
     @property
     def cum(self) -> np.ndarray:
+        """Visible records before each visible fragment, then in all (read-only)."""
         return self.view.cum
 
     # -- visibility -----------------------------------------------------------------
@@ -256,7 +259,25 @@ class TableReader:
         return self.view.row_ids()
 
     def rows_at(self, positions: np.ndarray, view: TableView | None = None) -> np.ndarray:
-        """Row ids of visible positions (``0 <= p < len``) of ``view`` (default: :attr:`view`), vectorised."""
+        """Row ids of visible positions of ``view`` (default: :attr:`view`), vectorised.
+
+        Parameters
+        ----------
+        positions : array_like of int
+            Positions ``0 <= p < len(view)``.
+        view : TableView, optional
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids. Cost: one search per position, none where the visible rows are
+            one run of row ids.
+
+        Raises
+        ------
+        RowError
+            A position out of range.
+        """
         v = self.view if view is None else view
         positions = np.asarray(positions, dtype=np.int64)
         # one reduction checks both bounds: a negative position is huge as unsigned
@@ -268,8 +289,24 @@ class TableReader:
         return positions + v._base[v._cum_ends.searchsorted(positions, side="right")]
 
     def locate(self, rows: np.ndarray, view: TableView | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(fragment index, local offset)`` of visible row ids of ``view`` (default: :attr:`view`);
-        RowError for any other id."""
+        """``(visible fragment index, local offset)`` of row ids of ``view`` (default: :attr:`view`).
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 row ids.
+        view : TableView, optional
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Cost: one search per row (none where one fragment is visible).
+
+        Raises
+        ------
+        RowError
+            A row id that is not visible in ``view``.
+        """
         v = self.view if view is None else view
         rows = np.asarray(rows, dtype=np.int64)
         if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
@@ -304,8 +341,25 @@ class TableReader:
         return lambda frag: self._data.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
 
     def plan(self, columns: Sequence[str] | None) -> tuple[list[Any], list[Any]]:
-        """The read plan (dense fields, CSR groups with their value fields) of ``columns``: every
-        dense and ragged field where None; UnknownFieldError naming any other name."""
+        """The read plan of ``columns``.
+
+        Parameters
+        ----------
+        columns : sequence of str or None
+            Field names (None: every dense and ragged field).
+
+        Returns
+        -------
+        tuple of list
+            ``[(name, trailing shape, dtype)]`` of the dense fields and ``[(offsets, [(name,
+            dtype)])]`` of the CSR groups with a named value field. Cost: O(fields), once per
+            distinct ``columns`` (then cached).
+
+        Raises
+        ------
+        UnknownFieldError
+            The first name that is not a dense or ragged field.
+        """
         if columns is None:
             return self._dense, self._ragged
         if isinstance(columns, str):
@@ -328,9 +382,32 @@ class TableReader:
              ) -> dict[str, np.ndarray]:
         """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets.
 
-        Only ``columns`` (field names; a ragged field brings its offsets) where given, from
-        ``view`` (default: :attr:`view`).
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids of ``view``.
+        columns : sequence of str, optional
+            Field names to read (a ragged field brings its offsets); default every field.
+        view : TableView, optional
+            The view to read (default: :attr:`view`).
 
+        Returns
+        -------
+        dict of str to numpy.ndarray
+
+        Raises
+        ------
+        UnknownFieldError
+            An unknown name in ``columns``.
+        RowError
+            A row id not visible in ``view``.
+        CorruptObjectError
+            CSR offsets that point outside their fragment's values.
+        StaleReadError
+            An older view whose fragments' objects were reclaimed since.
+
+        Notes
+        -----
         Hot path (docs/PERFORMANCE.md): with contiguous views, one ``take`` per array
         whatever the number of fragments. Otherwise rows are grouped by fragment once; each
         field costs one ``take`` per fragment touched, plus one permutation back to the
@@ -497,7 +574,25 @@ class TableReader:
 
     def index_arrays(self, rows: np.ndarray, view: TableView | None = None,
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(stream keys as object array, steps, resets)`` of visible rows of ``view`` (default: :attr:`view`)."""
+        """``(stream keys as object array, steps, resets)`` of visible rows.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 row ids visible in ``view``.
+        view : TableView, optional
+            Default :attr:`view`.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Cost: one read of the index arrays per fragment touched.
+
+        Raises
+        ------
+        RowError
+            A row id that is not visible in ``view``.
+        """
         v = self.view if view is None else view
         frag_i, local = self.locate(rows, v)
         data_of = self._data_of(v)

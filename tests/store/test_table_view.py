@@ -43,7 +43,8 @@ def test_a_view_is_a_snapshot_a_refresh_never_changes(tmp_path: Path) -> None:
     rows, frags, version = old.row_ids(), old.fragments, old.version
     records = old.read(rows)
     _fill(url, 2, seed=1)
-    new = table.refresh()
+    assert reader.refresh()
+    new = table.view()
     assert new is not old and new is table.view() and new.version > version
     assert len(new) == len(rows) + 40 and len(old) == len(rows)
     np.testing.assert_array_equal(old.row_ids(), rows)
