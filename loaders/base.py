@@ -12,7 +12,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
-from replaystore.loaders.tracking import ViewTracker, expand, rows_in, visible_intervals
+from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
 
@@ -129,7 +129,7 @@ class StoreSampler(Sampler[Request]):
         self.num_batches = num_batches
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
-        self.tracker = ViewTracker(self.table.reader)  # changes of the visible rows, for incremental samplers
+        self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
         if resume:
             self.restore(override=override)
 
@@ -194,13 +194,12 @@ class StoreSampler(Sampler[Request]):
         """Where the visible rows fall in the subset: one span of subset entries per visible
         interval (cost: number of fragments, once per change of the table's view).
         """
-        reader = self.table.reader
-        reader.sync()
-        if self._view_version == reader.log.version:
+        view = self.table.view()
+        if self._view_version == view.version:
             return
-        self._view_version = reader.log.version
+        self._view_version = view.version
         assert self.subset is not None
-        iv = visible_intervals(reader)
+        iv = view.intervals()
         self._spans = np.stack((np.searchsorted(self.subset, iv[:, 0]), np.searchsorted(self.subset, iv[:, 1])),
                                axis=1)
         self._cum = np.r_[0, np.cumsum(self._spans[:, 1] - self._spans[:, 0])].astype(np.int64)

@@ -13,8 +13,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.schemas import Schema
-from replaystore.store import ChunkCache, Store, Table, open_store
-from replaystore.store.retention import grace
+from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
 
 def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray, shape: tuple[int, int],
@@ -215,7 +214,7 @@ class StoreDataset(Dataset):
             capacity = self._store.capacity
             if capacity is not None:  # the grace margin of docs/FORMAT.md, "Capacity and reclamation"
                 for name in self._store.tables:
-                    self._store.table(name).reader.widen(grace(capacity))
+                    self._store.table(name).widen(grace(capacity))
         return self._store.table(self.table_name)
 
     def __getitems__(self, request: Request) -> dict[str, Any] | WorkerBatch:

@@ -9,7 +9,7 @@ import numpy as np
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.tracking import inside
-from replaystore.store.layout import ROW_BITS
+from replaystore.store import ROW_BITS
 
 
 class ReservoirSampler(StoreSampler):

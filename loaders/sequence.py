@@ -9,8 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.store.index import StreamIndex
-from replaystore.store.segments import Segments, grown
+from replaystore.store import Segments, StreamIndex, grown
 
 
 @dataclass
@@ -339,16 +338,15 @@ class SequenceSampler(StoreSampler):
 
     def _followed(self) -> StreamWindows:
         """The legal windows, brought up to date with the table (cost: what changed)."""
-        reader = self.table.reader
-        reader.sync()
-        index = reader.index
+        index = self.table.stream_index()
         if self._windows is None or self._windows.index is not index:
             self._windows = StreamWindows(index, self.length, self.burn_in, self.subset)
         self._windows.follow()
         return self._windows
 
     def windows(self) -> Windows:
-        """Every legal window, in draw order, as positions of the table's stream index dense views.
+        """Every legal window, in draw order, as positions of the table's stream index (``table.stream_index()``)
+        dense views.
 
         Cost: the table (inspection, not sampling).
 

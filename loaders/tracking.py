@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replaystore.store.table import TableReader
+from replaystore.store import Table
 
 _NONE = np.zeros((0, 2), dtype=np.int64)
 
@@ -36,27 +36,6 @@ def merge(iv: np.ndarray) -> np.ndarray:
     start = np.r_[True, iv[1:, 0] > iv[:-1, 1]]
     end = np.r_[start[1:], True]
     return np.stack((iv[start, 0], iv[end, 1]), axis=1)
-
-
-def visible_intervals(reader: TableReader) -> np.ndarray:
-    """The reader's visible row ids as sorted disjoint intervals.
-
-    Cost: O(fragments log fragments).
-
-    Parameters
-    ----------
-    reader : TableReader
-        A table's reader (as of its last sync).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(k, 2)`` int64 ``[lo, hi)`` intervals.
-    """
-    if not reader.fragments:
-        return _NONE
-    iv = np.stack((reader.first_ids + reader.vis_from, reader.ends), axis=1).astype(np.int64)
-    return merge(iv[np.argsort(iv[:, 0], kind="stable")])
 
 
 def inside(rows: np.ndarray, iv: np.ndarray) -> np.ndarray:
@@ -172,8 +151,8 @@ class ViewTracker:
         The table's reader to follow.
     """
 
-    def __init__(self, reader: TableReader) -> None:
-        self.reader = reader
+    def __init__(self, table: Table) -> None:
+        self.table = table
         self.version = -1
         self.view = _NONE
 
@@ -184,18 +163,18 @@ class ViewTracker:
     def poll(self) -> Change | None:
         """The change since the last poll.
 
-        Cost: syncing the reader, then O(fragments) when the log changed.
+        Cost: the table's current view, then O(fragments) when the log changed.
 
         Returns
         -------
         Change or None
             None when the log did not change.
         """
-        self.reader.sync()
-        version = self.reader.log.version
+        view = self.table.view()
+        version = view.version
         if version == self.version:
             return None
-        new, old, full = visible_intervals(self.reader), self.view, self.version < 0
+        new, old, full = view.intervals(), self.view, self.version < 0
         self.version, self.view = version, new
         if full:
             return Change(new, _NONE, True)

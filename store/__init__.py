@@ -1,11 +1,81 @@
 """The on-disk format.
 
-Tables of Zarr columns in immutable fragments, a commit log per writer, a stream/step index, retention, state slots.
+Tables of Zarr columns in immutable fragments, a commit log per writer, a stream/step index,
+retention, state slots.
+
+The public interface is the names below (``__all__``), plus two modules imported by path:
+``replaystore.store.storage`` (the storage layer: ``open_storage``, ``Storage``,
+``StorageURLError``) and ``replaystore.store.sql`` (``QueryError``, ``connect``). Code outside
+this package uses nothing else of it (``tests/test_import_boundary.py`` checks): the other
+modules and every underscore name are internals that may change.
 """
 
+from typing import Any
+
+from replaystore.store import layout, records
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamIndex
-from replaystore.store.store import DEFAULT_TABLE, Mode, Store, Table, open_store
+from replaystore.store.layout import ROW_BITS
+from replaystore.store.retention import grace
+from replaystore.store.scan import SCAN_ROWS, scan_fragment, scan_projection
+from replaystore.store.segments import Segments, grown
+from replaystore.store.storage import Storage
+from replaystore.store.store import DEFAULT_TABLE, Mode, Store, Table, _read_manifest, open_store
+from replaystore.store.verify import Problem
+from replaystore.store.verify import verify as verify_store
+from replaystore.store.view import FragmentInfo, TableView
 from replaystore.store.writer import CommitResult, Writer
 
-__all__ = ["DEFAULT_TABLE", "ChunkCache", "CommitResult", "Mode", "Store", "StreamIndex", "Table", "Writer", "open_store"]
+
+def read_manifest(storage: Storage) -> dict[str, Any] | None:
+    """The manifest of the store at ``storage`` (what ``open_store`` checks), without opening it.
+
+    Parameters
+    ----------
+    storage : Storage
+        From ``replaystore.store.storage.open_storage``.
+
+    Returns
+    -------
+    dict or None
+        The manifest document; None where there is no store.
+
+    Raises
+    ------
+    StoreNotFoundError
+        The URL is a file.
+    FormatVersionError, CorruptObjectError
+        The manifest is of another format version, or damaged.
+
+    Notes
+    -----
+    Cost: one read of the manifest object.
+    """
+    return _read_manifest(storage)
+
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "ROW_BITS",
+    "SCAN_ROWS",
+    "ChunkCache",
+    "CommitResult",
+    "FragmentInfo",
+    "Mode",
+    "Problem",
+    "Segments",
+    "Store",
+    "StreamIndex",
+    "Table",
+    "TableView",
+    "Writer",
+    "grace",
+    "grown",
+    "layout",
+    "open_store",
+    "read_manifest",
+    "records",
+    "scan_fragment",
+    "scan_projection",
+    "verify_store",
+]

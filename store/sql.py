@@ -11,11 +11,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from replaystore.errors import StoreError
-from replaystore.store.scan import scan, scan_schema
-from replaystore.store.table import TableReader
 
 if TYPE_CHECKING:
-    from replaystore.store.store import Store
+    from replaystore.store.store import Store, Table
 
 
 RESERVED_VIEWS = ("commits", "appends")
@@ -55,11 +53,10 @@ class TableDataset(ds.InMemoryDataset):
         The table's reader (synced here).
     """
 
-    def __init__(self, reader: TableReader) -> None:
-        reader.sync()
-        self.stored = scan_schema(reader)
+    def __init__(self, table: Table) -> None:
+        self.stored = table.scan_schema()
         super().__init__(sql_schema(self.stored).empty_table())
-        self.reader = reader
+        self.source = table
 
     def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
         """A scanner streaming the table's record batches, reading only the columns needed.
@@ -89,7 +86,7 @@ class TableDataset(ds.InMemoryDataset):
         if filter is not None:
             text = str(filter)
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
-        batches = scan(self.reader, needed)
+        batches = self.source.scan(needed)
         schema = pa.schema([full.field(n) for n in needed])
         if schema != pa.schema([self.stored.field(n) for n in needed]):
             batches = (b.cast(schema) for b in batches)
@@ -205,7 +202,7 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
     for name in store.tables:
         if name in RESERVED_VIEWS:
             raise StoreError(f"table name {name!r} clashes with the built-in {name!r} view")
-        con.register(name, TableDataset(store.table(name).reader))
+        con.register(name, TableDataset(store.table(name)))
     commits, appends = _commit_tables(store)
     con.register("commits", commits)
     con.register("appends", appends)

@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
@@ -32,7 +32,11 @@ from replaystore.store.table import TableReader
 from replaystore.store.writer import Writer
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from replaystore.store.index import StreamIndex
     from replaystore.store.vacuum import VacuumReport
+    from replaystore.store.view import TableView
 
 Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
 """How :func:`open_store` opens a store (its docstring has the table of modes)."""
@@ -45,53 +49,210 @@ DEFAULT_TABLE = "records"
 
 
 class Table:
-    """One table of a store: the read API over its visible records."""
+    """One table of a store: the read API over its visible records.
+
+    What is visible changes only when the store refreshes (:meth:`Store.refresh`, or a
+    writer of this handle committing); :meth:`view` returns it as an immutable
+    :class:`~replaystore.store.view.TableView` snapshot. The methods here read the
+    table's current view.
+    """
 
     def __init__(self, reader: TableReader) -> None:
         self.reader = reader
 
     @property
     def name(self) -> str:
+        """The table's name."""
         return self.reader.name
 
     @property
     def schema(self) -> Schema:
+        """The table's schema (fixed at creation)."""
         return self.reader.schema
 
     @property
     def capacity(self) -> int | None:
+        """The store's capacity in records per table (None: unbounded), plus any :meth:`widen`."""
         return self.reader.capacity
 
     def __len__(self) -> int:
+        """Visible records. Cost: O(1) once the view is current."""
         self.reader.sync()
         return len(self.reader)
 
-    def read(self, rows: Any) -> dict[str, np.ndarray]:
-        """The records at row ids ``rows``: dense arrays, ragged values + offsets (rebased to 0)."""
-        self.reader.sync()
-        return self.reader.read(rows)
+    def view(self) -> TableView:
+        """The visible records as of the store's last refresh, as an immutable snapshot.
 
-    def read_columns(self, rows: Any) -> Columns:
+        The same object until a refresh changes the table; a refresh then makes a new view
+        and leaves this one as it was, so code holding a view (a sampler drawing a batch,
+        an export) sees one stable set of records.
+
+        Returns
+        -------
+        TableView
+            Row ids, positions, the fragments as read-only descriptions, the log version.
+            Cost: O(1); after a refresh that changed the table, the first call costs
+            building the new view (the fragments that changed).
+        """
         self.reader.sync()
-        return self.reader.read_columns(rows)
+        return self.reader.view
+
+    def widen(self, extra: int) -> None:
+        """Show ``extra`` more records than the capacity: those evicted most recently and still
+        stored within the grace margin (docs/FORMAT.md, "Capacity and reclamation").
+
+        For a handle that only gathers rows another handle's (possibly older) view chose,
+        such as a DataLoader worker's. No effect without a capacity.
+
+        Parameters
+        ----------
+        extra : int
+            Records to show beyond the capacity (``<= 0``: no effect).
+
+        Notes
+        -----
+        Cost: one view built afresh.
+        """
+        self.reader.widen(extra)
+
+    def read(self, rows: Any, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The records at row ids ``rows``, in that order.
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids (any order, repeats allowed).
+        columns : sequence of str, optional
+            Field names to read (default: every dense and ragged field); a ragged field
+            brings its CSR offsets array.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Dense arrays; ragged values with their offsets (rebased to 0).
+
+        Raises
+        ------
+        UnknownFieldError
+            A name in ``columns`` that is not a dense or ragged field.
+        RowError
+            A row id that is not visible.
+
+        Notes
+        -----
+        Cost: one gather per array read (contiguous views) or per array and fragment
+        touched; the arrays of other columns are not read.
+        """
+        self.reader.sync()
+        return self.reader.read(rows, columns)
+
+    def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
+        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same parameters, errors and cost)."""
+        return self.view().read_columns(rows, columns)
+
+    def scan(self, columns: Sequence[str] | None = None, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Stream the visible records in row-id order as Arrow record batches.
+
+        What ``st.sql`` and the exporters read. The records are those of :meth:`view` at
+        the call: a refresh while iterating does not change them.
+
+        Parameters
+        ----------
+        columns : sequence of str, optional
+            Columns, in that order (default: ``row, stream, step, reset``, every field but
+            batch metadata, ``writer, commit, commit_time``); see :meth:`scan_schema`.
+        batch_rows : int, optional
+            Records per batch at most (default ``SCAN_ROWS``, 65536).
+
+        Returns
+        -------
+        iterator of pyarrow.RecordBatch
+            Read lazily, one fragment at a time. Cost: the named columns' objects, once;
+            memory bounded by ``batch_rows``.
+
+        Raises
+        ------
+        StoreError
+            An unknown column (named) or a bad ``batch_rows``.
+        StaleReadError
+            While iterating: records reclaimed since the call (capacity, compaction).
+        """
+        return self.view().scan(columns, batch_rows)
+
+    def scan_schema(self, columns: Sequence[str] | None = None) -> pa.Schema:
+        """The Arrow schema of :meth:`scan`'s batches (see :meth:`TableView.scan_schema`).
+
+        Parameters
+        ----------
+        columns : sequence of str, optional
+            As for :meth:`scan`.
+
+        Returns
+        -------
+        pyarrow.Schema
+            Cost: O(fragments).
+
+        Raises
+        ------
+        StoreError
+            An unknown column (named).
+        """
+        return self.view().scan_schema(columns)
+
+    def stream_index(self) -> StreamIndex:
+        """The (stream, step) index of the visible records, as of the current view.
+
+        Shared and followed incrementally across refreshes (the same object while it can
+        be followed): read it, never change it.
+
+        Returns
+        -------
+        StreamIndex
+            Cost: built on first use (reads every visible fragment's index arrays), then
+            the rows that changed per refresh.
+        """
+        self.reader.sync()
+        return self.reader.index
 
     def row_ids(self) -> np.ndarray:
-        """Every visible row id, ascending (single-writer stores: ``0 .. n-1`` until eviction)."""
+        """Every visible row id, ascending (single-writer stores: ``0 .. n-1`` until eviction).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64. Cost: O(records).
+        """
         self.reader.sync()
         return self.reader.row_ids()
 
     def rows_at(self, positions: Any) -> np.ndarray:
-        """Row ids of visible positions ``0 <= p < len`` (for uniform sampling)."""
+        """Row ids of visible positions ``0 <= p < len`` (for uniform sampling).
+
+        Parameters
+        ----------
+        positions : array_like of int
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids. Cost: one search per position, none where the visible rows are
+            one run of row ids.
+
+        Raises
+        ------
+        RowError
+            A position outside ``[0, len)``.
+        """
         self.reader.sync()
         return self.reader.rows_at(positions)
 
     def streams(self) -> list[StreamKey]:
-        """Keys of the streams with visible records."""
+        """Keys of the streams with visible records. Cost: the stream index (see :meth:`stream_index`)."""
         self.reader.sync()
         return self.reader.index.streams()
 
     def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
-        """``(row ids, steps)`` of one stream's visible records, in step order."""
+        """``(row ids, steps)`` of one stream's visible records, in step order (copies)."""
         self.reader.sync()
         rows, steps = self.reader.index.stream_rows(stream)
         return rows.copy(), steps.copy()
@@ -107,7 +268,7 @@ class Table:
         return self.reader.index.lookup(stream, steps)
 
     def index_of(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(stream keys, steps, resets)`` of row ids."""
+        """``(stream keys, steps, resets)`` of row ids (see :meth:`TableView.index_of`)."""
         self.reader.sync()
         return self.reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1))
 
@@ -352,6 +513,9 @@ class Store:
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Pick up commits made since the last refresh, by any writer.
+
+        Each table that changed gets a new :class:`~replaystore.store.view.TableView`
+        (``Table.view()``); views taken before stay as they were.
 
         Returns
         -------

@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 import operator
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import CorruptObjectError, RowError, StaleReadError
+from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownFieldError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store import retention
@@ -22,6 +22,7 @@ from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
 from replaystore.store.streamkeys import StreamKey
+from replaystore.store.view import TableView
 from replaystore.store.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.vmap import available as contiguous_views_available
 
@@ -31,6 +32,11 @@ class TableReader:
 
     Rows are addressed by stable row ids (``writer << 40 | local row``); positions
     ``0 .. len-1`` enumerate visible rows in row-id order for uniform sampling.
+
+    What is visible is one immutable :class:`~replaystore.store.view.TableView`,
+    :attr:`view`: :meth:`sync` builds the next one and swaps the reference (a view handed
+    out before stays as it was). The reader keeps only caches beside it: opened fragment
+    data, the contiguous layouts and which fragments they mapped, the stream index.
 
     On local storage and on object storage read through a chunk cache (where the platform
     allows, and unless ``contiguous=False``) reads gather through
@@ -47,7 +53,6 @@ class TableReader:
         self.schema = schema
         self.capacity = capacity
         self._version = -1
-        self.fragments: list[Fragment] = []  # the visible ones (those with visible records), as of sync
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._index: StreamIndex | None = None
         # per stream key of the index: (first_id, position in its stream list) of the first
@@ -57,13 +62,14 @@ class TableReader:
         self._listed: set[StreamKey] = set()
         self._listed_from: set[tuple[int, str]] = set()
         self._listed_version = -1
-        # the view the index describes, where the current one differs: followed on next use
-        self._index_view: tuple[list[Fragment], np.ndarray, np.ndarray,
-                                dict[tuple[int, str], FragmentData]] | None = None
+        # the view the index describes (and the fragment data it read), where the current one
+        # differs: followed on next use
+        self._index_view: tuple[TableView, dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
                         for off, names in schema.offsets_groups.items()]
+        self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
         # the compiled CSR index (store/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
         self._csr: ModuleType | None | object = _UNASKED
@@ -76,89 +82,106 @@ class TableReader:
             for off, names in schema.offsets_groups.items():
                 self._layouts[off] = Layout(storage, schema, [s for s in specs if s.role == "values" and s.name in names])
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
-        self.all_fragments: list[Fragment] = []  # the live ones (visible or not), as of sync
-        self._vis_all = np.zeros(0, dtype=np.int64)  # the local row each is visible from
-        self._all_ids = identities(self.all_fragments)  # and which object each is
-        self._sync_all(self.all_fragments, self._vis_all)
+        self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
+        # object storage (lazy layouts): the current view's fragments no read has mapped since the sync
+        self._unmapped: np.ndarray | None = None
+        self.view: TableView = self._fresh([], identities([]), np.zeros(0, dtype=np.int64), -1)
+        """The visible records as of the last :meth:`sync` (replaced, never changed, by the next)."""
         self.sync()
+
+    # -- the current view (read-only shortcuts) -------------------------------------------
+    @property
+    def fragments(self) -> tuple[Fragment, ...]:
+        """The visible fragments (those with visible records), as of the last sync."""
+        return self.view._frags
+
+    @property
+    def all_fragments(self) -> tuple[Fragment, ...]:
+        """The live fragments (visible or not), as of the last sync."""
+        return self.view._live
+
+    @property
+    def vis_from(self) -> np.ndarray:
+        """Per visible fragment: its first visible local row (read-only)."""
+        return self.view.visible_from
+
+    @property
+    def first_ids(self) -> np.ndarray:
+        """Per visible fragment: its first row id (read-only)."""
+        return self.view.first_ids
+
+    @property
+    def ends(self) -> np.ndarray:
+        """Per visible fragment: its end row id (read-only)."""
+        return self.view.ends
+
+    @property
+    def cum(self) -> np.ndarray:
+        """Visible records before each visible fragment, then in all (read-only)."""
+        return self.view.cum
 
     # -- visibility -----------------------------------------------------------------
     def sync(self) -> None:
-        """Recompute the visible set after the log changed. Cost: the fragments that changed
-        (appended, compacted, closed with their writer, with rows evicted), the rest keeping
-        their places; plus, in a store with a capacity, array operations over every fragment's
-        parts (eviction).
+        """Build the view of the log's current version and make it :attr:`view`, if the log changed.
+
+        Cost: the fragments that changed (appended, compacted, closed with their writer, with
+        rows evicted), the rest keeping their places; plus, in a store with a capacity, array
+        operations over every fragment's parts (eviction).
         """
         if self._version == self.log.version:
             return
-        self._version = self.log.version
+        version = self._version = self.log.version
+        old = self.view
         if self._index is not None and self._index_view is None:
-            self._index_view = (self.fragments, self.vis_from, self._all_ids[self._shown], self._data)
+            self._index_view = (old, self._data)
         frags = self.log.fragments(self.name)
         ids = identities(frags)
         vis_all = (retention.visible_from(frags, self.capacity) if self.capacity is not None
                    else np.zeros(len(frags), dtype=np.int64))
-        if len(frags) <= _REDO_UP_TO or not self._follow(frags, ids, vis_all):
-            self._sync_all(frags, vis_all)
-        self.all_fragments, self._all_ids, self._vis_all = frags, ids, vis_all
-        # lookup tables for rows_at/locate: one searchsorted each. Visible row ids of fragment i
-        # are [edges[2i], edges[2i+1]); position p of fragment i is row id p + base[i].
-        firsts = self.first_ids + self.vis_from
-        self.cum = np.concatenate([_ZERO, np.cumsum(self.ends - firsts)])
-        self._edges = np.stack((firsts, self.ends), axis=1).reshape(-1)
-        self._base = firsts - self.cum[:-1]
-        self._cum_ends = self.cum[1:]
-        # where the visible rows are one run of row ids (one writer, nothing evicted between its
-        # fragments), position p is row id p + the run's first: no search
-        self._run_start = int(firsts[0]) if len(firsts) else 0
-        if not np.array_equal(firsts[1:], self.ends[:-1]):
-            self._run_start = None
-        # per visible fragment: what a row id plus it is in the record arrays' views, and the base
-        # row of its values in each CSR group's views (one gather per read fetches them all)
-        self._view_shift = (np.stack([self._bases["records"] - self.first_ids,
-                                      *(self._bases[off] for off, _ in self._ragged)], axis=1)
-                            if self._layouts else None)
-        self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
-        self._max_nnz = {off: int(v.max(initial=0)) for off, v in self._nnz.items()}
+        new = None if len(frags) <= _REDO_UP_TO else self._follow(old, frags, ids, vis_all, version)
+        self.view = new if new is not None else self._fresh(frags, ids, vis_all, version)
+        self._views = None
 
-    def _sync_all(self, frags: list[Fragment], vis_from: np.ndarray) -> None:
-        """:meth:`sync`'s per-fragment state, computed afresh for the live fragments ``frags``,
-        each visible from local row ``vis_from``.
+    def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
+        """The view of the live fragments ``frags``, computed afresh; the caches moved to it.
+
+        ``ids`` are their objects, each visible from local row ``vis_all``.
         """
         rows = np.array([f.rows for f in frags], dtype=np.int64)
-        keep = self._shown = vis_from < rows
-        before = self.fragments
-        self.fragments = [f for f, k in zip(frags, keep, strict=True) if k]
-        self._forget({(f.writer, f.name): f for f in before}, {(f.writer, f.name) for f in self.fragments})
-        self.vis_from = vis_from[keep]
-        self.first_ids = np.array([f.first_id for f in self.fragments], dtype=np.int64)
-        self.ends = self.first_ids + rows[keep]
+        keep = vis_all < rows
+        visible = [f for f, k in zip(frags, keep, strict=True) if k]
+        if hasattr(self, "view"):
+            self._forget({(f.writer, f.name): f for f in self.view._frags}, {(f.writer, f.name) for f in visible})
+        first_ids = np.array([f.first_id for f in visible], dtype=np.int64)
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
-        self._bases = {key: lay.place(self.fragments) for key, lay in self._layouts.items()}
-        # object storage (lazy layouts): the visible fragments no read has mapped since this sync
-        self._unmapped = (np.ones(len(self.fragments), dtype=bool)
+        bases = {key: lay.place(visible) for key, lay in self._layouts.items()}
+        self._unmapped = (np.ones(len(visible), dtype=bool)
                           if self._layouts and self._layouts["records"].lazy else None)
         # where each fragment's values end in its values arrays (a segment's are shared)
-        self._nnz = {off: np.array([f.value_end(off) for f in self.fragments], dtype=np.int64)
-                     for off in self.schema.offsets_groups}
+        nnz = {off: np.array([f.value_end(off) for f in visible], dtype=np.int64)
+               for off in self.schema.offsets_groups}
+        return TableView.build(self, version, visible, first_ids, vis_all[keep], first_ids + rows[keep], bases,
+                               [off for off, _ in self._ragged], nnz, frags, ids, keep, vis_all)
 
-    def _follow(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray) -> bool:
-        """:meth:`sync`'s per-fragment state moved to the live fragments ``frags`` (objects
-        ``ids``), each visible from local row ``vis_all``. A fragment that is the same object,
-        visible from the same row, in both views keeps what was computed for it; the rest is
-        computed for what changed. Cost: array operations over both views (:func:`pair`),
-        plus what changed. False, with nothing changed, where more than a quarter of the
-        fragments changed.
+    def _follow(self, o: TableView, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray,
+                version: int) -> TableView | None:
+        """The view ``o`` moved to the live fragments ``frags``, or None.
+
+        ``ids`` are their objects, each visible from local row ``vis_all``. A fragment that is
+        the same object, visible from the same row, in both views keeps what was computed for
+        it; the rest is computed for what changed. Cost: array operations over both views
+        (:func:`pair`), plus what changed. None, with nothing changed, where more than a
+        quarter of the fragments changed.
         """
-        was, shown = self.all_fragments, self._shown
-        head, tail, src, kept, stays = pair(self._all_ids, self._vis_all, ids, vis_all)
+        was, shown = o._live, o._shown
+        head, tail, src, kept, stays = pair(o._live_ids, o._live_from, ids, vis_all)
         old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
         vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
-            return False
+            return None
         keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
         gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
         came = [new[i] for i in np.flatnonzero(keep & ~kept)]
@@ -177,28 +200,30 @@ class TableReader:
             mid[fresh] = computed
             return np.concatenate((was_[:lo], mid, was_[hi:]))
 
-        self._shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
+        new_shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
-        self.fragments = [*self.fragments[:lo], *itertools.compress(new, keep.tolist()), *self.fragments[hi:]]
-        self.vis_from = np.concatenate((self.vis_from[:lo], vis_new[keep], self.vis_from[hi:]))
-        self.first_ids = splice(self.first_ids, [f.first_id for f in came])
-        self.ends = splice(self.ends, [f.first_id + f.rows for f in came])
+        visible = [*o._frags[:lo], *itertools.compress(new, keep.tolist()), *o._frags[hi:]]
+        vis_from = np.concatenate((o.visible_from[:lo], vis_new[keep], o.visible_from[hi:]))
+        first_ids = splice(o.first_ids, [f.first_id for f in came])
+        ends = splice(o.ends, [f.first_id + f.rows for f in came])
         left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
         if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
             self._data = {k: v for k, v in self._data.items() if k not in left}
         relaid = False
+        bases = {}
         for key, lay in self._layouts.items():
-            bases = lay.follow(gone, came)
-            if bases is None:  # the reserved space ran out: laid out afresh
+            placed = lay.follow(gone, came)
+            if placed is None:  # the reserved space ran out: laid out afresh
                 relaid = True
-                self._bases[key] = lay.place(self.fragments)
+                bases[key] = lay.place(visible)
             else:
-                self._bases[key] = splice(self._bases[key], bases)
+                bases[key] = splice(o._bases[key], placed)
         if self._unmapped is not None:
-            self._unmapped = (np.ones(len(self.fragments), dtype=bool) if relaid
+            self._unmapped = (np.ones(len(visible), dtype=bool) if relaid
                               else splice(self._unmapped, np.ones(len(came), dtype=bool)))
-        self._nnz = {off: splice(v, [f.value_end(off) for f in came]) for off, v in self._nnz.items()}
-        return True
+        nnz = {off: splice(v, [f.value_end(off) for f in came]) for off, v in o._nnz.items()}
+        return TableView.build(self, version, visible, first_ids, vis_from, ends, bases,
+                               [off for off, _ in self._ragged], nnz, frags, ids, new_shown, vis_all)
 
     def _forget(self, before: dict[tuple[int, str], Fragment], now: set[tuple[int, str]]) -> None:
         """What no longer shows will not be read: a chunk cache drops it first."""
@@ -223,7 +248,7 @@ class TableReader:
         """
         if self.capacity is None:
             return []
-        vis_from = retention.visible_from(self.all_fragments, self.capacity + grace)
+        vis_from = retention.visible_from(list(self.all_fragments), self.capacity + grace)
         return [(f, int(v)) for f, v in zip(self.all_fragments, vis_from, strict=True)]
 
     def evicted_fragments(self, grace: int) -> list[Fragment]:
@@ -232,42 +257,77 @@ class TableReader:
 
     def retained_parts(self, grace: int) -> set[tuple[int, int]]:
         """``(writer, seq)`` of the append parts holding any of the newest ``capacity + grace`` records."""
-        return retention.retained_parts(self.all_fragments, int(self.capacity or 0) + grace)
+        return retention.retained_parts(list(self.all_fragments), int(self.capacity or 0) + grace)
 
     def __len__(self) -> int:
-        return int(self.cum[-1])
+        return int(self.view.cum[-1])
 
     # -- row ids --------------------------------------------------------------------
     def row_ids(self) -> np.ndarray:
         """Every visible row id, ascending."""
-        if not self.fragments:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(s + v, e, dtype=np.int64)
-                               for s, v, e in zip(self.first_ids, self.vis_from, self.ends, strict=True)])
+        return self.view.row_ids()
 
-    def rows_at(self, positions: np.ndarray) -> np.ndarray:
-        """Row ids of visible positions (``0 <= p < len``), vectorised."""
+    def rows_at(self, positions: np.ndarray, view: TableView | None = None) -> np.ndarray:
+        """Row ids of visible positions of ``view`` (default: :attr:`view`), vectorised.
+
+        Parameters
+        ----------
+        positions : array_like of int
+            Positions ``0 <= p < len(view)``.
+        view : TableView, optional
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids. Cost: one search per position, none where the visible rows are
+            one run of row ids.
+
+        Raises
+        ------
+        RowError
+            A position out of range.
+        """
+        v = self.view if view is None else view
         positions = np.asarray(positions, dtype=np.int64)
         # one reduction checks both bounds: a negative position is huge as unsigned
-        if positions.size and _max(positions.view(np.uint64), axis=None) >= len(self):
-            raise RowError(f"table {self.name!r}: positions must lie in [0, {len(self)})")
-        if self._run_start is not None:
-            return positions + self._run_start
-        return positions + self._base[self._cum_ends.searchsorted(positions, side="right")]
+        n = int(v.cum[-1])
+        if positions.size and _max(positions.view(np.uint64), axis=None) >= n:
+            raise RowError(f"table {self.name!r}: positions must lie in [0, {n})")
+        if v._run_start is not None:
+            return positions + v._run_start
+        return positions + v._base[v._cum_ends.searchsorted(positions, side="right")]
 
-    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(fragment index, local offset)`` of visible row ids; RowError for any other id."""
+    def locate(self, rows: np.ndarray, view: TableView | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(visible fragment index, local offset)`` of row ids of ``view`` (default: :attr:`view`).
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 row ids.
+        view : TableView, optional
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Cost: one search per row (none where one fragment is visible).
+
+        Raises
+        ------
+        RowError
+            A row id that is not visible in ``view``.
+        """
+        v = self.view if view is None else view
         rows = np.asarray(rows, dtype=np.int64)
-        if len(self.fragments) == 1 and rows.size:  # fast path: one visible fragment
-            local = rows - int(self.first_ids[0])
-            if local.min() >= self.vis_from[0] and local.max() < self.ends[0] - self.first_ids[0]:
+        if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
+            local = rows - int(v.first_ids[0])
+            if local.min() >= v.visible_from[0] and local.max() < v.ends[0] - v.first_ids[0]:
                 return np.zeros(rows.shape, dtype=np.int64), local
-        ic = self._fragment_of(rows)
-        return ic, rows - self.first_ids[ic]
+        ic = self._fragment_of(rows, v)
+        return ic, rows - v.first_ids[ic]
 
-    def _fragment_of(self, rows: np.ndarray) -> np.ndarray:
+    def _fragment_of(self, rows: np.ndarray, v: TableView) -> np.ndarray:
         """The visible fragment index of each of ``rows`` (int64); RowError for any other id."""
-        j = self._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
+        j = v._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
         if rows.size and not _and(j, axis=None) & 1:  # all odd iff the AND of all has bit 0
             bad = rows[(j & 1) == 0][:5].tolist()
             raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
@@ -282,58 +342,139 @@ class TableReader:
             d = self._data[key] = FragmentData(self.storage, self.schema, frag)
         return d
 
-    def read(self, rows: Any) -> dict[str, np.ndarray]:
+    def _data_of(self, v: TableView) -> Callable[[Fragment], FragmentData]:
+        """How reads of view ``v`` open fragment data: through the cache for the current view;
+        for an older one, without adding to it (its fragments may no longer be live).
+        """
+        if v is self.view:
+            return self.data
+        return lambda frag: self._data.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
+
+    def plan(self, columns: Sequence[str] | None) -> tuple[list[Any], list[Any]]:
+        """The read plan of ``columns``.
+
+        Parameters
+        ----------
+        columns : sequence of str or None
+            Field names (None: every dense and ragged field).
+
+        Returns
+        -------
+        tuple of list
+            ``[(name, trailing shape, dtype)]`` of the dense fields and ``[(offsets, [(name,
+            dtype)])]`` of the CSR groups with a named value field. Cost: O(fields), once per
+            distinct ``columns`` (then cached).
+
+        Raises
+        ------
+        UnknownFieldError
+            The first name that is not a dense or ragged field.
+        """
+        if columns is None:
+            return self._dense, self._ragged
+        if isinstance(columns, str):
+            columns = [columns]
+        key = tuple(columns)
+        plan = self._plans.get(key)
+        if plan is None:
+            names = set(key)
+            known = {n for n, _, _ in self._dense} | {n for _, values in self._ragged for n, _ in values}
+            unknown = [n for n in key if n not in known]
+            if unknown:
+                raise UnknownFieldError(str(unknown[0]), f"a dense or ragged field of table {self.name!r} "
+                                        f"({sorted(known)})", "a name the schema does not have")
+            dense = [d for d in self._dense if d[0] in names]
+            ragged = [(off, [(n, dt) for n, dt in values if n in names]) for off, values in self._ragged]
+            plan = self._plans[key] = (dense, [(off, values) for off, values in ragged if values])
+        return plan
+
+    def read(self, rows: Any, columns: Sequence[str] | None = None, view: TableView | None = None,
+             ) -> dict[str, np.ndarray]:
         """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets.
 
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids of ``view``.
+        columns : sequence of str, optional
+            Field names to read (a ragged field brings its offsets); default every field.
+        view : TableView, optional
+            The view to read (default: :attr:`view`).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+
+        Raises
+        ------
+        UnknownFieldError
+            An unknown name in ``columns``.
+        RowError
+            A row id not visible in ``view``.
+        CorruptObjectError
+            CSR offsets that point outside their fragment's values.
+        StaleReadError
+            An older view whose fragments' objects were reclaimed since.
+
+        Notes
+        -----
         Hot path (docs/PERFORMANCE.md): with contiguous views, one ``take`` per array
         whatever the number of fragments. Otherwise rows are grouped by fragment once; each
         field costs one ``take`` per fragment touched, plus one permutation back to the
         requested order when more than one fragment is touched. Ragged values are gathered
-        through CSR offsets computed for all rows at once.
+        through CSR offsets computed for all rows at once. A view other than the current one
+        reads per fragment.
         """
+        v = self.view if view is None else view
+        dense, ragged = self._dense, self._ragged
+        if columns is not None:
+            dense, ragged = self.plan(columns)
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if not len(rows):
-            return self._empty()
-        if self._layouts:
+            return self._empty(dense, ragged)
+        # (a column subset on object storage reads per fragment: mapping a fragment maps every array)
+        if self._layouts and v is self.view and (columns is None or self._unmapped is None):
             try:
                 if self._views is None:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
-                frag_i = self._fragment_of(rows)
+                frag_i = self._fragment_of(rows, v)
                 if self._unmapped is not None:
-                    self._map_touched(frag_i)
+                    self._map_touched(frag_i, v)
             except OSError as exc:  # address space refused (e.g. ulimit -v), a cache that cannot keep
                 # objects: gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
                               RuntimeWarning, stacklevel=2)
-                self._layouts, self._layout_of, self._bases, self._view_shift = {}, {}, {}, None
+                self._layouts, self._layout_of, self._views = {}, {}, None
                 self._unmapped = None
             else:
-                shift = self._view_shift.take(frag_i, axis=0)
+                shift = v._view_shift.take(frag_i, axis=0)  # type: ignore[union-attr]
                 return self._gather(self._views.__getitem__, rows + shift[:, 0],
-                                    {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i)
-        frag_i, local = self.locate(rows)
+                                    {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
+                                    dense, ragged, v)
+        frag_i, local = self.locate(rows, v)
+        data_of = self._data_of(v)
         n = len(rows)
-        if len(self.fragments) == 1 or not np.any(frag_i != frag_i[0]):
-            return self._gather(self.data(self.fragments[int(frag_i[0])]).array, local, None, frag_i)
+        if len(v._frags) == 1 or not np.any(frag_i != frag_i[0]):
+            return self._gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v)
         order = np.argsort(frag_i, kind="stable")
         sorted_i = frag_i[order]
         cuts = (np.flatnonzero(sorted_i[1:] != sorted_i[:-1]) + 1).tolist()
         spans = list(zip([0, *cuts], [*cuts, n], strict=True))
-        datas = [self.data(self.fragments[int(sorted_i[s])]) for s, _ in spans]
+        datas = [data_of(v._frags[int(sorted_i[s])]) for s, _ in spans]
         sorted_local = local[order]
         locs = [sorted_local[s:e] for s, e in spans]
         inv = np.empty(n, dtype=np.int64)
         inv[order] = np.arange(n, dtype=np.int64)
         out: dict[str, np.ndarray] = {}
-        for name, shape, dtype in self._dense:
+        for name, shape, dtype in dense:
             buf = np.empty((n, *shape), dtype=dtype)
             for data, loc, (s, e) in zip(datas, locs, spans, strict=True):
                 data.array(name).take(loc, axis=0, out=buf[s:e], mode="clip")  # loc checked by locate
             out[name] = buf.take(inv, axis=0)
-        if self._ragged:
+        if ragged:
             # (start, end) offsets index pairs: one take per fragment and offsets array
             pairs = sorted_local[:, None] + _PAIR
-            for off_name, values in self._ragged:
+            for off_name, values in ragged:
                 bounds = np.empty((n, 2), dtype=np.int64)
                 for data, (s, e) in zip(datas, spans, strict=True):
                     data.array(off_name).take(pairs[s:e], out=bounds[s:e], mode="clip")
@@ -354,7 +495,7 @@ class TableReader:
                     out[name] = buf.take(perm)
         return out
 
-    def _map_touched(self, frag_i: np.ndarray) -> None:
+    def _map_touched(self, frag_i: np.ndarray, v: TableView) -> None:
         """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync
         (object storage: each is a download into the chunk cache, on first use only).
         """
@@ -364,45 +505,46 @@ class TableReader:
         if not need.size:
             return
         touched = np.unique(need)
-        frags = [self.fragments[i] for i in touched.tolist()]
+        frags = [v._frags[i] for i in touched.tolist()]
         for lay in self._layouts.values():
             lay.map_units(frags)
         unmapped[touched] = False
 
     def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray,
-                shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray) -> dict[str, np.ndarray]:
-        """Records at rows ``loc`` of ``array(name)`` for every array, in that order.
+                shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray, dense: list[Any], ragged: list[Any],
+                v: TableView) -> dict[str, np.ndarray]:
+        """Records at rows ``loc`` of ``array(name)`` for the arrays of ``dense`` and ``ragged``, in that order.
 
         ``array`` is one fragment's arrays (``shifts`` None) or the contiguous views, where
         ``shifts[offsets]`` is the base row of each record's fragment in that group's values.
         """
         out: dict[str, np.ndarray] = {}
-        for name, _, _ in self._dense:
+        for name, _, _ in dense:
             out[name] = array(name).take(loc, axis=0)
-        if self._ragged and self._csr is _UNASKED:
+        if ragged and self._csr is _UNASKED:
             self._csr = kernels("replaystore.store.csrkernels")
-        if self._ragged and self._csr is not None:
-            for off_name, values in self._ragged:
+        if ragged and self._csr is not None:
+            for off_name, values in ragged:
                 new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
                 shift = _NO_SHIFT if shifts is None else shifts[off_name]
                 ok, value_index = self._csr.csr_index(  # type: ignore[union-attr]
-                    array(off_name), loc, shift, self._max_nnz[off_name], new_offsets)
+                    array(off_name), loc, shift, v._max_nnz[off_name], new_offsets)
                 if not ok:
                     offsets = array(off_name)
-                    raise self._bad_offsets(off_name, offsets.take(loc), offsets.take(loc + 1), frag_i)
+                    raise self._bad_offsets(off_name, offsets.take(loc), offsets.take(loc + 1), frag_i, v)
                 out[off_name] = new_offsets
                 for name, _ in values:
                     out[name] = array(name).take(value_index)
-        elif self._ragged:
+        elif ragged:
             # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
-            # as much as the work; docs/PERFORMANCE.md, "Read path and sampler fixed costs")
+            # as much as the work)
             loc1 = loc + 1
-            for off_name, values in self._ragged:
+            for off_name, values in ragged:
                 offsets = array(off_name)
                 starts, ends = offsets.take(loc), offsets.take(loc1)
-                top = self._max_nnz[off_name]  # as unsigned, a negative offset is above it too
+                top = v._max_nnz[off_name]  # as unsigned, a negative offset is above it too
                 if _max(starts.view(np.uint64)) > top or _max(ends.view(np.uint64)) > top:
-                    raise self._bad_offsets(off_name, starts, ends, frag_i)
+                    raise self._bad_offsets(off_name, starts, ends, frag_i, v)
                 counts = ends - starts
                 cum = _cumsum(counts)
                 first = ends - cum  # each record's first value index, less its place in the output
@@ -411,7 +553,7 @@ class TableReader:
                 try:
                     value_index = first.repeat(counts)  # (bounded: every count <= top)
                 except ValueError:  # a negative count
-                    raise self._bad_offsets(off_name, starts, ends, frag_i) from None
+                    raise self._bad_offsets(off_name, starts, ends, frag_i, v) from None
                 value_index += np.arange(len(value_index), dtype=np.int64)
                 out[off_name] = np.concatenate((_ZERO, cum))
                 for name, _ in values:
@@ -419,20 +561,20 @@ class TableReader:
         return out
 
     def _bad_offsets(self, off_name: str, starts: np.ndarray, ends: np.ndarray,
-                     frag_i: np.ndarray) -> CorruptObjectError:
+                     frag_i: np.ndarray, v: TableView) -> CorruptObjectError:
         """The error for a gather whose offsets ``starts``/``ends`` point outside their fragment's values.
 
         Reads check only what keeps a gather bounded (no negative offset or count, no end
         beyond the largest fragment's values); offsets damaged within that range read wrong
         values, as any damaged data would: ``replaystore verify`` finds them by checksum.
         """
-        bad = (ends < starts) | (starts < 0) | (ends > self._nnz[off_name][frag_i])
-        frag = self.fragments[int(frag_i[np.argmax(bad)])]
+        bad = (ends < starts) | (starts < 0) | (ends > v._nnz[off_name][frag_i])
+        frag = v._frags[int(frag_i[np.argmax(bad)])]
         return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
 
-    def _empty(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in self._dense}
-        for off_name, values in self._ragged:
+    def _empty(self, dense: list[Any], ragged: list[Any]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in dense}
+        for off_name, values in ragged:
             out[off_name] = np.zeros(1, dtype=np.int64)
             for name, dtype in values:
                 out[name] = np.empty(0, dtype=dtype)
@@ -442,15 +584,36 @@ class TableReader:
         out = self.read(rows)
         return Columns(self.schema, len(np.asarray(rows).reshape(-1)), out)
 
-    def index_arrays(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(stream keys as object array, steps, resets)`` of visible rows."""
-        frag_i, local = self.locate(rows)
+    def index_arrays(self, rows: np.ndarray, view: TableView | None = None,
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(stream keys as object array, steps, resets)`` of visible rows.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 row ids visible in ``view``.
+        view : TableView, optional
+            Default :attr:`view`.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Cost: one read of the index arrays per fragment touched.
+
+        Raises
+        ------
+        RowError
+            A row id that is not visible in ``view``.
+        """
+        v = self.view if view is None else view
+        frag_i, local = self.locate(rows, v)
+        data_of = self._data_of(v)
         streams = np.empty(len(rows), dtype=object)
         steps = np.empty(len(rows), dtype=np.int64)
         resets = np.empty(len(rows), dtype=bool)
         for fi, pos in _group(frag_i):
-            frag = self.fragments[fi]
-            data = self.data(frag)
+            frag = v._frags[fi]
+            data = data_of(frag)
             loc = local[pos]
             keys = np.array(frag.streams + [None], dtype=object)[:-1]
             streams[pos] = keys[data.array("_stream")[loc]]
@@ -480,8 +643,8 @@ class TableReader:
         when next used (a writer that only appends never pays for it).
         """
         if self._index_view is not None:
-            view, self._index_view = self._index_view, None
-            if not self._follow_index(*view):
+            (old, datas), self._index_view = self._index_view, None
+            if not self._follow_index(list(old._frags), old.visible_from, old._live_ids[old._shown], datas):
                 self._index = None
         if self._index is None:
             parts = []
@@ -490,7 +653,7 @@ class TableReader:
                 parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
                               np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
             self._index = StreamIndex.build(parts)
-            self._key_at = first_listings(self.fragments)
+            self._key_at = first_listings(list(self.fragments))
         return self._index
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
@@ -510,7 +673,7 @@ class TableReader:
         # only fragments that are not the same objects, visible from the same row, in both views
         # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
         # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept, stays = pair(ids, vis_from, self._all_ids[self._shown], self.vis_from)
+        head, tail, src, kept, stays = pair(ids, vis_from, self.view._live_ids[self.view._shown], self.vis_from)
         gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
         old = intervals([frags[i] for i in gone], vis_from[gone])
         new = intervals([self.fragments[i] for i in came], self.vis_from[came])
@@ -529,7 +692,7 @@ class TableReader:
         if grown is not None:
             known = self._index.slot_of
             return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
-        self._key_at = first_listings(self.fragments)
+        self._key_at = first_listings(list(self.fragments))
         return self._index.apply(added, removed, keys=list(self._key_at))
 
     @staticmethod

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import StoreError, StoreExistsError
-from replaystore.store import Store, layout, open_store, records
+from replaystore.store import Store, layout, open_store, records, verify_store
 from replaystore.store.storage import Storage, open_storage
-from replaystore.store.verify import verify
 
 
 @dataclass
@@ -170,7 +169,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     report.bytes += len(manifest)
     report.written += len(manifest)
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
-    problems = verify(copied)
+    problems = verify_store(copied)
     if problems:
         raise StoreError(f"{dst.url}: the copy does not verify ({len(problems)} problem(s), e.g. {problems[0]}); "
                          "the source changed while it was copied? stop its writers and vacuum, and copy again")

@@ -9,8 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from replaystore.errors import ReplayStoreError
-from replaystore.store import Store, open_store
-from replaystore.store.verify import Problem, verify
+from replaystore.store import Problem, Store, open_store, verify_store
 
 
 def _size(n: int) -> str:
@@ -53,9 +52,9 @@ def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
             raise
         print(f"DAMAGED {exc}")
         return 1
-    total = sum(len(st.table(t).reader.fragments) for t in st.tables)
+    total = sum(len(st.table(t).view().fragments) for t in st.tables)
     with tqdm(total=total, desc="verify", unit="fragment", disable=not sys.stderr.isatty()) as bar:
-        problems = verify(st, progress=lambda n: bar.update(n - bar.n))
+        problems = verify_store(st, progress=lambda n: bar.update(n - bar.n))
     for p in problems:
         print(f"DAMAGED {p}")
     if problems:

@@ -5,10 +5,10 @@ tasks are the table's live fragments (one task per fragment, or runs of consecut
 fragments when Ray asks for fewer tasks); a task carries only the fragment's
 descriptor and first visible row (a few hundred bytes), opens the store itself
 read-only in whichever Ray worker runs it and streams that fragment's visible records
-with :func:`replaystore.store.scan.scan_fragment`, reading only the projected
+with :func:`replaystore.store.scan_fragment`, reading only the projected
 columns' objects. The driver reads the commit log once and never holds the data.
 
-Columns and types are those of ``st.sql``'s views (:func:`replaystore.store.scan.scan_schema`):
+Columns and types are those of ``st.sql``'s views (``Table.scan_schema``):
 ``row, stream, step, reset``, every schema field (dense multi-dimensional fields as
 ``fixed_size_list``, ragged fields as ``large_list``), ``writer, commit, commit_time``.
 
@@ -37,18 +37,15 @@ import pyarrow as pa
 from replaystore.errors import StaleReadError
 from replaystore.schemas import Schema
 from replaystore.schemas.fields import Dense, Ragged
-from replaystore.store import open_store
-from replaystore.store.fragment import Fragment, FragmentData
-from replaystore.store.scan import SCAN_ROWS, scan_fragment, scan_projection, scan_schema
+from replaystore.store import SCAN_ROWS, FragmentInfo, open_store, read_manifest, scan_fragment, scan_projection
 from replaystore.store.storage import open_storage
-from replaystore.store.store import _read_manifest
 
 __all__ = ["ReplayStoreDatasource", "read_replaystore"]
 
 _FIXED_BYTES = {"row": 8, "stream": 8, "step": 8, "reset": 1, "writer": 4, "commit": 8, "commit_time": 8}
 
 
-def _column_bytes(schema: Schema, name: str, frag: Fragment, visible: int) -> int:
+def _column_bytes(schema: Schema, name: str, frag: FragmentInfo, visible: int) -> int:
     """An estimate of one column's in-memory bytes for ``visible`` records of ``frag``."""
     if name in _FIXED_BYTES:
         return _FIXED_BYTES[name] * visible
@@ -65,16 +62,16 @@ def _read_fragments(url: str, storage_options: dict[str, Any], created_ns: int, 
                     batch_rows: int) -> Iterator[pa.Table]:
     """A read task's body: open the store read-only here, stream each fragment's visible records."""
     storage = open_storage(url, storage_options)
-    manifest = _read_manifest(storage)
+    manifest = read_manifest(storage)
     if manifest is None or manifest["created_ns"] != created_ns:
         raise StaleReadError(f"{url}: the store this dataset was created from is gone or was replaced "
                              "since; call read_replaystore again")
     table_schema = Schema.from_dict(manifest["tables"][table])
     for writer, descriptor, vis_from in parts:
-        frag = Fragment.from_dict(writer, table, descriptor)
+        frag = FragmentInfo.from_descriptor(writer, table, descriptor, vis_from)
         done = vis_from
         try:
-            for batch in scan_fragment(FragmentData(storage, table_schema, frag), vis_from, schema, batch_rows):
+            for batch in scan_fragment(storage, table_schema, frag, schema, batch_rows):
                 yield pa.Table.from_batches([batch], schema=schema)
                 done += batch.num_rows
         except StaleReadError:
@@ -91,13 +88,13 @@ def _read_rows(url: str, storage_options: dict[str, Any], table: str, writer: in
     st = open_store(url, mode="r", storage_options=storage_options)
     table_schema = st.table(table).schema
     covered = lo
-    for frag in st.log.fragments(table):  # in row-id order
+    for frag in st.table(table).view().live_fragments:  # in row-id order
         if frag.writer != writer or frag.first_id + frag.rows <= covered or frag.first_id >= hi:
             continue
         if frag.first_id > covered:
             break  # a gap: those records were evicted and reclaimed
         start, stop = covered - frag.first_id, min(hi, frag.first_id + frag.rows) - frag.first_id
-        for batch in scan_fragment(FragmentData(st.storage, table_schema, frag), start, schema, batch_rows, stop):
+        for batch in scan_fragment(st.storage, table_schema, frag, schema, batch_rows, start, stop):
             yield pa.Table.from_batches([batch], schema=schema)
         covered = frag.first_id + stop
     if covered < hi:
@@ -120,19 +117,17 @@ class ReplayStoreDatasource(Datasource):
             raise ValueError(f"batch_rows: expected a positive int, got {batch_rows!r}")
         st = open_store(url, mode="r", storage_options=storage_options)
         t = st.default if table is None else st.table(table)
-        reader = t.reader
-        reader.sync()
+        view = t.view()
         self.url = st.url
         self.table = t.name
         self.storage_options = dict(storage_options or {})
         self.batch_rows = batch_rows
         self.created_ns = int(st.manifest["created_ns"])
         self.table_schema = t.schema
-        self.schema = scan_projection(scan_schema(reader), columns, t.name)
+        self.schema = view.scan_schema(columns)
         # the snapshot: (writer, descriptor, first visible row) of each live fragment, in row-id order
-        self.fragments = [(f.writer, f.to_dict(), int(v)) for f, v in zip(reader.fragments, reader.vis_from,
-                                                                           strict=True)]
-        self.num_rows = len(reader)
+        self.fragments = [(f.writer, f.descriptor(), f.visible_from) for f in view.fragments]
+        self.num_rows = len(view)
 
     # -- projection pushdown ------------------------------------------------------------------
     def supports_projection_pushdown(self) -> bool:
@@ -150,7 +145,7 @@ class ReplayStoreDatasource(Datasource):
         return "ReplayStore"
 
     def _bytes(self, schema: pa.Schema, descriptor: dict[str, Any], writer: int, vis_from: int) -> int:
-        frag = Fragment.from_dict(writer, self.table, descriptor)
+        frag = FragmentInfo.from_descriptor(writer, self.table, descriptor)
         visible = frag.rows - vis_from
         return sum(_column_bytes(self.table_schema, n, frag, visible) for n in schema.names)
 

@@ -111,7 +111,7 @@ def test_samplers_follow_two_writers_commits_and_evictions(new_url: Any, commits
     res = ReservoirSampler(reader, capacity=5, batch_size=4, subset=subset)
     uni = UniformSampler(reader, batch_size=64, subset=subset)
     epoch = EpochSampler(reader, batch_size=3, subset=subset)
-    tracker = ViewTracker(reader.default.reader)
+    tracker = ViewTracker(reader.default)
     before: set[int] = set()
     offered: set[int] = set()
     for i, (w, n) in enumerate(commits):

@@ -132,7 +132,7 @@ def test_views_stay_valid_and_correct_across_relayouts(tmp_path: Path) -> None:
             assert np.array_equal(old_view.take(old_rows, axis=0), old_obs)
         old_view = lay.array("obs")
         frag_i, local = table.reader.locate(rows)
-        old_rows = table.reader._bases["records"][frag_i] + local
+        old_rows = table.reader.view._bases["records"][frag_i] + local
         old_obs = table.read(rows)["obs"]
     w.close()
     assert relayouts >= 2

@@ -56,7 +56,7 @@ OP = hs.one_of(
 # each op with whether the reader looks after it: changes pile up between looks, in several places
 OPS = hs.lists(hs.tuples(OP, hs.booleans()), min_size=1, max_size=40)
 
-STATE = ("vis_from", "first_ids", "ends", "cum", "_edges", "_base", "_cum_ends", "_shown", "_vis_all")
+STATE = ("visible_from", "first_ids", "ends", "cum", "_edges", "_base", "_cum_ends", "_shown", "_live_from")
 
 
 @pytest.fixture(scope="session")
@@ -86,13 +86,14 @@ def _same_state(got: TableReader, want: TableReader) -> None:
 
     assert names(got.fragments) == names(want.fragments)
     assert names(got.all_fragments) == names(want.all_fragments)
+    gv, wv = got.view, want.view
     for attr in STATE:
-        assert np.array_equal(getattr(got, attr), getattr(want, attr)), attr
-    assert got._run_start == want._run_start
-    assert got._nnz.keys() == want._nnz.keys()
-    for off in got._nnz:
-        assert np.array_equal(got._nnz[off], want._nnz[off]), off
-    assert got._max_nnz == want._max_nnz
+        assert np.array_equal(getattr(gv, attr), getattr(wv, attr)), attr
+    assert gv._run_start == wv._run_start
+    assert gv._nnz.keys() == wv._nnz.keys()
+    for off in gv._nnz:
+        assert np.array_equal(gv._nnz[off], wv._nnz[off]), off
+    assert gv._max_nnz == wv._max_nnz
 
 
 def _check(reader: Store, url: str, rng: np.random.Generator) -> None:
@@ -179,8 +180,7 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
     followed = reader.default.reader
     monkeypatch.setattr(table_module, "_REDO_UP_TO", 8)  # fewer fragments here than the default
     redone = []
-    monkeypatch.setattr(TableReader, "_sync_all",
-                        lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
+    monkeypatch.setattr(TableReader, "_fresh", lambda self, *a: redone.append(self is followed) or _SYNC_ALL(self, *a))
     try:
         for _ in range(5):
             for w, key in ((first, "first"), (last, "last")):
@@ -194,7 +194,7 @@ def test_two_collectors_with_sessions_between_them_are_followed(tmp_path: Any,
     assert not any(redone)
 
 
-_SYNC_ALL = TableReader._sync_all
+_SYNC_ALL = TableReader._fresh
 
 
 def test_the_writers_listing_is_skipped_only_while_no_directory_came(tmp_path: Any) -> None:

@@ -445,7 +445,7 @@ def stream_index(table: Table, stream: Any) -> tuple[np.ndarray, np.ndarray, np.
     rows, steps, resets : numpy.ndarray
         Per record of the stream, in step order.
     """
-    idx = table.reader.index
+    idx = table.stream_index()
     lo, hi = idx.span(stream)
     return idx.rows[lo:hi], idx.steps[lo:hi], idx.resets[lo:hi]
 
@@ -474,7 +474,7 @@ def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[C
     StoreError
         A ragged id lies outside its mask (see :func:`convert`).
     """
-    table.reader.sync()
+    table.view()
     for stream in table.streams():
         rows, steps, resets = stream_index(table, stream)
         n = len(rows)

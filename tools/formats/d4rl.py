@@ -93,7 +93,7 @@ def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: b
     if path.exists():
         raise StoreError(f"{path}: already exists; export into a new file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    t.reader.sync()
+    t.view()  # the records as of now: what follows reads this view
     n = len(t)
     keys = t.streams()
     int_keys = all(isinstance(k, int) for k in keys)

@@ -40,7 +40,6 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Dense, Schema
 from replaystore.schemas import episode as episode_schema
 from replaystore.store import Store, open_store
-from replaystore.store.scan import scan
 from replaystore.tools.formats.common import (
     Episode,
     StepMapping,
@@ -167,7 +166,7 @@ def _action_space(m: StepMapping, table: Any, rows: int) -> tuple[dict[str, Any]
     if declared:
         return discrete_space(declared), False
     top = -1
-    for b in scan(table.reader, [m.action], rows):  # one column only
+    for b in table.scan([m.action], rows):  # one column only
         if b.num_rows:
             top = max(top, int(np.max(b.column(0).to_numpy())))
     return discrete_space(max(top + 1, 1)), True

@@ -31,7 +31,6 @@ from replaystore.errors import StoreError
 from replaystore.schemas import BatchMeta, Schema
 from replaystore.schemas.arrow import columns_from_arrow
 from replaystore.store import DEFAULT_TABLE, Store, open_store
-from replaystore.store.scan import scan, scan_schema
 from replaystore.tools.formats.common import chunk_rows, progress_bar
 
 FORMAT = "replaystore.parquet/1"
@@ -231,8 +230,7 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
     records = 0
     for name in names:
         t = store.table(name)
-        reader = t.reader
-        reader.sync()
+        view = t.view()  # one snapshot: its schema and the records scanned
         keys = t.streams()
         kind = _stream_type(keys)
         if kind == "mixed":
@@ -241,7 +239,7 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
                 dup = next(k for k in as_text if as_text.count(k) > 1)
                 raise StoreError(f"table {name!r}: streams {dup!r} (str) and {dup} (int) would share one "
                                  f"Parquet partition; rename one of them")
-        full = scan_schema(reader)
+        full = view.scan_schema()
         fields = [f.name for f in t.schema.fields if not isinstance(f, BatchMeta)]
         columns = ["row", "stream", "step", "reset", *fields]
         info: dict[str, Any] = {"path": name if nested else "", "stream_type": kind, "records": len(t),
@@ -259,7 +257,7 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
         bar = progress_bar(len(t), f"export {name}" if nested else "export parquet", progress)
 
         with bar, StreamFiles(fs, base, schema) as out_files:
-            for b in scan(reader, columns, rows):
+            for b in view.scan(columns, rows):
                 out_files.write(pa.RecordBatch.from_arrays(b.columns, schema=schema))
                 bar.update(b.num_rows)
         files += out_files.paths
