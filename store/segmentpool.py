@@ -164,11 +164,28 @@ class SegmentPool:
     def _new_segment(self, table: str, rows: int, nnz: dict[str, int], sample_rows: int) -> Segment:
         """A new segment for at least ``rows`` rows, its values capacity sized from ``nnz`` values
         per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments")."""
-        capacity = max(segment_rows(self.store.schemas[table], self.store.capacity), rows)
+        capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
         return Segment(self.storage, self.store.schemas[table], self.writer, table,  # type: ignore[arg-type]
                        layout.segment_name(next(self._names)), capacity, values)
+
+    def segment_rows(self, table: str) -> int:
+        """Rows of a new segment of ``table`` unless an append needs more (see ``sizing.segment_rows``).
+
+        Parameters
+        ----------
+        table : str
+            The table.
+
+        Returns
+        -------
+        int
+            The row capacity.
+
+        Cost: O(fields).
+        """
+        return segment_rows(self.store.schemas[table], self.store.capacity)
 
     def _take_spare(self, table: str, rows: int, nnz: dict[str, int]) -> Segment | None:
         """The table's spare segment if it holds an append of these sizes (and no vacuum deleted it)."""
