@@ -45,7 +45,17 @@ class _Pending:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What one commit made visible."""
+    """What one commit made visible.
+
+    Attributes
+    ----------
+    writer : int
+        The writer's number.
+    seq : int
+        The commit record's sequence number.
+    rows : dict[str, tuple[int, int]]
+        Per table appended to, the ``[first, end)`` row ids of the new records.
+    """
 
     writer: int
     seq: int
