@@ -52,8 +52,10 @@ from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, mai
 
 from replaystore.schemas import Schema, dqn
 from replaystore.schemas import validate as validate_module
+from replaystore.store.committer import Committer
 from replaystore.store.fragment import INDEX_DTYPES
 from replaystore.store.segment import WRITEBACK, WRITEBACK_BYTES, Segment
+from replaystore.store.segmentpool import SegmentPool
 from replaystore.store.storage import LocalStorage
 from replaystore.store.writer import Writer
 
@@ -244,8 +246,8 @@ def run(tmp: str, cfg: dict[str, Any], out: Table) -> None:
         spent = dict.fromkeys(labels, 0.0)
         patched = [(Writer, "append", "append"), (Writer, "commit", "commit"), (Schema, "validate", "validate"),
                    (validate_module, "_check_values", "values"), (Segment, "add", "writes"),
-                   (Writer, "_new_segment", "segment"), (LocalStorage, "create_after", "durable"),
-                   (Writer, "_refresh_view", "view")]
+                   (SegmentPool, "_new_segment", "segment"), (LocalStorage, "create_after", "durable"),
+                   (Committer, "refresh_view", "view")]
         main_thread = threading.main_thread()
 
         def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:

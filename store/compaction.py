@@ -1,7 +1,7 @@
 """Compaction policy and the rewrite of a run of fragments as one (docs/FORMAT.md, "Compaction").
 
 Which of a writer's fragments to merge is decided here, from their sizes, segments and row
-ranges alone; the writer (store/writer.py) runs the merges and publishes them with
+ranges alone; the writer's compactor (store/compactor.py) runs the merges and publishes them with
 ``compact`` commit records.
 """
 

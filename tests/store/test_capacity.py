@@ -247,7 +247,7 @@ def _fill_deleting_through(backend: Backend, monkeypatch: pytest.MonkeyPatch, sr
     writer's deletions going through ``delete(real_delete, path)``; the writer, still open."""
     st = backend.open(SCHEMA, capacity=20)
     w = st.writer()
-    monkeypatch.setattr(w, "_segment_rows", lambda table: 5)
+    monkeypatch.setattr(w._segments, "segment_rows", lambda table: 5)
     real = w.storage.delete
     monkeypatch.setattr(w.storage, "delete", lambda path: delete(real, path))
     for _ in range(30):

@@ -19,8 +19,7 @@ import zarr
 
 from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn, transitions
-from replaystore.store import layout, open_store, records
-from replaystore.store import writer as writer_module
+from replaystore.store import layout, open_store, records, sizing
 from replaystore.store.fragment import Fragment
 from replaystore.store.segment import MAX_STREAMS
 from replaystore.store.store import Store
@@ -93,7 +92,7 @@ def test_discarded_and_failed_appends_leave_committed_bytes_alone(tmp_path: Path
 
 def test_an_append_that_does_not_fit_opens_a_new_segment_in_the_same_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "MAX_FRAGMENT_ROWS", 16)  # segments of 16 rows, 8 x 16 values
+    monkeypatch.setattr(sizing, "MAX_FRAGMENT_ROWS", 16)  # segments of 16 rows, 8 x 16 values
     rng = np.random.default_rng(2)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w")
@@ -121,7 +120,7 @@ def test_an_append_that_does_not_fit_opens_a_new_segment_in_the_same_commit(
 
 def test_values_and_stream_keys_beyond_a_segment_open_the_next(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "MAX_FRAGMENT_ROWS", 64)
+    monkeypatch.setattr(sizing, "MAX_FRAGMENT_ROWS", 64)
     rng = np.random.default_rng(3)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w")
@@ -291,7 +290,7 @@ def _io_done(w: Writer) -> None:
     """Return once the writer's two I/O threads have finished what they were given (deletions of
     reclaimed segments, spares): white-box, each thread then runs one task waiting on a barrier."""
     barrier = threading.Barrier(3)
-    tasks = [w._background(barrier.wait) for _ in range(2)]
+    tasks = [w._io.submit(barrier.wait) for _ in range(2)]
     barrier.wait(timeout=60)
     for task in tasks:
         task.result()
@@ -357,7 +356,7 @@ def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuume
     """Capacity 40: segments of 10 rows. Half full, the writer creates the next segment ahead
     (a spare, unreferenced); a rollover takes it. A vacuum that deletes a spare makes the writer
     create another instead of writing into unlinked files; close deletes the last spare."""
-    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
+    monkeypatch.setattr(sizing, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
     rng = np.random.default_rng(12)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=40)
@@ -371,12 +370,12 @@ def test_a_spare_segment_is_made_ahead_taken_at_rollover_and_replaced_if_vacuume
         w.commit()
 
     put(6)  # 6 of 10 rows: a spare is made
-    spare = w._spares["records"].result()
+    spare = w._segments.spares["records"].result()
     (first,) = {f.segment.name for f in _fragments(st)}
     assert sorted(os.listdir(data)) == sorted([first, spare.name])
     put(6)  # rolls over into the spare
     assert {f.segment.name for f in _fragments(st)} == {first, spare.name}
-    second = w._spares["records"].result()  # after a rollover, the next spare is made at once
+    second = w._segments.spares["records"].result()  # after a rollover, the next spare is made at once
     assert open_store(url, mode="a").vacuum(older_than_s=0).deleted  # the unreferenced spare goes
     assert not (data / second.name).exists()
     put(6)  # does not fit: a new segment, not the vacuumed spare
@@ -393,7 +392,7 @@ def test_a_spare_too_small_for_the_append_is_dropped_for_a_new_segment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Segments of 10 rows (capacity 40): an append of 15 records does not fit the spare made
     ahead, so the writer deletes the spare and opens a segment large enough for the batch."""
-    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
+    monkeypatch.setattr(sizing, "SEGMENT_FLOOR_BYTES", 0)  # segments of capacity // 4 rows
     rng = np.random.default_rng(13)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=40)
@@ -402,7 +401,7 @@ def test_a_spare_too_small_for_the_append_is_dropped_for_a_new_segment(
     w = st.writer()
     w.append(batches[0], stream=0)
     w.commit()
-    spare = w._spares["records"].result()
+    spare = w._segments.spares["records"].result()
     w.append(batches[1], stream=0)
     w.commit()
     names = {f.segment.name for f in _fragments(st)}

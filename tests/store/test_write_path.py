@@ -12,8 +12,7 @@ import torch
 import zarr
 
 from replaystore.schemas import dqn
-from replaystore.store import layout, records
-from replaystore.store import writer as writer_module
+from replaystore.store import layout, records, sizing
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of
 
@@ -92,11 +91,11 @@ def test_a_merge_whose_inputs_are_gone_is_abandoned(fast_backend: Backend) -> No
     data = fast_backend.storage()
     merged_dirs = set(data.list(f"{layout.writer_dir(w.id)}/data/records"))
     # inputs no longer live in the writer's log: the merge must not publish
-    w._merge("records", originals)
+    w._compactor.merge("records", originals)
     # inputs deleted (reclaimed) under the merge: StaleReadError inside, abandoned as well
     for f in originals:
         data.delete(f.path)
-    w._merge("records", originals)
+    w._compactor.merge("records", originals)
     assert _commit_records(fast_backend, w.id) == before
     gone = {f.path.rsplit("/", 1)[-1] for f in originals}  # (their segment, on local storage)
     assert set(data.list(f"{layout.writer_dir(w.id)}/data/records")) == merged_dirs - gone
@@ -126,7 +125,7 @@ def test_compact_merges_a_writers_fragments_up_to_the_size_cap(fast_backend: Bac
 
 def test_compact_respects_the_fragment_cap_of_a_capped_store(fast_backend: Backend,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "SEGMENT_FLOOR_BYTES", 0)  # local: segments of capacity // 4 rows too
+    monkeypatch.setattr(sizing, "SEGMENT_FLOOR_BYTES", 0)  # local: segments of capacity // 4 rows too
     rng = np.random.default_rng(6)
     st = fast_backend.open(DQN, capacity=48)  # fragments hold at most 48 // 4 = 12 records
     with st.writer() as w:

@@ -68,8 +68,7 @@ import numpy as np
 
 from replaystore.schemas import Schema, dqn, transitions
 from replaystore.store import log as log_module
-from replaystore.store import open_store
-from replaystore.store import writer as writer_module
+from replaystore.store import open_store, sizing
 from support.batches import dqn_batch
 
 OBS = 8
@@ -177,7 +176,7 @@ def _say(line: str) -> None:
         sys.stdout.flush()
 
 
-COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name prefix (store/writer.py)
+COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name prefix (store/compactor.py)
 
 
 def hold_merges(storage: Any) -> None:
@@ -414,7 +413,7 @@ def idle_writer(url: str, seed: int, tag: str, max_records: int, storage_options
         w.append(crash_batch(seed, tag, i, max_records), stream=tag)
         w.commit()
         if spares:
-            for future in list(w._spares.values()):
+            for future in list(w._segments.spares.values()):
                 future.result()
         i += 1
         _say(f"c {w.id} {i}")
@@ -459,7 +458,7 @@ def fsize_batch(start: int, n: int) -> dict[str, np.ndarray]:
 
 def fsize_writer(url: str) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-    writer_module.SEGMENT_FLOOR_BYTES = 0  # (this child only) segments of capacity // 4 rows
+    sizing.SEGMENT_FLOOR_BYTES = 0  # (this child only) segments of capacity // 4 rows
     st = open_store(url, transitions(4), mode="w", capacity=FSIZE_CAPACITY)
     w = st.writer()
     segment_bytes = FSIZE_CAPACITY // 4 * 16  # a segment's largest file: 1,000 records of 4 float32
@@ -483,7 +482,7 @@ def fsize_writer(url: str) -> None:
 
     def half() -> None:
         w.append(fsize_batch(400, 200), stream=1)
-        spare.append(w._spares["records"].exception())  # white-box: waits for the background creation
+        spare.append(w._segments.spares["records"].exception())  # white-box: waits for the background creation
 
     step("half", segment_bytes - 1, half)
     _say(json.dumps({"step": "spare", "raised": errno.errorcode[spare[0].errno]  # type: ignore[union-attr]

@@ -1,0 +1,238 @@
+"""A writer's compaction: merging its committed fragments on its compaction thread after commits,
+all due merges at close, and every mergeable run on demand (``Writer.compact``).
+
+Which runs to merge is decided by store/compaction.py; this module runs the merges and
+publishes each with a ``compact`` commit record through the writer's committer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from replaystore.store import layout
+from replaystore.store.committer import Committer
+from replaystore.store.compaction import due_run, full_runs, rewrite
+from replaystore.store.fragment import Fragment, coalesce
+from replaystore.store.reclaimer import Reclaimer
+from replaystore.store.sizing import max_fragment_rows
+
+if TYPE_CHECKING:
+    from replaystore.store.store import Store
+
+
+class Compactor:
+    """Runs one writer's merges: at most one at a time, on ``replaystore-compact-<writer>``.
+
+    A merge scheduled after a commit runs while the caller appends on; the next commit waits
+    for it first, so compaction runs at most one commit behind. The merged data are written
+    without the committer's lock; the ``compact`` record is created, and the writer's
+    fragments updated, under it. Fragments a merge replaced go to the reclaimer's trash.
+
+    Parameters
+    ----------
+    store : Store
+        The writer's store handle.
+    writer : int
+        The writer's number.
+    names : Iterator[int]
+        The writer's object-name counter (shared with the segment pool).
+    committer : Committer
+        The writer's committer (its lock, sequence and record creation).
+    reclaimer : Reclaimer
+        The writer's reclaimer (merged-away fragments are trashed there).
+    fragments : dict[str, list[Fragment]]
+        The writer's committed fragments per table (``Writer.fragments``; under the committer's lock).
+    """
+
+    def __init__(self, store: Store, writer: int, names: Iterator[int], committer: Committer,
+                 reclaimer: Reclaimer, fragments: dict[str, list[Fragment]]) -> None:
+        self.store = store
+        self.storage = store.storage
+        self.writer = writer
+        self._names = names
+        self._committer = committer
+        self._reclaimer = reclaimer
+        self._fragments = fragments
+        self._thread: ThreadPoolExecutor | None = None
+        self._merging: Future[bool] | None = None
+
+    def _max_rows(self) -> int:
+        return max_fragment_rows(self.store.capacity)
+
+    def _new_name(self) -> str:
+        return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
+
+    def _fully_visible(self, table: str) -> set[str]:
+        reader = self.store.table(table).reader
+        return {f.name for f, v in zip(reader.fragments, reader.vis_from, strict=True)
+                if v == 0 and f.writer == self.writer}
+
+    def _next_merge(self) -> tuple[str, list[Fragment]] | None:
+        """This writer's trailing run of fragments due for a merge (store/compaction.py), if any."""
+        with self._committer.lock:
+            fragments = {t: list(frags) for t, frags in self._fragments.items()}
+        for table, frags in fragments.items():
+            run = due_run(frags, self._max_rows())
+            if run:
+                visible = self._fully_visible(table)
+                if all(f.name in visible for f in run):
+                    return table, run
+        return None
+
+    def compact(self) -> int:
+        """Merge this writer's committed fragments into as few as the fragment size cap allows, now.
+
+        Returns
+        -------
+        int
+            The number of merges published.
+
+        Raises
+        ------
+        StoreError
+            If the background merge or the record in flight failed, or reading the store fails.
+        OSError
+            If writing a merged fragment or its record fails.
+
+        Cost: rewrites every committed record not yet in a full-size fragment once.
+        """
+        self.collect(wait=True)
+        with self._committer.lock:
+            self._committer.settle()
+        self._committer.refresh_view()
+        max_rows, merges = self._max_rows(), 0
+        for table in self.store.schemas:
+            visible = self._fully_visible(table)
+            with self._committer.lock:
+                frags = list(self._fragments[table])
+            for run in full_runs(frags, visible, max_rows):
+                merges += self.merge(table, run)
+        self._committer.refresh_view()
+        return merges
+
+    def schedule(self) -> None:
+        """Start the next due merge on the compaction thread.
+
+        A merge still running from the previous commit is waited for first, so compaction
+        runs at most one commit behind and picks the same runs as merging inside each
+        commit would (skipping instead would let runs grow past the tiers under load).
+
+        Raises
+        ------
+        StoreError, OSError
+            The error of the merge waited for.
+
+        Cost: O(fragments) to pick the run; the merge itself runs in the background.
+        """
+        self.collect(wait=True)
+        job = self._next_merge()
+        if job is None:
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"replaystore-compact-{self.writer}")
+        self._merging = self._thread.submit(self.merge, *job)
+
+    def collect(self, wait: bool = False) -> None:
+        """Forget a finished (or, with ``wait``, the running) merge; re-raise its error.
+
+        Parameters
+        ----------
+        wait : bool
+            Wait for a running merge.
+
+        Raises
+        ------
+        StoreError, OSError
+            The merge's error.
+
+        Cost: O(1), or as long as the running merge takes.
+        """
+        future = self._merging
+        if future is None or not (wait or future.done()):
+            return
+        self._merging = None
+        future.result()
+
+    def merge(self, table: str, run: list[Fragment]) -> bool:
+        """Rewrite ``run`` as one fragment, then publish it with a ``compact`` commit record.
+
+        Runs on the compaction thread (or the caller's, from :meth:`compact` and :meth:`finish`).
+        A run whose fragments were retired (evicted) meanwhile is abandoned and its merged
+        objects deleted: nothing references them.
+
+        Parameters
+        ----------
+        table : str
+            The table.
+        run : list[Fragment]
+            Consecutive committed fragments of this writer.
+
+        Returns
+        -------
+        bool
+            True if published, False if abandoned.
+
+        Raises
+        ------
+        StoreError, OSError
+            If the record cannot be created or the data cannot be written.
+
+        Cost: reads and rewrites the run's records (none for a run of one segment's fragments).
+        """
+        merged = coalesce(run, self._new_name())
+        if merged is not None:
+            return self._publish(table, run, merged, None)
+        done = rewrite(self.storage, self.store.schemas[table], self.writer, table, self._new_name(), run)
+        return done is not None and self._publish(table, run, *done)
+
+    def _publish(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
+        """Publish ``merged`` in place of ``run`` with a ``compact`` commit record (True), or abandon
+        it (False; its objects at ``path`` deleted) if part of ``run`` was retired meanwhile.
+        """
+        committer = self._committer
+        with committer.lock:
+            live = {f.name for f in self._fragments[table]}
+            if not all(f.name in live for f in run):
+                if path is not None:
+                    self.storage.delete(path)
+                return False
+            seq, now = committer.seq, committer.now()
+            body = {"writer": self.writer, "seq": seq, "time_ns": now, "kind": "compact", "metadata": {},
+                    "tables": {table: {"add": [merged.to_dict()], "remove": [f.name for f in run]}}}
+            committer.create(seq, body)
+            gone = {f.name for f in run}
+            self._fragments[table] = sorted([f for f in self._fragments[table] if f.name not in gone] + [merged],
+                                            key=lambda f: f.row_start)
+            if path is not None:  # (a coalesced run's records stay where they are)
+                self._reclaimer.trash(run, now)
+        return True
+
+    def finish(self, drain: bool) -> None:
+        """Wait for the running merge; with ``drain``, then run every due merge to completion.
+
+        Parameters
+        ----------
+        drain : bool
+            Run the due merges on the caller's thread (at close).
+
+        Raises
+        ------
+        StoreError, OSError
+            A merge's error (the compaction thread is stopped anyway).
+
+        Cost: as long as the merges take.
+        """
+        try:
+            self.collect(wait=True)
+            while drain:
+                self._committer.refresh_view()
+                job = self._next_merge()
+                if job is None:
+                    break
+                self.merge(*job)
+        finally:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
