@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -14,6 +14,9 @@ from torch.utils.data import Sampler
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
+
+if TYPE_CHECKING:
+    from replaystore.loaders.stacking import Stacker
 
 
 class EmptyStoreError(ReplayStoreError):
@@ -41,12 +44,19 @@ class Request:
         Whether ``rows`` is a ``[batch, window]`` array of sequence windows.
     stream_keys : list of int or str, optional
         For sequence requests, each window's stream key.
+    frames : numpy.ndarray, optional
+        For stacked requests (``stack=``): ``[batch, stack + 1]`` frame row ids, -1 for
+        zero padding; ``obs`` is the first ``stack``, ``next_obs`` the last.
+    frame_field : str, optional
+        The frame field ``frames`` reads.
     """
 
     rows: np.ndarray
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     sequence: bool = False
     stream_keys: list[int | str] | None = None
+    frames: np.ndarray | None = None
+    frame_field: str | None = None
 
 
 class StoreSampler(Sampler[Request]):
@@ -86,11 +96,19 @@ class StoreSampler(Sampler[Request]):
         Refresh the store every this many minibatches.
     refresh_every_s : float, optional
         Refresh the store when this many seconds passed since the last refresh.
+    stack : int, optional
+        Frame stacking (loaders/stacking.py): minibatches carry ``obs`` and ``next_obs``
+        of ``stack`` consecutive frames of the record's episode, and only records with a
+        next frame are drawn (samplers that support it: uniform, prioritized, epoch).
+    stack_padding : str, optional
+        Slots before an episode's first frame: ``"reset"`` repeats it, ``"zero"`` zeros.
+    stack_field : str, optional
+        The frame field (default ``"frame"``).
 
     Raises
     ------
     SamplerParameterError
-        A bad ``batch_size``, ``refresh_every`` or ``refresh_every_s``.
+        A bad ``batch_size``, ``refresh_every``, ``refresh_every_s`` or ``stack*``.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
@@ -102,7 +120,8 @@ class StoreSampler(Sampler[Request]):
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
-                 refresh_every_s: float | None = None) -> None:
+                 refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
+                 stack_field: str = "frame") -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
@@ -130,6 +149,11 @@ class StoreSampler(Sampler[Request]):
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
+        self.stacker: Stacker | None = None
+        if stack is not None:
+            from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
+
+            self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
         if resume:
             self.restore(override=override)
 
@@ -269,7 +293,10 @@ class StoreSampler(Sampler[Request]):
         dict of str to Any
             Name to value; the base class has ``batch_size`` and ``seed``.
         """
-        return {"batch_size": self.batch_size, "seed": self.seed}
+        hp = {"batch_size": self.batch_size, "seed": self.seed}
+        if self.stacker is not None:
+            hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
+        return hp
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling exactly.

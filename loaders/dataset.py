@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.stacking import gather_stacked
 from replaystore.schemas import Schema
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
@@ -132,6 +133,8 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     StaleReadError
         A requested row was reclaimed since this handle's view.
     """
+    if request.frames is not None:
+        return gather_stacked(table, request)
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing

@@ -130,6 +130,8 @@ class PrioritizedSampler(StoreSampler):
         self.max_priority = 1.0
         self.slots = RowSlots()
         self.tree = SumTree(1024)
+        self._masked = np.zeros(0, dtype=np.int64)  # with stack=: tracked rows without a next frame (leaf 0)
+        self._masked_key: tuple[int, int] | None = None
         super().__init__(store, batch_size, seed, **kwargs)
 
     def _sync(self) -> None:
@@ -140,6 +142,8 @@ class PrioritizedSampler(StoreSampler):
         """
         change = self.tracker.poll()
         if change is None:
+            if self.stacker is not None:
+                self._mask()
             return
         if change.full:
             freed, new = self.slots.sync(self.restrict(change.added))
@@ -149,6 +153,26 @@ class PrioritizedSampler(StoreSampler):
         self.tree.grow(len(self.slots.row_of))
         self.tree.set(freed, np.zeros(len(freed)))
         self.tree.set(new, np.full(len(new), leaf_values(np.array([self.max_priority]), self.alpha)[0]))
+        if self.stacker is not None:
+            self._mask()
+
+    def _mask(self) -> None:
+        """With ``stack=``: rows without a next frame get no mass; rows that gained one enter at the
+        running maximum (cost: nothing unless the stream index changed, then the episode ends).
+        """
+        assert self.stacker is not None
+        fi = self.stacker.index()
+        if fi.key == self._masked_key:
+            return
+        self._masked_key = fi.key
+        now = fi.invalid_rows
+        gained = np.setdiff1d(self._masked, now, assume_unique=True)
+        slots, found = self.slots.lookup(gained)
+        self.tree.set(slots[found], np.full(int(found.sum()),
+                                            leaf_values(np.array([self.max_priority]), self.alpha)[0]))
+        slots, found = self.slots.lookup(now)
+        self.tree.set(slots[found], np.zeros(int(found.sum())))
+        self._masked = now[found]
 
     def sample(self) -> Request:
         """Draw a stratified minibatch proportional to priority^alpha.
@@ -185,6 +209,8 @@ class PrioritizedSampler(StoreSampler):
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
         self.batches_drawn += 1
+        if self.stacker is not None:
+            return self.stacker.request(rows, {"weights": weights.astype(np.float32)})
         return Request(rows, {"weights": weights.astype(np.float32)})
 
     def update(self, indices: Any, priorities: Any) -> None:
@@ -291,6 +317,8 @@ class PrioritizedSampler(StoreSampler):
         state = super().state_dict()
         state.update(alpha=self.alpha, beta=self.beta, eps=self.eps, max_priority=self.max_priority,
                      tree_leaves=self.tree.leaves().copy(), **self.slots.state())
+        if self.stacker is not None:
+            state["stack_masked"] = self._masked.copy()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -316,5 +344,7 @@ class PrioritizedSampler(StoreSampler):
         leaves = np.asarray(state["tree_leaves"], dtype=np.float64)
         self.tree = SumTree(len(leaves))
         self.tree.set(np.arange(len(leaves)), leaves)
+        self._masked = np.asarray(state.get("stack_masked", np.zeros(0)), dtype=np.int64)
+        self._masked_key = None
         self.tracker.reset()
         self._sync()

@@ -52,6 +52,8 @@ class UniformSampler(StoreSampler):
         EmptyStoreError
             No candidate row is visible.
         """
+        if self.stacker is not None:
+            return self._sample_stacked()
         n = self.candidate_count()
         if n == 0:
             raise self._empty()
@@ -64,6 +66,20 @@ class UniformSampler(StoreSampler):
         rows = self.candidate_rows(picks)
         self.batches_drawn += 1
         return Request(rows)
+
+    def _sample_stacked(self) -> Request:
+        """As :meth:`sample`, over the rows with a next frame, with their frame windows."""
+        assert self.stacker is not None
+        cand = self.stacker.candidates(self.subset)
+        n = len(cand)
+        if n == 0:
+            raise self._empty("records with a next frame")
+        positions = self.rng.random(self.batch_size)
+        positions *= n
+        picks = positions.astype(np.int64)
+        np.minimum(picks, n - 1, out=picks)
+        self.batches_drawn += 1
+        return self.stacker.request(cand[picks])
 
 
 class EpochSampler(StoreSampler):
@@ -190,6 +206,8 @@ class EpochSampler(StoreSampler):
         assert self._order is not None
         rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
+        if self.stacker is not None:  # records without a next frame are left out of the minibatch
+            return self.stacker.request(rows[self.stacker.index().drawable(rows)])
         return Request(rows)
 
     def __iter__(self) -> Iterator[Request]:

@@ -9,6 +9,7 @@ When the action count is known, action ids are range-checked at append.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from replaystore.schemas.fields import BatchMeta, Dense, Ragged
+from replaystore.errors import SchemaError
 from replaystore.schemas.schema import Schema
 
 F32 = np.dtype(np.float32)
@@ -385,6 +387,71 @@ def rollout(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = ()
                   metadata=_meta(metadata, actions=actions))
 
 
+def frames(frame_shape: tuple[int, ...] | int, actions: int | None = None, action_shape: tuple[int, ...] = (),
+           action_dtype: npt.DTypeLike = np.int64, *, frame_dtype: npt.DTypeLike = np.uint8,
+           reward_dtype: npt.DTypeLike = np.float32, codec: Any = None,
+           metadata: Mapping[str, Any] | None = None) -> Schema:
+    """Frame steps: one frame per record, stored once; samplers stack them at read time (``stack=``).
+
+    Record t of an episode holds the observation seen at step t (``frame``), the
+    action taken on it, the reward that followed and whether the step ended the
+    episode. An episode of T steps is T + 1 records: after the last step comes a
+    frame-only record holding the final observation (its action, reward and flags
+    are zero / False and are never sampled). Each episode starts with
+    ``reset=True`` (or its own stream). A sampler with ``stack=k`` draws only
+    records with a next record in the same episode, so the terminal step's
+    ``next_obs`` ends with the final observation (docs/SCHEMAS.md, "Frames").
+
+    Parameters
+    ----------
+    frame_shape : int or tuple of int
+        Shape of one frame (e.g. ``(84, 84)``).
+    actions : int, optional
+        Number of actions; for integer action dtypes, ids are checked against ``[0, actions)``.
+    action_shape : tuple of int, optional
+        Shape of one action (``()``: a scalar).
+    action_dtype : numpy dtype-like, optional
+        Dtype of actions (default int64).
+    frame_dtype : numpy dtype-like, optional
+        Dtype of frames (default uint8).
+    reward_dtype : numpy dtype-like, optional
+        Dtype of rewards (default float32).
+    codec : Any, optional
+        Compression of the frame field, passed to ``Dense(..., codec=)`` when given
+        (None: the field's default).
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"frames"``.
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, metadata that is not JSON-serialisable,
+        or a ``codec`` this build's fields do not take.
+    """
+    shape = (frame_shape,) if isinstance(frame_shape, int) else tuple(frame_shape)
+    extra: dict[str, Any] = {}
+    if codec is not None:
+        if "codec" not in {f.name for f in dataclasses.fields(Dense)}:
+            raise SchemaError(f"frames: codec={codec!r}: fields of this build take no codec")
+        extra["codec"] = codec
+    action_dt = np.dtype(action_dtype)
+    fields = [
+        Dense("frame", np.dtype(frame_dtype), shape, description="observation s_t (the final one on the "
+              "frame-only record closing an episode)", **extra),
+        Dense("action", action_dt, tuple(action_shape),
+              id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
+        Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}"),
+        Dense("terminated", BOOL, description="whether s_{t+1} is terminal"),
+        Dense("truncated", BOOL, description="whether the episode was truncated at this step"),
+    ]
+    return Schema("frames", fields, metadata=_meta(metadata, actions=actions))
+
+
 BUILTINS: dict[str, Callable[..., Schema]] = {
     "treestrap": treestrap,
     "dqn": dqn,
@@ -395,6 +462,7 @@ BUILTINS: dict[str, Callable[..., Schema]] = {
     "transitions": transitions,
     "episode": episode,
     "rollout": rollout,
+    "frames": frames,
 }
 
 EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
@@ -407,5 +475,6 @@ EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "transitions": {"obs_shape": (16,)},
     "episode": {"obs_shape": (16,)},
     "rollout": {"obs_shape": (16,)},
+    "frames": {"frame_shape": (84, 84), "actions": 6},
 }
 """Example sizes used by ``replaystore schemas`` to print each built-in."""
