@@ -276,7 +276,10 @@ class SequenceSampler(StoreSampler):
     store changes). With ``burn_in=0, length=1`` it is plain transition
     sampling. ``subset`` restricts the rows a window's first learning step may
     be. ``length`` and ``burn_in`` are overridable on resume (windows are then
-    rebuilt from the stream index).
+    rebuilt from the stream index). With ``stack=k`` every slot carries ``obs`` and
+    ``next_obs`` (``[batch, window, k, *frame]``) stacked within the slot's own
+    episode, the frame field is left out, and ``next_valid`` marks the slots whose
+    record has a next frame (elsewhere ``next_obs`` ends in zeros).
 
     Parameters
     ----------
@@ -392,4 +395,10 @@ class SequenceSampler(StoreSampler):
         }
         self.batches_drawn += 1
         keys = [w.index.keys[g] for g in gid.tolist()]
+        if self.stacker is not None:  # each slot's stacks; next_valid: the slot's record has a next frame
+            fi = self.stacker.index()
+            outputs["next_valid"] = real & fi.drawable(rows.reshape(-1)).reshape(rows.shape)
+            return Request(rows, outputs, sequence=True, stream_keys=keys,
+                           frames=fi.windows(rows, self.stacker.stack, self.stacker.padding),
+                           frame_field=self.stacker.field)
         return Request(rows, outputs, sequence=True, stream_keys=keys)

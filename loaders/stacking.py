@@ -91,14 +91,17 @@ class FrameIndex:
         return np.asarray(self.valid_rows[at] == rows)
 
     def windows(self, rows: np.ndarray, stack: int, padding: str) -> np.ndarray:
-        """Frame rows of each drawn row's ``obs`` + ``next_obs``: ``(B, stack + 1)``, -1 for zero slots.
+        """Frame rows of each row's ``obs`` + ``next_obs``: shape ``(*rows.shape, stack + 1)``, -1 for zero slots.
 
-        Cost: O(B * stack), vectorised.
+        Column j is frame ``t - stack + 1 + j`` of the row's step t, within its episode.
+        A row without a next frame (:meth:`drawable` false) gets -1 in its last
+        column; a row id -1 (a sequence's padding slot) gets -1 throughout. Cost:
+        O(rows * stack), vectorised.
 
         Parameters
         ----------
         rows : numpy.ndarray
-            Drawable row ids (see :meth:`drawable`).
+            Visible row ids, or -1.
         stack : int
             Frames per stack.
         padding : str
@@ -107,17 +110,22 @@ class FrameIndex:
         Returns
         -------
         numpy.ndarray
-            int64 row ids; column j is frame ``t - stack + 1 + j`` of the drawn step t.
+            int64 row ids.
         """
-        p = self.positions(rows)
+        flat = rows.reshape(-1)
+        real = flat >= 0
+        p = self.positions(np.where(real, flat, 0))
         w = p[:, None] + np.arange(1 - stack, 2, dtype=np.int64)[None, :]
         first = self.start[p][:, None]
         before = w < first
         np.maximum(w, first, out=w)
+        w[:, -1] = np.where(self.has_next[p], w[:, -1], p)  # (overwritten with -1 below)
         out = self.rows[w]
         if padding == "zero":
             out[before] = -1
-        return out
+        out[~self.has_next[p], -1] = -1
+        out[~real] = -1
+        return out.reshape((*rows.shape, stack + 1))
 
 
 class Stacker:
@@ -222,14 +230,29 @@ def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
     rows = np.asarray(request.rows, dtype=np.int64)
     field = request.frame_field
     others = [n for n in table.schema.record_names if n != field]
-    data = table.read(rows, columns=others) if others else {}
+    if request.sequence:  # padding slots (-1) read nothing and come out as zeros (dense fields)
+        real = rows >= 0
+        read = table.read(rows[real], columns=others) if others else {}
+        data = {}
+        for f in table.schema.dense_fields:
+            if f.name != field:
+                full = np.zeros((*rows.shape, *f.shape), dtype=f.dtype)
+                full[real] = read[f.name]
+                data[f.name] = full
+    else:
+        data = table.read(rows, columns=others) if others else {}
     w = request.frames
-    real = w >= 0
-    uniq, inv = np.unique(w[real], return_inverse=True)
+    got = w >= 0
+    uniq, inv = np.unique(w[got], return_inverse=True)
     f = table.read(uniq, columns=[field])[field]
-    if real.all():
+    if got.all():
         stacked = f[inv.reshape(w.shape)]
     else:
         stacked = np.zeros((*w.shape, *f.shape[1:]), dtype=f.dtype)
-        stacked[real] = f[inv]
-    return {**data, "obs": stacked[:, :-1], "next_obs": stacked[:, 1:], "indices": rows, **request.outputs}
+        stacked[got] = f[inv]
+    lead = (slice(None),) * (w.ndim - 1)  # batch (and window) axes; the stack axis follows
+    batch: dict[str, Any] = {**data, "obs": stacked[(*lead, slice(None, -1))],
+                             "next_obs": stacked[(*lead, slice(1, None))], "indices": rows, **request.outputs}
+    if request.stream_keys is not None:
+        batch["stream_keys"] = request.stream_keys
+    return batch

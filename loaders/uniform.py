@@ -93,6 +93,8 @@ class EpochSampler(StoreSampler):
     beyond 512k records it is made a cache-sized bucket at a time as the pass
     goes), so the resumable state is that seed, the pass's row intervals and a
     count, not the order. Rows evicted during a pass are dropped from its rest.
+    With ``stack=`` a pass is over the records with a next frame, and the state
+    holds the rest of the pass's order (cost: the pass's rows per save).
 
     Parameters
     ----------
@@ -153,6 +155,9 @@ class EpochSampler(StoreSampler):
 
     def _rows_of(self, iv: np.ndarray) -> PassRows:
         """The rows the sampler draws from among row-id intervals ``iv`` (as intervals without a subset)."""
+        if self.stacker is not None:  # only records with a next frame
+            return PassRows(ids=np.intersect1d(self.restrict(iv), self.stacker.index().valid_rows,
+                                               assume_unique=True))
         return PassRows(intervals=iv) if self.subset is None else PassRows(ids=self.restrict(iv))
 
     def _prune(self) -> None:
@@ -206,8 +211,8 @@ class EpochSampler(StoreSampler):
         assert self._order is not None
         rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
-        if self.stacker is not None:  # records without a next frame are left out of the minibatch
-            return self.stacker.request(rows[self.stacker.index().drawable(rows)])
+        if self.stacker is not None:
+            return self.stacker.request(rows)
         return Request(rows)
 
     def __iter__(self) -> Iterator[Request]:
@@ -243,7 +248,7 @@ class EpochSampler(StoreSampler):
         state = super().state_dict()
         state.update(epoch=self.epoch, drop_last=self.drop_last)
         order = self._order
-        if order is not None and order.seed is not None:
+        if order is not None and order.seed is not None and self.stacker is None:
             state.update(pass_seed=order.seed, pass_order=order.method, pass_rows=self._pass_rows,
                          pass_check=self._pass_check, taken=order.taken)
         elif order is not None:

@@ -1,0 +1,230 @@
+"""Frame stacking (``stack=``): every sampler against stacks built by hand from the raw frames, and resume."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replaystore.errors import ResumeMismatchError, SamplerParameterError
+from replaystore.loaders import (
+    EmptyStoreError,
+    EpochSampler,
+    PrioritizedSampler,
+    SequenceSampler,
+    UniformSampler,
+    gather,
+)
+from replaystore.schemas import frames
+from replaystore.store import Store, open_store
+
+FRAME = (2, 3)
+
+
+class Ref:
+    """The raw frames as appended: per row, its stream, episode, step in the episode and frame."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, np.ndarray] = {}
+        self.where: dict[int, tuple[int, int, int]] = {}  # row -> (stream, episode, t)
+        self.episodes: dict[tuple[int, int], list[int]] = {}  # (stream, episode) -> rows in step order
+        self.closed: set[tuple[int, int]] = set()  # episodes whose final frame-only record is stored
+
+    def drawable(self) -> set[int]:
+        """Rows followed by a record of their episode."""
+        return {rows[t] for rows in self.episodes.values() for t in range(len(rows) - 1)}
+
+    def stacks(self, row: int, k: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+        """``obs`` and ``next_obs`` of ``row``, by hand."""
+        s, e, t = self.where[row]
+        rows = self.episodes[(s, e)]
+
+        def frame_at(i: int) -> np.ndarray:
+            if i < 0:
+                return self.frames[rows[0]] if padding == "reset" else np.zeros(FRAME, np.int32)
+            return self.frames[rows[i]]
+
+        obs = np.stack([frame_at(t - k + 1 + j) for j in range(k)])
+        nxt = np.stack([frame_at(t - k + 2 + j) for j in range(k)]) if t + 1 < len(rows) else None
+        return obs, nxt
+
+
+def fill(store: Store, plan: list[tuple[int, int, bool]], seed: int) -> Ref:
+    """Append episodes ``(stream, steps, closed)`` in plan order; closed ones end with a frame-only record."""
+    rng = np.random.default_rng(seed)
+    ref = Ref()
+    n_eps: dict[int, int] = {}
+    row = 0
+    with store.writer() as w:
+        for stream, steps, closed in plan:
+            n = steps + 1 if closed else steps
+            data = rng.integers(1, 1 << 30, size=(n, *FRAME)).astype(np.int32)
+            term = np.zeros(n, bool)
+            if closed:
+                term[steps - 1] = True
+            w.append({"frame": data, "action": rng.integers(0, 4, n), "reward": rng.random(n).astype(np.float32),
+                      "terminated": term, "truncated": np.zeros(n, bool)}, stream=stream, reset=True)
+            e = n_eps.get(stream, 0)
+            n_eps[stream] = e + 1
+            ref.episodes[(stream, e)] = list(range(row, row + n))
+            for t in range(n):
+                ref.frames[row + t] = data[t]
+                ref.where[row + t] = (stream, e, t)
+            if closed:
+                ref.closed.add((stream, e))
+            row += n
+        w.commit()
+    return ref
+
+
+def check(batch: dict[str, Any], ref: Ref, k: int, padding: str) -> None:
+    """Every drawn row is drawable and its stacks equal the hand-built ones."""
+    drawable = ref.drawable()
+    for i, row in enumerate(batch["indices"].tolist()):
+        assert row in drawable
+        obs, nxt = ref.stacks(row, k, padding)
+        np.testing.assert_array_equal(batch["obs"][i].numpy(), obs)
+        np.testing.assert_array_equal(batch["next_obs"][i].numpy(), nxt)
+
+
+plans = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 9), st.booleans()), min_size=1, max_size=7)
+
+SAMPLERS: dict[str, Callable[..., Any]] = {
+    "uniform": lambda s, **kw: UniformSampler(s, batch_size=16, **kw),
+    "prioritized": lambda s, **kw: PrioritizedSampler(s, batch_size=16, alpha=0.7, **kw),
+    "epoch": lambda s, **kw: EpochSampler(s, batch_size=16, **kw),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=plans, k=st.integers(1, 5), padding=st.sampled_from(["reset", "zero"]), seed=st.integers(0, 99))
+def test_stacks_match_hand_built_reference(kind: str, plan: list[tuple[int, int, bool]], k: int, padding: str,
+                                           seed: int) -> None:
+    store = open_store(f"memory://stacking/{kind}-{seed}-{k}-{len(plan)}-{id(plan)}", frames(FRAME, 4,
+                       frame_dtype=np.int32), mode="w+")
+    ref = fill(store, plan, seed)
+    sampler = SAMPLERS[kind](store, seed=seed, stack=k, stack_padding=padding)
+    if not ref.drawable():
+        with pytest.raises(EmptyStoreError):
+            sampler.sample()
+        return
+    seen: list[int] = []
+    for _ in range(4):
+        batch = gather(store.default, sampler.sample())
+        check(batch, ref, k, padding)
+        seen += batch["indices"].tolist()
+        if kind == "prioritized":
+            assert batch["weights"].shape == (len(batch["indices"]),)
+            sampler.update(batch["indices"], np.abs(batch["reward"].numpy()) + 0.1)
+    if kind == "epoch":  # a pass covers the drawable rows exactly once
+        sampler = EpochSampler(store, batch_size=16, seed=seed, stack=k, stack_padding=padding)
+        one_pass = [r for req in sampler for r in req.rows.tolist()]
+        assert sorted(one_pass) == sorted(ref.drawable())
+
+
+@settings(max_examples=25, deadline=None)
+@given(plan=plans, k=st.integers(1, 4), padding=st.sampled_from(["reset", "zero"]), seed=st.integers(0, 99),
+       length=st.integers(1, 4), burn_in=st.integers(0, 2))
+def test_sequence_stacks_match_reference(plan: list[tuple[int, int, bool]], k: int, padding: str, seed: int,
+                                         length: int, burn_in: int) -> None:
+    store = open_store(f"memory://stacking/seq-{seed}-{id(plan)}", frames(FRAME, 4, frame_dtype=np.int32),
+                       mode="w+")
+    ref = fill(store, plan, seed)
+    sampler = SequenceSampler(store, length=length, burn_in=burn_in, batch_size=8, seed=seed, stack=k,
+                              stack_padding=padding)
+    try:
+        req = sampler.sample()
+    except EmptyStoreError:
+        return
+    batch = gather(store.default, req)
+    rows = batch["indices"].numpy()
+    assert batch["obs"].shape == (*rows.shape, k, *FRAME)
+    assert "frame" not in batch
+    drawable = ref.drawable()
+    for (b, j), row in np.ndenumerate(rows):
+        if row < 0:
+            assert not batch["obs"][b, j].any() and not batch["next_valid"][b, j]
+            continue
+        obs, nxt = ref.stacks(int(row), k, padding)
+        np.testing.assert_array_equal(batch["obs"][b, j].numpy(), obs)
+        assert bool(batch["next_valid"][b, j]) == (int(row) in drawable)
+        if nxt is not None:
+            np.testing.assert_array_equal(batch["next_obs"][b, j].numpy(), nxt)
+        else:
+            assert not batch["next_obs"][b, j, -1].any()
+
+
+def test_terminal_step_next_obs_is_the_final_frame() -> None:
+    store = open_store("memory://stacking/final", frames(FRAME, 4, frame_dtype=np.int32), mode="w+")
+    ref = fill(store, [(0, 3, True)], 0)  # rows 0 1 2 are steps, row 3 the final frame
+    batch = gather(store.default, EpochSampler(store, batch_size=8, stack=2).sample())
+    assert sorted(batch["indices"].tolist()) == [0, 1, 2]
+    last = batch["indices"].tolist().index(2)
+    assert bool(batch["terminated"][last])
+    np.testing.assert_array_equal(batch["next_obs"][last, -1].numpy(), ref.frames[3])
+
+
+def test_new_step_becomes_drawable_after_refresh(new_url: Callable[[], str]) -> None:
+    url = new_url()
+    store = open_store(url, frames(FRAME, 4, frame_dtype=np.int32), mode="w+")
+    one = {"frame": np.ones((1, *FRAME), np.int32), "action": np.zeros(1, np.int64),
+           "reward": np.zeros(1, np.float32), "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
+    with store.writer() as w:
+        w.append(one, reset=True)
+        w.commit()
+    samplers = [UniformSampler(store, batch_size=4, stack=2), PrioritizedSampler(store, batch_size=4, stack=2)]
+    for s in samplers:
+        with pytest.raises(EmptyStoreError):
+            s.sample()
+    with store.writer() as w:
+        w.append({**one, "frame": np.full((1, *FRAME), 2, np.int32)})
+        w.commit()
+    store.refresh()
+    for s in samplers:
+        batch = gather(store.default, s.sample())
+        assert batch["indices"].tolist() == [0, 0, 0, 0]
+        assert batch["next_obs"][:, -1].eq(2).all()
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+def test_resume_with_stack_is_exact(kind: str, new_url: Callable[[], str]) -> None:
+    url = new_url()
+    store = open_store(url, frames(FRAME, 4, frame_dtype=np.int32), mode="w+")
+    fill(store, [(0, 20, True), (1, 7, True), (0, 30, False), (1, 12, True)], 5)
+    a = SAMPLERS[kind](store, seed=3, stack=4, name="s")
+    for _ in range(3):
+        req = a.sample()
+        if kind == "prioritized":
+            a.update(req.rows, np.arange(len(req.rows)) + 1.0)
+    a.save()
+    after = [a.sample() for _ in range(3)]
+    b = SAMPLERS[kind](open_store(url), seed=3, stack=4, name="s", resume=True)
+    for want in after:
+        got = b.sample()
+        np.testing.assert_array_equal(got.rows, want.rows)
+        np.testing.assert_array_equal(got.frames, want.frames)
+        for key in want.outputs:
+            np.testing.assert_array_equal(got.outputs[key], want.outputs[key])
+    with pytest.raises(ResumeMismatchError):
+        SAMPLERS[kind](open_store(url), seed=3, stack=2, name="s", resume=True)
+
+
+def test_bad_stack_arguments() -> None:
+    store = open_store("memory://stacking/bad", frames(FRAME, 4), mode="w+")
+    for kwargs, name in (({"stack": 0}, "stack"), ({"stack": True}, "stack"),
+                         ({"stack": 2, "stack_padding": "zeros!"}, "stack_padding"),
+                         ({"stack": 2, "stack_field": "obs"}, "stack_field")):
+        with pytest.raises(SamplerParameterError) as err:
+            UniformSampler(store, batch_size=2, **kwargs)
+        assert err.value.field == name
+
+
+def test_frames_schema() -> None:
+    schema = frames((84, 84), 6)
+    assert schema.names == ("frame", "action", "reward", "terminated", "truncated")
+    assert schema.field("frame").dtype == np.uint8 and schema.field("frame").shape == (84, 84)
