@@ -293,7 +293,7 @@ class StoreSampler(Sampler[Request]):
         dict of str to Any
             Name to value; the base class has ``batch_size`` and ``seed``.
         """
-        hp = {"batch_size": self.batch_size, "seed": self.seed}
+        hp: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed}
         if self.stacker is not None:
             hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
         return hp

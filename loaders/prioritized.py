@@ -157,8 +157,9 @@ class PrioritizedSampler(StoreSampler):
             self._mask()
 
     def _mask(self) -> None:
-        """With ``stack=``: rows without a next frame get no mass; rows that gained one enter at the
-        running maximum (cost: nothing unless the stream index changed, then the episode ends).
+        """With ``stack=``: rows without a next frame get no mass; rows that gained one enter at the maximum.
+
+        Cost: nothing unless the stream index changed, then the episode ends.
         """
         assert self.stacker is not None
         fi = self.stacker.index()

@@ -234,11 +234,11 @@ def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
         real = rows >= 0
         read = table.read(rows[real], columns=others) if others else {}
         data = {}
-        for f in table.schema.dense_fields:
-            if f.name != field:
-                full = np.zeros((*rows.shape, *f.shape), dtype=f.dtype)
-                full[real] = read[f.name]
-                data[f.name] = full
+        for spec in table.schema.dense_fields:
+            if spec.name != field:
+                full = np.zeros((*rows.shape, *spec.shape), dtype=spec.dtype)
+                full[real] = read[spec.name]
+                data[spec.name] = full
     else:
         data = table.read(rows, columns=others) if others else {}
     w = request.frames

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from replaystore.schemas.fields import BatchMeta, Dense, Ragged
 from replaystore.errors import SchemaError
+from replaystore.schemas.fields import BatchMeta, Dense, Ragged
 from replaystore.schemas.schema import Schema
 
 F32 = np.dtype(np.float32)
