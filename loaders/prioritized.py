@@ -217,9 +217,9 @@ class PrioritizedSampler(StoreSampler):
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.
 
-        Rows evicted since they were sampled are ignored. Priorities are made
-        non-negative (absolute value) and offset by ``eps`` so no record starves.
-        Cost: O(n log N) for n rows.
+        Rows evicted since they were sampled (and, with ``stack=``, rows without a next
+        frame) are ignored. Priorities are made non-negative (absolute value) and offset
+        by ``eps`` so no record starves. Cost: O(n log N) for n rows.
 
         Parameters
         ----------
@@ -248,6 +248,8 @@ class PrioritizedSampler(StoreSampler):
         values = leaf_values(prios, self.alpha)
         self._sync()
         slots, found = self.slots.lookup(rows)
+        if len(self._masked):  # with stack=: rows without a next frame keep no mass
+            found &= ~np.isin(rows, self._masked)
         if not found.all():  # rows evicted since they were sampled
             if not found.any():
                 return

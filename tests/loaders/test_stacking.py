@@ -228,3 +228,14 @@ def test_frames_schema() -> None:
     schema = frames((84, 84), 6)
     assert schema.names == ("frame", "action", "reward", "terminated", "truncated")
     assert schema.field("frame").dtype == np.uint8 and schema.field("frame").shape == (84, 84)
+
+
+def test_prioritized_never_draws_a_row_without_next_frame_even_after_update() -> None:
+    store = open_store("memory://stacking/prio-mask", frames(FRAME, 4, frame_dtype=np.int32), mode="w+")
+    ref = fill(store, [(0, 3, True), (0, 2, True)], 1)  # rows 3 and 6 are final frames
+    sampler = PrioritizedSampler(store, batch_size=64, alpha=1.0, stack=2, seed=0)
+    sampler.update(np.array([3, 6, 0]), np.array([1e6, 1e6, 1.0]))  # 3 and 6 are ignored
+    slots, found = sampler.slots.lookup(np.array([3, 6]))
+    assert found.all() and not sampler.tree.leaves()[slots].any()
+    for _ in range(5):
+        assert set(sampler.sample().rows.tolist()) <= ref.drawable()
