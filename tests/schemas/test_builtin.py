@@ -122,6 +122,14 @@ EXPECTED: dict[str, list[tuple[str, str, Any, Any, int | None]]] = {
         ("terminated", "dense", BOOL, (), None),
         ("truncated", "dense", BOOL, (), None),
     ],
+    # one frame per record (frame_shape=(84, 84), actions=6)
+    "frames": [
+        ("frame", "dense", np.dtype(np.uint8), (84, 84), None),
+        ("action", "dense", I64, (), 6),
+        ("reward", "dense", F32, (), None),
+        ("terminated", "dense", BOOL, (), None),
+        ("truncated", "dense", BOOL, (), None),
+    ],
 }
 EXPECTED["rollout"] = EXPECTED["episode"]
 
@@ -137,9 +145,9 @@ def example(name: str, **overrides: Any) -> Schema:
     return BUILTINS[name](**{**EXAMPLE_ARGS[name], **overrides})
 
 
-def test_there_are_nine_builtins_with_example_sizes() -> None:
+def test_there_are_ten_builtins_with_example_sizes() -> None:
     assert sorted(BUILTINS) == sorted(EXPECTED) == sorted(EXAMPLE_ARGS)
-    assert len(BUILTINS) == 9
+    assert len(BUILTINS) == 10
     for name, factory in BUILTINS.items():
         assert factory(**EXAMPLE_ARGS[name]).name == name
 

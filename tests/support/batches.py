@@ -265,5 +265,8 @@ BATCHES = {
     "deep_cfr_strategy": lambda rng, n: {k: v for k, v in vars(deep_cfr_batch(rng, 1, n)).items()
                                          if k.startswith("strategy_") or k == "telemetry"},
     "transitions": lambda rng, n: transitions_batch(rng, n, obs_dim=16, actions=9),
+    "frames": lambda rng, n: {"frame": rng.integers(0, 256, (n, 84, 84), dtype=np.uint8),
+                              "action": rng.integers(0, 6, n), "reward": rng.random(n, dtype=np.float32),
+                              "terminated": rng.random(n) < 0.1, "truncated": np.zeros(n, bool)},
 }
 """Factory per built-in schema (built with ``EXAMPLE_ARGS`` sizes), taking ``(rng, records)``."""
