@@ -26,8 +26,8 @@ PADDINGS = ("reset", "zero")
 class FrameIndex:
     """Per visible row: its stream-index position, its episode's first position, and whether it has a next frame.
 
-    Built from a :class:`StreamIndex`'s dense views (cost: a sort of the visible row
-    ids, once per index change).
+    Built from a :class:`StreamIndex`'s dense views (cost: a stable sort of the visible
+    row ids, linear when they are in stream order already; once per index change).
 
     Parameters
     ----------
@@ -51,9 +51,10 @@ class FrameIndex:
         self.has_next[:-1] = ~brk[1:]
         self._sorted_order = np.argsort(rows, kind="stable")
         self._sorted_rows = rows[self._sorted_order]
-        self.valid_rows = np.sort(rows[self.has_next])
+        drawable = self.has_next[self._sorted_order]
+        self.valid_rows = self._sorted_rows[drawable]
         """Ascending row ids that have a next frame in their episode (the drawable ones)."""
-        self.invalid_rows = np.sort(rows[~self.has_next])
+        self.invalid_rows = self._sorted_rows[~drawable]
         """Ascending visible row ids without one (episode ends, frame-only records)."""
 
     def positions(self, rows: np.ndarray) -> np.ndarray:

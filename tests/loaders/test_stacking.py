@@ -239,3 +239,17 @@ def test_prioritized_never_draws_a_row_without_next_frame_even_after_update() ->
     assert found.all() and not sampler.tree.leaves()[slots].any()
     for _ in range(5):
         assert set(sampler.sample().rows.tolist()) <= ref.drawable()
+
+
+def test_stacked_minibatches_through_dataloader_workers(new_url: Callable[[], str]) -> None:
+    from replaystore.loaders import make_loader
+
+    url = new_url()
+    store = open_store(url, frames(FRAME, 4, frame_dtype=np.int32), mode="w+")
+    ref = fill(store, [(0, 6, True), (1, 4, True), (0, 9, False)], 2)
+    loader = make_loader(store, UniformSampler(store, batch_size=8, stack=3, stack_padding="zero", seed=4,
+                                               num_batches=4), num_workers=2, multiprocessing_context="fork")
+    batches = list(loader)
+    assert len(batches) == 4
+    for batch in batches:
+        check(batch, ref, 3, "zero")
