@@ -9,6 +9,7 @@ import numpy as np
 
 from replaystore.errors import SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.her import HER, attach_her, her_outputs
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
@@ -107,6 +108,9 @@ class PrioritizedSampler(StoreSampler):
         Seed of the sampler's RNG.
     eps : float, optional
         Added to ``|priority|`` so no record starves; finite and >= 0.
+    her : HER, optional
+        Hindsight relabelling of the drawn records (loaders/her.py); priorities
+        stay per record.
     **kwargs
         :class:`StoreSampler`'s keyword arguments.
 
@@ -123,7 +127,8 @@ class PrioritizedSampler(StoreSampler):
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
-                 eps: float = 1e-6, **kwargs: Any) -> None:
+                 eps: float = 1e-6, her: HER | None = None, **kwargs: Any) -> None:
+        self.her = attach_her(her)
         self.alpha = _real("alpha", alpha)
         self.beta = _real("beta", beta)
         self.eps = _real("eps", eps)
@@ -131,6 +136,8 @@ class PrioritizedSampler(StoreSampler):
         self.slots = RowSlots()
         self.tree = SumTree(1024)
         super().__init__(store, batch_size, seed, **kwargs)
+        if her is not None:
+            her.check(self.table)
 
     def _sync(self) -> None:
         """Follow the table: new rows enter at the running maximum, rows no longer visible drop out.
@@ -185,7 +192,7 @@ class PrioritizedSampler(StoreSampler):
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
         self.batches_drawn += 1
-        return Request(rows, {"weights": weights.astype(np.float32)})
+        return Request(rows, {"weights": weights.astype(np.float32), **her_outputs(self, rows)})
 
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.

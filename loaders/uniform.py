@@ -9,6 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.her import HER, attach_her, her_outputs
 from replaystore.loaders.passorder import METHODS, PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
@@ -17,8 +18,10 @@ class UniformSampler(StoreSampler):
     """``batch_size`` visible records drawn uniformly with replacement, every minibatch.
 
     Sees records committed by other writers once the store was ``refresh()``-ed.
-    Takes :class:`StoreSampler`'s parameters. Cost per minibatch: O(batch_size)
-    (plus a binary search per draw with a subset).
+    Takes :class:`StoreSampler`'s parameters, and ``her``: a
+    :class:`~replaystore.loaders.HER` relabelling the drawn goal-conditioned
+    records. Cost per minibatch: O(batch_size) (plus a binary search per draw
+    with a subset).
 
     Examples
     --------
@@ -38,6 +41,12 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
+
+    def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
+        self.her = attach_her(her)
+        super().__init__(store, batch_size, seed, **kwargs)
+        if her is not None:
+            her.check(self.table)
 
     def sample(self) -> Request:
         """Draw ``batch_size`` candidate rows uniformly with replacement.
@@ -63,7 +72,7 @@ class UniformSampler(StoreSampler):
         np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
         rows = self.candidate_rows(picks)
         self.batches_drawn += 1
-        return Request(rows)
+        return Request(rows, her_outputs(self, rows))
 
 
 class EpochSampler(StoreSampler):
