@@ -10,57 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from support.goalenv import BitFlip, bit_reward, distance_reward
 
 from replaystore.errors import ResumeMismatchError, SamplerParameterError, StoreError
 from replaystore.loaders import HER, GoalFields, PrioritizedSampler, UniformSampler, make_loader
 from replaystore.loaders.dataset import gather_arrays
 from replaystore.loaders.her import episode_bounds
 from replaystore.schemas import goal_transitions, transitions
-from replaystore.store import Store, open_store
+from replaystore.store import open_store
+from support.goalenv import BitFlip, bit_reward, distance_reward, episode_records, goal_store
 
 FIELDS = ("observation", "achieved_goal", "desired_goal", "action", "reward", "next_observation",
           "next_achieved_goal", "next_desired_goal", "terminated", "truncated")
-
-
-def episode_records(stream: int, first_step: int, length: int, end: str) -> dict[str, np.ndarray]:
-    """``length`` steps whose goals name themselves: next_achieved_goal = (stream, step), desired = (-1, -1).
-
-    ``end``: "terminated", "truncated" or "open" (no end flag: the stream's visible, unfinished part).
-    """
-    steps = np.arange(first_step, first_step + length)
-    achieved = np.stack([np.full(length, stream), steps - 0.5], axis=1).astype(np.float32)
-    next_achieved = np.stack([np.full(length, stream), steps], axis=1).astype(np.float32)
-    desired = np.full((length, 2), -1, np.float32)
-    term = np.zeros(length, bool)
-    trunc = np.zeros(length, bool)
-    if end == "terminated":
-        term[-1] = True
-    elif end == "truncated":
-        trunc[-1] = True
-    return {"observation": np.zeros((length, 3), np.float32), "achieved_goal": achieved, "desired_goal": desired,
-            "action": np.zeros(length, np.int64), "reward": np.full(length, 7.0, np.float32),
-            "next_observation": np.zeros((length, 3), np.float32), "next_achieved_goal": next_achieved,
-            "next_desired_goal": desired.copy(), "terminated": term, "truncated": trunc}
-
-
-def goal_store(url: str, seed: int = 0) -> tuple[Store, list[dict[str, Any]]]:
-    """Three streams of random episodes, the last of each left open; returns the store and the episodes."""
-    rng = np.random.default_rng(seed)
-    st = open_store(url, goal_transitions(3, 2), mode="w+")
-    episodes: list[dict[str, Any]] = []
-    with st.writer() as w:
-        for stream in range(3):
-            step = 0
-            count = int(rng.integers(3, 7))
-            for i in range(count):
-                length = int(rng.integers(1, 12))
-                end = "open" if i == count - 1 else ("terminated" if rng.random() < 0.5 else "truncated")
-                w.append(episode_records(stream, step, length, end), stream=stream, reset=True)
-                episodes.append({"stream": stream, "first": step, "last": step + length - 1, "complete": end != "open"})
-                step += length
-        w.commit()
-    return st, episodes
 
 
 def episode_of(episodes: list[dict[str, Any]], stream: int, step: int) -> dict[str, Any]:
@@ -212,9 +172,9 @@ def test_resume_continues_the_relabelling_exactly(new_url: Callable[[], str]) ->
                        resume=True)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork"])
 def test_workers_relabel_like_the_main_process(new_url: Callable[[], str], context: str) -> None:
-    """make_loader relabels in the workers (compute_reward pickled for spawn): same minibatches as in-process."""
+    """make_loader relabels in the workers: same minibatches as in-process (spawn: tests/loaders/test_transform.py)."""
     st, _ = goal_store(new_url(), seed=8)
 
     def loader(workers: int) -> list[dict[str, Any]]:
@@ -253,9 +213,9 @@ def test_matches_sb3_her_replay_buffer_semantics(new_url: Callable[[], str]) -> 
     """On the same complete episodes, SB3's HerReplayBuffer (future, k=4) and HER agree on the relabelled
     fraction, the goals' offsets (uniform over [t, T-1]: mean (T-1-t)/2), and the rewards."""
     her_buffer = pytest.importorskip("stable_baselines3.her.her_replay_buffer")
-    from support.goalenv import sb3_goal_env
-
     from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from support.goalenv import sb3_goal_env
 
     length, episodes_n = 10, 40
     env = DummyVecEnv([lambda: sb3_goal_env(2)])
@@ -270,8 +230,8 @@ def test_matches_sb3_her_replay_buffer_semantics(new_url: Callable[[], str]) -> 
             for t in range(length):
                 obs = {"observation": np.zeros((1, 2), np.float32), "achieved_goal": rec["achieved_goal"][t:t + 1],
                        "desired_goal": rec["desired_goal"][t:t + 1]}
-                nxt = {"observation": np.zeros((1, 2), np.float32),
-                       "achieved_goal": rec["next_achieved_goal"][t:t + 1], "desired_goal": rec["desired_goal"][t:t + 1]}
+                nxt = {"observation": np.zeros((1, 2), np.float32), "achieved_goal": rec["next_achieved_goal"][t:t + 1],
+                       "desired_goal": rec["desired_goal"][t:t + 1]}
                 buf.add(obs, nxt, np.zeros((1, 1)), rec["reward"][t:t + 1], np.array([t == length - 1]),
                         [{"TimeLimit.truncated": t == length - 1}])
         w.commit()

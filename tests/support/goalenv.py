@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.schemas import goal_transitions
+from replaystore.store import Store, open_store
+
 
 def bit_reward(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
     """Bit flipping's sparse reward, vectorised: 0 where every bit matches, else -1."""
@@ -93,3 +96,43 @@ def sb3_goal_env(dim: int, obs_dim: int | None = None) -> Any:
             return self.observation_space.sample(), 0.0, False, False, {}
 
     return GoalEnv()
+
+
+def episode_records(stream: int, first_step: int, length: int, end: str) -> dict[str, np.ndarray]:
+    """``length`` steps whose goals name themselves: next_achieved_goal = (stream, step), desired = (-1, -1).
+
+    ``end``: "terminated", "truncated" or "open" (no end flag: the stream's visible, unfinished part).
+    """
+    steps = np.arange(first_step, first_step + length)
+    achieved = np.stack([np.full(length, stream), steps - 0.5], axis=1).astype(np.float32)
+    next_achieved = np.stack([np.full(length, stream), steps], axis=1).astype(np.float32)
+    desired = np.full((length, 2), -1, np.float32)
+    term = np.zeros(length, bool)
+    trunc = np.zeros(length, bool)
+    if end == "terminated":
+        term[-1] = True
+    elif end == "truncated":
+        trunc[-1] = True
+    return {"observation": np.zeros((length, 3), np.float32), "achieved_goal": achieved, "desired_goal": desired,
+            "action": np.zeros(length, np.int64), "reward": np.full(length, 7.0, np.float32),
+            "next_observation": np.zeros((length, 3), np.float32), "next_achieved_goal": next_achieved,
+            "next_desired_goal": desired.copy(), "terminated": term, "truncated": trunc}
+
+
+def goal_store(url: str, seed: int = 0) -> tuple[Store, list[dict[str, Any]]]:
+    """Three streams of random episodes, the last of each left open; returns the store and the episodes."""
+    rng = np.random.default_rng(seed)
+    st = open_store(url, goal_transitions(3, 2), mode="w+")
+    episodes: list[dict[str, Any]] = []
+    with st.writer() as w:
+        for stream in range(3):
+            step = 0
+            count = int(rng.integers(3, 7))
+            for i in range(count):
+                length = int(rng.integers(1, 12))
+                end = "open" if i == count - 1 else ("terminated" if rng.random() < 0.5 else "truncated")
+                w.append(episode_records(stream, step, length, end), stream=stream, reset=True)
+                episodes.append({"stream": stream, "first": step, "last": step + length - 1, "complete": end != "open"})
+                step += length
+        w.commit()
+    return st, episodes
