@@ -315,6 +315,7 @@ def train_bitflip(n: int, use_her: bool, seed: int = 0, cycles: int = 30, episod
     return float(np.mean(successes[-80:]))
 
 
+@pytest.mark.slow
 def test_bit_flipping_is_learnt_with_her_and_not_without() -> None:
     """The HER paper's bit flipping (10 bits, reward only at the goal): in 480 episodes DQN learns it with HER
     (future, k=4) and does not without it."""
