@@ -18,10 +18,28 @@ class UniformSampler(StoreSampler):
     """``batch_size`` visible records drawn uniformly with replacement, every minibatch.
 
     Sees records committed by other writers once the store was ``refresh()``-ed.
-    Takes :class:`StoreSampler`'s parameters, and ``her``: a
-    :class:`~replaystore.loaders.HER` relabelling the drawn goal-conditioned
-    records. Cost per minibatch: O(batch_size) (plus a binary search per draw
-    with a subset).
+    Cost per minibatch: O(batch_size) (plus a binary search per draw with a
+    subset; with ``her``, :meth:`HER.goal_rows`).
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    batch_size : int
+        Records per minibatch.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    her : HER, optional
+        Hindsight relabelling of the drawn goal-conditioned records (loaders/her.py).
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    SamplerParameterError
+        See :class:`StoreSampler`; ``her`` is not a :class:`HER`.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
 
     Examples
     --------
