@@ -65,7 +65,8 @@ class GoalFields:
 class _Episodes:
     """Per position of the stream index's dense arrays: its episode's bounds and completeness."""
 
-    key: tuple[int, int]
+    index: Any  # the StreamIndex these arrays were built from, and its version then
+    version: int
     order: np.ndarray  # positions sorted by row id
     sorted_rows: np.ndarray
     rows: np.ndarray
@@ -214,9 +215,9 @@ class HER:
     def _index(self, table: Table) -> _Episodes:
         """The episode arrays of the table's current stream index (rebuilt when it changed; cost O(records))."""
         index = table.stream_index()
-        key = (id(index), index.version)
-        if self._episodes is not None and self._episodes.key == key:
-            return self._episodes
+        ep = self._episodes
+        if ep is not None and ep.index is index and ep.version == index.version:
+            return ep
         rows = index.rows
         f = self.fields
         cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
@@ -226,7 +227,7 @@ class HER:
             ends |= np.asarray(flags[f.truncated], dtype=bool)
         lo, hi, complete = episode_bounds(index.stream_ids, index.steps, index.resets, ends)
         order = np.argsort(rows, kind="stable")
-        self._episodes = _Episodes(key, order, rows[order], rows.copy(), lo, hi, complete)
+        self._episodes = _Episodes(index, index.version, order, rows[order], rows.copy(), lo, hi, complete)
         return self._episodes
 
     def goal_rows(self, table: Table, rows: np.ndarray) -> np.ndarray:

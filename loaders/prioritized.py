@@ -118,7 +118,9 @@ class PrioritizedSampler(StoreSampler):
     ------
     SamplerParameterError
         ``alpha``, ``beta`` or ``eps`` is not a finite number >= 0, or a base
-        parameter is bad (see :class:`StoreSampler`).
+        parameter is bad (see :class:`StoreSampler`), or ``her`` is not a HER.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
     ResumeMismatchError
         With ``resume=True``: see :meth:`StoreSampler.restore`.
     """
