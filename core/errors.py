@@ -414,3 +414,23 @@ class RecordingError(StoreError):
     """A recording wrapper was used out of order (a step before a reset, a step after the episode
     ended or after a failed step), or the vector environment does not say its autoreset mode.
     """
+
+
+class TransformError(StoreError):
+    """A loader ``transform`` cannot be used or failed.
+
+    Raised by ``make_loader`` in the main process, before any worker starts, when
+    ``transform`` is not callable or cannot be pickled for ``spawn`` /
+    ``forkserver`` workers; and raised (in a worker: re-raised by torch in the main
+    process) when ``transform`` itself raised: the message then holds the
+    original exception's traceback text, and ``__cause__`` the exception where it
+    ran in-process.
+    """
+
+
+class LoaderArgumentError(StoreError, TypeError):
+    """A DataLoader argument ``make_loader`` sets itself was given (``collate_fn``, ``batch_sampler``...).
+
+    The message names the argument and what to use instead (``transform=`` for
+    a function applied to each minibatch). It is also a ``TypeError``.
+    """

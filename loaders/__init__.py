@@ -4,6 +4,7 @@ from replaystore.loaders.base import EmptyStoreError, Request, StoreSampler
 from replaystore.loaders.buffer import ReplayBuffer
 from replaystore.loaders.dataset import StoreDataset, StoreLoader, WorkerBatch, gather, make_loader
 from replaystore.loaders.episodes import iter_episodes
+from replaystore.loaders.her import HER, GoalFields
 from replaystore.loaders.masks import legal_mask
 from replaystore.loaders.prioritized import PrioritizedSampler
 from replaystore.loaders.reservoir import ReservoirSampler
@@ -13,6 +14,8 @@ from replaystore.loaders.uniform import EpochSampler, UniformSampler
 __all__ = [
     "EmptyStoreError",
     "EpochSampler",
+    "GoalFields",
+    "HER",
     "PrioritizedSampler",
     "ReplayBuffer",
     "Request",

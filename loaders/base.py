@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.loaders.her import HER
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
@@ -116,6 +117,8 @@ class StoreSampler(Sampler[Request]):
     kind = "sampler"
     overridable: frozenset[str] = frozenset({"batch_size", "seed"})
     """The hyperparameters ``restore(override=True)`` lets the given values replace."""
+    her: HER | None = None
+    """Hindsight relabelling (set by the samplers that take ``her=``; loaders/her.py)."""
 
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
@@ -296,6 +299,8 @@ class StoreSampler(Sampler[Request]):
         hp: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed}
         if self.stacker is not None:
             hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
+        if self.her is not None:
+            hp["her"] = self.her.hyperparameters()
         return hp
 
     def state_dict(self) -> dict[str, Any]:
@@ -307,8 +312,11 @@ class StoreSampler(Sampler[Request]):
             RNG state, counters, sampler data (numpy arrays for the large parts), and
             the :meth:`hyperparameters` it was drawn with.
         """
-        return {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
-                "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
+        state = {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
+                 "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
+        if self.her is not None:
+            state["her"] = self.her.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (RNG state and counters).
@@ -327,6 +335,8 @@ class StoreSampler(Sampler[Request]):
             raise StoreError(f"state of a {state.get('kind')!r} sampler cannot load into a {self.kind!r} sampler")
         self.rng.bit_generator.state = state["rng"]
         self.batches_drawn = int(state["batches_drawn"])
+        if self.her is not None and "her" in state:
+            self.her.load_state_dict(state["her"])
 
     def save(self) -> int:
         """Persist :meth:`state_dict` into the store's state slot ``name``.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,9 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.her import HER
 from replaystore.loaders.stacking import gather_stacked
+from replaystore.loaders.transform import apply_transform, check_loader_args
 from replaystore.schemas import Schema
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
@@ -199,10 +201,18 @@ class StoreDataset(Dataset):
         Passed to the storage backend when opening.
     cache : ChunkCache or bool, optional
         ``open_store``'s ``cache``: the opener's, so workers share its directory.
+    transform : callable, optional
+        ``fn(batch of numpy arrays) -> batch``, applied after gathering (and
+        after ``her``), before tensors are made.
+    her : HER, optional
+        The sampler's hindsight relabelling, applied to each gathered minibatch.
     """
 
     def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None,
-                 cache: ChunkCache | bool | None = None) -> None:
+                 cache: ChunkCache | bool | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
+                 her: HER | None = None) -> None:
+        self.transform = transform
+        self.her = her
         self.url = url
         self.table_name = table
         self.storage_options = storage_options or {}
@@ -241,15 +251,21 @@ class StoreDataset(Dataset):
         """
         table = self._table()
         try:
-            batch = gather_arrays(table, request)
+            batch = self._gather(table, request)
         except (RowError, StaleReadError):  # this process's view lags the sampler's: catch up once
             assert self._store is not None
             self._store.refresh()
             try:
-                batch = gather_arrays(table, request)
+                batch = self._gather(table, request)
             except RowError as exc:
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
+        if self.transform is not None:
+            batch = apply_transform(self.transform, batch)
         return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
+
+    def _gather(self, table: Table, request: Request) -> dict[str, Any]:
+        batch = gather_arrays(table, request)
+        return batch if self.her is None else self.her.relabel(table, batch)
 
     def __getitem__(self, request: Request) -> dict[str, Any]:
         """Same as :meth:`__getitems__`."""
@@ -279,7 +295,7 @@ class StoreLoader(DataLoader):
 
 
 def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_memory: bool = False,
-                **kwargs: Any) -> StoreLoader:
+                transform: Callable[[dict[str, Any]], Any] | None = None, **kwargs: Any) -> StoreLoader:
     """A torch DataLoader yielding minibatches (mappings of tensors) for ``sampler``.
 
     Sampling runs in the main process (priority updates reach the next draw, up
@@ -288,6 +304,12 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     themselves. Workers are persistent by default (``persistent_workers=True``;
     torch's default is False): an epoch sampler's passes reuse them instead of
     starting and opening the store again every pass.
+
+    ``transform`` runs where the minibatch is gathered (each worker, or the main
+    process), on the numpy minibatch, before tensors are made; a sampler's
+    ``her`` relabelling runs there too, before it. An exception in ``transform``
+    comes out as :class:`~replaystore.errors.TransformError` holding its
+    traceback text (from a worker, re-raised by torch in the main process).
 
     Parameters
     ----------
@@ -299,9 +321,15 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         Worker processes that gather (0: gather in the main process).
     pin_memory : bool, optional
         Pin the minibatches' memory (for fast host-to-GPU copies).
+    transform : callable, optional
+        ``fn(batch) -> batch`` over a mapping of numpy arrays; picklable when
+        workers are started by ``spawn`` or ``forkserver``. Returned numpy arrays
+        become tensors; other values pass through.
     **kwargs
         Passed to the DataLoader (``multiprocessing_context``,
-        ``prefetch_factor``, ``persistent_workers``, ...).
+        ``prefetch_factor``, ``persistent_workers``, ...); not ``collate_fn``,
+        ``batch_sampler``, ``sampler``, ``batch_size``, ``shuffle`` or
+        ``drop_last``, which the loader sets.
 
     Returns
     -------
@@ -312,13 +340,18 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     ------
     StoreError
         ``num_workers > 0`` with a ``memory://`` store (it lives in one process).
+    LoaderArgumentError
+        ``collate_fn`` or another argument the loader sets was given.
+    TransformError
+        ``transform`` is not callable, or not picklable for spawn/forkserver workers.
     """
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
+    check_loader_args(kwargs, transform, num_workers)
     if num_workers:
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
-                           store.cache if store.cache is not None else False)
+                           store.cache if store.cache is not None else False, transform=transform, her=sampler.her)
     # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
     # Request) to the dataset's __getitems__ unchanged
     return StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]

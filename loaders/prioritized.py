@@ -9,6 +9,7 @@ import numpy as np
 
 from replaystore.errors import SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.her import HER, attach_her, her_outputs
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
@@ -107,6 +108,9 @@ class PrioritizedSampler(StoreSampler):
         Seed of the sampler's RNG.
     eps : float, optional
         Added to ``|priority|`` so no record starves; finite and >= 0.
+    her : HER, optional
+        Hindsight relabelling of the drawn records (loaders/her.py); priorities
+        stay per record.
     **kwargs
         :class:`StoreSampler`'s keyword arguments.
 
@@ -114,7 +118,9 @@ class PrioritizedSampler(StoreSampler):
     ------
     SamplerParameterError
         ``alpha``, ``beta`` or ``eps`` is not a finite number >= 0, or a base
-        parameter is bad (see :class:`StoreSampler`).
+        parameter is bad (see :class:`StoreSampler`), or ``her`` is not a HER.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
     ResumeMismatchError
         With ``resume=True``: see :meth:`StoreSampler.restore`.
     """
@@ -123,7 +129,8 @@ class PrioritizedSampler(StoreSampler):
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
-                 eps: float = 1e-6, **kwargs: Any) -> None:
+                 eps: float = 1e-6, her: HER | None = None, **kwargs: Any) -> None:
+        self.her = attach_her(her)
         self.alpha = _real("alpha", alpha)
         self.beta = _real("beta", beta)
         self.eps = _real("eps", eps)
@@ -133,6 +140,8 @@ class PrioritizedSampler(StoreSampler):
         self._masked = np.zeros(0, dtype=np.int64)  # with stack=: tracked rows without a next frame (leaf 0)
         self._masked_key: tuple[int, int] | None = None
         super().__init__(store, batch_size, seed, **kwargs)
+        if her is not None:
+            her.check(self.table)
 
     def _sync(self) -> None:
         """Follow the table: new rows enter at the running maximum, rows no longer visible drop out.
@@ -210,9 +219,10 @@ class PrioritizedSampler(StoreSampler):
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
         self.batches_drawn += 1
+        outputs = {"weights": weights.astype(np.float32), **her_outputs(self, rows)}
         if self.stacker is not None:
-            return self.stacker.request(rows, {"weights": weights.astype(np.float32)})
-        return Request(rows, {"weights": weights.astype(np.float32)})
+            return self.stacker.request(rows, outputs)
+        return Request(rows, outputs)
 
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.

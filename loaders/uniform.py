@@ -9,6 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.her import HER, attach_her, her_outputs
 from replaystore.loaders.passorder import METHODS, PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
@@ -17,8 +18,28 @@ class UniformSampler(StoreSampler):
     """``batch_size`` visible records drawn uniformly with replacement, every minibatch.
 
     Sees records committed by other writers once the store was ``refresh()``-ed.
-    Takes :class:`StoreSampler`'s parameters. Cost per minibatch: O(batch_size)
-    (plus a binary search per draw with a subset).
+    Cost per minibatch: O(batch_size) (plus a binary search per draw with a
+    subset; with ``her``, :meth:`HER.goal_rows`).
+
+    Parameters
+    ----------
+    store : Store
+        The opened store to draw from.
+    batch_size : int
+        Records per minibatch.
+    seed : int, optional
+        Seed of the sampler's RNG.
+    her : HER, optional
+        Hindsight relabelling of the drawn goal-conditioned records (loaders/her.py).
+    **kwargs
+        :class:`StoreSampler`'s keyword arguments.
+
+    Raises
+    ------
+    SamplerParameterError
+        See :class:`StoreSampler`; ``her`` is not a :class:`HER`.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
 
     Examples
     --------
@@ -38,6 +59,12 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
+
+    def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
+        self.her = attach_her(her)
+        super().__init__(store, batch_size, seed, **kwargs)
+        if her is not None:
+            her.check(self.table)
 
     def sample(self) -> Request:
         """Draw ``batch_size`` candidate rows uniformly with replacement.
@@ -65,7 +92,7 @@ class UniformSampler(StoreSampler):
         np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
         rows = self.candidate_rows(picks)
         self.batches_drawn += 1
-        return Request(rows)
+        return Request(rows, her_outputs(self, rows))
 
     def _sample_stacked(self) -> Request:
         """As :meth:`sample`, over the rows with a next frame, with their frame windows."""

@@ -478,3 +478,64 @@ EXAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "frames": {"frame_shape": (84, 84), "actions": 6},
 }
 """Example sizes used by ``replaystore schemas`` to print each built-in."""
+
+
+def goal_transitions(obs_dim: int, goal_dim: int, action_dim: int | None = None, *,
+                     action_dtype: npt.DTypeLike | None = None, obs_dtype: npt.DTypeLike = np.float32,
+                     goal_dtype: npt.DTypeLike = np.float32, reward_dtype: npt.DTypeLike = np.float32,
+                     actions: int | None = None, metadata: Mapping[str, Any] | None = None) -> Schema:
+    """Goal-conditioned transitions, flat: gymnasium-robotics' Dict observation as three fields, twice.
+
+    Fields: ``observation``, ``achieved_goal``, ``desired_goal`` (the observation
+    s_t), ``action``, ``reward``, ``next_observation``, ``next_achieved_goal``,
+    ``next_desired_goal`` (s_{t+1}), ``terminated`` and ``truncated``; the fields
+    hindsight relabelling (``replaystore.loaders.HER``) reads and rewrites.
+
+    Parameters
+    ----------
+    obs_dim : int
+        Size of ``observation``.
+    goal_dim : int
+        Size of ``achieved_goal`` and ``desired_goal``.
+    action_dim : int, optional
+        Size of a continuous action vector; None (default): a scalar discrete action.
+    action_dtype : numpy dtype-like, optional
+        Dtype of actions (default float32 with ``action_dim``, int64 without).
+    obs_dtype : numpy dtype-like, optional
+        Dtype of ``observation`` (default float32).
+    goal_dtype : numpy dtype-like, optional
+        Dtype of the goals (default float32).
+    reward_dtype : numpy dtype-like, optional
+        Dtype of rewards (default float32).
+    actions : int, optional
+        Number of discrete actions; integer action ids are checked against ``[0, actions)``.
+    metadata : mapping, optional
+        Extra schema metadata, merged over the sizes recorded here.
+
+    Returns
+    -------
+    Schema
+        The schema named ``"goal_transitions"``. Cost: O(1).
+
+    Raises
+    ------
+    SchemaError
+        A size that is not a positive int, or metadata that is not JSON-serialisable.
+    """
+    action_shape: tuple[int, ...] = () if action_dim is None else (action_dim,)
+    action_dt = np.dtype(action_dtype if action_dtype is not None else np.int64 if action_dim is None else np.float32)
+    fields = []
+    for prefix, when in (("", "s_t"), ("next_", "s_{t+1}")):
+        fields += [Dense(f"{prefix}observation", np.dtype(obs_dtype), (obs_dim,), description=f"observation of {when}"),
+                   Dense(f"{prefix}achieved_goal", np.dtype(goal_dtype), (goal_dim,),
+                         description=f"goal achieved in {when}"),
+                   Dense(f"{prefix}desired_goal", np.dtype(goal_dtype), (goal_dim,),
+                         description=f"goal pursued in {when}")]
+        if not prefix:
+            fields += [Dense("action", action_dt, action_shape,
+                             id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
+                       Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}")]
+    fields += [Dense("terminated", BOOL, description="whether s_{t+1} is terminal"),
+               Dense("truncated", BOOL, description="whether the episode was truncated at this step")]
+    return Schema("goal_transitions", fields,
+                  metadata=_meta(metadata, obs_dim=obs_dim, goal_dim=goal_dim, action_dim=action_dim, actions=actions))

@@ -1,0 +1,370 @@
+"""Hindsight experience replay (HER): relabel sampled goal-conditioned transitions with achieved goals.
+
+Two halves. In the main process, :meth:`HER.goal_rows` picks, per sampled row,
+the row whose ``next_achieved_goal`` becomes the new goal (or -1: not
+relabelled), from the table's public stream index; the sampler passes these as
+the request output ``her_goal_rows``. Where the minibatch is gathered (a
+DataLoader worker, or the main process), :meth:`HER.relabel` reads those goals
+and rewrites ``desired_goal``, ``next_desired_goal`` and ``reward``.
+
+Episodes are those of ``iter_episodes``: within a stream, an episode starts at a
+reset, after a step whose ``terminated`` or ``truncated`` flag is set, or after a
+step gap; it is complete when it ends with such a flag and its start is known (a
+reset, step 0, or right after an episode end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import SamplerParameterError, StoreError
+from replaystore.store import Table
+
+STRATEGIES = ("future", "final", "episode")
+
+
+@dataclass(frozen=True)
+class GoalFields:
+    """The field names hindsight relabelling reads and writes (flat by default).
+
+    Map them to other names (a nested observation's ``"obs.achieved_goal"``, say)
+    when a schema spells them otherwise.
+
+    Attributes
+    ----------
+    achieved : str
+        Goal achieved in s_t (kept; listed for completeness).
+    desired : str
+        Goal pursued in s_t: rewritten.
+    next_achieved : str
+        Goal achieved in s_{t+1}: the source of new goals and of the new reward.
+    next_desired : str
+        Goal pursued in s_{t+1}: rewritten with the same goal.
+    reward : str
+        Reward: recomputed for relabelled rows.
+    terminated : str
+        Episode-end flag.
+    truncated : str or None
+        Second episode-end flag (None: the schema has none).
+    """
+
+    achieved: str = "achieved_goal"
+    desired: str = "desired_goal"
+    next_achieved: str = "next_achieved_goal"
+    next_desired: str = "next_desired_goal"
+    reward: str = "reward"
+    terminated: str = "terminated"
+    truncated: str | None = "truncated"
+
+
+@dataclass
+class _Episodes:
+    """Per position of the stream index's dense arrays: its episode's bounds and completeness."""
+
+    index: Any  # the StreamIndex these arrays were built from, and its version then
+    version: int
+    order: np.ndarray  # positions sorted by row id
+    sorted_rows: np.ndarray
+    rows: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    complete: np.ndarray
+
+
+def episode_bounds(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray, ends: np.ndarray,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each entry's episode ``[lo, hi)`` and whether that episode is complete, vectorised.
+
+    Parameters
+    ----------
+    stream_ids, steps, resets : numpy.ndarray
+        The stream index's dense arrays, sorted by (stream, step).
+    ends : numpy.ndarray
+        bool, per entry: its terminated or truncated flag.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``lo`` and ``hi`` (int64 positions) and ``complete`` (bool), per entry.
+        Cost: O(entries).
+    """
+    n = len(steps)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=bool)
+    same = np.zeros(n, dtype=bool)  # entry i continues entry i-1's stream without a step gap
+    same[1:] = (stream_ids[1:] == stream_ids[:-1]) & (steps[1:] == steps[:-1] + 1)
+    start = ~same | resets
+    start[1:] |= ends[:-1]
+    starts = np.flatnonzero(start)
+    episode = np.cumsum(start) - 1
+    stops = np.r_[starts[1:], n]
+    began = resets[starts] | (steps[starts] == 0)
+    inner = starts > 0
+    began[inner] |= same[starts[inner]] & ends[starts[inner] - 1]
+    complete = began & ends[stops - 1]
+    return starts[episode], stops[episode], complete[episode]
+
+
+class HER:
+    """Hindsight relabelling for Uniform and Prioritized samplers (``her=HER(...)``).
+
+    A fraction ``k / (k + 1)`` of the sampled records (each independently, with
+    that probability; SB3 relabels exactly ``int(ratio * batch)``) whose
+    episode is complete (or, with ``online=True``, any episode, over its visible
+    part) gets a new goal: the ``next_achieved_goal`` of a record of the same
+    episode, for ``future`` one at or after the sampled step, for ``final`` the
+    last, for ``episode`` any. The new goal is written into ``desired_goal`` and
+    ``next_desired_goal``; ``reward`` becomes ``compute_reward(next_achieved_goal,
+    new goals, info)``, one vectorised call per minibatch over the relabelled
+    records. This is SB3 ``HerReplayBuffer``'s semantics. The minibatch also holds
+    ``her_goal_rows``: per record, the row its goal came from, or -1.
+
+    ``compute_reward`` runs where the minibatch is gathered (in DataLoader
+    workers: it must be picklable for ``spawn``). Field names are parameters
+    (:class:`GoalFields`); the defaults are those of
+    ``replaystore.schemas.goal_transitions``.
+
+    Parameters
+    ----------
+    strategy : str, optional
+        ``"future"`` (default), ``"final"`` or ``"episode"``.
+    k : int, optional
+        Relabelled goals per real one (SB3's ``n_sampled_goal``); >= 0, default 4.
+    compute_reward : callable
+        ``compute_reward(achieved_goal, desired_goal, info) -> rewards``, vectorised
+        over the first axis (gymnasium-robotics' ``env.unwrapped.compute_reward``).
+    online : bool, optional
+        Relabel records of incomplete episodes too (goals from their visible part).
+    fields : GoalFields, optional
+        The field names.
+    info_fields : sequence of str, optional
+        Fields passed to ``compute_reward`` as ``info`` (a mapping of the relabelled
+        records' arrays); default none (an empty mapping).
+    seed : int, optional
+        Seed of HER's own RNG (its state is saved with the sampler's).
+
+    Raises
+    ------
+    SamplerParameterError
+        An unknown strategy, a bad ``k``, or ``compute_reward`` not callable.
+    """
+
+    def __init__(self, strategy: str = "future", k: int = 4, compute_reward: Callable[..., Any] | None = None, *,
+                 online: bool = False, fields: GoalFields | None = None, info_fields: tuple[str, ...] = (),
+                 seed: int = 0) -> None:
+        if strategy not in STRATEGIES:
+            raise SamplerParameterError("her.strategy", f"one of {STRATEGIES}", repr(strategy))
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise SamplerParameterError("her.k", "an int >= 0", repr(k))
+        if not callable(compute_reward):
+            raise SamplerParameterError("her.compute_reward", "a callable (achieved, desired, info) -> rewards",
+                                        repr(compute_reward))
+        self.strategy = strategy
+        self.k = k
+        self.ratio = k / (k + 1)
+        self.compute_reward = compute_reward
+        self.online = bool(online)
+        self.fields = fields or GoalFields()
+        self.info_fields = tuple(info_fields)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self._episodes: _Episodes | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the episode cache (workers only relabel)."""
+        return {**self.__dict__, "_episodes": None}
+
+    # -- main process: which goals ------------------------------------------------------
+    def check(self, table: Table) -> None:
+        """Check that ``table``'s schema has the fields relabelling uses.
+
+        Parameters
+        ----------
+        table : Table
+            The sampler's table.
+
+        Raises
+        ------
+        StoreError
+            A field is missing (named). Cost: O(fields).
+        """
+        f = self.fields
+        names = [f.desired, f.next_achieved, f.next_desired, f.reward, f.terminated, *self.info_fields]
+        if f.truncated is not None:
+            names.append(f.truncated)
+        missing = [n for n in names if n not in table.schema]
+        if missing:
+            raise StoreError(f"HER on table {table.name!r}: schema {table.schema.name!r} lacks {missing} "
+                             "(see GoalFields to map other names)")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """What saved sampler state must agree with.
+
+        Returns
+        -------
+        dict of str to Any
+            ``strategy``, ``k``, ``online`` and ``seed``.
+        """
+        return {"strategy": self.strategy, "k": self.k, "online": self.online, "seed": self.seed}
+
+    def _index(self, table: Table) -> _Episodes:
+        """The episode arrays of the table's current stream index (rebuilt when it changed; cost O(records))."""
+        index = table.stream_index()
+        ep = self._episodes
+        if ep is not None and ep.index is index and ep.version == index.version:
+            return ep
+        rows = index.rows
+        f = self.fields
+        cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
+        flags = table.read(rows, columns=cols)
+        ends = np.asarray(flags[f.terminated], dtype=bool).copy()
+        if f.truncated is not None:
+            ends |= np.asarray(flags[f.truncated], dtype=bool)
+        lo, hi, complete = episode_bounds(index.stream_ids, index.steps, index.resets, ends)
+        order = np.argsort(rows, kind="stable")
+        self._episodes = _Episodes(index, index.version, order, rows[order], rows.copy(), lo, hi, complete)
+        return self._episodes
+
+    def goal_rows(self, table: Table, rows: np.ndarray) -> np.ndarray:
+        """The row each sampled row takes its new goal from (-1: keep its goal).
+
+        Parameters
+        ----------
+        table : Table
+            The sampler's table (its current view).
+        rows : numpy.ndarray
+            The sampled row ids.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64, one per row. Cost: two draws per row plus a binary search; the
+            episode arrays are rebuilt, O(records), when the stream index changed.
+        """
+        ep = self._index(table)
+        rows = np.asarray(rows, dtype=np.int64)
+        pos = ep.order[np.searchsorted(ep.sorted_rows, rows)]
+        lo, hi = ep.lo[pos], ep.hi[pos]
+        pick = self.rng.random(len(rows)) < self.ratio
+        u = self.rng.random(len(rows))
+        if not self.online:
+            pick &= ep.complete[pos]
+        if self.strategy == "future":
+            first = pos
+        elif self.strategy == "episode":
+            first = lo
+        else:
+            first = hi - 1
+        target = first + np.minimum((u * (hi - first)).astype(np.int64), hi - first - 1)
+        return np.where(pick, ep.rows[target], -1)
+
+    # -- where gathered: relabel ---------------------------------------------------------
+    def relabel(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
+        """Write the goals of ``batch["her_goal_rows"]`` into the minibatch and recompute rewards.
+
+        Parameters
+        ----------
+        table : Table
+            The table the minibatch was gathered from.
+        batch : dict of str to Any
+            A gathered minibatch (numpy arrays) with ``her_goal_rows``.
+
+        Returns
+        -------
+        dict of str to Any
+            ``batch``, its goal and reward arrays replaced by relabelled copies. Cost:
+            one read of ``next_achieved_goal`` of the relabelled rows and one
+            ``compute_reward`` call.
+
+        Raises
+        ------
+        RowError
+            A goal row is not visible to this handle.
+        StaleReadError
+            A goal row was reclaimed since this handle's view.
+        """
+        goal_rows = np.asarray(batch["her_goal_rows"], dtype=np.int64)
+        mask = goal_rows >= 0
+        if not mask.any():
+            return batch
+        f = self.fields
+        goals = table.read(goal_rows[mask], columns=[f.next_achieved])[f.next_achieved]
+        for name in (f.desired, f.next_desired):
+            arr = np.array(batch[name], copy=True)
+            arr[mask] = goals
+            batch[name] = arr
+        info: Mapping[str, Any] = {n: np.asarray(batch[n])[mask] for n in self.info_fields}
+        reward = np.array(batch[f.reward], copy=True)
+        reward[mask] = np.asarray(self.compute_reward(np.asarray(batch[f.next_achieved])[mask], goals, info),
+                                  dtype=reward.dtype).reshape(reward[mask].shape)
+        batch[f.reward] = reward
+        return batch
+
+    # -- resumable state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """HER's RNG state.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"rng": ...}``.
+        """
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`.
+
+        Parameters
+        ----------
+        state : dict of str to Any
+            As :meth:`state_dict` returned it.
+        """
+        self.rng.bit_generator.state = state["rng"]
+
+
+
+def attach_her(her: HER | None) -> HER | None:
+    """Check a sampler's ``her`` argument.
+
+    Parameters
+    ----------
+    her : HER or None
+        The argument.
+
+    Returns
+    -------
+    HER or None
+        ``her``.
+
+    Raises
+    ------
+    SamplerParameterError
+        ``her`` is neither None nor a :class:`HER`.
+    """
+    if her is not None and not isinstance(her, HER):
+        raise SamplerParameterError("her", "None or a replaystore.loaders.HER", repr(her))
+    return her
+
+
+def her_outputs(sampler: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The request outputs HER adds for drawn ``rows`` (none without HER).
+
+    Parameters
+    ----------
+    sampler : StoreSampler
+        The sampler (its ``her`` and ``table``).
+    rows : numpy.ndarray
+        The drawn row ids.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``{"her_goal_rows": ...}`` with HER, else empty. Cost: :meth:`HER.goal_rows`.
+    """
+    her = sampler.her
+    return {} if her is None else {"her_goal_rows": her.goal_rows(sampler.table, rows)}
