@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.loaders.nstep import NStepWindows, check_nstep, index_windows
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
@@ -47,6 +48,8 @@ class Request:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     sequence: bool = False
     stream_keys: list[int | str] | None = None
+    nstep: NStepWindows | None = None
+    """With ``n_step``: the minibatch's n-step windows, applied when gathering (loaders/nstep.py)."""
 
 
 class StoreSampler(Sampler[Request]):
@@ -86,23 +89,32 @@ class StoreSampler(Sampler[Request]):
         Refresh the store every this many minibatches.
     refresh_every_s : float, optional
         Refresh the store when this many seconds passed since the last refresh.
+    n_step : int, optional
+        Uniform, prioritized and epoch samplers: n-step returns over windows of up to this
+        many steps from each drawn record (docs/GUIDE.md, "N-step returns"); None: off.
+    gamma : float, optional
+        The discount of ``n_step`` returns, in [0, 1].
 
     Raises
     ------
     SamplerParameterError
-        A bad ``batch_size``, ``refresh_every`` or ``refresh_every_s``.
+        A bad ``batch_size``, ``refresh_every``, ``refresh_every_s``, ``n_step`` or
+        ``gamma``; ``n_step`` on a sampler that does not take it, or over a table without
+        ``reward`` and ``terminated``.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
 
     kind = "sampler"
+    takes_n_step = False
+    """Whether the sampler takes ``n_step`` (uniform, prioritized, epoch)."""
     overridable: frozenset[str] = frozenset({"batch_size", "seed"})
     """The hyperparameters ``restore(override=True)`` lets the given values replace."""
 
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
-                 refresh_every_s: float | None = None) -> None:
+                 refresh_every_s: float | None = None, n_step: int | None = None, gamma: float = 0.99) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
@@ -119,6 +131,13 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
+        if n_step is not None and not self.takes_n_step:
+            raise SamplerParameterError("n_step", f"None ({type(self).__name__} does not take n-step windows)",
+                                        repr(n_step))
+        self.n_step: int | None = None
+        self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
+        if n_step is not None:
+            self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -269,7 +288,29 @@ class StoreSampler(Sampler[Request]):
         dict of str to Any
             Name to value; the base class has ``batch_size`` and ``seed``.
         """
-        return {"batch_size": self.batch_size, "seed": self.seed}
+        out: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed}
+        if self.takes_n_step:  # n_step None too: a resume that adds or drops n-step windows is refused
+            out["n_step"] = self.n_step
+            if self.n_step is not None:
+                out["gamma"] = self.gamma
+        return out
+
+    def windowed(self, request: Request) -> Request:
+        """``request`` with its n-step windows attached when the sampler has ``n_step`` (else as is).
+
+        Parameters
+        ----------
+        request : Request
+            A minibatch of start rows.
+
+        Returns
+        -------
+        Request
+            The same request. Cost: see ``loaders.nstep.index_windows``.
+        """
+        if self.n_step is not None:
+            request.nstep = NStepWindows(index_windows(self.table, request.rows, self.n_step), self.gamma)
+        return request
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling exactly.

@@ -120,6 +120,7 @@ class PrioritizedSampler(StoreSampler):
     """
 
     kind = "prioritized"
+    takes_n_step = True
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
@@ -185,7 +186,7 @@ class PrioritizedSampler(StoreSampler):
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
         self.batches_drawn += 1
-        return Request(rows, {"weights": weights.astype(np.float32)})
+        return self.windowed(Request(rows, {"weights": weights.astype(np.float32)}))
 
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.

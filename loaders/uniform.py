@@ -38,6 +38,7 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
+    takes_n_step = True
 
     def sample(self) -> Request:
         """Draw ``batch_size`` candidate rows uniformly with replacement.
@@ -63,7 +64,7 @@ class UniformSampler(StoreSampler):
         np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
         rows = self.candidate_rows(picks)
         self.batches_drawn += 1
-        return Request(rows)
+        return self.windowed(Request(rows))
 
 
 class EpochSampler(StoreSampler):
@@ -99,6 +100,7 @@ class EpochSampler(StoreSampler):
     """
 
     kind = "epoch"
+    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, drop_last: bool = False,
                  **kwargs: Any) -> None:
@@ -190,7 +192,7 @@ class EpochSampler(StoreSampler):
         assert self._order is not None
         rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
-        return Request(rows)
+        return self.windowed(Request(rows))
 
     def __iter__(self) -> Iterator[Request]:
         """One pass (continuing the current one after ``load_state_dict``)."""
