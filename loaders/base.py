@@ -12,7 +12,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
-from replaystore.loaders.nstep import NStepWindows, check_nstep, index_windows
+from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
@@ -138,6 +138,7 @@ class StoreSampler(Sampler[Request]):
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
             self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
+            self._windows = WindowIndex(self.table, self.n_step)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -306,10 +307,10 @@ class StoreSampler(Sampler[Request]):
         Returns
         -------
         Request
-            The same request. Cost: see ``loaders.nstep.index_windows``.
+            The same request. Cost: see ``loaders.nstep.WindowIndex.windows``.
         """
         if self.n_step is not None:
-            request.nstep = NStepWindows(index_windows(self.table, request.rows, self.n_step), self.gamma)
+            request.nstep = NStepWindows(self._windows.windows(request.rows), self.gamma)
         return request
 
     def state_dict(self) -> dict[str, Any]:

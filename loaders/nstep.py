@@ -2,7 +2,7 @@
 
 The sampler (main process) turns each drawn start row into a window of up to ``n`` rows of
 the same stream with consecutive steps and no reset after the start, as the sampler's view
-of the stream index shows them (:func:`index_windows`). The rows travel in the
+of the stream index shows them (:class:`WindowIndex`). The rows travel in the
 :class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`; where the minibatch
 is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply` reads the
 windows' ``reward`` and ``terminated`` (and ``truncated``) columns, cuts each window after
@@ -78,53 +78,100 @@ def check_nstep(schema: Schema, n_step: Any, gamma: Any) -> tuple[int, float]:
     return int(n_step), float(gamma)
 
 
-def index_windows(table: Table, rows: np.ndarray, n: int) -> np.ndarray:
-    """The n-step windows starting at ``rows``, as the table's current view of the stream index shows them.
-
-    Window ``i`` holds ``rows[i]`` and then the rows of the same stream at steps ``step + 1,
-    step + 2, ...`` up to ``n`` rows in all, ending before the first step that is not visible
-    (a gap: eviction, a missing step, the stream's visible end) or that carries a reset.
+class WindowIndex:
+    """Finds n-step windows of start rows in one table's current view (:meth:`windows`).
 
     Parameters
     ----------
     table : Table
-        The table the rows belong to.
-    rows : numpy.ndarray
-        int64 visible start row ids, ``[batch]``.
+        The table the sampler draws from.
     n : int
         The longest window.
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 ``[batch, n]``: row ids, ``-1`` after each window's end. Cost: the start rows'
-        index entries, a binary search per window slot in its stream, and the index entries
-        of the following rows (one read of the index arrays per fragment touched).
     """
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    out = np.full((len(rows), n), -1, dtype=np.int64)
-    out[:, 0] = rows
-    if n == 1 or not len(rows):
+
+    def __init__(self, table: Table, n: int) -> None:
+        self.table, self.n = table, n
+        self._version = -1
+        self._iv = np.zeros((0, 2), dtype=np.int64)
+
+    def _visible(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row id is visible (the view's intervals, cached per view version)."""
+        view = self.table.view()
+        if view.version != self._version:
+            self._version, self._iv = view.version, view.intervals()
+        iv = self._iv
+        at = np.searchsorted(iv[:, 0], rows, side="right") - 1
+        return (at >= 0) & (rows < iv[np.maximum(at, 0), 1])
+
+    def windows(self, rows: np.ndarray) -> np.ndarray:
+        """The n-step windows starting at ``rows``, as the table's current view of the stream index shows them.
+
+        Window ``i`` holds ``rows[i]`` and then the rows of the same stream at steps ``step + 1,
+        step + 2, ...`` up to ``n`` rows in all, ending before the first step that is not
+        visible (a gap: eviction, a missing step, the stream's visible end) or that carries a
+        reset. Fast path: a writer stores a stream's consecutive steps at consecutive row ids,
+        so the rows after each start are checked first (one ``index_of`` for all); windows
+        that break there without a reset look their stream up in the stream index.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 visible start row ids, ``[batch]``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[batch, n]``: row ids, ``-1`` after each window's end. Cost: one
+            ``index_of`` of the start rows and the ``n - 1`` row ids after each; then, for
+            windows not laid out that way, a binary search per slot in their stream and one
+            more ``index_of`` of the rows found.
+        """
+        n, table = self.n, self.table
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        b = len(rows)
+        out = np.full((b, n), -1, dtype=np.int64)
+        out[:, 0] = rows
+        if n == 1 or not b:
+            return out
+        ahead = np.arange(1, n, dtype=np.int64)
+        cand = rows[:, None] + ahead
+        vis = self._visible(cand)
+        keys, steps, resets = table.index_of(np.concatenate([rows, cand[vis]]))
+        key0, step0 = keys[:b], steps[:b]
+        same = np.zeros(cand.shape, dtype=bool)
+        reset = np.zeros(cand.shape, dtype=bool)
+        same[vis] = (keys[b:] == np.repeat(key0, n - 1)[vis.reshape(-1)]) \
+            & (steps[b:] == (step0[:, None] + ahead)[vis])
+        reset[vis] = resets[b:]
+        run = np.logical_and.accumulate(same & ~reset, axis=1)
+        out[:, 1:] = np.where(run, cand, -1)
+        # a window that stops at a slot not holding its next step (nor a reset of it) looks it up
+        at, first_off = np.arange(b), np.argmin(run, axis=1)  # the first slot out of the run (0 if none)
+        slow = ~run.all(axis=1) & ~(same[at, first_off] & reset[at, first_off])
+        if slow.any():
+            self._lookup(out, np.flatnonzero(slow), key0, step0, ahead)
         return out
-    keys, steps, _ = table.index_of(rows)
-    index = table.stream_index()
-    groups: dict[Any, list[int]] = {}
-    for i, key in enumerate(keys.tolist()):
-        groups.setdefault(key, []).append(i)
-    ahead = np.arange(1, n, dtype=np.int64)
-    for key, members in groups.items():
-        sel = np.asarray(members, dtype=np.int64)
-        out[sel, 1:] = index.lookup(key, steps[sel, None] + ahead)
-    later = out[:, 1:]
-    keep = later >= 0
-    if keep.any():
-        _, _, resets = table.index_of(later[keep])
-        flags = np.zeros(later.shape, dtype=bool)
-        flags[keep] = ~resets
-        keep = flags
-    keep = np.logical_and.accumulate(keep, axis=1)  # a gap or a reset ends the window
-    later[~keep] = -1
-    return out
+
+    def _lookup(self, out: np.ndarray, which: np.ndarray, key0: np.ndarray, step0: np.ndarray,
+                ahead: np.ndarray) -> None:
+        """Fill windows ``which`` of ``out`` from the stream index (binary searches per stream)."""
+        index = self.table.stream_index()
+        groups: dict[Any, list[int]] = {}
+        for i, key in zip(which.tolist(), key0[which].tolist(), strict=True):
+            groups.setdefault(key, []).append(i)
+        for key, members in groups.items():
+            sel = np.asarray(members, dtype=np.int64)
+            out[sel, 1:] = index.lookup(key, step0[sel, None] + ahead)
+        later = out[which, 1:]
+        keep = later >= 0
+        if keep.any():
+            _, _, resets = self.table.index_of(later[keep])
+            flags = np.zeros(later.shape, dtype=bool)
+            flags[keep] = ~resets
+            keep = flags
+        keep = np.logical_and.accumulate(keep, axis=1)  # a gap or a reset ends the window
+        later[~keep] = -1
+        out[which, 1:] = later
 
 
 @dataclass
@@ -134,7 +181,7 @@ class NStepWindows:
     Attributes
     ----------
     rows : numpy.ndarray
-        int64 ``[batch, n]`` window rows from :func:`index_windows` (column 0: the start rows).
+        int64 ``[batch, n]`` window rows from :meth:`WindowIndex.windows` (column 0: the start rows).
     gamma : float
         The discount per step.
     """
@@ -173,33 +220,33 @@ class NStepWindows:
         """
         w = self.rows
         b, n = w.shape
-        done_cols = ["terminated"] + (["truncated"] if "truncated" in table.schema else [])
-        reward_dtype = np.asarray(batch["reward"]).dtype
+        trunc = "truncated" in table.schema
         rew = np.zeros((b, n), dtype=np.float64)
+        flag = np.zeros((b, n), dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
+        reward_dtype = np.asarray(batch["reward"]).dtype
         rew[:, 0] = batch["reward"]
-        ends = {c: np.zeros((b, n), dtype=bool) for c in done_cols}
-        for c in done_cols:
-            ends[c][:, 0] = batch[c]
-        valid = w >= 0
-        later = valid[:, 1:]
+        flag[:, 0] = batch["terminated"]
+        if trunc:
+            flag[:, 0] |= np.asarray(batch["truncated"], dtype=np.uint8) << 1
+        tail = w[:, 1:]
+        later = tail >= 0
         if later.any():
-            data = table.read(w[:, 1:][later], columns=["reward", *done_cols])
+            data = table.read(tail[later], columns=["reward", "terminated", *(["truncated"] if trunc else [])])
             rew[:, 1:][later] = data["reward"]
-            for c in done_cols:
-                ends[c][:, 1:][later] = data[c]
-        stop = ends["terminated"].copy()
-        if "truncated" in ends:
-            stop |= ends["truncated"]
-        before = np.zeros((b, n), dtype=bool)  # an earlier record of the window ended the episode
-        before[:, 1:] = np.logical_or.accumulate(stop[:, :-1], axis=1)
-        keep = valid & ~before
+            f = data["terminated"].astype(np.uint8)
+            if trunc:
+                f |= data["truncated"].astype(np.uint8) << 1
+            flag[:, 1:][later] = f
+        keep = w >= 0
+        keep[:, 1:] &= ~np.logical_or.accumulate(flag[:, :-1] != 0, axis=1)  # an earlier record ended the episode
         k = keep.sum(axis=1)
         powers = self.gamma ** np.arange(n, dtype=np.float64)
         batch["reward"] = (np.where(keep, rew, 0.0) @ powers).astype(reward_dtype)
-        last = k - 1
-        at = np.arange(b)
-        for c in done_cols:
-            batch[c] = ends[c][at, last]
+        at, last = np.arange(b), k - 1
+        end = flag[at, last]
+        batch["terminated"] = (end & 1).astype(bool)
+        if trunc:
+            batch["truncated"] = (end & 2).astype(bool)
         batch["discount"] = np.where(batch["terminated"], 0.0, self.gamma ** k.astype(np.float64))
         batch["n"] = k.astype(np.int64)
         moved = k > 1
