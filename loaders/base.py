@@ -42,6 +42,8 @@ class Request:
         Whether ``rows`` is a ``[batch, window]`` array of sequence windows.
     stream_keys : list of int or str, optional
         For sequence requests, each window's stream key.
+    nstep : NStepWindows, optional
+        With ``n_step``: the minibatch's n-step windows, applied when gathering.
     """
 
     rows: np.ndarray
@@ -49,7 +51,6 @@ class Request:
     sequence: bool = False
     stream_keys: list[int | str] | None = None
     nstep: NStepWindows | None = None
-    """With ``n_step``: the minibatch's n-step windows, applied when gathering (loaders/nstep.py)."""
 
 
 class StoreSampler(Sampler[Request]):
