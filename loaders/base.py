@@ -13,6 +13,7 @@ from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
 from replaystore.loaders.her import HER
+from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
@@ -50,6 +51,8 @@ class Request:
         zero padding; ``obs`` is the first ``stack``, ``next_obs`` the last.
     frame_field : str, optional
         The frame field ``frames`` reads.
+    nstep : NStepWindows, optional
+        With ``n_step``: the minibatch's n-step windows, applied when gathering.
     """
 
     rows: np.ndarray
@@ -58,6 +61,7 @@ class Request:
     stream_keys: list[int | str] | None = None
     frames: np.ndarray | None = None
     frame_field: str | None = None
+    nstep: NStepWindows | None = None
 
 
 class StoreSampler(Sampler[Request]):
@@ -105,16 +109,25 @@ class StoreSampler(Sampler[Request]):
         Slots before an episode's first frame: ``"reset"`` repeats it, ``"zero"`` zeros.
     stack_field : str, optional
         The frame field (default ``"frame"``).
+    n_step : int, optional
+        Uniform, prioritized and epoch samplers: n-step returns over windows of up to this
+        many steps from each drawn record (docs/GUIDE.md, "N-step returns"); None: off.
+    gamma : float, optional
+        The discount of ``n_step`` returns, in [0, 1].
 
     Raises
     ------
     SamplerParameterError
-        A bad ``batch_size``, ``refresh_every``, ``refresh_every_s`` or ``stack*``.
+        A bad ``batch_size``, ``refresh_every``, ``refresh_every_s``, ``stack*``, ``n_step`` or
+        ``gamma``; ``n_step`` on a sampler that does not take it, or over a table without
+        ``reward`` and ``terminated``; ``n_step`` together with ``stack``.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
 
     kind = "sampler"
+    takes_n_step = False
+    """Whether the sampler takes ``n_step`` (uniform, prioritized, epoch)."""
     overridable: frozenset[str] = frozenset({"batch_size", "seed"})
     """The hyperparameters ``restore(override=True)`` lets the given values replace."""
     her: HER | None = None
@@ -124,7 +137,7 @@ class StoreSampler(Sampler[Request]):
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
                  refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
-                 stack_field: str = "frame") -> None:
+                 stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
@@ -141,6 +154,14 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
+        if n_step is not None and not self.takes_n_step:
+            raise SamplerParameterError("n_step", f"None ({type(self).__name__} does not take n-step windows)",
+                                        repr(n_step))
+        self.n_step: int | None = None
+        self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
+        if n_step is not None:
+            self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
+            self._windows = WindowIndex(self.table, self.n_step)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -154,6 +175,9 @@ class StoreSampler(Sampler[Request]):
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
         self.stacker: Stacker | None = None
         if stack is not None:
+            if n_step is not None:
+                raise SamplerParameterError("n_step", "None when stack= is given (n-step over stacked frames "
+                                            "is not supported yet)", repr(n_step))
             from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
 
             self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
@@ -301,7 +325,28 @@ class StoreSampler(Sampler[Request]):
             hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
         if self.her is not None:
             hp["her"] = self.her.hyperparameters()
+        if self.takes_n_step:  # n_step None too: a resume that adds or drops n-step windows is refused
+            hp["n_step"] = self.n_step
+            if self.n_step is not None:
+                hp["gamma"] = self.gamma
         return hp
+
+    def windowed(self, request: Request) -> Request:
+        """``request`` with its n-step windows attached when the sampler has ``n_step`` (else as is).
+
+        Parameters
+        ----------
+        request : Request
+            A minibatch of start rows.
+
+        Returns
+        -------
+        Request
+            The same request. Cost: see ``loaders.nstep.WindowIndex.windows``.
+        """
+        if self.n_step is not None:
+            request.nstep = NStepWindows(self._windows.windows(request.rows), self.gamma)
+        return request
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling exactly.

@@ -146,6 +146,8 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys
+    if request.nstep is not None:  # n-step windows (loaders/nstep.py)
+        request.nstep.apply(table, batch)
     return batch
 
 

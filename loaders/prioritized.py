@@ -126,6 +126,7 @@ class PrioritizedSampler(StoreSampler):
     """
 
     kind = "prioritized"
+    takes_n_step = True
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
@@ -222,7 +223,7 @@ class PrioritizedSampler(StoreSampler):
         outputs = {"weights": weights.astype(np.float32), **her_outputs(self, rows)}
         if self.stacker is not None:
             return self.stacker.request(rows, outputs)
-        return Request(rows, outputs)
+        return self.windowed(Request(rows, outputs))
 
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.

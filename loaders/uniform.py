@@ -59,6 +59,7 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
+    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
         self.her = attach_her(her)
@@ -92,7 +93,7 @@ class UniformSampler(StoreSampler):
         np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
         rows = self.candidate_rows(picks)
         self.batches_drawn += 1
-        return Request(rows, her_outputs(self, rows))
+        return self.windowed(Request(rows, her_outputs(self, rows)))
 
     def _sample_stacked(self) -> Request:
         """As :meth:`sample`, over the rows with a next frame, with their frame windows."""
@@ -144,6 +145,7 @@ class EpochSampler(StoreSampler):
     """
 
     kind = "epoch"
+    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, drop_last: bool = False,
                  **kwargs: Any) -> None:
@@ -240,7 +242,7 @@ class EpochSampler(StoreSampler):
         self.batches_drawn += 1
         if self.stacker is not None:
             return self.stacker.request(rows)
-        return Request(rows)
+        return self.windowed(Request(rows))
 
     def __iter__(self) -> Iterator[Request]:
         """One pass (continuing the current one after ``load_state_dict``)."""

@@ -731,6 +731,8 @@ def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """Positions grouped by fragment: ``[(fragment index, positions), ...]``."""
     if not len(frag_i):
         return []
+    if frag_i[0] == frag_i[-1] and (frag_i == frag_i[0]).all():  # one fragment: no sort
+        return [(int(frag_i[0]), np.arange(len(frag_i)))]
     order = np.argsort(frag_i, kind="stable")
     sorted_i = frag_i[order]
     cuts = np.flatnonzero(np.diff(sorted_i)) + 1
