@@ -19,6 +19,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+# isort: off
+from support.raylocal import local_ray  # first: Ray must be imported with its loopback settings
+# isort: on
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +36,6 @@ from replaystore.store.storage import open_storage
 from replaystore.tools.ray_data import ReplayStoreDatasource, read_replaystore
 from support.batches import dqn_batch
 from support.procs import Child, batch_size, same_records, schema, stream_batch, stream_totals, take_rows
-from support.raylocal import local_ray  # first: Ray must be imported with its loopback settings
 from support.s3 import S3Server, moto_s3
 
 WRITERS = 4
