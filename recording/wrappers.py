@@ -1,5 +1,7 @@
-"""``RecordEpisodes`` (a ``gymnasium.Wrapper``) and ``RecordVectorEpisodes`` (a
-``gymnasium.vector.VectorWrapper``): every transition an environment makes goes into a store.
+"""Wrappers that put every transition an environment makes into a store.
+
+``RecordEpisodes`` is a ``gymnasium.Wrapper``; ``RecordVectorEpisodes`` a
+``gymnasium.vector.VectorWrapper``.
 """
 
 from __future__ import annotations
@@ -122,8 +124,9 @@ class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
 
 
 class RecordVectorEpisodes(VectorWrapper):
-    """Record every transition of a Gymnasium vector environment into a store, one stream per
-    sub-environment, in every autoreset mode.
+    """Record every transition of a Gymnasium vector environment into a store.
+
+    One stream per sub-environment, in every autoreset mode.
 
     The mode is read from ``venv.metadata["autoreset_mode"]``:
 

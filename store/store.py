@@ -98,8 +98,10 @@ class Table:
         return self.reader.view
 
     def widen(self, extra: int) -> None:
-        """Show ``extra`` more records than the capacity: those evicted most recently and still
-        stored within the grace margin (docs/FORMAT.md, "Capacity and reclamation").
+        """Show ``extra`` more records than the capacity.
+
+        Those evicted most recently and still stored within the grace margin (docs/FORMAT.md,
+        "Capacity and reclamation").
 
         For a handle that only gathers rows another handle's (possibly older) view chose,
         such as a DataLoader worker's. No effect without a capacity.
@@ -539,8 +541,9 @@ class Store:
         return changed
 
     def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
-        """Show the records writer ``writer`` of this process created (``CommitLog.apply_created``)
-        without reading storage; a handle that has not read the store yet refreshes.
+        """Show the records writer ``writer`` of this process created, without reading storage.
+
+        See ``CommitLog.apply_created``; a handle that has not read the store yet refreshes.
         """
         applied = self.log.apply_created(writer, created)
         if applied is None:
@@ -754,9 +757,11 @@ class Store:
         return version
 
     def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
-        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved`` (just
-        created, intact): each record first, then its arrays, so that a crash at any instant
-        leaves every remaining record whole (arrays of a deleted record are vacuum's).
+        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved``.
+
+        ``saved`` was just created, intact. Each record goes first, then its arrays, so that a
+        crash at any instant leaves every remaining record whole (arrays of a deleted record
+        are vacuum's).
         """
         # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
         older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
@@ -936,8 +941,10 @@ class Store:
         }
 
     def close(self) -> None:
-        """Mark the handle closed. It holds no resource that needs releasing: writers are closed
-        on their own (``Writer.close``). Cost: none.
+        """Mark the handle closed.
+
+        It holds no resource that needs releasing: writers are closed on their own
+        (``Writer.close``). Cost: none.
         """
         self.closed = True
 

@@ -114,8 +114,9 @@ class FragmentInfo:
         return self.rows - self.visible_from
 
     def descriptor(self) -> dict[str, Any]:
-        """The fragment's commit-record descriptor (JSON-compatible, a fresh dict): enough for
-        another process to read the fragment without reading the commit log
+        """The fragment's commit-record descriptor (JSON-compatible, a fresh dict).
+
+        Enough for another process to read the fragment without reading the commit log
         (:meth:`from_descriptor`, ``replaystore.store.scan_fragment``). Cost: O(parts).
         """
         return self._fragment.to_dict()
@@ -186,8 +187,9 @@ class TableView:
               visible_from: np.ndarray, ends: np.ndarray, bases: dict[str, np.ndarray], ragged: Sequence[str],
               nnz: dict[str, np.ndarray], live: Sequence[Fragment], live_ids: np.ndarray, shown: np.ndarray,
               live_from: np.ndarray) -> TableView:
-        """The view of visible fragments ``frags`` (with their row-id arrays) and the lookup tables
-        derived from them. Cost: array operations over the fragments.
+        """The view of visible fragments ``frags`` and the lookup tables derived from them.
+
+        The fragments come with their row-id arrays. Cost: array operations over the fragments.
         """
         firsts = first_ids + visible_from
         cum = np.concatenate([_ZERO, np.cumsum(ends - firsts)])
@@ -228,8 +230,9 @@ class TableView:
 
     @property
     def live_fragments(self) -> tuple[FragmentInfo, ...]:
-        """Every live fragment, visible or not (capacity may have evicted all of a fragment's
-        records before its objects are reclaimed), in row-id order per writer.
+        """Every live fragment, visible or not, in row-id order per writer.
+
+        Capacity may have evicted all of a fragment's records before its objects are reclaimed.
 
         Returns
         -------

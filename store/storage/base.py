@@ -417,7 +417,7 @@ class Storage(abc.ABC):
         """
         return None
 
-    def check_create(self) -> None:
+    def check_create(self) -> None:  # noqa: B027 (an optional hook; the default does nothing)
         """Refuse a storage that does not honour create-if-absent.
 
         A no-op where it always does.
@@ -428,7 +428,7 @@ class Storage(abc.ABC):
             The storage does not honour create-if-absent.
         """
 
-    def sync_dirs(self, paths: list[str]) -> None:
+    def sync_dirs(self, paths: list[str]) -> None:  # noqa: B027 (an optional hook; the default does nothing)
         """Make the directory entries of written ``paths`` durable (local filesystems only).
 
         Parameters
