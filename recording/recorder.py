@@ -201,8 +201,9 @@ class SlotRecorder:
                 problems.append(f"{fname!r} shape {f.shape}, expected {shape}")
         for fname in ("terminated", "truncated", *(info_columns(k)[1] for k in self.info_keys)):
             f = schema.field(fname) if fname in schema else None
-            if f is not None and f.dtype != np.bool_:
-                problems.append(f"{fname!r} dtype {f.dtype}, expected bool")
+            dtype = None if f is None else getattr(f, "dtype", "none (batch metadata)")
+            if dtype is not None and dtype != np.bool_:
+                problems.append(f"{fname!r} dtype {dtype}, expected bool")
         if problems:
             raise SchemaMismatchError(f"{url}: the store's schema {schema.name!r} cannot hold these steps: "
                                       + "; ".join(problems))

@@ -23,7 +23,7 @@ from replaystore.store import Store
 _ONE = np.ones(1, dtype=bool)
 
 
-class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
+class RecordEpisodes(gym.Wrapper):
     """Record every transition of a Gymnasium environment into a store.
 
     One stream, step numbers counting the environment's steps; each episode starts with a

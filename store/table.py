@@ -67,8 +67,8 @@ class TableReader:
         self._index_view: tuple[TableView, dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
-        self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
-                        for off, names in schema.offsets_groups.items()]
+        ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
+        self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
         self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
         # the compiled CSR index (store/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
@@ -532,10 +532,12 @@ class TableReader:
         if ragged and self._csr is _UNASKED:
             self._csr = kernels("replaystore.store.csrkernels")
         if ragged and self._csr is not None:
+            csr = self._csr
+            assert isinstance(csr, ModuleType)  # asked just above
             for off_name, values in ragged:
                 new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
                 shift = _NO_SHIFT if shifts is None else shifts[off_name]
-                ok, value_index = self._csr.csr_index(  # type: ignore[union-attr]
+                ok, value_index = csr.csr_index(
                     array(off_name), loc, shift, v._max_nnz[off_name], new_offsets)
                 if not ok:
                     offsets = array(off_name)

@@ -63,7 +63,11 @@ def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
         return 1
     total = sum(len(st.table(t).view().fragments) for t in st.tables)
     with tqdm(total=total, desc="verify", unit="fragment", disable=not sys.stderr.isatty()) as bar:
-        problems = verify_store(st, progress=lambda n: bar.update(n - bar.n))
+
+        def advance(n: int) -> None:
+            bar.update(n - bar.n)
+
+        problems = verify_store(st, progress=advance)
     for p in problems:
         print(f"DAMAGED {p}")
     if problems:
