@@ -107,10 +107,12 @@ def _signature_params(func: Callable[..., Any]) -> list[str]:
         sig = inspect.signature(func)
     except (TypeError, ValueError):
         return []
+    # (a leading underscore marks a private dataclass field: not part of the documented API)
     return [
         p.name
         for p in sig.parameters.values()
-        if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        if p.name not in ("self", "cls") and not p.name.startswith("_")
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
 
 
