@@ -405,14 +405,17 @@ class UnsupportedSpaceError(SchemaError):
 
 
 class UnsafeCastError(DTypeError):
-    """A value cannot be cast to its field's dtype without changing it (3.7 into an int64 action,
-    300 into uint8, a float into bool); nothing of the step was recorded.
+    """A value cannot be cast to its field's dtype without changing it.
+
+    For example 3.7 into an int64 action, 300 into uint8, a float into bool; nothing of the
+    step was recorded.
     """
 
 
 class RecordingError(StoreError):
-    """A recording wrapper was used out of order (a step before a reset, a step after the episode
-    ended or after a failed step), or the vector environment does not say its autoreset mode.
+    """A recording wrapper was used out of order, or the vector environment lacks an autoreset mode.
+
+    Out of order: a step before a reset, a step after the episode ended or after a failed step.
     """
 
 

@@ -242,8 +242,9 @@ class StoreSampler(Sampler[Request]):
         return self.num_batches
 
     def _subset_view(self) -> None:
-        """Where the visible rows fall in the subset: one span of subset entries per visible
-        interval (cost: number of fragments, once per change of the table's view).
+        """Where the visible rows fall in the subset: one span of subset entries per visible interval.
+
+        Cost: number of fragments, once per change of the table's view.
         """
         view = self.table.view()
         if self._view_version == view.version:

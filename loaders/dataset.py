@@ -269,7 +269,7 @@ class StoreDataset(Dataset):
         batch = gather_arrays(table, request)
         return batch if self.her is None else self.her.relabel(table, batch)
 
-    def __getitem__(self, request: Request) -> dict[str, Any]:
+    def __getitem__(self, request: Request) -> dict[str, Any] | WorkerBatch:
         """Same as :meth:`__getitems__`."""
         return self.__getitems__(request)
 
@@ -290,7 +290,8 @@ class StoreLoader(DataLoader):
     arguments.
     """
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    # (a generator over DataLoader's iterator; torch types __iter__ as its private iterator class)
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         """Yield minibatches as mappings of tensors."""
         for batch in super().__iter__():
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch

@@ -85,7 +85,10 @@ class PassRows:
         numpy.ndarray
             int64 row ids.
         """
-        return self._ids if self._ids is not None else expand(self._iv)
+        if self._ids is not None:
+            return self._ids
+        assert self._iv is not None  # one of the two is given
+        return expand(self._iv)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         """The row ids at ``positions`` (int64, ``0 <= p < n``).

@@ -194,9 +194,11 @@ class StreamWindows:
         self._count()
 
     def _windows_of(self, jobs: list[tuple[int, int, int, int, bool]]) -> None:
-        """For each job ``(slot, first, ctx, hi, replace)``: the slot's windows whose first learning
-        step is at relative position ``>= first``, from its entries ``[ctx, hi)``; they replace
-        the slot's windows or are appended. One :func:`legal_windows` call for all jobs.
+        """Compute the legal windows of each job ``(slot, first, ctx, hi, replace)``, in one call.
+
+        For each job: the slot's windows whose first learning step is at relative position
+        ``>= first``, from its entries ``[ctx, hi)``; they replace the slot's windows or are
+        appended. One :func:`legal_windows` call for all jobs.
         """
         seg = self.index.seg
         at = np.array([seg.origin[s] + ctx for s, _, ctx, _, _ in jobs], dtype=np.int64)
@@ -348,7 +350,9 @@ class SequenceSampler(StoreSampler):
         return self._windows
 
     def windows(self) -> Windows:
-        """Every legal window, in draw order, as positions of the table's stream index (``table.stream_index()``)
+        """Every legal window, in draw order.
+
+        Windows are given as positions of the table's stream index (``table.stream_index()``)
         dense views.
 
         Cost: the table (inspection, not sampling).

@@ -1,5 +1,7 @@
-"""Recording Gymnasium environments into a store: schemas from spaces, and wrappers for single and
-vector environments that record every transition (every autoreset mode).
+"""Recording Gymnasium environments into a store.
+
+Schemas from spaces, and wrappers for single and vector environments that record every
+transition (every autoreset mode).
 
 Needs the optional dependency gymnasium: ``pip install "replaystore[gym]"``.
 """

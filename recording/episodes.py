@@ -46,6 +46,6 @@ def recorded_episodes(store: Store) -> list[dict[str, Any]]:
         if any(not isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1:  # type: ignore[arg-type]
             raise StoreError(f"commit {body.get('writer')}/{body.get('seq')}: malformed 'episodes' metadata "
                              f"(expected lists {list(EPISODE_KEYS)} of one length)")
-        for values in zip(*columns, strict=True):  # type: ignore[call-overload]
+        for values in zip(*columns, strict=True):
             out.append({"writer": body.get("writer"), **dict(zip(EPISODE_KEYS, values, strict=True))})
     return out

@@ -1,5 +1,6 @@
-"""The recording engine behind both wrappers: per-slot episode state, safe casts, buffered appends,
-commits carrying per-episode metadata.
+"""The recording engine behind both wrappers.
+
+Per-slot episode state, safe casts, buffered appends, commits carrying per-episode metadata.
 
 A *slot* is one environment (a single env has one; a vector env one per sub-env) and writes one
 stream. The wrappers translate Gymnasium's reset/step/autoreset rules into three calls:
@@ -200,8 +201,9 @@ class SlotRecorder:
                 problems.append(f"{fname!r} shape {f.shape}, expected {shape}")
         for fname in ("terminated", "truncated", *(info_columns(k)[1] for k in self.info_keys)):
             f = schema.field(fname) if fname in schema else None
-            if f is not None and f.dtype != np.bool_:
-                problems.append(f"{fname!r} dtype {f.dtype}, expected bool")
+            dtype = None if f is None else getattr(f, "dtype", "none (batch metadata)")
+            if dtype is not None and dtype != np.bool_:
+                problems.append(f"{fname!r} dtype {dtype}, expected bool")
         if problems:
             raise SchemaMismatchError(f"{url}: the store's schema {schema.name!r} cannot hold these steps: "
                                       + "; ".join(problems))
@@ -381,8 +383,9 @@ class SlotRecorder:
         return self._uncommitted
 
     def flush(self) -> None:
-        """Append the buffered records to the writer (still uncommitted). Cost: one concatenation
-        per field and one ``Writer.append``.
+        """Append the buffered records to the writer (still uncommitted).
+
+        Cost: one concatenation per field and one ``Writer.append``.
         """
         if not self._buffered:
             return
@@ -394,8 +397,10 @@ class SlotRecorder:
         self._buffered = 0
 
     def commit(self) -> None:
-        """Append what is buffered and commit, with the episodes ended since the last commit in
-        the commit's metadata (``{"episodes": {column: [values]}}``). Cost: one commit.
+        """Append what is buffered and commit, with the episodes ended since the last commit.
+
+        The ended episodes go in the commit's metadata (``{"episodes": {column: [values]}}``).
+        Cost: one commit.
         """
         if self.writer is None:
             return
@@ -408,8 +413,9 @@ class SlotRecorder:
         self._uncommitted = 0
 
     def close(self) -> None:
-        """Abandon open episodes (their records are kept), commit, close the writer and, if this
-        recorder opened the store, the store. Idempotent.
+        """Abandon open episodes (their records are kept), commit, and close.
+
+        Closes the writer and, if this recorder opened the store, the store. Idempotent.
         """
         if self.closed:
             return

@@ -202,8 +202,9 @@ class SpaceBounds:
 
 
 def bounds(space: Any) -> SpaceBounds | None:
-    """The integer range a value of ``space`` must lie in; None for Box (not checked: an agent's
-    action is recorded as given, the environment clips it).
+    """The integer range a value of ``space`` must lie in; None for Box.
+
+    Box is not checked: an agent's action is recorded as given, the environment clips it.
     """
     if isinstance(space, spaces.Discrete):
         return SpaceBounds(int(space.start), int(space.start) + int(space.n))

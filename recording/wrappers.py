@@ -1,5 +1,7 @@
-"""``RecordEpisodes`` (a ``gymnasium.Wrapper``) and ``RecordVectorEpisodes`` (a
-``gymnasium.vector.VectorWrapper``): every transition an environment makes goes into a store.
+"""Wrappers that put every transition an environment makes into a store.
+
+``RecordEpisodes`` is a ``gymnasium.Wrapper``; ``RecordVectorEpisodes`` a
+``gymnasium.vector.VectorWrapper``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from replaystore.store import Store
 _ONE = np.ones(1, dtype=bool)
 
 
-class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
+class RecordEpisodes(gym.Wrapper):
     """Record every transition of a Gymnasium environment into a store.
 
     One stream, step numbers counting the environment's steps; each episode starts with a
@@ -84,7 +86,21 @@ class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
         return self.recorder.store
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        """Reset the environment and start an episode (an unfinished one is left as it is)."""
+        """Reset the environment and start an episode (an unfinished one is left as it is).
+
+        Parameters
+        ----------
+        seed : int, optional
+            Passed to the environment's ``reset``; kept with the episode.
+        options : dict, optional
+            Passed to the environment's ``reset``.
+
+        Returns
+        -------
+        tuple
+            ``(observation, info)`` as the environment returned them. Cost: the environment's
+            reset plus buffering one observation.
+        """
         obs, info = self.env.reset(seed=seed, options=options)
         self.recorder.begin(_ONE, _one(obs), [seed])
         return obs, info
@@ -92,8 +108,25 @@ class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         """Step the environment and record the transition.
 
-        Raises RecordingError before stepping when no episode is in progress (no reset yet,
-        the episode ended, or the last step failed to record), and the action's cast errors.
+        Parameters
+        ----------
+        action : object
+            The action, passed to the environment as given.
+
+        Returns
+        -------
+        tuple
+            ``(observation, reward, terminated, truncated, info)`` as the environment returned
+            them. Cost: the environment's step plus buffering one record; a commit every
+            ``commit_every`` records.
+
+        Raises
+        ------
+        RecordingError
+            Before stepping, when no episode is in progress (no reset yet, the episode ended,
+            or the last step failed to record), or after :meth:`close`.
+        UnsafeCastError
+            The action (before stepping) or a recorded value cannot be cast to its field's dtype.
         """
         if self.recorder.closed:
             raise RecordingError("step() after close()")
@@ -122,8 +155,9 @@ class RecordEpisodes(gym.Wrapper):  # type: ignore[type-arg]
 
 
 class RecordVectorEpisodes(VectorWrapper):
-    """Record every transition of a Gymnasium vector environment into a store, one stream per
-    sub-environment, in every autoreset mode.
+    """Record every transition of a Gymnasium vector environment into a store.
+
+    One stream per sub-environment, in every autoreset mode.
 
     The mode is read from ``venv.metadata["autoreset_mode"]``:
 
@@ -136,10 +170,35 @@ class RecordVectorEpisodes(VectorWrapper):
 
     ``reset(seed=s)`` gives sub-env ``i`` the seed ``s + i`` (a list: one each), kept with the
     episode; autoreset episodes have no seed. Info keys respect Gymnasium's ``_key`` masks.
-    Parameters, errors and costs as :class:`RecordEpisodes` (``streams``: one key per sub-env,
-    default ``"w<writer>-<i>"``). A value that cannot be cast stores nothing of that step for
-    any sub-env; the sub-envs stepped leave their episodes unfinished and record again from
-    their next reset or autoreset.
+    A value that cannot be cast stores nothing of that step for any sub-env; the sub-envs
+    stepped leave their episodes unfinished and record again from their next reset or
+    autoreset. Errors and costs as :class:`RecordEpisodes`.
+
+    Parameters
+    ----------
+    env
+        The vector environment; its ``metadata["autoreset_mode"]`` must be set.
+    url_or_store
+        A store URL or path (opened with mode ``"a"``), or an open :class:`Store`.
+    commit_every
+        Commit once this many records are pending.
+    info_keys
+        Info keys recorded, as for :class:`RecordEpisodes`.
+    schema
+        The schema to create the store with (default: from the single spaces).
+    name
+        The default schema's name (default: the env id).
+    streams
+        One stream key per sub-env (default ``"w<writer>-<i>"``).
+    capacity, storage_options
+        For :func:`~replaystore.store.open_store`.
+
+    Raises
+    ------
+    RecordingError
+        The vector environment's metadata has no valid ``autoreset_mode``.
+    UnsupportedSpaceError
+        A space without a column layout.
     """
 
     def __init__(self, env: VectorEnv, url_or_store: str | os.PathLike[str] | Store, *,
@@ -170,7 +229,22 @@ class RecordVectorEpisodes(VectorWrapper):
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        """Reset all sub-envs, or those in ``options["reset_mask"]``, and start their episodes."""
+        """Reset all sub-envs, or those in ``options["reset_mask"]``, and start their episodes.
+
+        Parameters
+        ----------
+        seed : int or list of int or None, optional
+            Passed to the environment; sub-env ``i`` is recorded with seed ``seed + i`` (a list:
+            one each).
+        options : dict, optional
+            Passed to the environment; ``"reset_mask"`` selects the sub-envs reset.
+
+        Returns
+        -------
+        tuple
+            ``(observations, infos)`` as the environment returned them. Cost: the
+            environment's reset plus buffering the observations.
+        """
         n = self.num_envs
         mask = options.get("reset_mask") if options else None
         mask = np.ones(n, dtype=bool) if mask is None else np.array(mask, dtype=bool)
@@ -190,8 +264,25 @@ class RecordVectorEpisodes(VectorWrapper):
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every sub-env and record the transitions (see the class notes for each mode).
 
-        Raises RecordingError before the first ``reset``, and the actions' cast errors before
-        stepping (every sub-env's action is checked, also one an autoreset will ignore).
+        Parameters
+        ----------
+        actions : object
+            One action per sub-env, passed to the environment as given.
+
+        Returns
+        -------
+        tuple
+            ``(observations, rewards, terminated, truncated, infos)`` as the environment
+            returned them. Cost: the environment's step plus buffering one record per sub-env
+            recording; a commit every ``commit_every`` records.
+
+        Raises
+        ------
+        RecordingError
+            Before the first ``reset``, or after :meth:`close`.
+        UnsafeCastError
+            Before stepping, an action that cannot be cast (every sub-env's action is checked,
+            also one an autoreset will ignore); after, a recorded value that cannot be cast.
         """
         rec = self.recorder
         if rec.closed:

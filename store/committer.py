@@ -1,5 +1,7 @@
-"""A writer's commit records: their sequence numbers and times, and their creation, either
-inline or pipelined on the writer's committer thread (``commit(wait=False)``).
+"""A writer's commit records: their sequence numbers and times, and their creation.
+
+Records are created either inline or pipelined on the writer's committer thread
+(``commit(wait=False)``).
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ class Committer:
 
     def create(self, seq: int, body: dict[str, Any], segments: Sequence[Segment] = (), *,
                wait: bool = True) -> None:
-        """Create commit record ``seq`` (under ``lock``) once the record before it exists; the next
-        record is then ``seq + 1``.
+        """Create commit record ``seq`` (under ``lock``) once the record before it exists.
+
+        The next record is then ``seq + 1``.
 
         The pending bytes of ``segments`` are made durable first, concurrently with the record's
         own file, and checked present before it is published.
@@ -143,8 +146,9 @@ class Committer:
             self.in_flight, self.in_flight_segments = None, set()
 
     def refresh_view(self) -> None:
-        """Show this writer's records through its store handle, from the records it created (no
-        read of storage).
+        """Show this writer's records through its store handle, from the records it created.
+
+        No read of storage.
 
         Other writers' new commits are read too only in a capped store, where eviction (and so
         what this writer retires and reclaims) follows them: reading everyone's records after

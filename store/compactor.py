@@ -1,5 +1,7 @@
-"""A writer's compaction: merging its committed fragments on its compaction thread after commits,
-all due merges at close, and every mergeable run on demand (``Writer.compact``).
+"""A writer's compaction: merging its committed fragments.
+
+Merges run on the writer's compaction thread after commits, all due merges at close, and
+every mergeable run on demand (``Writer.compact``).
 
 Which runs to merge is decided by store/compaction.py; this module runs the merges and
 publishes each with a ``compact`` commit record through the writer's committer.
@@ -70,7 +72,7 @@ class Compactor:
                 if v == 0 and f.writer == self.writer}
 
     def _next_merge(self) -> tuple[str, list[Fragment]] | None:
-        """This writer's trailing run of fragments due for a merge (store/compaction.py), if any."""
+        """Find the writer's trailing run of fragments due for a merge (store/compaction.py), if any."""
         with self._committer.lock:
             fragments = {t: list(frags) for t, frags in self._fragments.items()}
         for table, frags in fragments.items():
@@ -188,8 +190,10 @@ class Compactor:
         return done is not None and self._publish(table, run, *done)
 
     def _publish(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
-        """Publish ``merged`` in place of ``run`` with a ``compact`` commit record (True), or abandon
-        it (False; its objects at ``path`` deleted) if part of ``run`` was retired meanwhile.
+        """Publish ``merged`` in place of ``run`` with a ``compact`` commit record, or abandon it.
+
+        Returns True when published; False when abandoned (its objects at ``path`` deleted)
+        because part of ``run`` was retired meanwhile.
         """
         committer = self._committer
         with committer.lock:

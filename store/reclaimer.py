@@ -1,6 +1,8 @@
-"""Reclamation by one writer: retiring its evicted fragments from its log, and deleting the
-storage of evicted segments (any writer's), of dead writers' unreferenced segments and of
-compacted-away fragments (docs/FORMAT.md, "Capacity and reclamation").
+"""Reclamation by one writer: retiring evicted fragments and deleting storage no one needs.
+
+The writer retires its evicted fragments from its log, and deletes the storage of evicted
+segments (any writer's), of dead writers' unreferenced segments and of compacted-away
+fragments (docs/FORMAT.md, "Capacity and reclamation").
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Reclaimer:
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
 
     def retire(self, fragments: dict[str, list[Fragment]]) -> dict[str, list[Fragment]]:
-        """This writer's fragments wholly evicted (beyond the grace margin): to drop from its log.
+        """Find the writer's fragments wholly evicted (beyond the grace margin): to drop from its log.
 
         Parameters
         ----------
@@ -92,8 +94,10 @@ class Reclaimer:
         return out
 
     def trash(self, frags: list[Fragment], now: int) -> None:
-        """Delete compacted-away fragments later (under the committer's lock): after
-        ``TRASH_GRACE_NS`` or, in a capped store, once all their records are beyond retention.
+        """Delete compacted-away fragments later (under the committer's lock).
+
+        They are deleted after ``TRASH_GRACE_NS`` or, in a capped store, once all their records
+        are beyond retention.
 
         Parameters
         ----------
@@ -107,9 +111,10 @@ class Reclaimer:
         self._trash += [(now + TRASH_GRACE_NS, f) for f in frags]
 
     def reclaim(self) -> None:
-        """Delete the storage of wholly evicted fragments (any writer's: dead writers leave
-        garbage too), of due trash, and of dead writers' unreferenced segments; retry failed
-        deletions.
+        """Delete the storage no one needs any more; retry failed deletions.
+
+        That is the storage of wholly evicted fragments (any writer's: dead writers leave
+        garbage too), of due trash, and of dead writers' unreferenced segments.
 
         Raises
         ------
@@ -150,10 +155,12 @@ class Reclaimer:
             self._sweep(writer)
 
     def _sweep(self, writer: int) -> None:
-        """Delete the segments of dead writer ``writer`` that its log does not reference: its spares
-        and the segment of appends it never committed (docs/FORMAT.md, "Capacity and reclamation").
-        Its death was proved first, so its log is final: the directories are listed, then the log
-        is read, and a segment committed before it died is seen as referenced. Once per writer.
+        """Delete the segments of dead writer ``writer`` that its log does not reference.
+
+        These are its spares and the segment of appends it never committed (docs/FORMAT.md,
+        "Capacity and reclamation"). Its death was proved first, so its log is final: the
+        directories are listed, then the log is read, and a segment committed before it died is
+        seen as referenced. Once per writer.
         Cost: a listing per table and a refresh of the log.
         """
         self._swept.add(writer)

@@ -15,7 +15,7 @@ import google_crc32c
 from replaystore.errors import CorruptObjectError
 
 if TYPE_CHECKING:
-    pass
+    from replaystore.store.storage.base import Storage
 
 
 def _canonical(body: Any) -> bytes:
@@ -97,7 +97,7 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
     return body
 
 
-def read(storage: Any, path: str) -> bytes:
+def read(storage: Storage, path: str) -> bytes:
     """The bytes of record document ``path`` of ``storage``.
 
     Parameters

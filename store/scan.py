@@ -99,8 +99,9 @@ def _batch_rows(batch_rows: int | None) -> int:
 
 def scan(source: TableView | TableReader, columns: Sequence[str] | None = None, batch_rows: int | None = None,
          ) -> Iterator[pa.RecordBatch]:
-    """Visible records of a view in row-id order, ``batch_rows`` at a time, with only ``columns``
-    (``TableView.scan``, ``Table.scan``).
+    """Visible records of a view in row-id order, ``batch_rows`` at a time, with only ``columns``.
+
+    This is ``TableView.scan`` and ``Table.scan``.
 
     Only the arrays behind the requested columns are read: selecting two fields of
     a wide table reads two fields' objects. Unknown columns and a bad ``batch_rows``

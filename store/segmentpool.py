@@ -1,6 +1,7 @@
-"""Where a writer's pending appends are written: per table, a staged fragment (object storage,
-format 1) or open segments filled in place, with a spare segment created ahead
-(docs/FORMAT.md, "Segments").
+"""Where a writer's pending appends are written.
+
+Per table, a staged fragment (object storage, format 1) or open segments filled in place,
+with a spare segment created ahead (docs/FORMAT.md, "Segments").
 """
 
 from __future__ import annotations
@@ -163,8 +164,10 @@ class SegmentPool:
         return seg
 
     def _new_segment(self, table: str, rows: int, nnz: dict[str, int], sample_rows: int) -> Segment:
-        """A new segment for at least ``rows`` rows, its values capacity sized from ``nnz`` values
-        per CSR group over ``sample_rows`` records (docs/FORMAT.md, "Segments").
+        """A new segment for at least ``rows`` rows.
+
+        Its values capacity is sized from ``nnz`` values per CSR group over ``sample_rows``
+        records (docs/FORMAT.md, "Segments").
         """
         capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
@@ -244,8 +247,9 @@ class SegmentPool:
         return [s.fragment(self._new_name(), [(seq, now, s.pending)]) for s in segs]
 
     def committed(self, table: str) -> None:
-        """The table's pending segment records were committed: sealed segments are done (closed
-        once the commit record is made, which may still be syncing their files).
+        """The table's pending segment records were committed: sealed segments are done.
+
+        They are closed once the commit record is made, which may still be syncing their files.
 
         Parameters
         ----------
@@ -261,8 +265,9 @@ class SegmentPool:
         self.filling[table] = []
 
     def close_staged(self, committed: set[str]) -> None:
-        """After a commit: close the staged fragments it referenced; abort the others (opened by
-        an append that failed: nothing of them is pending).
+        """After a commit: close the staged fragments it referenced; abort the others.
+
+        The others were opened by an append that failed: nothing of them is pending.
 
         Parameters
         ----------
@@ -279,8 +284,9 @@ class SegmentPool:
                 frag.abort()
 
     def close_committed(self, seg: Segment) -> None:
-        """Close a sealed segment, once the commit record being made (which may be syncing its
-        files) is.
+        """Close a sealed segment once the commit record being made is closed.
+
+        The commit record may still be syncing the segment's files.
 
         Parameters
         ----------
@@ -296,8 +302,10 @@ class SegmentPool:
             future.add_done_callback(lambda _: seg.close())  # (at once if it is done)
 
     def discard(self) -> None:
-        """Drop the pending appends: abort the staged fragments, discard the segments' pending
-        records, and delete the segments they opened (nothing references them).
+        """Drop the pending appends.
+
+        Aborts the staged fragments, discards the segments' pending records, and deletes the
+        segments they opened (nothing references them).
 
         Raises
         ------

@@ -32,8 +32,10 @@ def max_fragment_rows(capacity: int | None) -> int:
 
 
 def segment_rows(schema: Schema, capacity: int | None) -> int:
-    """Rows of a new segment: the fragment size cap, or in a store with capacity N at least
-    ``SEGMENT_FLOOR_BYTES`` of fixed-size columns, up to N.
+    """Rows of a new segment.
+
+    The fragment size cap, or in a store with capacity N at least ``SEGMENT_FLOOR_BYTES`` of
+    fixed-size columns, up to N.
 
     Parameters
     ----------

@@ -72,8 +72,10 @@ class StepBook:
         self._staged, self._done = {}, {}
 
     def accept(self) -> None:
-        """The append checked since :meth:`begin` was accepted: its steps and done flags become
-        the streams' last ones (undone by :meth:`rollback` until :meth:`commit`).
+        """The append checked since :meth:`begin` was accepted.
+
+        Its steps and done flags become the streams' last ones (undone by :meth:`rollback`
+        until :meth:`commit`).
 
         Cost: O(streams of the append).
         """
@@ -89,8 +91,9 @@ class StepBook:
         self._undo = ({}, {})
 
     def rollback(self) -> None:
-        """The accepted appends were discarded: restore each stream's last step and done flag
-        as of the last commit.
+        """The accepted appends were discarded.
+
+        Restores each stream's last step and done flag as of the last commit.
 
         Cost: O(streams appended to since the last commit).
         """
@@ -134,8 +137,9 @@ class StepBook:
         self._done[(table, key)] = done
 
     def known_last(self, table: str, key: StreamKey, staged: bool = True) -> int | None:
-        """The last step of a stream: staged by this append (``staged``), written by this writer,
-        or stored (a current view is read once per append for a stream not written yet).
+        """The last step of a stream: staged by this append, written by this writer, or stored.
+
+        A current view is read once per append for a stream not written yet.
 
         Parameters
         ----------

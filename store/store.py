@@ -55,6 +55,12 @@ class Table:
     writer of this handle committing); :meth:`view` returns it as an immutable
     :class:`~replaystore.store.view.TableView` snapshot. The methods here read the
     table's current view.
+
+    Parameters
+    ----------
+    reader : TableReader
+        The store's reader of the table (internal); obtain a table from
+        :meth:`Store.table` or :attr:`Store.default` rather than constructing one.
     """
 
     def __init__(self, reader: TableReader) -> None:
@@ -98,8 +104,10 @@ class Table:
         return self.reader.view
 
     def widen(self, extra: int) -> None:
-        """Show ``extra`` more records than the capacity: those evicted most recently and still
-        stored within the grace margin (docs/FORMAT.md, "Capacity and reclamation").
+        """Show ``extra`` more records than the capacity.
+
+        Those evicted most recently and still stored within the grace margin (docs/FORMAT.md,
+        "Capacity and reclamation").
 
         For a handle that only gathers rows another handle's (possibly older) view chose,
         such as a DataLoader worker's. No effect without a capacity.
@@ -147,7 +155,20 @@ class Table:
         return self.reader.read(rows, columns)
 
     def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
-        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same parameters, errors and cost)."""
+        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same errors and cost).
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids (any order, repeats allowed).
+        columns : sequence of str, optional
+            Field names to read (default: every dense and ragged field).
+
+        Returns
+        -------
+        Columns
+            The records, field by field.
+        """
         return self.view().read_columns(rows, columns)
 
     def scan(self, columns: Sequence[str] | None = None, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -247,28 +268,89 @@ class Table:
         return self.reader.rows_at(positions)
 
     def streams(self) -> list[StreamKey]:
-        """Keys of the streams with visible records. Cost: the stream index (see :meth:`stream_index`)."""
+        """Keys of the streams with visible records.
+
+        Returns
+        -------
+        list of int or str
+            Stream keys. Cost: the stream index (see :meth:`stream_index`).
+        """
         self.reader.sync()
         return self.reader.index.streams()
 
     def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
-        """``(row ids, steps)`` of one stream's visible records, in step order (copies)."""
+        """One stream's visible records, in step order.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``(row ids, steps)``, both int64 copies (empty for an unknown stream). Cost: a copy
+            of the stream's slice of the index.
+        """
         self.reader.sync()
         rows, steps = self.reader.index.stream_rows(stream)
         return rows.copy(), steps.copy()
 
     def runs(self, stream: StreamKey) -> np.ndarray:
-        """Contiguous step runs ``[[first, last], ...]`` of a stream; gaps lie between runs."""
+        """Contiguous step runs of a stream; gaps lie between runs.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[[first step, last step], ...]``, shape ``(runs, 2)``. Cost: one pass over
+            the stream's steps.
+        """
         self.reader.sync()
         return self.reader.index.runs(stream)
 
     def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
-        """Row ids of ``(stream, step)``; -1 where not visible."""
+        """Row ids of ``(stream, step)`` pairs.
+
+        Parameters
+        ----------
+        stream : int or str
+            The stream key.
+        steps : int or array_like of int
+            Steps of that stream.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 row ids shaped like ``steps``; -1 where the step is not visible. Cost: a
+            binary search per step.
+        """
         self.reader.sync()
         return self.reader.index.lookup(stream, steps)
 
     def index_of(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(stream keys, steps, resets)`` of row ids (see :meth:`TableView.index_of`)."""
+        """``(stream keys, steps, resets)`` of visible row ids (see :meth:`TableView.index_of`).
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Stream keys (object array), steps (int64), resets (bool). Cost: one read of the
+            index arrays per fragment touched.
+
+        Raises
+        ------
+        RowError
+            A row id that is not visible.
+        """
         self.reader.sync()
         return self.reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1))
 
@@ -539,8 +621,9 @@ class Store:
         return changed
 
     def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
-        """Show the records writer ``writer`` of this process created (``CommitLog.apply_created``)
-        without reading storage; a handle that has not read the store yet refreshes.
+        """Show the records writer ``writer`` of this process created, without reading storage.
+
+        See ``CommitLog.apply_created``; a handle that has not read the store yet refreshes.
         """
         applied = self.log.apply_created(writer, created)
         if applied is None:
@@ -754,9 +837,11 @@ class Store:
         return version
 
     def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
-        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved`` (just
-        created, intact): each record first, then its arrays, so that a crash at any instant
-        leaves every remaining record whole (arrays of a deleted record are vacuum's).
+        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved``.
+
+        ``saved`` was just created, intact. Each record goes first, then its arrays, so that a
+        crash at any instant leaves every remaining record whole (arrays of a deleted record
+        are vacuum's).
         """
         # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
         older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
@@ -936,8 +1021,10 @@ class Store:
         }
 
     def close(self) -> None:
-        """Mark the handle closed. It holds no resource that needs releasing: writers are closed
-        on their own (``Writer.close``). Cost: none.
+        """Mark the handle closed.
+
+        It holds no resource that needs releasing: writers are closed on their own
+        (``Writer.close``). Cost: none.
         """
         self.closed = True
 

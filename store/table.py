@@ -67,8 +67,8 @@ class TableReader:
         self._index_view: tuple[TableView, dict[tuple[int, str], FragmentData]] | None = None
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
-        self._ragged = [(off, [(n, np.dtype(schema.field(n).dtype)) for n in names])
-                        for off, names in schema.offsets_groups.items()]
+        ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
+        self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
         self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
         # the compiled CSR index (store/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
@@ -80,7 +80,8 @@ class TableReader:
             specs = schema.zarr_layout()
             self._layouts["records"] = Layout(storage, schema, [s for s in specs if s.role != "values"])
             for off, names in schema.offsets_groups.items():
-                self._layouts[off] = Layout(storage, schema, [s for s in specs if s.role == "values" and s.name in names])
+                values = [s for s in specs if s.role == "values" and s.name in names]
+                self._layouts[off] = Layout(storage, schema, values)
         self._layout_of = {name: lay for lay in self._layouts.values() for name in lay.specs}
         self._views: dict[str, np.ndarray] | None = None  # every array's view, taken at the first read
         # object storage (lazy layouts): the current view's fragments no read has mapped since the sync
@@ -231,10 +232,12 @@ class TableReader:
             self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
     def widen(self, extra: int) -> None:
-        """Show ``extra`` more records than the capacity: those evicted most recently, still
-        stored while within the grace margin (docs/FORMAT.md, "Capacity and reclamation"). For
-        a handle that only gathers rows another handle's (possibly older) view chose, such as a
-        DataLoader worker's. No effect without a capacity. Cost: one :meth:`sync`.
+        """Show ``extra`` more records than the capacity.
+
+        Those evicted most recently, still stored while within the grace margin (docs/FORMAT.md,
+        "Capacity and reclamation"). For a handle that only gathers rows another handle's
+        (possibly older) view chose, such as a DataLoader worker's. No effect without a capacity.
+        Cost: one :meth:`sync`.
         """
         if self.capacity is None or extra <= 0:
             return
@@ -243,8 +246,9 @@ class TableReader:
         self.sync()
 
     def evicted_rows(self, grace: int) -> list[tuple[Fragment, int]]:
-        """Each fragment with how many of its rows (its first ones) are older than the newest
-        ``capacity + grace`` records; none in a store without a capacity.
+        """Each fragment with how many of its first rows are older than the newest ``capacity + grace``.
+
+        None in a store without a capacity.
         """
         if self.capacity is None:
             return []
@@ -336,6 +340,7 @@ class TableReader:
 
     # -- data -----------------------------------------------------------------------
     def data(self, frag: Fragment) -> FragmentData:
+        """The cached data handle of ``frag``, opened (no read of data) on first use."""
         key = (frag.writer, frag.name)
         d = self._data.get(key)
         if d is None:
@@ -343,8 +348,10 @@ class TableReader:
         return d
 
     def _data_of(self, v: TableView) -> Callable[[Fragment], FragmentData]:
-        """How reads of view ``v`` open fragment data: through the cache for the current view;
-        for an older one, without adding to it (its fragments may no longer be live).
+        """How reads of view ``v`` open fragment data.
+
+        Through the cache for the current view; for an older one, without adding to it (its
+        fragments may no longer be live).
         """
         if v is self.view:
             return self.data
@@ -496,8 +503,9 @@ class TableReader:
         return out
 
     def _map_touched(self, frag_i: np.ndarray, v: TableView) -> None:
-        """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync
-        (object storage: each is a download into the chunk cache, on first use only).
+        """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
+
+        On object storage each is a download into the chunk cache, on first use only.
         """
         unmapped = self._unmapped
         assert unmapped is not None
@@ -524,10 +532,12 @@ class TableReader:
         if ragged and self._csr is _UNASKED:
             self._csr = kernels("replaystore.store.csrkernels")
         if ragged and self._csr is not None:
+            csr = self._csr
+            assert isinstance(csr, ModuleType)  # asked just above
             for off_name, values in ragged:
                 new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
                 shift = _NO_SHIFT if shifts is None else shifts[off_name]
-                ok, value_index = self._csr.csr_index(  # type: ignore[union-attr]
+                ok, value_index = csr.csr_index(
                     array(off_name), loc, shift, v._max_nnz[off_name], new_offsets)
                 if not ok:
                     offsets = array(off_name)
@@ -581,6 +591,7 @@ class TableReader:
         return out
 
     def read_columns(self, rows: Any) -> Columns:
+        """Every column of the records at row ids ``rows`` as :class:`Columns` (see :meth:`read`)."""
         out = self.read(rows)
         return Columns(self.schema, len(np.asarray(rows).reshape(-1)), out)
 
@@ -623,8 +634,9 @@ class TableReader:
 
     # -- stream index -----------------------------------------------------------------
     def lists_stream(self, key: StreamKey) -> bool:
-        """False only when no visible fragment lists stream ``key``: it then has no visible
-        records, which a writer asking for a new stream's last step learns without the
+        """False only when no visible fragment lists stream ``key``.
+
+        The stream then has no visible records, which a writer asking for a new stream's last step learns without the
         index. (True may still mean no visible records: keys of fragments evicted or
         compacted since stay listed.) Cost: fragments not seen before.
         """
@@ -638,9 +650,11 @@ class TableReader:
 
     @property
     def index(self) -> StreamIndex:
-        """The (stream, step) index of visible rows: built on first use, then followed across
-        the changes :meth:`sync` saw since, at the cost of the change (:meth:`_follow_index`),
-        when next used (a writer that only appends never pays for it).
+        """The (stream, step) index of visible rows.
+
+        Built on first use, then followed across the changes :meth:`sync` saw since, at the cost
+        of the change (:meth:`_follow_index`), when next used (a writer that only appends never
+        pays for it).
         """
         if self._index_view is not None:
             (old, datas), self._index_view = self._index_view, None
@@ -658,8 +672,9 @@ class TableReader:
 
     def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
                       datas: dict[tuple[int, str], FragmentData]) -> bool:
-        """Apply the change from the view ``(frags, vis_from)`` (objects ``ids``) to the current
-        one to the stream index: the row-id intervals that appeared or left (appends,
+        """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream index.
+
+        The old view's objects are ``ids``. The change is the row-id intervals that appeared or left (appends,
         eviction; compaction replaces fragments without changing them), and the new stream
         order. Cost: array operations over both views (:func:`pair`) + the fragments and
         rows changed (see StreamIndex.apply for what a stream's update costs).

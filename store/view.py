@@ -78,7 +78,20 @@ class FragmentInfo:
 
     @classmethod
     def of(cls, frag: Fragment, visible_from: int) -> FragmentInfo:
-        """The description of ``frag``, visible from local row ``visible_from``. Cost: O(streams + parts)."""
+        """The description of ``frag``, visible from local row ``visible_from`` (used inside the store).
+
+        Parameters
+        ----------
+        frag : Fragment
+            The store's own description of the fragment.
+        visible_from : int
+            Its first visible local row.
+
+        Returns
+        -------
+        FragmentInfo
+            A new description. Cost: O(streams + parts).
+        """
         return cls(frag.writer, frag.table, frag.name, frag.first_id, frag.rows, int(visible_from),
                    tuple(frag.streams), tuple(tuple(p) for p in frag.parts),  # type: ignore[misc]
                    MappingProxyType(dict(frag.nnz)), frag)
@@ -114,9 +127,15 @@ class FragmentInfo:
         return self.rows - self.visible_from
 
     def descriptor(self) -> dict[str, Any]:
-        """The fragment's commit-record descriptor (JSON-compatible, a fresh dict): enough for
-        another process to read the fragment without reading the commit log
-        (:meth:`from_descriptor`, ``replaystore.store.scan_fragment``). Cost: O(parts).
+        """The fragment's commit-record descriptor (JSON-compatible, a fresh dict).
+
+        Enough for another process to read the fragment without reading the commit log
+        (:meth:`from_descriptor`, ``replaystore.store.scan_fragment``).
+
+        Returns
+        -------
+        dict
+            The descriptor. Cost: O(parts).
         """
         return self._fragment.to_dict()
 
@@ -186,8 +205,41 @@ class TableView:
               visible_from: np.ndarray, ends: np.ndarray, bases: dict[str, np.ndarray], ragged: Sequence[str],
               nnz: dict[str, np.ndarray], live: Sequence[Fragment], live_ids: np.ndarray, shown: np.ndarray,
               live_from: np.ndarray) -> TableView:
-        """The view of visible fragments ``frags`` (with their row-id arrays) and the lookup tables
-        derived from them. Cost: array operations over the fragments.
+        """The view of visible fragments ``frags`` and the lookup tables derived from them.
+
+        Used by the table's reader at each refresh that changes the table; users take views
+        from ``Table.view()``.
+
+        Parameters
+        ----------
+        reader : TableReader
+            The table's reader, which reads the view's records.
+        version : int
+            The commit-log version the view shows.
+        frags : sequence of Fragment
+            The visible fragments, in row-id order.
+        first_ids, visible_from, ends : numpy.ndarray
+            Per visible fragment: first row id, first visible local row, end row id (int64).
+        bases : dict of str to numpy.ndarray
+            Per layout, the base row of each visible fragment in the contiguous views (empty
+            where there are none).
+        ragged : sequence of str
+            The CSR offsets arrays, in schema order.
+        nnz : dict of str to numpy.ndarray
+            Per CSR offsets array, the values each visible fragment holds.
+        live : sequence of Fragment
+            Every live fragment, visible or not.
+        live_ids : numpy.ndarray
+            First row id of each live fragment.
+        shown : numpy.ndarray
+            Bool per live fragment: whether it is visible.
+        live_from : numpy.ndarray
+            First visible local row of each live fragment.
+
+        Returns
+        -------
+        TableView
+            The new view. Cost: array operations over the fragments.
         """
         firsts = first_ids + visible_from
         cum = np.concatenate([_ZERO, np.cumsum(ends - firsts)])
@@ -228,8 +280,9 @@ class TableView:
 
     @property
     def live_fragments(self) -> tuple[FragmentInfo, ...]:
-        """Every live fragment, visible or not (capacity may have evicted all of a fragment's
-        records before its objects are reclaimed), in row-id order per writer.
+        """Every live fragment, visible or not, in row-id order per writer.
+
+        Capacity may have evicted all of a fragment's records before its objects are reclaimed.
 
         Returns
         -------
@@ -346,7 +399,20 @@ class TableView:
         return self._reader.read(rows, columns, self)
 
     def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
-        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same parameters, errors and cost)."""
+        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same errors and cost).
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Visible row ids (any order, repeats allowed).
+        columns : sequence of str, optional
+            Field names to read (default: every dense and ragged field).
+
+        Returns
+        -------
+        Columns
+            The records, field by field.
+        """
         out = self.read(rows, columns)
         return Columns(self.schema, len(np.asarray(rows).reshape(-1)), out)
 

@@ -115,9 +115,11 @@ class Writer:
         self._committer.seq = value
 
     def _register(self) -> int:
-        """Take the next free writer number; its registration records the capacity this writer
-        works under. CorruptObjectError, registering nothing, where the manifest's capacity
-        differs from one an earlier writer registered under (:func:`bodies.check_capacity`).
+        """Take the next free writer number.
+
+        Its registration records the capacity this writer works under. CorruptObjectError,
+        registering nothing, where the manifest's capacity differs from one an earlier writer
+        registered under (:func:`bodies.check_capacity`).
         """
         names = self.storage.list(layout.WRITERS)
         bodies.check_capacity(self.storage, self.store.capacity, names)
@@ -288,8 +290,9 @@ class Writer:
         return CommitResult(self.id, seq, rows)
 
     def wait(self) -> None:
-        """Wait until the commit made with ``commit(wait=False)``, if one is in flight, is durable
-        and visible; the writer's store handle then shows it.
+        """Wait until the commit made with ``commit(wait=False)``, if any, is durable and visible.
+
+        The writer's store handle then shows it.
 
         Raises
         ------
@@ -308,8 +311,9 @@ class Writer:
             committer.refresh_view()
 
     def compact(self) -> int:
-        """Merge this writer's committed fragments into as few as the fragment size cap allows
-        (2^20 records, or capacity // 4), now, blocking.
+        """Merge this writer's committed fragments into as few as the size cap allows, now, blocking.
+
+        The fragment size cap is 2^20 records, or capacity // 4.
 
         Random reads cost per fragment a batch touches (docs/PERFORMANCE.md), and the
         background policy leaves about 8 fragments per size tier. Call this when a dataset
@@ -398,8 +402,9 @@ class Writer:
         self._committer.refresh_view()
 
     def _close_segments(self) -> None:
-        """Close the open segments (the committer thread is done with them), delete the spares
-        and wait for the I/O threads' work.
+        """Close the open segments, delete the spares and wait for the I/O threads' work.
+
+        The committer thread is done with the segments by then.
         """
         self._committer.shutdown()
         self._segments.close()
@@ -407,8 +412,10 @@ class Writer:
         self._reclaimer.warn_undeleted()
 
     def _close_record(self) -> None:
-        """Create this writer's last record, ``close``, then drop its liveness lock: from now on any
-        writer may reclaim its evicted segments, and readers stop probing for its commits.
+        """Create this writer's last record, ``close``, then drop its liveness lock.
+
+        From now on any writer may reclaim its evicted segments, and readers stop probing for
+        its commits.
         """
         try:
             committer = self._committer
@@ -425,9 +432,10 @@ class Writer:
             self._unlock()  # (once: later calls do nothing)
 
     def _abandon(self) -> None:
-        """Release the writer without committing what is pending (an error is propagating, or a
-        commit made with ``wait=False`` failed: then no close record either, as readers stop at
-        the missing commit record and would never reach it).
+        """Release the writer without committing what is pending.
+
+        An error is propagating, or a commit made with ``wait=False`` failed: then no close
+        record either, as readers stop at the missing commit record and would never reach it.
         """
         with contextlib.suppress(Exception):  # (the error propagating, or already reported, wins)
             self.discard()

@@ -28,11 +28,37 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
                  progress: bool = False) -> dict[str, Any]:
     """Export ``store`` to ``out`` in format ``to`` (one of :data:`EXPORT_FORMATS`).
 
-    ``table`` picks one table of a multi-table store (Parquet exports every table when
-    it is None; the episode formats need exactly one). ``dataset_id`` names a Minari
-    dataset (default ``replaystore/<store name>-v0``). ``progress`` shows a progress bar
-    when stderr is a terminal. Returns a summary: format, path, files written, records,
-    episodes (episode formats) and streams.
+    Parameters
+    ----------
+    store : Store
+        The store to export (its records as of the call).
+    out : str
+        Where to write (see the module's table).
+    to : str
+        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"`` or ``"d4rl"``.
+    table : str, optional
+        One table of a multi-table store (Parquet exports every table when it is None;
+        the episode formats need exactly one).
+    dataset_id : str, optional
+        The Minari dataset id (default ``replaystore/<store name>-v0``); Minari only.
+    progress : bool
+        Show a progress bar when stderr is a terminal.
+
+    Returns
+    -------
+    dict
+        A summary: format, path, files written, records, episodes (episode formats) and
+        streams.
+
+    Raises
+    ------
+    StoreError
+        An unknown format, ``dataset_id`` for a format other than Minari, or what the
+        format's exporter raises (an unknown table, ``out`` not empty, ...).
+
+    Notes
+    -----
+    Cost: one streaming read of the table in bounded chunks, and the files written.
     """
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}: expected one of {', '.join(EXPORT_FORMATS)}")

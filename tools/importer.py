@@ -31,9 +31,37 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
                  storage_options: Any = None) -> Any:
     """Create the store at ``url`` (it must not exist) from ``src`` in format ``from_``.
 
-    Returns the opened :class:`replaystore.store.Store`. ``storage_options`` are the
-    fsspec options of ``url`` (and of ``src`` for Parquet URLs); ``progress`` shows a
-    progress bar when stderr is a terminal.
+    Parameters
+    ----------
+    src : str
+        What to import (see the module's table).
+    url : str
+        Where to create the store.
+    from_ : str
+        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"`` or ``"d4rl"``.
+    dataset_id : str, optional
+        The Minari dataset id, with ``src`` the datasets root; Minari only.
+    progress : bool
+        Show a progress bar when stderr is a terminal.
+    storage_options : dict, optional
+        The fsspec options of ``url`` (and of ``src`` for Parquet URLs).
+
+    Returns
+    -------
+    Store
+        The new store, opened.
+
+    Raises
+    ------
+    StoreError
+        An unknown format, ``dataset_id`` for a format other than Minari, or a malformed
+        ``src`` (what the format's importer raises).
+    StoreExistsError
+        A store already exists at ``url``.
+
+    Notes
+    -----
+    Cost: one streaming read of ``src`` and the appends and commits of its records.
     """
     if from_ not in IMPORT_FORMATS:
         raise StoreError(f"unknown import format {from_!r}: expected one of {', '.join(IMPORT_FORMATS)}")

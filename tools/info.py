@@ -21,6 +21,10 @@ def _size(n: int) -> str:
 
 
 def print_info(st: Store) -> None:
+    """Print ``replaystore info``'s report on store ``st``: its manifest, size, state slots and tables.
+
+    Cost: one ``Store.info`` (a listing of the store).
+    """
     info = st.info()
     print(f"store           {info['url']}")
     print(f"format version  {info['format_version']}")
@@ -44,6 +48,11 @@ def print_info(st: Store) -> None:
 
 
 def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
+    """Verify the store at ``url`` and print each problem found (``replaystore verify``).
+
+    Returns the command's exit status: 0 when the store is intact, 1 when damaged. Cost: a
+    read of every live fragment.
+    """
     problems: list[Problem]
     try:
         st = open_store(url, mode="r", storage_options=storage_options)
@@ -54,7 +63,11 @@ def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
         return 1
     total = sum(len(st.table(t).view().fragments) for t in st.tables)
     with tqdm(total=total, desc="verify", unit="fragment", disable=not sys.stderr.isatty()) as bar:
-        problems = verify_store(st, progress=lambda n: bar.update(n - bar.n))
+
+        def advance(n: int) -> None:
+            bar.update(n - bar.n)
+
+        problems = verify_store(st, progress=advance)
     for p in problems:
         print(f"DAMAGED {p}")
     if problems:

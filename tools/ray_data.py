@@ -107,6 +107,32 @@ class ReplayStoreDatasource(Datasource):
 
     Supports Ray's projection pushdown: ``ds.select_columns([...])`` after the read
     narrows what the read tasks read.
+
+    Parameters
+    ----------
+    url : str
+        The store, as for :func:`replaystore.store.open_store`; every Ray worker that runs a
+        read task must reach it.
+    columns : sequence of str, optional
+        Columns in that order (default: all, as ``Table.scan_schema``).
+    table : str, optional
+        The table; needed for stores with several tables.
+    storage_options : mapping, optional
+        Passed to the storage backend (here and in every read task).
+    batch_rows : int, optional
+        Rows per block a read task yields at most (default ``replaystore.store.SCAN_ROWS``).
+
+    Raises
+    ------
+    ValueError
+        ``batch_rows`` is not a positive int.
+    StoreError
+        The store cannot be opened read-only, the table does not exist, or a column is
+        unknown (named in the message).
+
+    Notes
+    -----
+    Cost: one read of the commit log at construction; the driver never reads the data.
     """
 
     def __init__(self, url: str, columns: Sequence[str] | None = None, *, table: str | None = None,
@@ -131,10 +157,23 @@ class ReplayStoreDatasource(Datasource):
 
     # -- projection pushdown ------------------------------------------------------------------
     def supports_projection_pushdown(self) -> bool:
+        """Whether Ray may push a column projection into the read (it may).
+
+        Returns
+        -------
+        bool
+            Always True.
+        """
         return True
 
     def read_schema(self) -> pa.Schema:
-        """The columns the read tasks produce: the requested ones, narrowed by any pushed-down projection."""
+        """The columns the read tasks produce: the requested ones, narrowed by any pushed-down projection.
+
+        Returns
+        -------
+        pyarrow.Schema
+            The schema of every block. Cost: O(columns).
+        """
         if self._projection_map is None:
             return self.schema
         wanted = [n for n in self._projection_map if self.schema.get_field_index(n) >= 0]
@@ -142,6 +181,13 @@ class ReplayStoreDatasource(Datasource):
 
     # -- Datasource -----------------------------------------------------------------------------
     def get_name(self) -> str:
+        """The name Ray shows for this source's read operator.
+
+        Returns
+        -------
+        str
+            ``"ReplayStore"``.
+        """
         return "ReplayStore"
 
     def _bytes(self, schema: pa.Schema, descriptor: dict[str, Any], writer: int, vis_from: int) -> int:
@@ -150,11 +196,36 @@ class ReplayStoreDatasource(Datasource):
         return sum(_column_bytes(self.table_schema, n, frag, visible) for n in schema.names)
 
     def estimate_inmemory_data_size(self) -> int:
+        """The size of the projected columns of the snapshot's visible records, in memory.
+
+        Returns
+        -------
+        int
+            Bytes, estimated from the fragments' descriptors (no read). Cost: O(fragments).
+        """
         schema = self.read_schema()
         return sum(self._bytes(schema, d, w, v) for w, d, v in self.fragments)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
+        """The read tasks: the snapshot's fragments split into at most ``parallelism`` runs.
+
+        Parameters
+        ----------
+        parallelism : int
+            Tasks Ray asks for; 0 or less for one task per fragment.
+        per_task_row_limit : int, optional
+            Rows each task yields at most, as Ray sets it.
+        data_context : object, optional
+            Ray's data context (unused).
+
+        Returns
+        -------
+        list of ray.data.datasource.ReadTask
+            One task per run of consecutive fragments (one task yielding no rows for an empty
+            table). Each opens the store read-only in its worker and raises StaleReadError if
+            its records were evicted and reclaimed since the snapshot. Cost: O(fragments).
+        """
         schema = self.read_schema()
         if not self.fragments:  # an empty table: one task yielding no rows, so the schema is known
             return [ReadTask(lambda: [schema.empty_table()],
@@ -179,17 +250,40 @@ def read_replaystore(url: str, columns: Sequence[str] | None = None, *, table: s
                      **read_args: Any) -> ray.data.Dataset:
     """A ``ray.data.Dataset`` of a table's visible records (a snapshot as of this call).
 
-    ``url`` and ``storage_options`` as for :func:`replaystore.store.open_store` (every Ray
-    worker that runs a read task must reach the same URL: object storage, or a filesystem
-    all nodes share); ``table`` is needed for stores with several tables; ``columns``
-    selects columns (default: all, see the module doc); ``batch_rows`` bounds the rows
-    per block a task yields. Other keyword arguments go to ``ray.data.read_datasource``
-    (``override_num_blocks``, ``concurrency``, ``ray_remote_args``, ...).
-
     A read task whose fragment was compacted away since the snapshot (its objects are
     deleted 30 s after the compaction) reads the same records from the merged fragment.
     One whose records were evicted and reclaimed since (a store with a capacity) fails
     with ``StaleReadError``: call ``read_replaystore`` again for a fresh snapshot.
+
+    Parameters
+    ----------
+    url : str
+        The store, as for :func:`replaystore.store.open_store`. Every Ray worker that runs a
+        read task must reach the same URL: object storage, or a filesystem all nodes share.
+    columns : sequence of str, optional
+        Columns in that order (default: all, see the module doc).
+    table : str, optional
+        The table; needed for stores with several tables.
+    storage_options : mapping, optional
+        As for :func:`replaystore.store.open_store`.
+    batch_rows : int, optional
+        Rows per block a task yields at most.
+    **read_args
+        Passed to ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``,
+        ``ray_remote_args``, ...).
+
+    Returns
+    -------
+    ray.data.Dataset
+        Lazy: the data is read when the dataset is consumed. Cost here: one read of the
+        commit log; the driver never holds the data.
+
+    Raises
+    ------
+    ValueError
+        ``batch_rows`` is not a positive int.
+    StoreError
+        The store cannot be opened, or an unknown table or column.
     """
     source = ReplayStoreDatasource(url, columns, table=table, storage_options=storage_options,
                                    batch_rows=batch_rows)

@@ -344,7 +344,7 @@ class Storage(abc.ABC):
             Sorted names (temporary ``.tmp-`` names left out).
         """
 
-    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+    def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
         """``(list(prefix), token)``, or ``(None, token)`` where nothing changed.
 
         ``None`` where this storage can tell that no directory was added under
@@ -417,7 +417,7 @@ class Storage(abc.ABC):
         """
         return None
 
-    def check_create(self) -> None:
+    def check_create(self) -> None:  # noqa: B027 (an optional hook; the default does nothing)
         """Refuse a storage that does not honour create-if-absent.
 
         A no-op where it always does.
@@ -428,7 +428,7 @@ class Storage(abc.ABC):
             The storage does not honour create-if-absent.
         """
 
-    def sync_dirs(self, paths: list[str]) -> None:
+    def sync_dirs(self, paths: builtins.list[str]) -> None:  # noqa: B027 (an optional hook; the default does nothing)
         """Make the directory entries of written ``paths`` durable (local filesystems only).
 
         Parameters
@@ -575,7 +575,7 @@ class Storage(abc.ABC):
             Whether ``path`` is a prefix (directory) of objects.
         """
 
-    def delete_objects(self, paths: list[str]) -> None:
+    def delete_objects(self, paths: builtins.list[str]) -> None:
         """Remove these objects (not prefixes); absent ones are ignored.
 
         Backends may batch the requests.

@@ -6,6 +6,7 @@ fsync.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import stat
@@ -594,7 +595,7 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def list_changed(self, prefix: str, token: object) -> tuple[list[str] | None, object]:
+    def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
         """``(list(prefix), token)``, or ``(None, token)`` where no subdirectory came or went.
 
         Where the filesystem counts a directory's subdirectories in its link count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import threading
@@ -489,7 +490,7 @@ class FsspecStorage(Storage):
         """
         return bool(self.fs.isdir(self._p(path)))
 
-    def delete_objects(self, paths: list[str]) -> None:
+    def delete_objects(self, paths: builtins.list[str]) -> None:
         """One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list).
 
         Parameters
@@ -533,7 +534,7 @@ class FsspecStorage(Storage):
         """
         return sum(o.size for o in self.walk(prefix))
 
-    def walk(self, prefix: str = "") -> list[ObjectInfo]:
+    def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """Every object under ``prefix`` with its size and modification time (S3: LastModified).
 
         Parameters

@@ -386,8 +386,8 @@ def convert(m: StepMapping, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]
             out[e.key] = raw[e.name]
             continue
         ids, offsets = raw[e.name], raw[e.offsets]  # type: ignore[index]
-        if len(ids) and (ids.min() < 0 or ids.max() >= e.width):  # type: ignore[operator]
-            bad = ids[(ids < 0) | (ids >= e.width)][0]  # type: ignore[operator]
+        if len(ids) and (ids.min() < 0 or ids.max() >= e.width):
+            bad = ids[(ids < 0) | (ids >= e.width)][0]
             raise StoreError(f"field {e.name!r}: id {int(bad)} outside [0, {e.width}) cannot go into a mask")
         out[e.key] = dense_mask(ids, offsets, int(e.width))  # type: ignore[arg-type]
     return out

@@ -113,7 +113,11 @@ def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: b
         "timeouts": ((), np.dtype(bool), None),
     }
     for e in m.extras:
-        layout[f"infos/{e.key}"] = ((e.width,), np.dtype(bool), e.key) if e.kind == "mask" else (*spec(e.name), e.key)
+        if e.kind == "mask":
+            assert e.width is not None  # step_mapping gives every mask its width
+            layout[f"infos/{e.key}"] = ((e.width,), np.dtype(bool), e.key)
+        else:
+            layout[f"infos/{e.key}"] = (*spec(e.name), e.key)
     layout["infos/stream"] = ((), np.dtype(np.int64) if int_keys else h5py.string_dtype(), None)
     layout["infos/step"] = ((), np.dtype(np.int64), None)
     layout["infos/reset"] = ((), np.dtype(bool), None)

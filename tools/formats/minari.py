@@ -501,9 +501,8 @@ def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[
     last: dict[Any, int] = {}
     for meta, n in zip(metas, lengths, strict=True):
         key, first = meta.get("replaystore_stream"), meta.get("replaystore_first_step")
-        ok = (isinstance(key, (int, str)) and not isinstance(key, bool) and isinstance(first, int)
-              and first >= 0 and first > last.get(key, -1))
-        if not ok:
+        if not (isinstance(key, (int, str)) and not isinstance(key, bool) and isinstance(first, int)
+                and first >= 0 and first > last.get(key, -1)):
             return [(i, 0) for i in range(len(metas))]
         plan.append((key, first))
         last[key] = first + n - 1

@@ -139,7 +139,7 @@ class StreamFiles:
         ends = np.searchsorted(codes[order], np.arange(1, len(keys.dictionary) + 1))
         grouped = batch.remove_column(self._stream).take(pa.array(order))
         start = 0
-        for key, end in zip(keys.dictionary.to_pylist(), ends.tolist()):
+        for key, end in zip(keys.dictionary.to_pylist(), ends.tolist(), strict=True):
             self._writer(key).write_batch(grouped.slice(start, end - start))
             start = end
 
