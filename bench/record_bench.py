@@ -5,7 +5,7 @@
     python bench/record_bench.py --quick    # 500 vector steps
     python bench/record_bench.py --steps 10000 --reps 5
 
-Every figure is transitions per second, the best of ``--reps`` runs (the machine may be shared).
+Every figure is transitions per second, the best of ``--reps`` runs, interleaved (the machine may be shared).
 Actions are drawn before timing. The recorded run includes ``close()`` (its last commit); Minari's
 includes ``create_dataset`` (its write-out). Minari's ``DataCollector`` wraps a single environment,
 not a vector one, so it steps one CartPole the same number of transitions; the unrecorded single
@@ -83,18 +83,22 @@ def single_minari(actions: np.ndarray, tmp: str) -> None:
     env.close()
 
 
-def best_rate(fn: Callable[[np.ndarray, str], None], actions: np.ndarray, reps: int) -> float:
-    """Transitions per second of ``fn`` on ``actions``: the best of ``reps`` runs, each in a fresh temp dir."""
-    best = float("inf")
+def best_rates(fns: dict[str, Callable[[np.ndarray, str], None]], actions: np.ndarray,
+               reps: int) -> dict[str, float]:
+    """Transitions per second of each function on ``actions``: the best of ``reps`` runs, each in a fresh
+    temp dir. The runs are interleaved (one of each per round), so that a change in the machine's load
+    reaches every figure alike."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(reps):
-        tmp = tempfile.mkdtemp(prefix="record-bench-")
-        try:
-            t0 = time.perf_counter()
-            fn(actions, tmp)
-            best = min(best, time.perf_counter() - t0)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return actions.size / best
+        for name, fn in fns.items():
+            tmp = tempfile.mkdtemp(prefix="record-bench-")
+            try:
+                t0 = time.perf_counter()
+                fn(actions, tmp)
+                best[name] = min(best[name], time.perf_counter() - t0)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return {name: actions.size / t for name, t in best.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,13 +116,11 @@ def main(argv: list[str] | None = None) -> None:
         have_minari = True
     except ImportError:
         have_minari = False
-    rates = {
-        "vector env, unrecorded": best_rate(vector_plain, actions, args.reps),
-        "vector env, RecordVectorEpisodes": best_rate(vector_recorded, actions, args.reps),
-        "single env, unrecorded": best_rate(single_plain, actions, args.reps),
-    }
+    fns = {"vector env, unrecorded": vector_plain, "vector env, RecordVectorEpisodes": vector_recorded,
+           "single env, unrecorded": single_plain}
     if have_minari:
-        rates["single env, minari DataCollector"] = best_rate(single_minari, actions, args.reps)
+        fns["single env, minari DataCollector"] = single_minari
+    rates = best_rates(fns, actions, args.reps)
     print(f"{ENVS} x {ENV_ID}, {steps} vector steps ({actions.size} transitions), best of {args.reps}")
     for name, rate in rates.items():
         print(f"  {name:<36} {rate:>12,.0f} transitions/s")
