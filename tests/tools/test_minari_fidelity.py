@@ -180,3 +180,27 @@ def test_import_of_a_data_collector_dataset_round_trips_bit_identically(fmt: str
         assert sorted(a.infos) == sorted(b.infos) == ["x_pos"]
         assert _same(a.infos["x_pos"], b.infos["x_pos"])
     st.close()
+
+
+@pytest.mark.parametrize(("fmt", "backend"), BACKENDS)
+def test_recorded_infos_survive_export_import_export(fmt: str, backend: str, minari_root: Path,
+                                                    tmp_path: Path) -> None:
+    _record(CartX(gym.make("CartPole-v1", max_episode_steps=25)), str(tmp_path / "rec"), 3, seed=7,
+            info_keys=["x_pos"])
+    st = open_store(str(tmp_path / "rec"), mode="r")
+    export_store(st, str(minari_root), fmt, dataset_id="rec/first-v0")
+    back = import_store("rec/first-v0", str(tmp_path / "back"), "minari")
+    assert "info_x_pos" in back.schema and "info_x_pos_reset" not in back.schema  # no reset infos were recorded
+    src, dst = st.default, back.default
+    for key in src.streams():
+        a, b = src.read(src.rows(key)[0]), back.read(dst.rows(key)[0])
+        assert _same(a["info_x_pos"], b["info_x_pos"]) and _same(a["info_x_pos_valid"], b["info_x_pos_valid"])
+    export_store(back, str(minari_root), fmt, dataset_id="rec/second-v0")
+    first, second = minari.load_dataset("rec/first-v0"), minari.load_dataset("rec/second-v0")
+    assert second.env_spec == first.env_spec
+    for e1, e2 in zip(first.iterate_episodes(), second.iterate_episodes(), strict=True):
+        assert sorted(e1.infos) == sorted(e2.infos) == ["_x_pos", "x_pos"]
+        assert _same(e1.infos["x_pos"], e2.infos["x_pos"]) and _same(e1.infos["_x_pos"], e2.infos["_x_pos"])
+        assert _same(e1.observations, e2.observations) and _same(e1.actions, e2.actions)
+    st.close()
+    back.close()

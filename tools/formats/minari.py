@@ -762,25 +762,33 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
     base = episode_schema(obs_shape, action_shape, action_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype,
                           actions=count, metadata=extra)
     fields = list(base.fields)
-    for key, (dtype, shape) in _info_layout(ep).items():
+    for key, (dtype, shape) in _info_layout(ep, meta).items():
         name = INFO_PREFIX + key
         fields += [Dense(name, dtype, shape, finite=False, description=f"info[{key!r}] of the step"),
-                   Dense(name + VALID_SUFFIX, np.dtype(np.bool_), description=f"whether the step's info had {key!r}"),
-                   Dense(name + RESET_SUFFIX, dtype, shape, finite=False,
-                         description=f"info[{key!r}] at the reset, on an episode's first record (zero elsewhere)")]
+                   Dense(name + VALID_SUFFIX, np.dtype(np.bool_), description=f"whether the step's info had {key!r}")]
+        if _reset_known(ep, key):  # (an export of a recorded store has no reset infos)
+            fields.append(Dense(name + RESET_SUFFIX, dtype, shape, finite=False,
+                                description=f"info[{key!r}] at the reset, on an episode's first record"))
     return Schema(base.name, fields, metadata=dict(base.metadata))
 
 
-def _info_layout(ep: dict[str, Any] | None) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+def _info_layout(ep: dict[str, Any] | None, meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """The info keys an episode's infos are imported as: key -> (dtype, per-step shape).
 
     ``_<key>`` bool arrays beside ``<key>`` are presence masks (folded into the valid columns); keys
-    that are not identifiers or not numeric/bool arrays are left out with a warning.
+    that are not identifiers or not numeric/bool arrays are left out with a warning. Of a dataset
+    replaystore exported, only recorded info keys are (its other infos are per-step fields, row T padding).
     """
     out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     infos = ep["infos"] if ep is not None else {}
+    ours = meta.get("replaystore")
+    recorded = None
+    if isinstance(ours, dict) and isinstance(ours.get("infos"), dict):
+        recorded = {k for k, v in ours["infos"].items() if isinstance(v, dict) and v.get("encoding") == "info"}
     for key, value in infos.items():
         if key.startswith("_") and key[1:] in infos and value.dtype == np.bool_:
+            continue
+        if recorded is not None and key not in recorded:
             continue
         if not (INFO_PREFIX + key + RESET_SUFFIX).isidentifier() or value.dtype.kind not in "biuf":
             warnings.warn(f"Minari import: infos[{key!r}] left out (need an identifier key and numeric or "
@@ -788,6 +796,12 @@ def _info_layout(ep: dict[str, Any] | None) -> dict[str, tuple[np.dtype, tuple[i
             continue
         out[key] = (value.dtype, tuple(value.shape[1:]))
     return out
+
+
+def _reset_known(ep: dict[str, Any] | None, key: str) -> bool:
+    """Whether the first episode's reset info had ``key`` (no ``_<key>`` mask, or the mask's row 0 is true)."""
+    mask = (ep or {}).get("infos", {}).get("_" + key)
+    return mask is None or bool(np.asarray(mask)[:1].all())
 
 
 def _records(schema: Schema, ep: dict[str, Any], i: int) -> dict[str, np.ndarray]:
