@@ -218,6 +218,11 @@ class SlotRecorder:
 
     def _field(self, name: str, value: Any, mask: np.ndarray | slice, column: str | None = None) -> np.ndarray:
         f = self._fields[column or name]
+        if type(value) is np.ndarray and value.dtype == f.dtype and value.shape == (self.slots, *f.shape):
+            # the common case (values already as the field holds them): a copy and, for finite floats, a check
+            rows = value[mask] if type(mask) is not slice else value.copy()
+            if not (f.finite and f.dtype.kind == "f") or np.isfinite(rows).all():
+                return rows
         rows = self._rows(name, value, mask)
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
 
@@ -229,8 +234,14 @@ class SlotRecorder:
         """
         f = self._fields["action"]
         out = cast("action", action, f.dtype, (self.slots, *f.shape), finite=bool(f.finite))
-        if self._bounds is not None:
-            check_bounds("action", out, self._bounds.low, self._bounds.high)
+        b = self._bounds
+        if b is None:
+            return out
+        if isinstance(b.low, int) and isinstance(b.high, int):  # scalar bounds: two reductions, no temporaries
+            if out.size and (int(out.min()) < b.low or int(out.max()) >= b.high):
+                check_bounds("action", out, b.low, b.high)  # raises IdRangeError naming the values
+        else:
+            check_bounds("action", out, b.low, b.high)
         return out
 
     # -- episodes -----------------------------------------------------------------------
@@ -260,8 +271,9 @@ class SlotRecorder:
 
     def abandon(self, mask: np.ndarray) -> None:
         """Slots in ``mask`` leave their episode unfinished (reset mid-episode, a failed step, close)."""
-        self._end(np.asarray(mask, dtype=bool) & self.in_episode, np.zeros(self.slots, bool),
-                  np.zeros(self.slots, bool))
+        mask = np.asarray(mask, dtype=bool) & self.in_episode
+        if mask.any():
+            self._end(mask, np.zeros(self.slots, bool), np.zeros(self.slots, bool))
 
     def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
         for slot in np.flatnonzero(mask):

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,90 @@ def _is_image(space: dict[str, Any]) -> bool:
             and bool(np.all(np.asarray(space["high"]) == 255)))
 
 
+# -- environment metadata and infos ------------------------------------------------------------------
+
+INFO_PREFIX, VALID_SUFFIX, RESET_SUFFIX = "info_", "_valid", "_reset"
+"""Recorded info columns: ``info_<key>`` (the step's info), ``info_<key>_valid`` (whether it had the key) and,
+in imported stores, ``info_<key>_reset`` (the reset info, on an episode's first record)."""
+
+
+def _schema_space(schema: Schema, key: str, default: dict[str, Any]) -> str:
+    """The space ``key`` the schema metadata keeps (Minari's JSON), else ``default``.
+
+    Only Box and Discrete documents are taken from the metadata (the layouts the writers here lay out).
+    """
+    text = schema.metadata.get(key)
+    if isinstance(text, str):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("type") == default["type"] and (
+                doc["type"] != "Discrete" or int(doc.get("start", 0)) == 0):
+            return text
+    return json.dumps(default)
+
+
+@dataclass(frozen=True)
+class InfoColumns:
+    """The columns one recorded info key is stored in (see :data:`INFO_PREFIX`).
+
+    Attributes
+    ----------
+    key : str
+        The info key (``infos/<key>`` in Minari).
+    value, valid : str
+        The step value and presence columns.
+    reset : str or None
+        The reset-info column, when the store has one.
+    """
+
+    key: str
+    value: str
+    valid: str
+    reset: str | None
+
+
+def info_columns(schema: Schema) -> list[InfoColumns]:
+    """The recorded info keys of ``schema``: every Dense ``info_<key>`` with a bool ``info_<key>_valid``.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    list of InfoColumns
+        In field order. Cost: one pass over the fields.
+    """
+    dense = {f.name: f for f in schema.fields if isinstance(f, Dense)}
+    out = []
+    for name, f in dense.items():
+        valid = dense.get(name + VALID_SUFFIX)
+        if valid is None or not name.startswith(INFO_PREFIX) or len(name) == len(INFO_PREFIX):
+            continue
+        if valid.dtype != np.bool_ or valid.shape:
+            continue
+        reset = dense.get(name + RESET_SUFFIX)
+        kept = reset.name if reset is not None and reset.dtype == f.dtype and reset.shape == f.shape else None
+        out.append(InfoColumns(name[len(INFO_PREFIX):], name, valid.name, kept))
+    return out
+
+
+def _info_rows(ic: InfoColumns, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Minari's T + 1 rows of info key ``ic.key`` for one episode and which rows had the key.
+
+    Row 0 is the reset info (zero and absent without a reset column), rows 1.. the steps' infos
+    (zero where the step lacked the key).
+    """
+    values, valid = data[ic.value], data[ic.valid].astype(bool)
+    first = data[ic.reset][:1] if ic.reset else np.zeros((1, *values.shape[1:]), values.dtype)
+    where = valid.reshape(-1, *([1] * (values.ndim - 1)))
+    rows = np.concatenate([first, np.where(where, values, np.zeros((), values.dtype))])
+    return rows, np.concatenate([[ic.reset is not None], valid])
+
+
 # -- export --------------------------------------------------------------------------------------------
 
 
@@ -191,11 +276,17 @@ class _Episodes:
         self.discrete = discrete  # the Discrete action count, or None
         self.warned = False
         self.next_obs_kept = False
+        self.info = info_columns(m.schema)
+        self.info_names = {n for ic in self.info for n in (ic.value, ic.valid, ic.reset) if n}
 
     def arrays(self, ep: Episode) -> dict[str, Any]:
         m = self.m
         obs, nxt = ep.data[m.obs], ep.data[m.next_obs]
-        infos = {e.key: _pad(ep.data[e.key]) for e in m.extras}
+        infos = {e.key: _pad(ep.data[e.key]) for e in m.extras if e.name not in self.info_names}
+        for ic in self.info:
+            infos[ic.key], present = _info_rows(ic, ep.data)
+            if not present.all():  # as Gymnasium's vector infos mark it: "_<key>", true where the key was
+                infos["_" + ic.key] = present
         chained = _same_bits(nxt[:-1], obs[1:])
         if not m.episodic or not chained:
             if m.episodic and not self.warned:
@@ -359,8 +450,12 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         shutil.rmtree(dataset_dir, ignore_errors=True)
         raise
     writer.close()
-    infos = {e.key: ({"from": e.name, "encoding": "dense"} if e.kind == "dense" else
-                     {"from": e.name, "encoding": "bool mask", "width": e.width}) for e in m.extras}
+    infos: dict[str, Any] = {e.key: ({"from": e.name, "encoding": "dense"} if e.kind == "dense" else
+                                     {"from": e.name, "encoding": "bool mask", "width": e.width})
+                             for e in m.extras if e.name not in conv.info_names}
+    for ic in conv.info:
+        infos[ic.key] = {"from": ic.value, "valid": ic.valid, "reset": ic.reset, "encoding": "info",
+                         "absent": f"zero, with _{ic.key} false (written where some row lacks the key)"}
     if conv.next_obs_kept:
         infos["next_obs"] = {"from": m.next_obs, "encoding": "dense"}
     size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
@@ -369,8 +464,8 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         "minari_version": MINARI_VERSION,
         "data_format": backend,
         "jpeg_encoding": False,
-        "observation_space": json.dumps(box_space(obs_f.dtype, obs_f.shape)),
-        "action_space": json.dumps(action_space),
+        "observation_space": _schema_space(t.schema, "observation_space", box_space(obs_f.dtype, obs_f.shape)),
+        "action_space": _schema_space(t.schema, "action_space", action_space),
         "total_episodes": episodes,
         "total_steps": steps,
         "dataset_size": round(size / 1e6, 1),
@@ -383,6 +478,9 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
             "infos": infos, "infos_last_row": "padding (zeros)", "actions_inferred": inferred,
         },
     }
+    for key in ("env_spec", "eval_env_spec"):  # what recover_environment() makes the environment from
+        if isinstance(t.schema.metadata.get(key), str):
+            metadata[key] = t.schema.metadata[key]
     (data / "metadata.json").write_text(json.dumps(metadata))
     files = sum(1 for p in data.rglob("*") if p.is_file())
     return {"format": f"minari-{backend}" if backend == "hdf5" else "minari", "path": str(dataset_dir),
@@ -443,6 +541,31 @@ def _decode(space: dict[str, Any], col: pa.Array) -> np.ndarray:
     return values.reshape(len(col), *space["shape"]).astype(space["dtype"], copy=False)
 
 
+def _nested(key: str) -> bool:
+    """Warn that nested info ``key`` is left out; False (a filter)."""
+    warnings.warn(f"Minari import: infos[{key!r}] is a nested dict; only flat info keys are imported", stacklevel=5)
+    return False
+
+
+def _arrow_infos(col: pa.Array) -> dict[str, np.ndarray]:
+    """Flat info keys of Minari's ``infos`` struct column (as ``minari`` decodes them)."""
+    out = {}
+    for i, f in enumerate(col.type):
+        if pa.types.is_struct(f.type):
+            _nested(f.name)
+            continue
+        values = col.field(i)
+        if pa.types.is_fixed_size_list(f.type):
+            arr = values.flatten().to_numpy(zero_copy_only=False).reshape(len(values), -1)
+        else:
+            arr = values.to_numpy(zero_copy_only=False)
+        if f.metadata is not None and b"shape" in f.metadata:
+            shape = tuple(int(d) for d in f.metadata[b"shape"].split(b",") if d)
+            arr = arr.reshape(len(arr), *shape)
+        out[f.name] = arr
+    return out
+
+
 class _ArrowReader:
     def __init__(self, data: Path, fmt: str, obs: dict[str, Any], act: dict[str, Any]) -> None:
         self.data, self.fmt, self.obs, self.act = data, fmt, obs, act
@@ -464,6 +587,7 @@ class _ArrowReader:
             "rewards": _column(table, "rewards").to_numpy(zero_copy_only=False)[:-1],
             "terminations": _column(table, "terminations").to_numpy(zero_copy_only=False)[:-1],
             "truncations": _column(table, "truncations").to_numpy(zero_copy_only=False)[:-1],
+            "infos": _arrow_infos(_column(table, "infos")) if "infos" in table.column_names else {},
         }
 
     def close(self) -> None:
@@ -485,7 +609,14 @@ class _HDF5Reader:
 
     def episode(self, i: int) -> dict[str, np.ndarray]:
         g = self._group(i)
-        return {k: g[k][()] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+        ep = {k: g[k][()] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+        ep["infos"] = {}
+        for k, v in (g["infos"].items() if "infos" in g else ()):
+            if hasattr(v, "keys"):  # a group: a nested info dict
+                _nested(k)
+            else:
+                ep["infos"][k] = v[()]
+        return ep
 
     def close(self) -> None:
         self.file.close()
@@ -611,16 +742,68 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
     else:
         action_shape, action_dtype = tuple(act["shape"]), np.dtype(act["dtype"])
     reward_dtype = ep["rewards"].dtype if ep is not None and ep["rewards"].dtype.kind in "fiu" else np.float64
-    extra = {"minari_dataset_id": meta.get("dataset_id"), "source": "minari"}
+    extra: dict[str, Any] = {"minari_dataset_id": meta.get("dataset_id"), "source": "minari"}
+    for key in ("observation_space", "action_space", "env_spec", "eval_env_spec"):
+        text = meta.get(key)
+        if isinstance(text, str):
+            extra[key] = text
+        elif isinstance(text, dict):
+            extra[key] = json.dumps(text)
+    if "env_spec" in extra:
+        try:
+            extra["env_id"] = json.loads(extra["env_spec"])["id"]
+        except (ValueError, KeyError, TypeError):
+            pass
     source_schema = (meta.get("replaystore") or {}).get("schema") or {}
     for key in ("env_id", "observation", "action_frame"):
         if key in (source_schema.get("metadata") or {}):
             extra[key] = source_schema["metadata"][key]
-    return episode_schema(obs_shape, action_shape, action_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype,
+    base = episode_schema(obs_shape, action_shape, action_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype,
                           actions=count, metadata=extra)
+    fields = list(base.fields)
+    for key, (dtype, shape) in _info_layout(ep, meta).items():
+        name = INFO_PREFIX + key
+        fields += [Dense(name, dtype, shape, finite=False, description=f"info[{key!r}] of the step"),
+                   Dense(name + VALID_SUFFIX, np.dtype(np.bool_), description=f"whether the step's info had {key!r}")]
+        if _reset_known(ep, key):  # (an export of a recorded store has no reset infos)
+            fields.append(Dense(name + RESET_SUFFIX, dtype, shape, finite=False,
+                                description=f"info[{key!r}] at the reset, on an episode's first record"))
+    return Schema(base.name, fields, metadata=dict(base.metadata))
 
 
-def _records(schema: Schema, ep: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+def _info_layout(ep: dict[str, Any] | None, meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The info keys an episode's infos are imported as: key -> (dtype, per-step shape).
+
+    ``_<key>`` bool arrays beside ``<key>`` are presence masks (folded into the valid columns); keys
+    that are not identifiers or not numeric/bool arrays are left out with a warning. Of a dataset
+    replaystore exported, only recorded info keys are (its other infos are per-step fields, row T padding).
+    """
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    infos = ep["infos"] if ep is not None else {}
+    ours = meta.get("replaystore")
+    recorded = None
+    if isinstance(ours, dict) and isinstance(ours.get("infos"), dict):
+        recorded = {k for k, v in ours["infos"].items() if isinstance(v, dict) and v.get("encoding") == "info"}
+    for key, value in infos.items():
+        if key.startswith("_") and key[1:] in infos and value.dtype == np.bool_:
+            continue
+        if recorded is not None and key not in recorded:
+            continue
+        if not (INFO_PREFIX + key + RESET_SUFFIX).isidentifier() or value.dtype.kind not in "biuf":
+            warnings.warn(f"Minari import: infos[{key!r}] left out (need an identifier key and numeric or "
+                          f"bool values, got {value.dtype})", stacklevel=4)
+            continue
+        out[key] = (value.dtype, tuple(value.shape[1:]))
+    return out
+
+
+def _reset_known(ep: dict[str, Any] | None, key: str) -> bool:
+    """Whether the first episode's reset info had ``key`` (no ``_<key>`` mask, or the mask's row 0 is true)."""
+    mask = (ep or {}).get("infos", {}).get("_" + key)
+    return mask is None or bool(np.asarray(mask)[:1].all())
+
+
+def _records(schema: Schema, ep: dict[str, Any], i: int) -> dict[str, np.ndarray]:
     obs = ep["observations"]
     n = len(ep["rewards"])
     if len(obs) != n + 1 or len(ep["actions"]) != n:
@@ -632,7 +815,7 @@ def _records(schema: Schema, ep: dict[str, np.ndarray], i: int) -> dict[str, np.
         assert isinstance(f, Dense)
         return np.ascontiguousarray(value, dtype=f.dtype)
 
-    return {
+    out = {
         "obs": typed("obs", obs[:-1]),
         "action": typed("action", ep["actions"]),
         "reward": typed("reward", ep["rewards"]),
@@ -640,3 +823,21 @@ def _records(schema: Schema, ep: dict[str, np.ndarray], i: int) -> dict[str, np.
         "terminated": typed("terminated", ep["terminations"]),
         "truncated": typed("truncated", ep["truncations"]),
     }
+    infos: dict[str, np.ndarray] = ep.get("infos") or {}
+    for ic in info_columns(schema):
+        value = infos.get(ic.key)
+        f = schema.field(ic.value)
+        assert isinstance(f, Dense)
+        if value is None or value.shape != (n + 1, *f.shape) or not np.can_cast(value.dtype, f.dtype, "safe"):
+            got = "absent" if value is None else f"{value.dtype} {value.shape}"
+            raise StoreError(f"Minari episode {i}: infos[{ic.key!r}] is {got}; expected {f.dtype} "
+                             f"{(n + 1, *f.shape)} as in the first episode")
+        present = infos.get("_" + ic.key)
+        present = np.ones(n + 1, bool) if present is None else np.asarray(present, dtype=bool)
+        value = np.ascontiguousarray(value, dtype=f.dtype)
+        reset = np.zeros((n, *f.shape), f.dtype)
+        reset[:1] = value[:1]
+        out[ic.value], out[ic.valid] = value[1:], present[1:]
+        if ic.reset:
+            out[ic.reset] = reset
+    return out
