@@ -161,7 +161,7 @@ class StoreSampler(Sampler[Request]):
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
             self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
-            self._windows = WindowIndex(self.table, self.n_step)
+            self._nstep_index = WindowIndex(self.table, self.n_step)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -346,7 +346,7 @@ class StoreSampler(Sampler[Request]):
             The same request. Cost: see ``loaders.nstep.WindowIndex.windows``.
         """
         if self.n_step is not None:
-            request.nstep = NStepWindows(self._windows.windows(request.rows), self.gamma)
+            request.nstep = NStepWindows(self._nstep_index.windows(request.rows), self.gamma)
         return request
 
     def state_dict(self) -> dict[str, Any]:
