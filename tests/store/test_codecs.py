@@ -86,3 +86,48 @@ def test_codec_survives_the_schema_document() -> None:
     again = Schema.from_json(SCHEMA.to_json())
     assert again == SCHEMA and again.compressed == SCHEMA.compressed
     assert "codec" not in Schema("raw", [Dense("x", np.uint8)]).to_json()
+
+
+def test_verify_accepts_intact_shards_and_reports_a_damaged_block(tmp_path) -> None:
+    from replaystore.store import verify_store
+
+    st, _ = _fill(Backend(str(tmp_path / "st")), (3 * BLOCK,))
+    assert verify_store(st) == []
+    frag = st.default.view().fragments[0]
+    chunk = tmp_path / "st" / layout.fragment_dir(frag.writer, st.default.name, frag.name) / "frame/c/0/0/0"
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 0xFF  # inside the first block
+    chunk.write_bytes(bytes(data))
+    problems = verify_store(st)
+    assert len(problems) == 1 and "frame" in problems[0].path and "crc32c" in problems[0].problem
+
+
+def test_s3_chunk_cache_holds_the_compressed_shards(s3_server, tmp_path) -> None:
+    from replaystore.store import ChunkCache, open_store
+
+    backend = Backend(s3_server.url("codec-cache"), s3_server.storage_options)
+    _, want = _fill(backend, (3 * BLOCK + 2,))
+    reader = open_store(backend.url, mode="r", storage_options=backend.storage_options,
+                        cache=ChunkCache(tmp_path / "cache"))
+    rows = np.array([0, 3 * BLOCK + 1])
+    assert np.array_equal(reader.default.read(rows, columns=["frame"])["frame"], want["frame"][rows])
+    cached = sorted(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    frag = reader.default.view().fragments[0]
+    path = layout.fragment_dir(frag.writer, reader.default.name, frag.name) + "/frame/c/0/0/0"
+    uploaded = len(backend.storage().read(path))
+    assert uploaded < want["frame"].nbytes / 2 and uploaded in cached  # the shard as uploaded, not decoded
+
+
+def test_compaction_keeps_compressed_fields(tmp_path) -> None:
+    backend = Backend(str(tmp_path / "st"))
+    rng = np.random.default_rng(3)
+    st = backend.open_fragments(SCHEMA)
+    batches = [_batch(rng, n) for n in (5, 11, 3, 9)]
+    with st.writer() as w:
+        for b in batches:
+            w.append(b, stream=0)
+            w.commit()
+        w.compact()
+    want = np.concatenate([b["frame"] for b in batches])
+    assert len(st.default.view().fragments) < len(batches)
+    assert np.array_equal(st.read(st.row_ids())["frame"], want)
