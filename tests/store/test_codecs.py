@@ -131,3 +131,17 @@ def test_compaction_keeps_compressed_fields(tmp_path) -> None:
     want = np.concatenate([b["frame"] for b in batches])
     assert len(st.default.view().fragments) < len(batches)
     assert np.array_equal(st.read(st.row_ids())["frame"], want)
+
+
+def test_info_shows_stored_and_raw_bytes_per_column(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    st, want = _fill(Backend(str(tmp_path / "st")), (40,))
+    cols = st.info()["tables"][st.default.name]["columns"]
+    assert cols["frame"]["raw"] == want["frame"].nbytes and cols["frame"]["codec"] == "zstd:3"
+    assert 0 < cols["frame"]["stored"] < cols["frame"]["raw"]
+    assert cols["action"] == {"stored": 40 * 8, "raw": 40 * 8, "codec": None}
+    out = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", "info", str(tmp_path / "st")],
+                         capture_output=True, text=True, check=True).stdout
+    assert any(line.split()[:1] == ["frame"] and "codec zstd:3" in line for line in out.splitlines())
