@@ -13,10 +13,10 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.schemas.fields import Ragged
 from replaystore.store import bodies, layout, records
+from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
-from replaystore.store.codecs import shard_problem
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
 
