@@ -307,19 +307,19 @@ class CompressedArray:
             except FileNotFoundError:
                 raise missing_chunk(self.path) from None
             self._index = _index(raw, self.shape[0], self.path)
-            self._raw = raw
+            self._raw = np.asarray(raw)  # (a plain ndarray: np.memmap's slicing costs microseconds)
         assert self._index is not None
         return self._raw, self._index
 
-    def _decode(self, block: int) -> np.ndarray:
+    def _decode(self, block: int, out: np.ndarray) -> None:
+        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous)."""
         raw, index = self._load()
         off, n = int(index[block, 0]), int(index[block, 1])
         data = raw[off:off + n - _CRC]
-        if google_crc32c.value(data.tobytes()) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
+        if google_crc32c.value(data) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
             raise CorruptObjectError(self.path, f"crc32c checksum mismatch in block {block}")
-        out = np.frombuffer(self._codec.decode(data), dtype=self.dtype.newbyteorder("<"))
+        self._codec.decode(data, out=out.view(np.uint8).reshape(-1))
         CompressedArray.blocks_decoded += 1
-        return out.reshape(BLOCK, *self.shape[1:]).astype(self.dtype, copy=False)
 
     def take(self, indices: Any, axis: int = 0, out: np.ndarray | None = None, mode: str = "raise") -> np.ndarray:
         """Rows ``indices`` (like ``numpy.take`` along axis 0), decoding each block touched once.
@@ -365,7 +365,9 @@ class CompressedArray:
         res = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype) if out is None else out
         if len(flat):
             blocks, inv = np.unique(flat // BLOCK, return_inverse=True)
-            decoded = np.stack([self._decode(int(b)) for b in blocks.tolist()])
+            decoded = np.empty((len(blocks), BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
+            for i, b in enumerate(blocks.tolist()):
+                self._decode(b, decoded[i])
             res.reshape(len(flat), *self.shape[1:])[...] = decoded[inv.reshape(-1), flat % BLOCK]
         return res if out is not None else res.reshape(*idx.shape, *self.shape[1:])
 
