@@ -31,6 +31,33 @@ def _check_dtype(name: str, dtype: Any) -> np.dtype:
     return native
 
 
+CODECS = {"zstd": (3, 1, 22), "lz4": (1, 1, 65537)}  # name: (default level, lowest, highest)
+
+
+def _check_codec(name: str, codec: Any) -> str | None:
+    """``codec`` as ``"<name>:<level>"`` (``"zstd"``, ``"zstd:5"``, ``("lz4", 1)`` ...), or None."""
+    if codec is None:
+        return None
+    if isinstance(codec, tuple) and len(codec) == 2:
+        cname, level = codec
+    elif isinstance(codec, str):
+        cname, _, lv = codec.partition(":")
+        try:
+            level = int(lv) if lv else None
+        except ValueError:
+            level = lv
+    else:
+        cname, level = codec, None
+    if cname not in CODECS:
+        raise SchemaError(f"field {name!r}: codec {codec!r} is not one of {sorted(CODECS)} "
+                          "(optionally with a level: 'zstd:3', ('lz4', 1))")
+    default, lo, hi = CODECS[cname]
+    level = default if level is None else level
+    if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not lo <= level <= hi:
+        raise SchemaError(f"field {name!r}: codec {cname!r} level must be an int in [{lo}, {hi}], got {level!r}")
+    return f"{cname}:{int(level)}"
+
+
 def _check_bound(name: str, dt: np.dtype, id_bound: int | None) -> None:
     if id_bound is None:
         return
@@ -60,13 +87,18 @@ class Dense:
         For integer dtypes, reject values outside ``[0, id_bound)`` at append.
     description : str, optional
         Free text kept in the schema document.
+    codec : str or tuple, optional
+        Compress the field: ``"zstd"`` or ``"lz4"``, optionally with a level as
+        ``"zstd:5"`` or ``("zstd", 5)`` (zstd 1-22, default 3; lz4 acceleration, default
+        1). Kept as ``"<name>:<level>"``. Records are compressed in small blocks
+        (docs/FORMAT.md, "Compressed fields"); None (default) stores them raw.
 
     Raises
     ------
     SchemaError
         A bad name, a dtype that is not fixed-width numeric or bool, a shape that
-        is not positive ints, or an ``id_bound`` that is not a positive int on an
-        integer dtype.
+        is not positive ints, an ``id_bound`` that is not a positive int on an
+        integer dtype, or an unknown codec or level (the error names the field).
     """
 
     name: str
@@ -75,9 +107,10 @@ class Dense:
     finite: bool | None = None
     id_bound: int | None = None
     description: str = ""
+    codec: str | None = None
 
     def __post_init__(self) -> None:
-        """Check the arguments and normalise ``dtype``, ``shape`` and ``finite``."""
+        """Check the arguments and normalise ``dtype``, ``shape``, ``finite`` and ``codec``."""
         _check_name(self.name)
         dt = _check_dtype(self.name, self.dtype)
         object.__setattr__(self, "dtype", dt)
@@ -88,6 +121,7 @@ class Dense:
         if self.finite is None:
             object.__setattr__(self, "finite", dt.kind == "f")
         _check_bound(self.name, dt, self.id_bound)
+        object.__setattr__(self, "codec", _check_codec(self.name, self.codec))
 
     kind = "dense"
 

@@ -125,6 +125,11 @@ class Schema:
         return tuple(f for f in self.fields if isinstance(f, Dense))
 
     @property
+    def compressed(self) -> dict[str, str]:
+        """The compressed dense fields: name to normalised codec (``"zstd:3"``); empty when none."""
+        return {f.name: f.codec for f in self.fields if isinstance(f, Dense) and f.codec is not None}
+
+    @property
     def ragged_fields(self) -> tuple[Ragged, ...]:
         """The ragged (CSR) fields, in order."""
         return tuple(f for f in self.fields if isinstance(f, Ragged))
@@ -228,6 +233,8 @@ class Schema:
                 d["id_bound"] = f.id_bound
             if isinstance(f, Dense):
                 d["shape"] = list(f.shape)
+                if f.codec is not None:  # (absent when raw: documents of raw schemas are unchanged)
+                    d["codec"] = f.codec
             if isinstance(f, Ragged):
                 d["offsets"] = f.offsets
             d["description"] = f.description
@@ -284,7 +291,8 @@ class Schema:
                 kind = fd["kind"]
                 if kind == "dense":
                     fields.append(Dense(fd["name"], np.dtype(fd["dtype"]), tuple(fd["shape"]),
-                                        fd["finite"], fd["id_bound"], fd.get("description", "")))
+                                        fd["finite"], fd["id_bound"], fd.get("description", ""),
+                                        fd.get("codec")))
                 elif kind == "ragged":
                     fields.append(Ragged(fd["name"], np.dtype(fd["dtype"]), fd["offsets"],
                                          fd["finite"], fd["id_bound"], fd.get("description", "")))

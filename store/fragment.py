@@ -16,6 +16,7 @@ import numpy as np
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store import layout
+from replaystore.store.codecs import CompressedArray
 from replaystore.store.storage import Storage
 from replaystore.store.streamkeys import STREAM_CODE, StreamKey
 from replaystore.store.zarrio import read_array
@@ -329,7 +330,12 @@ class FragmentData:
             # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
-            if seg is None:
+            codec = self.schema.compressed.get(name)
+            if codec is not None:  # a shard of compressed blocks, decoded as rows are read
+                shard: Any = CompressedArray(self.storage, f"{self.frag.path}/{name}", dtype, shape, codec,
+                                             cached=self.cached)
+                arr = shard
+            elif seg is None:
                 arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, cached=self.cached))
             elif name in self._values:  # values: the segment's, up to this fragment's end
                 shape = (self.frag.value_end(self._values[name]),)

@@ -91,7 +91,9 @@ class SegmentPool:
 
         Cost: O(1); a segment's creation (~10 ms) on a rollover without a spare.
         """
-        return self.segment(table, cols, streams, next_row) if self.segmented else self.stage(table, next_row)
+        if self.segmented and not self.store.schemas[table].compressed:
+            return self.segment(table, cols, streams, next_row)
+        return self.stage(table, next_row)  # (compressed fields: shards are written whole, never in place)
 
     def stage(self, table: str, next_row: int) -> StagedFragment:
         """The table's staged fragment, opened (named) by the first append after a commit.
@@ -240,7 +242,7 @@ class SegmentPool:
 
         Cost: a staged fragment's write and fsync; O(segments) otherwise.
         """
-        if not self.segmented:
+        if not self.segmented or self.store.schemas[table].compressed:
             return [self.staged[table].finish([(seq, now, rows)])]
         segs = [s for s in self.filling[table] if s.pending] or self.filling[table][-1:]  # (empty appends)
         segments += segs

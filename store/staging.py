@@ -12,7 +12,9 @@ objects, which vacuum removes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
+from replaystore.store.codecs import ShardWriter, shard_metadata
 from replaystore.store.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.storage import Buffer, Storage
 from replaystore.store.streamkeys import StreamKey, StreamKeys
@@ -61,7 +64,10 @@ class StagedFragment:
         self.streams = StreamKeys()
         self._specs = schema.zarr_layout()
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(INDEX_DTYPES, 1)
-        self._chunks = {n: ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
+        self._codecs = {f.name: f.codec for f in schema.dense_fields if f.codec is not None}
+        self._chunks: dict[str, Any] = {  # ChunkWriter, or ShardWriter for compressed fields
+            n: ShardWriter(f"{self.path}/{n}", d, self._codecs[n]) if n in self._codecs
+            else ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
@@ -175,8 +181,12 @@ class StagedFragment:
                         list(self.streams.keys), parts)
         objects: dict[str, list[Buffer]] = {}
         for spec in self._specs:
-            objects.update(array_object(f"{self.path}/{spec.name}", np.dtype(spec.dtype),
-                                        shape_of(frag, self.schema, spec)))
+            shape = shape_of(frag, self.schema, spec)
+            if spec.name in self._codecs:
+                meta = shard_metadata(np.dtype(spec.dtype), shape, self._codecs[spec.name])
+                objects[f"{self.path}/{spec.name}/zarr.json"] = [json.dumps(meta).encode()]
+            else:
+                objects.update(array_object(f"{self.path}/{spec.name}", np.dtype(spec.dtype), shape))
         for name, dtype in INDEX_DTYPES.items():
             objects.update(array_object(f"{self.path}/{name}", dtype, (self.rows,)))
         objects.update(group_object(self.path, {"replaystore": frag.to_dict()}))

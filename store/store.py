@@ -25,6 +25,7 @@ from replaystore.errors import (
 from replaystore.schemas import Columns, Schema
 from replaystore.store import bodies, chunkcache, layout, records
 from replaystore.store.chunkcache import ChunkCache
+from replaystore.store.codecs import column_bytes
 from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
@@ -989,7 +990,8 @@ class Store:
             allocated blocks), ``apparent_bytes`` (the sum of its objects' sizes; local: file
             sizes, counting the unwritten, sparse tail of open segments; on object storage
             the two are equal), ``state`` (:meth:`state_slots`), ``chunk_cache`` and per table
-            its schema name, records, streams and fragments.
+            its schema name, records, streams, fragments and ``columns`` (per dense field its
+            ``stored`` and ``raw`` bytes and ``codec``).
 
         Raises
         ------
@@ -1017,7 +1019,9 @@ class Store:
             "chunk_cache": None if self.storage.cache is None else {
                 "directory": self.storage.cache.root, "bytes": self.storage.cache.size()},
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
-                           "fragments": len(t.reader.fragments)} for n, t in self._tables.items()},
+                           "fragments": len(t.reader.fragments),
+                           "columns": column_bytes(self.storage, t.schema, t.reader.fragments)}
+                       for n, t in self._tables.items()},
         }
 
     def close(self) -> None:

@@ -75,7 +75,8 @@ class TableReader:
         self._csr: ModuleType | None | object = _UNASKED
         # contiguous views: the record arrays share one layout, each CSR group's values another
         self._layouts: dict[str, Layout] = {}
-        if contiguous and contiguous_views_available() and (storage.local_path("") is not None
+        # (compressed fields are not mappable: such tables gather per fragment, decoding blocks)
+        if contiguous and not schema.compressed and contiguous_views_available() and (storage.local_path("") is not None
                                                             or storage.cache is not None):
             specs = schema.zarr_layout()
             self._layouts["records"] = Layout(storage, schema, [s for s in specs if s.role != "values"])

@@ -13,6 +13,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.schemas.fields import Ragged
 from replaystore.store import bodies, layout, records
+from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
@@ -233,7 +234,7 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
         except FileNotFoundError:
             problems.append(Problem(cpath, "missing"))
             continue
-        issue = verify_chunk(data, dtype, shape)
+        issue = shard_problem(data, shape[0]) if name in schema.compressed else verify_chunk(data, dtype, shape)
         if issue:
             problems.append(Problem(cpath, issue))
         elif name in schema.offsets_groups:

@@ -45,6 +45,10 @@ def print_info(st: Store) -> None:
     for name, t in info["tables"].items():
         print(f"\ntable {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")
         print("\n".join("  " + line for line in st.schemas[name].describe().splitlines()))
+        for col, c in t.get("columns", {}).items():
+            ratio = f"{c['raw'] / c['stored']:.1f}x" if c["stored"] else "-"
+            print(f"  {col:24s} {_size(c['stored']):>10s} stored, {_size(c['raw']):>10s} raw ({ratio}) "
+                  f"codec {c['codec'] or 'none'}")
 
 
 def run_verify(url: str, storage_options: Mapping[str, Any] | None) -> int:
