@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.loaders import UniformSampler, gather
 from replaystore.schemas import Dense, Schema
 from replaystore.store import open_store
 
@@ -104,14 +105,17 @@ def sizes(path: str) -> dict[str, Any]:
     return {"records": n, "frame": cols["frame"]["stored"] / n, "live": live, "disk": info["bytes"] / n}
 
 
-def sampling_figures(path: str, quick: bool) -> dict[str, float] | None:
-    """SAMPLING FIGURES GO HERE: 32 stacked transitions sampled from the store at ``path``.
-
-    Left for the frame-stacking sampler (``UniformSampler(st, batch_size=32, stack=4)``; its
-    bench is bench/pixels_sample_bench.py): return ``{"name": figure}`` to have them printed
-    in the table below. None: not measured here.
-    """
-    return None
+def sampling_figures(path: str, quick: bool) -> dict[str, float]:
+    """Minibatches of 32 stacked transitions (``UniformSampler(stack=4)`` + gather, in-process) per second
+    from the compressed store at ``path``; bench/pixels_sample_bench.py compares the raw layout with TorchRL."""
+    st = open_store(path, mode="r")
+    sampler = UniformSampler(st, batch_size=32, stack=4, seed=0)
+    gather(st.default, sampler.sample())  # warm: the frame index and the first reads
+    n = 30 if quick else 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        gather(st.default, sampler.sample())
+    return {"stack4 batches/s": n / (time.perf_counter() - t0)}
 
 
 def tile(data: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
@@ -136,7 +140,7 @@ def run(games: list[str], frames: int, at: int | None, codec: str) -> None:
             path = os.path.join(root, game)
             fps = store_frames(path, data, codec)
             s = sizes(path)
-            extra = sampling_figures(path, frames < 10_000) or {}
+            extra = sampling_figures(path, frames < 10_000)
             print(f"{game:10s} {s['records']:8d} {s['frame']:10.1f} {s['live']:10.1f} {BASELINE / s['live']:7.1f}x "
                   f"{s['disk']:10.1f} {fps:11,.0f} {s['live'] * 1e6 / 2**30:8.2f} GiB "
                   f"{BASELINE * 1e6 / 2**30:9.1f} GiB"
