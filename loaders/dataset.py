@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.schemas import Schema
+from replaystore.schemas import Schema, map_tree
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
 
@@ -59,10 +59,17 @@ def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     Returns
     -------
     dict of str to Any
-        The same names, numpy arrays replaced by tensors.
+        The same names, numpy arrays replaced by tensors (also inside nested fields' dicts
+        and tuples).
     """
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
+            else _nested_tensors(v) if isinstance(v, (dict, tuple)) else v
             for k, v in arrays.items()}
+
+
+def _nested_tensors(value: Any) -> Any:
+    """A nested field's dict/tuple of arrays as the same structure of tensors."""
+    return map_tree(lambda a: torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a, value)
 
 
 class WorkerBatch:
@@ -106,7 +113,9 @@ class WorkerBatch:
         dict of str to Any
             Tensors pinned; other values as they are.
         """
-        return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in self.tensors().items()}
+        return {k: v.pin_memory() if isinstance(v, torch.Tensor)
+                else map_tree(torch.Tensor.pin_memory, v) if isinstance(v, (dict, tuple)) else v
+                for k, v in self.tensors().items()}
 
 
 def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
@@ -122,8 +131,8 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     Returns
     -------
     dict of str to Any
-        Schema fields, ``indices``, the sampler's outputs, and ``stream_keys`` for
-        sequence requests.
+        Schema fields (nested fields as nested dicts/tuples), ``indices``, the sampler's
+        outputs, and ``stream_keys`` for sequence requests.
 
     Raises
     ------
@@ -138,6 +147,9 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
         data = _pad_sequences(table.schema, table.read(rows[real]), real, rows.shape)
     else:  # only sequence windows are padded
         data = table.read(rows)
+    nesting = table.schema.nesting
+    if nesting is not None:
+        data = nesting.nest(data)
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys

@@ -17,6 +17,7 @@ from replaystore.schemas.containers import episode_columns, rollout_columns
 from replaystore.schemas.csr import dense_mask, gather_csr
 from replaystore.schemas.fields import BatchMeta, Dense, Field, Ragged
 from replaystore.schemas.layout import ArraySpec
+from replaystore.schemas.nesting import Nested, Nesting, map_tree, nested
 from replaystore.schemas.schema import Schema
 from replaystore.schemas.tables import validate_tables
 
@@ -27,6 +28,8 @@ __all__ = [
     "Columns",
     "Dense",
     "Field",
+    "Nested",
+    "Nesting",
     "Ragged",
     "Schema",
     "alphazero",
@@ -37,6 +40,8 @@ __all__ = [
     "episode",
     "episode_columns",
     "gather_csr",
+    "map_tree",
+    "nested",
     "ppo",
     "rollout",
     "rollout_columns",
