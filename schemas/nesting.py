@@ -142,13 +142,14 @@ class Nesting:
             parent = p.rpartition(SEP)[0]
             if SEP in p and parent not in self.nodes:
                 raise SchemaError(f"nested node {p!r}: its parent {parent!r} is not a node")
-            if SEP in p:
-                self.children[parent].append(p)
         self.leaves: dict[str, list[str]] = {}
-        for n in names:
-            parent = n.rpartition(SEP)[0]
-            if parent in self.nodes:
-                self.children[parent].append(n)
+        seen: set[str] = set()
+        for n in names:  # children in the order of their first leaf
+            child, parent = n, n.rpartition(SEP)[0]
+            while parent in self.nodes and child not in seen:
+                seen.add(child)
+                self.children[parent].append(child)
+                child, parent = parent, parent.rpartition(SEP)[0]
         for p, kids in self.children.items():
             if not kids:
                 raise SchemaError(f"nested node {p!r}: has no leaf")
