@@ -144,12 +144,14 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
-        data = _pad_sequences(table.schema, table.read(rows[real]), real, rows.shape)
-    else:  # only sequence windows are padded
+        data = table.read(rows[real])
+        nesting = table.schema.nesting
+        if nesting is None:
+            data = _pad_sequences(table.schema, data, real, rows.shape)
+        else:  # pad leaf by leaf
+            data = nesting.nest(_pad_sequences(table.schema, nesting.unnest(data), real, rows.shape))
+    else:  # only sequence windows are padded; a nested field comes out nested (Table.read)
         data = table.read(rows)
-    nesting = table.schema.nesting
-    if nesting is not None:
-        data = nesting.nest(data)
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys
