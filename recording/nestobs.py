@@ -115,8 +115,10 @@ class Leaves:
 
 
 def replace_rows(obs: Any, final_obs: Any, done: np.ndarray) -> Any:
-    """``obs`` (a nested value of ``[envs, ...]`` arrays) with the rows of ended envs taken from
-    ``final_obs`` (one nested observation per env, as SAME_STEP's ``infos["final_obs"]``).
+    """``obs`` with the rows of ended envs taken from ``final_obs``.
+
+    ``obs`` is a nested value of ``[envs, ...]`` arrays; ``final_obs`` one nested observation per
+    env, as SAME_STEP's ``infos["final_obs"]``. Cost: a copy of each leaf.
     """
     if isinstance(obs, Mapping):
         return {k: replace_rows(v, _child(final_obs, k, done), done) for k, v in obs.items()}

@@ -117,7 +117,8 @@ class SlotRecorder:
         # the step fields as the spaces lay them out; an existing store's schema replaces them
         self._fields = {f.name: f for f in schema_from_spaces(observation_space, action_space).dense_fields}
         # a Dict/Tuple observation: (column suffix, path) of each leaf; its values kept as Leaves
-        self._leaves = [(sfx, path) for sfx, path, _ in leaves(observation_space)] if is_nested(observation_space) else None
+        self._leaves = ([(sfx, path) for sfx, path, _ in leaves(observation_space)]
+                        if is_nested(observation_space) else None)
         self.obs = self._obs_array()  # the current observation of each slot, in the obs field's dtype
         # buffered records and the episodes ended since the last commit
         self._buf: dict[str, list[np.ndarray]] = {}

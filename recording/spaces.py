@@ -184,6 +184,8 @@ def schema_from_spaces(observation_space: Any, action_space: Any, *, name: str |
     if np.dtype(reward_dtype).kind != "f":
         raise SchemaError(f"reward_dtype: expected a float dtype, got {np.dtype(reward_dtype)}")
     obs_tree = None
+    obs_dtype: np.dtype
+    obs_shape: tuple[int, ...]
     if is_nested(observation_space):
         obs_tree = structure(observation_space, "observation", SUPPORTED)
         obs_dtype, obs_shape = np.dtype(np.float32), ()

@@ -97,7 +97,7 @@ class Schema:
     def __init__(
         self,
         name: str,
-        fields: Iterable[Field],
+        fields: Iterable[Field | Nested],
         *,
         version: int = 1,
         metadata: Mapping[str, Any] | None = None,

@@ -337,11 +337,11 @@ def step_mapping(schema: Schema, fmt: str) -> StepMapping:
     else:
         m.dones, m.can_bootstrap = dones, _first(schema, "can_bootstrap")
     main = m.main
-    nested_main = {obs, next_obs} & set(schema.nesting.nodes) if schema.nesting is not None else set()
+    nesting = schema.nesting
     for f in schema.fields:
         if f.name in main or f.name == next_obs:
             continue
-        if nested_main and schema.nesting.root_of.get(f.name) in nested_main:  # type: ignore[union-attr]
+        if nesting is not None and nesting.root_of.get(f.name) in (obs, next_obs):
             continue  # a leaf of a nested observation
         if f.name in RESERVED_INFOS:
             raise StoreError(f"{fmt} export: field {f.name!r} clashes with the exported stream index "

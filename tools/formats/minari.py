@@ -610,6 +610,8 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
 
 def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
                 ep: dict[str, np.ndarray] | None) -> Schema:
+    obs_shape: tuple[int, ...]
+    obs_dtype: Any
     if obs["type"] in mo.NESTED_TYPES:
         obs_shape, obs_dtype = (), np.float32  # replaced by nested fields below
     elif obs["type"] == "Discrete":
@@ -640,8 +642,9 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
 def _records(schema: Schema, ep: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     obs = ep["observations"]
     n = len(ep["rewards"])
-    if len(mo.leaves_of(obs)[0]) != n + 1 or len(ep["actions"]) != n:
-        raise StoreError(f"Minari episode {i}: {len(mo.leaves_of(obs)[0])} observations and {len(ep['actions'])} actions "
+    n_obs = len(mo.leaves_of(obs)[0])
+    if n_obs != n + 1 or len(ep["actions"]) != n:
+        raise StoreError(f"Minari episode {i}: {n_obs} observations and {len(ep['actions'])} actions "
                          f"for {n} rewards (expected T + 1 and T)")
 
     def typed(name: str, value: Any) -> Any:

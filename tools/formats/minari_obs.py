@@ -1,6 +1,6 @@
-"""Dict and Tuple observations in Minari datasets: spaces, Arrow/HDF5 encodings, and the tree helpers
-the Minari export and import use (a flat observation passes through each helper unchanged).
+"""Dict and Tuple observations in Minari datasets: spaces, Arrow/HDF5 encodings, tree helpers.
 
+The Minari export and import use these; a flat observation passes through each helper unchanged.
 Minari stores a Dict observation as an Arrow struct named by its keys (HDF5: a group of datasets),
 a Tuple as a struct named ``0``, ``1``, ... (HDF5: ``_index_0``, ...).
 """
@@ -21,8 +21,11 @@ NESTED_TYPES = ("Dict", "Tuple")
 
 
 def obs_space(schema: Schema, name: str, leaf_space: Callable[[Dense], dict[str, Any]]) -> dict[str, Any]:
-    """The space document of field ``name``: ``leaf_space(field)`` for a dense field, Dict/Tuple for a
-    nested one (leaf spaces from ``leaf_space``). Cost: O(leaves)."""
+    """The space document of field ``name``.
+
+    ``leaf_space(field)`` for a dense field, a Dict/Tuple document for a nested one (its leaves'
+    spaces from ``leaf_space``). Cost: O(leaves).
+    """
     nesting = schema.nesting
     if nesting is None or name not in nesting.nodes:
         f = schema.field(name)
@@ -136,7 +139,7 @@ def structure(space: dict[str, Any]) -> Any:
     if space["type"] == "Tuple":
         return tuple(structure(sub) for sub in space["subspaces"])
     if space["type"] == "Discrete":
-        return Dense("leaf", np.int64)
+        return Dense("leaf", np.dtype(np.int64))
     return Dense("leaf", np.dtype(space["dtype"]), tuple(space["shape"]))
 
 
