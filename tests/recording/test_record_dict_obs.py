@@ -98,3 +98,14 @@ def test_vector_env_records_dict_observations(tmp_path, mode):
         assert_dict_stream(st, key, truth)
     assert len(st) == sum(len(t.obs) for t in truths)
     assert sum(len(t.episodes) for t in truths) > n
+
+
+def test_nested_space_json_is_minaris():
+    from minari.serialization import deserialize_space, serialize_space
+
+    from replaystore.gym.spaces import space_json
+
+    space = spaces.Dict({"image": spaces.Box(0, 255, (2, 2), np.uint8),
+                         "t": spaces.Tuple((spaces.Discrete(3), spaces.MultiBinary(2)))})
+    assert space_json(space) == space_json(space, use_minari=False) == serialize_space(space)
+    assert deserialize_space(space_json(space)) == space
