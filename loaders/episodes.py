@@ -50,9 +50,9 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
     ------
     dict of str to Any
         The schema's fields over T steps (ragged fields as CSR of the episode's
-        steps; nested fields as nested dicts/tuples), plus ``final_obs`` (the last ``next_obs``), ``terminated`` and
-        ``truncated`` (bools; one cut off by the end of the data is
-        ``truncated``), ``complete``, ``stream``, ``steps`` and ``rows``.
+        steps; nested fields as nested dicts/tuples), plus ``final_obs`` (the last
+        ``next_obs``), ``terminated`` and ``truncated`` (bools; one cut off by the end
+        of the data is ``truncated``), ``complete``, ``stream``, ``steps`` and ``rows``.
 
     Raises
     ------
