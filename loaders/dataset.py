@@ -15,7 +15,7 @@ from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.her import HER
 from replaystore.loaders.stacking import gather_stacked
 from replaystore.loaders.transform import apply_transform, check_loader_args
-from replaystore.schemas import Schema
+from replaystore.schemas import Schema, map_tree
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
 
@@ -62,10 +62,17 @@ def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     Returns
     -------
     dict of str to Any
-        The same names, numpy arrays replaced by tensors.
+        The same names, numpy arrays replaced by tensors (also inside nested fields' dicts
+        and tuples).
     """
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
+            else _nested_tensors(v) if isinstance(v, (dict, tuple)) else v
             for k, v in arrays.items()}
+
+
+def _nested_tensors(value: Any) -> Any:
+    """A nested field's dict/tuple of arrays as the same structure of tensors."""
+    return map_tree(lambda a: torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a, value)
 
 
 class WorkerBatch:
@@ -109,7 +116,9 @@ class WorkerBatch:
         dict of str to Any
             Tensors pinned; other values as they are.
         """
-        return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in self.tensors().items()}
+        return {k: v.pin_memory() if isinstance(v, torch.Tensor)
+                else map_tree(torch.Tensor.pin_memory, v) if isinstance(v, (dict, tuple)) else v
+                for k, v in self.tensors().items()}
 
 
 def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
@@ -125,8 +134,8 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     Returns
     -------
     dict of str to Any
-        Schema fields, ``indices``, the sampler's outputs, and ``stream_keys`` for
-        sequence requests.
+        Schema fields (nested fields as nested dicts/tuples), ``indices``, the sampler's
+        outputs, and ``stream_keys`` for sequence requests.
 
     Raises
     ------
@@ -140,8 +149,13 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
-        data = _pad_sequences(table.schema, table.read(rows[real]), real, rows.shape)
-    else:  # only sequence windows are padded
+        data = table.read(rows[real])
+        nesting = table.schema.nesting
+        if nesting is None:
+            data = _pad_sequences(table.schema, data, real, rows.shape)
+        else:  # pad leaf by leaf
+            data = nesting.nest(_pad_sequences(table.schema, nesting.unnest(data), real, rows.shape))
+    else:  # only sequence windows are padded; a nested field comes out nested (Table.read)
         data = table.read(rows)
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:

@@ -9,12 +9,14 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.dataset import to_tensors
+from replaystore.schemas import map_tree
 from replaystore.store import Table
 
 
 def _end_flags(table: Table) -> tuple[str, str | None]:
     schema = table.schema
-    if "obs" not in schema or "next_obs" not in schema:
+    nodes = schema.nesting.nodes if schema.nesting is not None else {}
+    if not all(n in schema or n in nodes for n in ("obs", "next_obs")):
         raise StoreError(f"schema {schema.name!r}: episodes need 'obs' and 'next_obs' fields")
     if "terminated" in schema:
         return "terminated", "truncated" if "truncated" in schema else None
@@ -48,9 +50,9 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
     ------
     dict of str to Any
         The schema's fields over T steps (ragged fields as CSR of the episode's
-        steps), plus ``final_obs`` (the last ``next_obs``), ``terminated`` and
-        ``truncated`` (bools; one cut off by the end of the data is
-        ``truncated``), ``complete``, ``stream``, ``steps`` and ``rows``.
+        steps; nested fields as nested dicts/tuples), plus ``final_obs`` (the last
+        ``next_obs``), ``terminated`` and ``truncated`` (bools; one cut off by the end
+        of the data is ``truncated``), ``complete``, ``stream``, ``steps`` and ``rows``.
 
     Raises
     ------
@@ -64,6 +66,9 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
             continue
         _, _, resets = table.index_of(rows)
         data = table.read(rows)
+        nesting = table.schema.nesting
+        if nesting is not None:  # slice leaf columns as for a flat schema, nest each episode at the end
+            data = nesting.unnest(data)
         term = data[term_name].astype(bool)
         trunc = data[trunc_name].astype(bool) if trunc_name else np.zeros(len(rows), dtype=bool)
         end = term | trunc
@@ -85,7 +90,11 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
                 episode[off_name] = offsets - offsets[0]
                 for name in names:
                     episode[name] = data[name][offsets[0]:offsets[-1]]
-            episode.update(final_obs=data["next_obs"][hi - 1], terminated=bool(term[hi - 1]),
+            if nesting is not None:
+                episode = nesting.nest(episode)
+            last = hi - 1 - lo
+            final = map_tree(lambda a: a[last], episode["next_obs"])  # noqa: B023 - used at once
+            episode.update(final_obs=final, terminated=bool(term[hi - 1]),
                            truncated=bool(trunc[hi - 1]) or not ended, complete=complete, stream=stream,
                            steps=steps[lo:hi], rows=rows[lo:hi])
             yield to_tensors(episode)

@@ -21,6 +21,7 @@ import numpy as np
 from replaystore.errors import RecordingError, SchemaMismatchError, ShapeError, StoreError, StoreNotFoundError
 from replaystore.gym.cast import as_array, cast, check_bounds
 from replaystore.gym.episodes import EPISODE_KEYS
+from replaystore.gym.nestobs import Leaves, is_nested, leaf_layout, leaves, pick
 from replaystore.gym.spaces import InfoSpec, bounds, info_columns, schema_from_spaces
 from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, Writer, open_store
@@ -116,6 +117,9 @@ class SlotRecorder:
         self._all_slots = np.arange(slots)
         # the step fields as the spaces lay them out; an existing store's schema replaces them
         self._fields = {f.name: f for f in schema_from_spaces(observation_space, action_space).dense_fields}
+        # a Dict/Tuple observation: (column suffix, path) of each leaf; its values kept as Leaves
+        self._leaves = ([(sfx, path) for sfx, path, _ in leaves(observation_space)]
+                        if is_nested(observation_space) else None)
         self.obs = self._obs_array()  # the current observation of each slot, in the obs field's dtype
         # buffered records and the episodes ended since the last commit
         self._buf: dict[str, list[np.ndarray]] = {}
@@ -176,12 +180,18 @@ class SlotRecorder:
                     if len(steps):
                         self.step[slot] = max(int(self.step[slot]), int(steps.max()) + 1)
         self._fields = {f.name: f for f in schema.dense_fields}
-        if self.obs.dtype != self._fields["obs"].dtype:  # (an existing store, attached before any step)
+        if self._leaves is not None:
+            if any(a.dtype != self._fields[f"obs{sfx}"].dtype for sfx, a in self.obs.arrays.items()):
+                self.obs = self._obs_array()
+        elif self.obs.dtype != self._fields["obs"].dtype:  # (an existing store, attached before any step)
             self.obs = self._obs_array()
         record_bytes = sum(f.dtype.itemsize * math.prod(f.shape) for f in schema.dense_fields) + 17
         self._append_rows = max(1, min(self.commit_every, APPEND_BYTES // record_bytes))
 
-    def _obs_array(self) -> np.ndarray:
+    def _obs_array(self) -> Any:
+        if self._leaves is not None:
+            return Leaves({sfx: np.zeros((self.slots, *self._fields[f"obs{sfx}"].shape),
+                                         dtype=self._fields[f"obs{sfx}"].dtype) for sfx, _ in self._leaves})
         f = self._fields["obs"]
         return np.zeros((self.slots, *f.shape), dtype=f.dtype)
 
@@ -189,6 +199,13 @@ class SlotRecorder:
         want = {"obs": _space_shape(self.observation_space), "next_obs": _space_shape(self.observation_space),
                 "action": _space_shape(self.action_space), "reward": (), "terminated": (), "truncated": ()}
         names: list[str] = list(STEP_FIELDS)
+        if is_nested(self.observation_space):  # one column per leaf
+            del want["obs"], want["next_obs"]
+            names = [n for n in names if n not in ("obs", "next_obs")]
+            for sfx, _, sub in leaves(self.observation_space):
+                for base in ("obs", "next_obs"):
+                    want[f"{base}{sfx}"] = leaf_layout(sub)[1]
+                    names.append(f"{base}{sfx}")
         for key in self.info_keys:
             names += info_columns(key)
         problems = []
@@ -226,6 +243,12 @@ class SlotRecorder:
         rows = self._rows(name, value, mask)
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
 
+    def _obs_field(self, name: str, value: Any, mask: np.ndarray | slice) -> Any:
+        """Observations ``value`` of every slot cast to field ``name`` (per leaf for a Dict/Tuple space)."""
+        if self._leaves is None:
+            return self._field(name, value, mask)
+        return Leaves({sfx: self._field(f"{name}{sfx}", pick(value, path, name), mask) for sfx, path in self._leaves})
+
     def check_action(self, action: Any) -> np.ndarray:
         """The actions of every slot cast to the action field, or a typed error naming ``action``.
 
@@ -258,7 +281,7 @@ class SlotRecorder:
         for slot in np.flatnonzero(mask).tolist():
             seed = seeds[slot]
             self.ep_seed[slot] = None if seed is None else int(seed)
-        values = self._field("obs", obs, mask)
+        values = self._obs_field("obs", obs, mask)
         self.obs[mask] = values
         self.in_episode[mask] = True
         self._start(mask)
@@ -349,12 +372,12 @@ class SlotRecorder:
         self._create(info)
 
     def _cast_step(self, mask: np.ndarray | slice, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
-                   truncated: Any, infos: InfoValues) -> dict[str, np.ndarray]:
+                   truncated: Any, infos: InfoValues) -> dict[str, Any]:
         cols = {
             "obs": self.obs[mask].copy() if isinstance(mask, slice) else self.obs[mask],  # (not a view)
             "action": action[mask],
             "reward": self._field("reward", reward, mask),
-            "next_obs": self._field("next_obs", next_obs, mask),
+            "next_obs": self._obs_field("next_obs", next_obs, mask),
             "terminated": self._field("terminated", terminated, mask),
             "truncated": self._field("truncated", truncated, mask),
         }
@@ -372,9 +395,13 @@ class SlotRecorder:
             cols[valid_col] = have
         return cols
 
-    def _buffer(self, mask: np.ndarray | slice, cols: dict[str, np.ndarray]) -> None:
+    def _buffer(self, mask: np.ndarray | slice, cols: dict[str, Any]) -> None:
         for name, values in cols.items():
-            self._buf.setdefault(name, []).append(values)
+            if isinstance(values, Leaves):
+                for sfx, leaf in values.arrays.items():
+                    self._buf.setdefault(f"{name}{sfx}", []).append(leaf)
+            else:
+                self._buf.setdefault(name, []).append(values)
         slots = self._all_slots[mask]
         self._buf.setdefault("_slot", []).append(slots)
         self._buf.setdefault("_step", []).append(self.step[mask].copy())

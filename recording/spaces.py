@@ -13,7 +13,8 @@ import numpy.typing as npt
 from gymnasium import spaces
 
 from replaystore.errors import SchemaError, UnsupportedSpaceError
-from replaystore.schemas import Dense, Schema, episode
+from replaystore.gym.nestobs import is_nested, structure
+from replaystore.schemas import Dense, Schema, episode, nested
 
 SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary"
 """The spaces :func:`schema_from_spaces` lays out as columns."""
@@ -29,9 +30,12 @@ def _check_space(space: Any, role: str) -> None:
     if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
         return
     kind = type(space).__name__
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+    if is_nested(space) and role in ("observation", "the"):
+        structure(space, role, SUPPORTED + ", and Dict/Tuple of them for observations")
+        return
+    if is_nested(space):
         raise UnsupportedSpaceError(f"{role} space {kind}", SUPPORTED,
-                                    "Dict and Tuple spaces need nested fields, which are not implemented yet")
+                                    "Dict and Tuple spaces are supported for observations only")
     raise UnsupportedSpaceError(f"{role} space {kind}", SUPPORTED,
                                 "it has no fixed-shape numeric column layout")
 
@@ -49,7 +53,7 @@ def space_json(space: Any, *, use_minari: bool = True) -> str:
     Parameters
     ----------
     space
-        A Box, Discrete, MultiDiscrete or MultiBinary space.
+        A Box, Discrete, MultiDiscrete or MultiBinary space, or a Dict/Tuple of them.
     use_minari
         Call Minari's function when Minari is installed; without it (or with False) an
         equivalent form is written here, with the same text.
@@ -72,18 +76,24 @@ def space_json(space: Any, *, use_minari: bool = True) -> str:
             pass
         else:
             return str(serialize_space(space))
-    doc: dict[str, Any]
+    return json.dumps(_space_doc(space))
+
+
+def _space_doc(space: Any) -> dict[str, Any]:
+    """Minari's JSON form of ``space`` as a dict (Dict and Tuple nest their subspaces)."""
+    if isinstance(space, spaces.Dict):
+        return {"type": "Dict", "subspaces": {k: _space_doc(s) for k, s in space.spaces.items()}}
+    if isinstance(space, spaces.Tuple):
+        return {"type": "Tuple", "subspaces": [_space_doc(s) for s in space.spaces]}
     if isinstance(space, spaces.Box):
-        doc = {"type": "Box", "dtype": str(space.dtype), "shape": list(space.shape),
-               "low": space.low.tolist(), "high": space.high.tolist()}
-    elif isinstance(space, spaces.Discrete):
-        doc = {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
-    elif isinstance(space, spaces.MultiDiscrete):
-        doc = {"type": "MultiDiscrete", "dtype": str(space.dtype), "nvec": space.nvec.tolist(),
-               "start": space.start.tolist()}
-    else:
-        doc = {"type": "MultiBinary", "n": space.n}
-    return json.dumps(doc)
+        return {"type": "Box", "dtype": str(space.dtype), "shape": list(space.shape),
+                "low": space.low.tolist(), "high": space.high.tolist()}
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "dtype": str(space.dtype), "nvec": space.nvec.tolist(),
+                "start": space.start.tolist()}
+    return {"type": "MultiBinary", "n": space.n}
 
 
 def env_spec_json(env: Any) -> str | None:
@@ -133,7 +143,9 @@ def schema_from_spaces(observation_space: Any, action_space: Any, *, name: str |
     :func:`replaystore.schemas.episode` builds them), then per info key ``info_<key>`` and the
     bool ``info_<key>_valid`` (false where the step's info lacked the key). ``Box`` keeps its
     dtype and shape, ``Discrete`` is a scalar int64 (range-checked when it starts at 0),
-    ``MultiDiscrete`` and ``MultiBinary`` their dtype and shape. The metadata keeps both spaces as
+    ``MultiDiscrete`` and ``MultiBinary`` their dtype and shape. A ``Dict`` or ``Tuple``
+    observation space (any depth) makes ``obs`` and ``next_obs`` nested fields, one column per
+    leaf (``obs__image``; Tuple keys ``0``, ``1``, ...). The metadata keeps both spaces as
     Minari's JSON (``observation_space``, ``action_space``), the environment spec
     (``env_spec``, ``spec.to_json()``, when ``env`` has one) and ``env_id``.
 
@@ -159,7 +171,9 @@ def schema_from_spaces(observation_space: Any, action_space: Any, *, name: str |
     Raises
     ------
     UnsupportedSpaceError
-        ``Dict``, ``Tuple``, ``Text``, ``Graph``, ``Sequence`` or any other space.
+        ``Text``, ``Graph``, ``Sequence`` or any other space (also as a Dict/Tuple leaf), a
+        ``Dict``/``Tuple`` action space, an empty Dict/Tuple, or a Dict key that is not an
+        identifier without ``__``.
     SchemaError
         A non-float ``reward_dtype``, a bad info dtype or key.
 
@@ -169,13 +183,22 @@ def schema_from_spaces(observation_space: Any, action_space: Any, *, name: str |
     _check_space(action_space, "action")
     if np.dtype(reward_dtype).kind != "f":
         raise SchemaError(f"reward_dtype: expected a float dtype, got {np.dtype(reward_dtype)}")
-    obs_dtype, obs_shape = _layout(observation_space)
+    obs_tree = None
+    obs_dtype: np.dtype
+    obs_shape: tuple[int, ...]
+    if is_nested(observation_space):
+        obs_tree = structure(observation_space, "observation", SUPPORTED)
+        obs_dtype, obs_shape = np.dtype(np.float32), ()
+    else:
+        obs_dtype, obs_shape = _layout(observation_space)
     act_dtype, act_shape = _layout(action_space)
     actions = None
     if isinstance(action_space, spaces.Discrete) and int(action_space.start) == 0:
         actions = int(action_space.n)
     base = episode(obs_shape, act_shape, act_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype, actions=actions)
-    fields: list[Dense] = [f for f in base.fields if isinstance(f, Dense)]
+    fields: list[Any] = [f for f in base.fields if isinstance(f, Dense)]
+    if obs_tree is not None:  # one column per leaf: obs__image, next_obs__image, ...
+        fields = [nested(f.name, obs_tree) if f.name in ("obs", "next_obs") else f for f in fields]
     for key, spec in (info or {}).items():
         dtype, shape = spec if isinstance(spec, tuple) else (spec, ())
         value, valid = info_columns(key)

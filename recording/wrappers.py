@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from replaystore.errors import RecordingError, ReplayStoreError
+from replaystore.gym.nestobs import replace_rows
 from replaystore.gym.recorder import InfoValues, SlotRecorder
 from replaystore.gym.spaces import InfoSpec
 from replaystore.schemas import Schema
@@ -333,8 +334,12 @@ class RecordVectorEpisodes(VectorWrapper):
             super().close(**kwargs)
 
 
-def _one(value: Any) -> np.ndarray:
-    """A single env's value as a batch of one."""
+def _one(value: Any) -> Any:
+    """A single env's value as a batch of one (per leaf of a Dict/Tuple observation)."""
+    if isinstance(value, Mapping):
+        return {k: _one(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_one(v) for v in value)
     if type(value).__module__.startswith("torch"):
         value = value.detach().cpu().numpy()
     return np.asarray(value)[None]
@@ -357,9 +362,12 @@ def _same_step_final(keys: Mapping[str, Any], obs: Any, infos: Mapping[str, Any]
     final_mask = infos.get("_final_obs")
     if final_obs is None or final_mask is None or not np.all(np.asarray(final_mask, dtype=bool)[done]):
         raise RecordingError("autoreset mode SAME_STEP: infos['final_obs'] is missing for a sub-env that ended")
-    next_obs = np.array(obs, copy=True)
-    for i in np.flatnonzero(done):
-        next_obs[i] = final_obs[i]
+    if isinstance(obs, (Mapping, tuple)):  # a Dict/Tuple observation: per leaf
+        next_obs = replace_rows(obs, final_obs, done)
+    else:
+        next_obs = np.array(obs, copy=True)
+        for i in np.flatnonzero(done):
+            next_obs[i] = final_obs[i]
     final_info = infos.get("final_info") or {}
     out: InfoValues = {}
     n = len(done)

@@ -19,6 +19,7 @@ from replaystore.schemas.containers import episode_columns, rollout_columns
 from replaystore.schemas.csr import dense_mask, gather_csr
 from replaystore.schemas.fields import BatchMeta, Dense, Field, Ragged
 from replaystore.schemas.layout import ArraySpec
+from replaystore.schemas.nesting import Nested, Nesting, map_tree, nested
 from replaystore.schemas.schema import Schema
 from replaystore.schemas.tables import validate_tables
 
@@ -29,6 +30,8 @@ __all__ = [
     "Columns",
     "Dense",
     "Field",
+    "Nested",
+    "Nesting",
     "Ragged",
     "Schema",
     "alphazero",
@@ -41,6 +44,8 @@ __all__ = [
     "frames",
     "goal_transitions",
     "gather_csr",
+    "map_tree",
+    "nested",
     "ppo",
     "rollout",
     "rollout_columns",

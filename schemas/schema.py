@@ -10,6 +10,7 @@ import numpy as np
 
 from replaystore.errors import SchemaError
 from replaystore.schemas.fields import OFFSETS_DTYPE, BatchMeta, Dense, Field, Ragged
+from replaystore.schemas.nesting import Nested, Nesting, expand
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,14 +47,18 @@ class Schema:
     ----------
     name : str
         A non-empty name.
-    fields : iterable of Field
-        The fields, in order; at least one must be dense or ragged.
+    fields : iterable of Field or Nested
+        The fields, in order; at least one must be dense or ragged. A :class:`Nested`
+        field (see :func:`~replaystore.schemas.nested`) adds one field per leaf.
     version : int, optional
         A positive schema version (default 1).
     metadata : mapping, optional
         A free-form JSON mapping (action count and frame, environment id,
         observation description, producer version, ...) that survives JSON, Arrow
         and Parquet round trips.
+    nested : mapping of str to str, optional
+        More nested nodes (flat prefix to ``"dict"`` or ``"tuple"``), as :meth:`to_dict`
+        writes them; :class:`Nested` fields bring their own.
 
     Attributes
     ----------
@@ -67,6 +72,8 @@ class Schema:
         A JSON-normalised copy of ``metadata``.
     offsets_groups : dict of str to tuple of str
         Each CSR offsets name mapped to the ragged fields that share it.
+    nesting : Nesting or None
+        How leaf columns nest into Dict/Tuple values; None for a flat schema.
 
     Raises
     ------
@@ -90,11 +97,14 @@ class Schema:
     def __init__(
         self,
         name: str,
-        fields: Iterable[Field],
+        fields: Iterable[Field | Nested],
         *,
         version: int = 1,
         metadata: Mapping[str, Any] | None = None,
+        nested: Mapping[str, str] | None = None,
     ) -> None:
+        fields, nodes = expand(fields)
+        nodes.update(nested or {})
         if not isinstance(name, str) or not name:
             raise SchemaError(f"schema name: expected a non-empty string, got {name!r}")
         if not isinstance(version, int) or version < 1:
@@ -105,7 +115,7 @@ class Schema:
         self.metadata = _json_safe(metadata)
         self._by_name: dict[str, Field] = {}
         for f in self.fields:
-            if not isinstance(f, (Dense, Ragged, BatchMeta)):
+            if not isinstance(f, (Dense, Ragged, BatchMeta, Nested)):
                 raise SchemaError(f"schema {name!r}: {f!r} is not a Dense, Ragged or BatchMeta field")
             if f.name in self._by_name:
                 raise SchemaError(f"schema {name!r}: field {f.name!r} defined twice")
@@ -117,6 +127,7 @@ class Schema:
             self.offsets_groups[f.offsets] = self.offsets_groups.get(f.offsets, ()) + (f.name,)
         if not self.dense_fields and not self.ragged_fields:
             raise SchemaError(f"schema {name!r}: needs at least one dense or ragged field")
+        self.nesting: Nesting | None = Nesting(self.input_names, nodes) if nodes else None
 
     # -- structure -----------------------------------------------------------------
     @property
@@ -222,7 +233,8 @@ class Schema:
         -------
         dict
             ``{"format", "name", "version", "fields", "metadata"}``; each field as a
-            dict of its kind, dtype, shape or offsets, bounds and description.
+            dict of its kind, dtype, shape or offsets, bounds and description; plus
+            ``"nested"`` (node prefix to kind) when the schema has nested fields.
         """
         fields: list[dict[str, Any]] = []
         for f in self.fields:
@@ -239,13 +251,16 @@ class Schema:
                 d["offsets"] = f.offsets
             d["description"] = f.description
             fields.append(d)
-        return {
+        doc = {
             "format": JSON_FORMAT,
             "name": self.name,
             "version": self.version,
             "fields": fields,
             "metadata": self.metadata,
         }
+        if self.nesting is not None:
+            doc["nested"] = dict(self.nesting.nodes)
+        return doc
 
     def to_json(self, indent: int | None = None) -> str:
         """The schema as JSON text (:meth:`to_dict`, serialised).
@@ -300,7 +315,7 @@ class Schema:
                     fields.append(BatchMeta(fd["name"], fd.get("description", "")))
                 else:
                     raise SchemaError(f"field {fd.get('name')!r}: unknown kind {kind!r}")
-            return cls(d["name"], fields, version=d["version"], metadata=d.get("metadata"))
+            return cls(d["name"], fields, version=d["version"], metadata=d.get("metadata"), nested=d.get("nested"))
         except (KeyError, TypeError) as exc:
             raise SchemaError(f"malformed schema document: {exc!r}") from exc
 
@@ -393,7 +408,8 @@ class Schema:
         ----------
         batch : Any
             A mapping or any object with named attributes (dataclass, namedtuple, an
-            engine's batch object) holding numpy arrays or CPU torch tensors.
+            engine's batch object) holding numpy arrays or CPU torch tensors. A nested
+            field's value in a mapping may be given nested (a mapping or tuple of arrays).
 
         Returns
         -------
@@ -410,6 +426,8 @@ class Schema:
         """
         from replaystore.schemas.validate import validate
 
+        if self.nesting is not None and isinstance(batch, Mapping):
+            batch = self.nesting.unnest(batch)
         return validate(self, batch)
 
 

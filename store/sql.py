@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from replaystore.errors import StoreError
+from replaystore.schemas.nestarrow import struct_batch, struct_schema
 
 if TYPE_CHECKING:
     from replaystore.store.store import Store, Table
@@ -54,7 +55,10 @@ class TableDataset(ds.InMemoryDataset):
     """
 
     def __init__(self, table: Table) -> None:
+        self.nesting = table.schema.nesting
         self.stored = table.scan_schema()
+        if self.nesting is not None:  # a nested field as one STRUCT column
+            self.stored = struct_schema(self.stored, self.nesting)
         super().__init__(sql_schema(self.stored).empty_table())
         self.source = table
 
@@ -86,7 +90,12 @@ class TableDataset(ds.InMemoryDataset):
         if filter is not None:
             text = str(filter)
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
-        batches = self.source.scan(needed)
+        if self.nesting is None:
+            batches = self.source.scan(needed)
+        else:
+            leaves = self.nesting.columns(needed)
+            nested = pa.schema([self.stored.field(n) for n in needed])
+            batches = (struct_batch(b, nested, self.nesting) for b in self.source.scan(leaves))
         schema = pa.schema([full.field(n) for n in needed])
         if schema != pa.schema([self.stored.field(n) for n in needed]):
             batches = (b.cast(schema) for b in batches)
@@ -94,7 +103,7 @@ class TableDataset(ds.InMemoryDataset):
 
 
 def _sql_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with float16 (which DuckDB cannot scan) widened to float32, also inside lists."""
+    """``t`` with float16 (which DuckDB cannot scan) widened to float32, also inside lists and structs."""
     if pa.types.is_float16(t):
         return pa.float32()
     if pa.types.is_fixed_size_list(t):
@@ -103,6 +112,8 @@ def _sql_type(t: pa.DataType) -> pa.DataType:
         return pa.large_list(pa.field(t.value_field.name, _sql_type(t.value_type)))
     if pa.types.is_list(t):
         return pa.list_(pa.field(t.value_field.name, _sql_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_sql_type(t.field(i).type)) for i in range(t.num_fields)])
     return t
 
 

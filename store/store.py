@@ -133,12 +133,13 @@ class Table:
             Visible row ids (any order, repeats allowed).
         columns : sequence of str, optional
             Field names to read (default: every dense and ragged field); a ragged field
-            brings its CSR offsets array.
+            brings its CSR offsets array; a nested field (``obs``) all its leaves.
 
         Returns
         -------
         dict of str to numpy.ndarray
-            Dense arrays; ragged values with their offsets (rebased to 0).
+            Dense arrays; ragged values with their offsets (rebased to 0); a nested field's
+            leaves as a nested dict (tuples for Tuple nodes) under its name.
 
         Raises
         ------
@@ -153,7 +154,10 @@ class Table:
         touched; the arrays of other columns are not read.
         """
         self.reader.sync()
-        return self.reader.read(rows, columns)
+        nesting = self.reader.schema.nesting
+        if nesting is None:
+            return self.reader.read(rows, columns)
+        return nesting.nest(self.reader.read(rows, nesting.columns(columns)))
 
     def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
         """:meth:`read` as :class:`~replaystore.schemas.Columns` (same errors and cost).

@@ -375,12 +375,14 @@ class TableView:
             Visible row ids (any order, repeats allowed).
         columns : sequence of str, optional
             Field names to read (default: every dense and ragged field). A ragged field brings
-            its CSR offsets array; batch metadata fields are not per record and are not read.
+            its CSR offsets array; batch metadata fields are not per record and are not read; a
+            nested field (``obs``) brings all its leaves.
 
         Returns
         -------
         dict of str to numpy.ndarray
-            Dense fields; ragged values with their offsets (rebased to 0), new arrays.
+            Dense fields; ragged values with their offsets (rebased to 0), new arrays; a nested
+            field's leaves as a nested dict (tuples for Tuple nodes) under its name.
 
         Raises
         ------
@@ -396,7 +398,10 @@ class TableView:
         Cost: one gather per array read (current view, contiguous views) or per array and
         fragment touched; arrays of unnamed columns are not read.
         """
-        return self._reader.read(rows, columns, self)
+        nesting = self.schema.nesting
+        if nesting is None:
+            return self._reader.read(rows, columns, self)
+        return nesting.nest(self._reader.read(rows, nesting.columns(columns), self))
 
     def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
         """:meth:`read` as :class:`~replaystore.schemas.Columns` (same errors and cost).
@@ -413,7 +418,8 @@ class TableView:
         Columns
             The records, field by field.
         """
-        out = self.read(rows, columns)
+        nesting = self.schema.nesting
+        out = self._reader.read(rows, columns if nesting is None else nesting.columns(columns), self)
         return Columns(self.schema, len(np.asarray(rows).reshape(-1)), out)
 
     def index_of(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

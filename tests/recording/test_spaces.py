@@ -57,16 +57,23 @@ def test_space_json_is_minaris(space):
 
 
 @pytest.mark.parametrize("space", [
-    spaces.Dict({"a": spaces.Discrete(2)}), spaces.Tuple([spaces.Discrete(2)]), spaces.Text(5),
-    spaces.Graph(spaces.Box(0, 1, (2,)), None), spaces.Sequence(spaces.Discrete(2)),
+    spaces.Text(5), spaces.Graph(spaces.Box(0, 1, (2,)), None), spaces.Sequence(spaces.Discrete(2)),
     spaces.OneOf([spaces.Discrete(2)])], ids=lambda s: type(s).__name__)
 def test_spaces_without_a_column_layout_are_refused(space):
     for args in ((space, spaces.Discrete(2)), (spaces.Discrete(2), space)):
         with pytest.raises(UnsupportedSpaceError) as info:
             schema_from_spaces(*args)
         assert type(space).__name__ in str(info.value) and "Box, Discrete" in str(info.value)
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        assert "not implemented yet" in str(info.value)
+
+
+@pytest.mark.parametrize("space", [spaces.Dict({"a": spaces.Discrete(2)}), spaces.Tuple([spaces.Discrete(2)])],
+                         ids=lambda s: type(s).__name__)
+def test_dict_and_tuple_are_observations_only(space):
+    schema = schema_from_spaces(space, spaces.Discrete(2))  # nested observation fields
+    assert schema.nesting is not None and set(schema.nesting.roots) == {"obs", "next_obs"}
+    with pytest.raises(UnsupportedSpaceError) as info:
+        schema_from_spaces(spaces.Discrete(2), space)
+    assert type(space).__name__ in str(info.value) and "observations only" in str(info.value)
 
 
 def test_env_spec_and_name_from_the_env(tmp_path):

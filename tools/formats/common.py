@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from replaystore.errors import StoreError
-from replaystore.schemas import Dense, Ragged, Schema, dense_mask
+from replaystore.schemas import Dense, Ragged, Schema, dense_mask, map_tree
 from replaystore.store import Table
 
 TARGET_CHUNK_BYTES = 16 << 20
@@ -293,7 +293,8 @@ class Extra:
 
 
 def _first(schema: Schema, *names: str) -> str | None:
-    return next((n for n in names if n in schema and isinstance(schema.field(n), Dense)), None)
+    nodes = schema.nesting.nodes if schema.nesting is not None else {}
+    return next((n for n in names if (n in schema and isinstance(schema.field(n), Dense)) or n in nodes), None)
 
 
 def step_mapping(schema: Schema, fmt: str) -> StepMapping:
@@ -336,9 +337,12 @@ def step_mapping(schema: Schema, fmt: str) -> StepMapping:
     else:
         m.dones, m.can_bootstrap = dones, _first(schema, "can_bootstrap")
     main = m.main
+    nesting = schema.nesting
     for f in schema.fields:
         if f.name in main or f.name == next_obs:
             continue
+        if nesting is not None and nesting.root_of.get(f.name) in (obs, next_obs):
+            continue  # a leaf of a nested observation
         if f.name in RESERVED_INFOS:
             raise StoreError(f"{fmt} export: field {f.name!r} clashes with the exported stream index "
                              f"(infos/{f.name})")
@@ -550,8 +554,8 @@ def _episode(parts: list[tuple[Chunk, int, int]]) -> Episode:
     first, lo0, _ = parts[0]
 
     def cat(get: Any) -> np.ndarray:
-        pieces = [get(c)[lo:hi] for c, lo, hi in parts]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        pieces = [map_tree(lambda a: a[lo:hi], get(c)) for c, lo, hi in parts]  # noqa: B023 - used at once
+        return pieces[0] if len(pieces) == 1 else tree_concat(pieces)
 
     data = {k: cat(lambda c, k=k: c.data[k]) for k in first.data}
     return Episode(first.stream, int(first.steps[lo0]), data, cat(lambda c: c.term), cat(lambda c: c.trunc))
@@ -571,3 +575,24 @@ def stream_key_json(key: Any) -> Any:
         The key.
     """
     return int(key) if isinstance(key, (int, np.integer)) else str(key)
+
+
+def tree_concat(parts: list[Any]) -> Any:
+    """Leaf-wise ``np.concatenate`` of arrays, or of nested values (dicts/tuples) of one structure.
+
+    Parameters
+    ----------
+    parts : list
+        Arrays, or nested values of arrays.
+
+    Returns
+    -------
+    Any
+        The concatenation, in the same structure. Cost: one copy of the values.
+    """
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: tree_concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(tree_concat([p[i] for p in parts]) for i in range(len(first)))
+    return np.concatenate(parts)

@@ -38,9 +38,10 @@ import numpy as np
 import pyarrow as pa
 
 from replaystore.errors import StoreError
-from replaystore.schemas import Dense, Schema
+from replaystore.schemas import Dense, Schema, nested
 from replaystore.schemas import episode as episode_schema
 from replaystore.store import Store, open_store
+from replaystore.tools.formats import minari_obs as mo
 from replaystore.tools.formats.common import (
     Episode,
     StepMapping,
@@ -52,6 +53,7 @@ from replaystore.tools.formats.common import (
     require_h5py,
     step_mapping,
     stream_key_json,
+    tree_concat,
 )
 
 MINARI_VERSION = "0.5.4"
@@ -112,8 +114,11 @@ def discrete_space(n: int) -> dict[str, Any]:
     return {"type": "Discrete", "dtype": "int64", "start": 0, "n": int(n)}
 
 
-def _parse_space(text: Any, what: str) -> dict[str, Any]:
+def _parse_space(text: Any, what: str, nested: bool = False) -> dict[str, Any]:
     doc = json.loads(text) if isinstance(text, str) else text
+    if nested and isinstance(doc, dict) and doc.get("type") in mo.NESTED_TYPES:
+        mo.check_space(doc, what)
+        return doc
     if not isinstance(doc, dict) or doc.get("type") not in ("Box", "Discrete"):
         kind = doc.get("type") if isinstance(doc, dict) else type(doc).__name__
         raise StoreError(f"Minari {what} of type {kind!r}: only Box and Discrete spaces can be imported")
@@ -287,14 +292,18 @@ class _Episodes:
             infos[ic.key], present = _info_rows(ic, ep.data)
             if not present.all():  # as Gymnasium's vector infos mark it: "_<key>", true where the key was
                 infos["_" + ic.key] = present
-        chained = _same_bits(nxt[:-1], obs[1:])
+        cut = mo.tree_map(lambda a: a[:-1], nxt)
+        chained = mo.tree_same_bits(cut, mo.tree_map(lambda a: a[1:], obs), _same_bits)
         if not m.episodic or not chained:
             if m.episodic and not self.warned:
                 warnings.warn(f"Minari export: in stream {ep.stream!r} from step {ep.first_step}, "
                               f"'{m.next_obs}' is not the next step's '{m.obs}'; every record's "
                               f"'{m.next_obs}' of such episodes is kept in infos['next_obs']", stacklevel=4)
                 self.warned = True
-            infos["next_obs"] = _pad(nxt)
+            if isinstance(nxt, (dict, tuple)):  # a nested observation: one infos key per leaf
+                infos.update({k: _pad(v) for k, v in mo.tree_flat(m.next_obs, nxt).items()})
+            else:
+                infos["next_obs"] = _pad(nxt)
             self.next_obs_kept = True
         actions = ep.data[m.action]
         if self.discrete is not None:
@@ -304,7 +313,7 @@ class _Episodes:
                 raise StoreError(f"field {m.action!r}: action {int(bad[0])} in stream {ep.stream!r} is outside "
                                  f"the action space Discrete({self.discrete})")
         return {
-            "observations": np.concatenate([obs, nxt[-1:]]),
+            "observations": tree_concat([obs, mo.tree_map(lambda a: a[-1:], nxt)]),
             "actions": actions,
             "rewards": ep.data[m.reward],
             "terminations": ep.term,
@@ -328,7 +337,7 @@ class _ArrowWriter:
         acts = ep["actions"]
         acts_col = pa.array(_pad(acts)) if acts.ndim == 1 and acts.dtype.kind in "iu" else _fixed(_pad(acts))
         cols = {
-            "observations": _fixed(ep["observations"]),
+            "observations": mo.encode_arrow(ep["observations"], _fixed),
             "actions": acts_col,
             "rewards": pa.array(_pad(ep["rewards"])),
             "terminations": pa.array(_pad(ep["terminations"])),
@@ -366,7 +375,8 @@ class _HDF5Writer:
         g.attrs["total_steps"] = len(ep["rewards"])
         for k, v in ep["meta"].items():
             g.attrs[k] = v
-        for k in ("observations", "actions", "rewards", "terminations", "truncations"):
+        mo.write_hdf5(g, "observations", ep["observations"])
+        for k in ("actions", "rewards", "terminations", "truncations"):
             g.create_dataset(k, data=ep[k])
         infos = g.create_group("infos")  # always, so that Minari returns {} (not None) without extras
         for k, v in ep["infos"].items():
@@ -430,8 +440,7 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         raise StoreError(f"{dataset_dir}: a Minari dataset {dataset_id!r} already exists; "
                          f"choose another dataset id or version")
     rows = chunk_rows(t.schema, batch_rows)
-    obs_f = t.schema.field(m.obs)
-    assert isinstance(obs_f, Dense)
+    obs_doc = mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape))
     action_space, inferred = _action_space(m, t, rows)
     conv = _Episodes(m, action_space["n"] if action_space["type"] == "Discrete" else None)
     data = dataset_dir / "data"
@@ -464,7 +473,7 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         "minari_version": MINARI_VERSION,
         "data_format": backend,
         "jpeg_encoding": False,
-        "observation_space": _schema_space(t.schema, "observation_space", box_space(obs_f.dtype, obs_f.shape)),
+        "observation_space": _schema_space(t.schema, "observation_space", obs_doc),
         "action_space": _schema_space(t.schema, "action_space", action_space),
         "total_episodes": episodes,
         "total_steps": steps,
@@ -582,7 +591,7 @@ class _ArrowReader:
             raise StoreError(f"{folder}: episode {i} is missing")
         table = ds.dataset(str(folder), format=self.fmt, ignore_prefixes=["_", ".", "metadata.json"]).to_table()
         return {
-            "observations": _decode(self.obs, _column(table, "observations")),
+            "observations": mo.decode_arrow(self.obs, _column(table, "observations"), _decode),
             "actions": _decode(self.act, _column(table, "actions"))[:-1],
             "rewards": _column(table, "rewards").to_numpy(zero_copy_only=False)[:-1],
             "terminations": _column(table, "terminations").to_numpy(zero_copy_only=False)[:-1],
@@ -609,7 +618,7 @@ class _HDF5Reader:
 
     def episode(self, i: int) -> dict[str, np.ndarray]:
         g = self._group(i)
-        ep = {k: g[k][()] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+        ep = {k: mo.read_hdf5(g[k]) for k in ("observations", "actions", "rewards", "terminations", "truncations")}
         ep["infos"] = {}
         for k, v in (g["infos"].items() if "infos" in g else ()):
             if hasattr(v, "keys"):  # a group: a nested info dict
@@ -681,9 +690,9 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
     if "observation_space" not in meta or "action_space" not in meta:
         raise StoreError(f"{data}: metadata.json has no observation_space/action_space (env_spec-only "
                          f"datasets need the environment installed; not supported)")
-    obs = _parse_space(meta["observation_space"], "observation space")
+    obs = _parse_space(meta["observation_space"], "observation space", nested=True)
     act = _parse_space(meta["action_space"], "action space")
-    if bool(meta.get("jpeg_encoding", True)) and _is_image(obs):
+    if bool(meta.get("jpeg_encoding", True)) and any(_is_image(leaf) for leaf in mo.leaf_spaces(obs)):
         raise StoreError(f"{data}: JPEG-encoded image observations are not supported; "
                          f"create the dataset with jpeg_encoding=False")
     if fmt in ("arrow", "parquet"):
@@ -714,7 +723,7 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
                 reset = np.zeros(n, dtype=bool)
                 reset[:1] = True
                 w.append(batch, stream=stream, step=np.arange(first, first + n, dtype=np.int64), reset=reset)
-                pending += sum(a.nbytes for a in batch.values())
+                pending += sum(mo.tree_nbytes(a) for a in batch.values())
                 if pending >= COMMIT_BYTES:
                     w.commit()
                     pending = 0
@@ -731,7 +740,11 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
 
 def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
                 ep: dict[str, np.ndarray] | None) -> Schema:
-    if obs["type"] == "Discrete":
+    obs_shape: tuple[int, ...]
+    obs_dtype: Any
+    if obs["type"] in mo.NESTED_TYPES:
+        obs_shape, obs_dtype = (), np.float32  # replaced by nested fields below
+    elif obs["type"] == "Discrete":
         obs_shape, obs_dtype = (), np.int64
     else:
         obs_shape, obs_dtype = tuple(obs["shape"]), np.dtype(obs["dtype"])
@@ -760,7 +773,10 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
             extra[key] = source_schema["metadata"][key]
     base = episode_schema(obs_shape, action_shape, action_dtype, obs_dtype=obs_dtype, reward_dtype=reward_dtype,
                           actions=count, metadata=extra)
-    fields = list(base.fields)
+    fields: list[Any] = list(base.fields)
+    if obs["type"] in mo.NESTED_TYPES:  # one column per leaf: obs__image, next_obs__image, ...
+        tree = mo.structure(obs)
+        fields = [nested(f.name, tree) if f.name in ("obs", "next_obs") else f for f in fields]
     for key, (dtype, shape) in _info_layout(ep, meta).items():
         name = INFO_PREFIX + key
         fields += [Dense(name, dtype, shape, finite=False, description=f"info[{key!r}] of the step"),
@@ -768,7 +784,7 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
         if _reset_known(ep, key):  # (an export of a recorded store has no reset infos)
             fields.append(Dense(name + RESET_SUFFIX, dtype, shape, finite=False,
                                 description=f"info[{key!r}] at the reset, on an episode's first record"))
-    return Schema(base.name, fields, metadata=dict(base.metadata))
+    return Schema(base.name, fields, version=base.version, metadata=dict(base.metadata))
 
 
 def _info_layout(ep: dict[str, Any] | None, meta: dict[str, Any]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -806,20 +822,19 @@ def _reset_known(ep: dict[str, Any] | None, key: str) -> bool:
 def _records(schema: Schema, ep: dict[str, Any], i: int) -> dict[str, np.ndarray]:
     obs = ep["observations"]
     n = len(ep["rewards"])
-    if len(obs) != n + 1 or len(ep["actions"]) != n:
-        raise StoreError(f"Minari episode {i}: {len(obs)} observations and {len(ep['actions'])} actions "
+    n_obs = len(mo.leaves_of(obs)[0])
+    if n_obs != n + 1 or len(ep["actions"]) != n:
+        raise StoreError(f"Minari episode {i}: {n_obs} observations and {len(ep['actions'])} actions "
                          f"for {n} rewards (expected T + 1 and T)")
 
-    def typed(name: str, value: np.ndarray) -> np.ndarray:
-        f = schema.field(name)
-        assert isinstance(f, Dense)
-        return np.ascontiguousarray(value, dtype=f.dtype)
+    def typed(name: str, value: Any) -> Any:
+        return mo.typed(schema, name, value)
 
     out = {
-        "obs": typed("obs", obs[:-1]),
+        "obs": typed("obs", mo.tree_map(lambda a: a[:-1], obs)),
         "action": typed("action", ep["actions"]),
         "reward": typed("reward", ep["rewards"]),
-        "next_obs": typed("next_obs", obs[1:]),
+        "next_obs": typed("next_obs", mo.tree_map(lambda a: a[1:], obs)),
         "terminated": typed("terminated", ep["terminations"]),
         "truncated": typed("truncated", ep["truncations"]),
     }

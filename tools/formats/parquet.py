@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from replaystore.errors import StoreError
 from replaystore.schemas import BatchMeta, Schema
 from replaystore.schemas.arrow import columns_from_arrow
+from replaystore.schemas.nestarrow import flat_batch, struct_batch, struct_schema
 from replaystore.store import DEFAULT_TABLE, Store, open_store
 from replaystore.tools.formats.common import chunk_rows, progress_bar
 
@@ -251,6 +252,9 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
             export_doc["int_streams"] = info["int_streams"]
         schema = pa.schema([full.field(c) for c in columns],
                            metadata={**(full.metadata or {}), EXPORT_KEY: json.dumps(export_doc).encode()})
+        nesting = t.schema.nesting
+        if nesting is not None:  # a nested field as one struct column
+            schema = struct_schema(schema, nesting)
         manifest["tables"][name] = {**info, "schema": t.schema.to_dict()}
         base = f"{root}/{name}" if nested else root
         rows = chunk_rows(t.schema, batch_rows)
@@ -258,6 +262,10 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
 
         with bar, StreamFiles(fs, base, schema) as out_files:
             for b in view.scan(columns, rows):
+                if nesting is not None:
+                    out_files.write(struct_batch(b, schema, nesting))
+                    bar.update(b.num_rows)
+                    continue
                 out_files.write(pa.RecordBatch.from_arrays(b.columns, schema=schema))
                 bar.update(b.num_rows)
         files += out_files.paths
@@ -385,6 +393,19 @@ def _batches(fs: pafs.FileSystem, files: list[str], columns: list[str], rows: in
                 yield from pf.read_row_group(group, columns=columns).to_batches(max_chunksize=rows)
 
 
+def _stored_columns(schema: Schema, fields: list[str]) -> list[str]:
+    """The Parquet columns holding ``fields``: a nested field's leaves are one struct column."""
+    nesting = schema.nesting
+    if nesting is None:
+        return fields
+    out: list[str] = []
+    for f in fields:
+        c = nesting.root_of.get(f, f)
+        if c not in out:
+            out.append(c)
+    return out
+
+
 def import_parquet(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
                    batch_rows: int | None = None) -> Store:
     """Create the store at ``url`` from a Parquet export at ``src`` (schema, streams, steps, resets).
@@ -442,10 +463,12 @@ def import_parquet(src: str, url: str, *, progress: bool = False, storage_option
                 if not files:
                     continue
                 present = set(_file_schema(fs, files[0]).names)
-                columns = [c for c in ("step", "reset") if c in present] + fields
+                columns = [c for c in ("step", "reset") if c in present] + _stored_columns(schema, fields)
                 for batch in _batches(fs, files, columns, rows, _sorted_check(fs, files)):
                     if not batch.num_rows:
                         continue
+                    if schema.nesting is not None:
+                        batch = flat_batch(batch)
                     cols = columns_from_arrow(schema, batch)
                     step = batch.column("step").to_numpy() if "step" in present else None
                     reset = (batch.column("reset").to_numpy(zero_copy_only=False).astype(bool)
