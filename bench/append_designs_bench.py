@@ -6,7 +6,7 @@
 The append target compares a durable commit every 10k records with TorchRL's
 ``LazyMemmapStorage.extend``; the store measured ~0.2x with a fragment per commit and 0.65-0.73x with
 the open segments of format 2, which the store now uses on local disk (docs/PERFORMANCE.md,
-"Format 2: open segments"). This bench measures the *floor* of the layouts, with no format
+"Append design floors"). This bench measures the *floor* of the layouts, with no format
 code, no validation and no index: the same bytes per commit as the store writes for DQN records (13 columns + the
 3 stream/step/reset arrays), each commit made durable and then published by a commit
 record created as the store creates it (temporary file, fsync, ``link``, directory
