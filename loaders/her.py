@@ -7,6 +7,13 @@ the request output ``her_goal_rows``. Where the minibatch is gathered (a
 DataLoader worker, or the main process), :meth:`HER.relabel` reads those goals
 and rewrites ``desired_goal``, ``next_desired_goal`` and ``reward``.
 
+Two goal layouts: flat (``schemas.goal_transitions``'s fields) and nested
+(gymnasium-robotics' Dict observation ``{"observation", "achieved_goal",
+"desired_goal"}`` as the nested fields ``obs`` and ``next_obs``, as
+``replaystore.gym.RecordEpisodes`` records it; :meth:`GoalFields.nested`). Field
+names are schema column names; a nested leaf's (``obs__desired_goal``) is found
+in the gathered minibatch at its path (``batch["obs"]["desired_goal"]``).
+
 Episodes are those of ``iter_episodes``: within a stream, an episode starts at a
 reset, after a step whose ``terminated`` or ``truncated`` flag is set, or after a
 step gap; it is complete when it ends with such a flag and its start is known (a
@@ -22,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import SamplerParameterError, StoreError
+from replaystore.schemas import Schema
+from replaystore.schemas.nesting import SEP
 from replaystore.store import Table
 
 STRATEGIES = ("future", "final", "episode")
@@ -31,7 +40,9 @@ STRATEGIES = ("future", "final", "episode")
 class GoalFields:
     """The field names hindsight relabelling reads and writes (flat by default).
 
-    Map them to other names (a nested observation's ``"obs.achieved_goal"``, say)
+    Names are schema column names: a nested observation's leaves are named by
+    their path joined with ``__`` (``"obs__desired_goal"``); :meth:`nested` builds
+    the names of a recorded Dict-observation goal env. Map them to other names
     when a schema spells them otherwise.
 
     Attributes
@@ -59,6 +70,82 @@ class GoalFields:
     reward: str = "reward"
     terminated: str = "terminated"
     truncated: str | None = "truncated"
+
+    @classmethod
+    def nested(cls, obs: str = "obs", next_obs: str = "next_obs", *, reward: str = "reward",
+               terminated: str = "terminated", truncated: str | None = "truncated") -> GoalFields:
+        """The fields of a store whose observations are gymnasium-robotics' goal Dicts.
+
+        ``obs`` and ``next_obs`` are nested fields with (at least) the leaves
+        ``achieved_goal`` and ``desired_goal``: the schema ``replaystore.gym``
+        records from a goal env.
+
+        Parameters
+        ----------
+        obs, next_obs : str, optional
+            The nested observation fields (``"obs"``, ``"next_obs"``).
+        reward, terminated, truncated : str, optional
+            As in :class:`GoalFields` (``truncated=None``: the schema has none).
+
+        Returns
+        -------
+        GoalFields
+            ``obs__achieved_goal``, ``obs__desired_goal``, ``next_obs__achieved_goal``,
+            ``next_obs__desired_goal`` and the given flat names. Cost: O(1).
+        """
+        return cls(f"{obs}{SEP}achieved_goal", f"{obs}{SEP}desired_goal", f"{next_obs}{SEP}achieved_goal",
+                   f"{next_obs}{SEP}desired_goal", reward, terminated, truncated)
+
+    @classmethod
+    def detect(cls, schema: Schema) -> GoalFields:
+        """The default fields for ``schema``: flat, or nested when only ``obs``/``next_obs`` hold the goals.
+
+        Parameters
+        ----------
+        schema : Schema
+            The table's schema.
+
+        Returns
+        -------
+        GoalFields
+            :meth:`nested` when the schema lacks a flat ``desired_goal`` and has the
+            leaves ``obs__desired_goal`` and ``next_obs__achieved_goal``; otherwise the
+            flat defaults (checked by the sampler). Cost: O(1).
+        """
+        nested = cls.nested()
+        if "desired_goal" not in schema and nested.desired in schema and nested.next_achieved in schema:
+            return nested
+        return cls()
+
+
+def _get(batch: dict[str, Any], name: str) -> Any:
+    """The array of column ``name`` in a gathered minibatch: flat, or at its nested path."""
+    if name in batch:
+        return batch[name]
+    node: Any = batch
+    for key in name.split(SEP):
+        node = node[int(key)] if isinstance(node, tuple) else node[key]
+    return node
+
+
+def _put(batch: dict[str, Any], name: str, value: Any) -> None:
+    """Set column ``name`` of a gathered minibatch, rebuilding (not mutating) the nested nodes on its path."""
+    if name in batch:
+        batch[name] = value
+        return
+    root, *path = name.split(SEP)
+    batch[root] = _replaced(batch[root], path, value)
+
+
+def _replaced(node: Any, path: list[str], value: Any) -> Any:
+    """A copy of the dict/tuple ``node`` whose leaf at ``path`` is ``value``."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if isinstance(node, tuple):
+        i = int(key)
+        return (*node[:i], _replaced(node[i], rest, value), *node[i + 1:])
+    return {**node, key: _replaced(node[key], rest, value)}
 
 
 @dataclass
@@ -126,8 +213,10 @@ class HER:
 
     ``compute_reward`` runs where the minibatch is gathered (in DataLoader
     workers: it must be picklable for ``spawn``). Field names are parameters
-    (:class:`GoalFields`); the defaults are those of
-    ``replaystore.schemas.goal_transitions``.
+    (:class:`GoalFields`); by default those of ``replaystore.schemas.goal_transitions``,
+    or, for a schema whose ``obs`` and ``next_obs`` are nested goal Dicts (a recorded
+    gymnasium-robotics env), :meth:`GoalFields.nested`'s: the new goal then goes into
+    ``obs["desired_goal"]`` and ``next_obs["desired_goal"]``.
 
     Parameters
     ----------
@@ -141,7 +230,7 @@ class HER:
     online : bool, optional
         Relabel records of incomplete episodes too (goals from their visible part).
     fields : GoalFields, optional
-        The field names.
+        The field names (default: :meth:`GoalFields.detect` of the sampler's schema).
     info_fields : sequence of str, optional
         Fields passed to ``compute_reward`` as ``info`` (a mapping of the relabelled
         records' arrays); default none (an empty mapping).
@@ -170,6 +259,7 @@ class HER:
         self.compute_reward = compute_reward
         self.online = bool(online)
         self.fields = fields or GoalFields()
+        self._detect = fields is None
         self.info_fields = tuple(info_fields)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -193,6 +283,8 @@ class HER:
         StoreError
             A field is missing (named). Cost: O(fields).
         """
+        if self._detect:
+            self.fields = GoalFields.detect(table.schema)
         f = self.fields
         names = [f.desired, f.next_achieved, f.next_desired, f.reward, f.terminated, *self.info_fields]
         if f.truncated is not None:
@@ -277,9 +369,10 @@ class HER:
         Returns
         -------
         dict of str to Any
-            ``batch``, its goal and reward arrays replaced by relabelled copies. Cost:
-            one read of ``next_achieved_goal`` of the relabelled rows and one
-            ``compute_reward`` call.
+            ``batch``, its goal and reward arrays replaced by relabelled copies (a
+            nested observation's dicts/tuples on the goal's path are rebuilt, not
+            mutated). Cost: one read of the next achieved goal's column for the
+            relabelled rows and one ``compute_reward`` call.
 
         Raises
         ------
@@ -295,14 +388,14 @@ class HER:
         f = self.fields
         goals = table.read(goal_rows[mask], columns=[f.next_achieved])[f.next_achieved]
         for name in (f.desired, f.next_desired):
-            arr = np.array(batch[name], copy=True)
+            arr = np.array(_get(batch, name), copy=True)
             arr[mask] = goals
-            batch[name] = arr
-        info: Mapping[str, Any] = {n: np.asarray(batch[n])[mask] for n in self.info_fields}
-        reward = np.array(batch[f.reward], copy=True)
-        reward[mask] = np.asarray(self.compute_reward(np.asarray(batch[f.next_achieved])[mask], goals, info),
+            _put(batch, name, arr)
+        info: Mapping[str, Any] = {n: np.asarray(_get(batch, n))[mask] for n in self.info_fields}
+        reward = np.array(_get(batch, f.reward), copy=True)
+        reward[mask] = np.asarray(self.compute_reward(np.asarray(_get(batch, f.next_achieved))[mask], goals, info),
                                   dtype=reward.dtype).reshape(reward[mask].shape)
-        batch[f.reward] = reward
+        _put(batch, f.reward, reward)
         return batch
 
     # -- resumable state -----------------------------------------------------------------
