@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import SamplerParameterError
+from replaystore.errors import RowError, SamplerParameterError
 from replaystore.schemas import Schema
 from replaystore.store import Table
 
@@ -79,12 +79,13 @@ def check_nstep(schema: Schema, n_step: Any, gamma: Any) -> tuple[int, float]:
 
 
 class WindowIndex:
-    """Finds n-step windows of start rows in one table's current view (:meth:`windows`).
+    """Finds n-step windows of start rows in one table's current view and their returns (:meth:`nstep`).
 
-    Per view version it keeps ``next_row``: for each visible row (by its position in the view)
-    the row id of its stream's next step, ``-1`` where the next step is not visible (a gap:
-    eviction, a missing step, the stream's visible end) or carries a reset. A window is then
-    ``n - 1`` hops through that array.
+    Per view version it keeps, for each visible row (by its position in the view): ``next_row``,
+    the row id of its stream's next step, ``-1`` where the row is terminal or truncated or the
+    next step is not visible (a gap: eviction, a missing step, the stream's visible end) or
+    carries a reset; the row's ``reward`` (float64) and its ``terminated``/``truncated`` bits.
+    A window is then ``n - 1`` hops through ``next_row``.
 
     Parameters
     ----------
@@ -97,58 +98,61 @@ class WindowIndex:
     def __init__(self, table: Table, n: int) -> None:
         self.table, self.n = table, n
         self._version = -1
-        self._lo = np.zeros(0, dtype=np.int64)  # first row id of each visible interval
-        self._off = np.zeros(0, dtype=np.int64)  # view position of each interval's first row
+        self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
+        self._hi = np.zeros(1, dtype=np.int64)  # its end
+        self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
         self._next = np.full(1, -1, dtype=np.int64)  # next_row by view position, then a -1 sentinel
+        self._reward = np.zeros(1, dtype=np.float64)  # by view position, then the sentinel's 0
+        self._flag = np.zeros(1, dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
 
     def _refresh(self) -> None:
-        """Rebuild ``next_row`` if the table's view changed.
+        """Rebuild the per-position arrays if the table's view changed.
 
-        Cost: when it changed, a few vectorised passes over the stream index's dense views (which
-        the index builds on first use after a change: O(visible rows)); else one ``Table.view()``.
+        Cost: when it changed, one read of the ``reward``/``terminated``(/``truncated``) columns
+        of every visible row and a few vectorised passes over the stream index's dense views
+        (which the index builds on first use after a change): O(visible rows), about 50-100 ms
+        per million; else one ``Table.view()``.
         """
         view = self.table.view()
         if view.version == self._version:
             return
         iv = view.intervals()
-        self._lo = iv[:, 0].copy()
-        self._off = np.zeros(len(iv), dtype=np.int64)
-        np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=self._off[1:])
+        lo, hi = iv[:, 0].copy(), iv[:, 1].copy()
+        off = np.zeros(len(iv), dtype=np.int64)
+        np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=off[1:])
+        size = len(view)
+        names = ["reward", "terminated", *(["truncated"] if "truncated" in view.schema else [])]
+        data = view.read(view.row_ids(), columns=names) if size else {}
+        reward = np.zeros(size + 1, dtype=np.float64)
+        flag = np.zeros(size + 1, dtype=np.uint8)
+        if size:
+            reward[:size] = data["reward"]
+            flag[:size] = data["terminated"]
+            if "truncated" in data:
+                flag[:size] |= data["truncated"].astype(np.uint8) << 1
         index = view.stream_index()
         rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
-        m = len(rows)
-        nxt = np.full(len(view) + 1, -1, dtype=np.int64)
-        if m > 1:
-            # entries are sorted by (stream, step, row id); a (stream, step) repeated keeps its last row
-            new = np.empty(m, dtype=bool)
-            new[0] = True
-            np.not_equal(sids[1:], sids[:-1], out=new[1:])
-            new[1:] |= steps[1:] != steps[:-1]
-            starts = np.flatnonzero(new)
-            ends = np.append(starts[1:], m) - 1  # each group's last entry
-            group = np.cumsum(new) - 1
-            succ = np.append(ends[1:], -1)[group]  # the next group's last entry per entry
+        nxt = np.full(size + 1, -1, dtype=np.int64)
+        if len(rows) > 1:
+            succ = _successors(sids, steps)
             ok = succ >= 0
             s = np.where(ok, succ, 0)
-            ok &= (sids[s] == sids) & (steps[s] == steps + 1) & ~resets[s]
-            nxt[self._positions(rows)] = np.where(ok, rows[s], -1)
-        self._next = nxt
+            ok &= (steps[s] == steps + 1) & ~resets[s]
+            pos = _positions(rows, lo, off)
+            ok &= flag[pos] == 0  # a terminal or truncated record ends its window
+            nxt[pos] = np.where(ok, rows[s], -1)
+        self._lo, self._hi, self._off = lo, hi, off
+        self._next, self._reward, self._flag = nxt, reward, flag
         self._version = view.version
 
-    def _positions(self, rows: np.ndarray) -> np.ndarray:
-        """View positions of visible row ids (no check)."""
-        if len(self._lo) == 1:
-            return rows - self._lo[0]
-        at = np.searchsorted(self._lo, rows, side="right") - 1
-        return rows - self._lo[at] + self._off[at]
-
     def windows(self, rows: np.ndarray) -> np.ndarray:
-        """The n-step windows starting at ``rows``, as the table's current view of the stream index shows them.
+        """The n-step windows starting at ``rows``, as the table's current view shows them.
 
         Window ``i`` holds ``rows[i]`` and then the rows of the same stream at steps ``step + 1,
         step + 2, ...`` up to ``n`` rows in all, ending before the first step that is not
         visible (a gap: eviction, a missing step, the stream's visible end) or that carries a
-        reset. A step held by several visible rows resolves to the last of them (highest row id).
+        reset, and after its first terminal or truncated record. A step held by several
+        visible rows resolves to the last of them (highest row id).
 
         Parameters
         ----------
@@ -160,24 +164,100 @@ class WindowIndex:
         numpy.ndarray
             int64 ``[batch, n]``: row ids, ``-1`` after each window's end. Cost: ``n - 1``
             vectorised hops (a gather each, plus a binary search over the view's intervals when
-            it has several); after a change of the view, a rebuild of ``next_row`` (see
-            :meth:`_refresh`: about 25 ms per million visible rows).
+            it has several); after a change of the view, a rebuild (see :meth:`_refresh`).
+
+        Raises
+        ------
+        RowError
+            A start row is not visible in the table's current view.
         """
+        return self._hops(np.asarray(rows, dtype=np.int64).reshape(-1))[0]
+
+    def _hops(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(windows [b, n], view positions [b, n])``; positions past a window's end are the sentinel."""
         n = self.n
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        out = np.full((len(rows), n), -1, dtype=np.int64)
-        out[:, 0] = rows
-        if n == 1 or not len(rows):
-            return out
         self._refresh()
+        if len(rows):
+            self._check(rows)
+        out = np.empty((len(rows), n), dtype=np.int64)
+        pos = np.empty((len(rows), n), dtype=np.int64)
         nxt, end = self._next, len(self._next) - 1
         cur = rows
-        for j in range(1, n):
-            pos = self._positions(cur)
-            pos[cur < 0] = end  # the sentinel: stays -1
-            cur = nxt[pos]
-            out[:, j] = cur
-        return out
+        for j in range(n):
+            p = _positions(cur, self._lo, self._off)
+            if j:
+                p[cur < 0] = end  # the sentinel: stays -1, reward 0, no flags
+            out[:, j], pos[:, j] = cur, p
+            if j < n - 1:
+                cur = nxt[p]
+        return out, pos
+
+    def _check(self, rows: np.ndarray) -> None:
+        """Raise ``RowError`` unless every row id is visible in the current view."""
+        lo, hi = self._lo, self._hi
+        if len(lo) == 1:
+            bad = rows[(rows < lo[0]) | (rows >= hi[0])]
+        else:
+            at = np.searchsorted(lo, rows, side="right") - 1
+            bad = rows[(at < 0) | (rows >= hi[np.maximum(at, 0)])]
+        if len(bad):
+            raise RowError(f"table {self.table.name!r}: start rows {bad[:8].tolist()} are not visible records "
+                           "(never written or evicted)")
+
+    def nstep(self, rows: np.ndarray, gamma: float) -> NStepWindows:
+        """The windows of start ``rows`` with their discounted rewards and end flags.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            int64 visible start row ids, ``[batch]``.
+        gamma : float
+            The discount per step.
+
+        Returns
+        -------
+        NStepWindows
+            For :meth:`NStepWindows.apply`. Cost: :meth:`windows` plus a gather of ``n`` rewards
+            and one flag per window.
+
+        Raises
+        ------
+        RowError
+            A start row is not visible in the table's current view.
+        """
+        w, pos = self._hops(np.asarray(rows, dtype=np.int64).reshape(-1))
+        k = (w >= 0).sum(axis=1)
+        reward = self._reward[pos] @ (float(gamma) ** np.arange(self.n, dtype=np.float64))
+        flags = self._flag[pos[np.arange(len(k)), k - 1]]
+        return NStepWindows(w, float(gamma), reward, flags)
+
+
+def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """View positions of visible row ids, given the view's interval starts ``lo`` and their positions ``off``."""
+    if len(lo) == 1:
+        return rows - lo[0]
+    at = np.searchsorted(lo, rows, side="right") - 1
+    return rows - lo[at] + off[at]
+
+
+def _successors(sids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per entry of the (stream, step, row id)-sorted index, the entry holding its stream's next step: -1 if none.
+
+    The next step is that of the next entry; where a (stream, step) repeats, the last entry of
+    the next (stream, step) group. Cost: a few passes over the entries.
+    """
+    m = len(sids)
+    same = sids[1:] == sids[:-1]
+    if not (same & (steps[1:] == steps[:-1])).any():  # the usual case: no step held twice
+        return np.append(np.where(same, np.arange(1, m, dtype=np.int64), -1), -1)
+    new = np.empty(m, dtype=bool)
+    new[0] = True
+    np.logical_or(~same, steps[1:] != steps[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], m) - 1  # each group's last entry
+    succ = np.append(ends[1:], -1)[np.cumsum(new) - 1]  # the next group's last entry
+    ok = succ >= 0
+    return np.where(ok & (sids[np.where(ok, succ, 0)] == sids), succ, -1)
 
 
 @dataclass
@@ -187,23 +267,29 @@ class NStepWindows:
     Attributes
     ----------
     rows : numpy.ndarray
-        int64 ``[batch, n]`` window rows from :meth:`WindowIndex.windows` (column 0: the start rows).
+        int64 ``[batch, n]`` window rows from :meth:`WindowIndex.windows` (column 0: the start
+        rows; ``-1`` past each window's end, which comes after its first terminal or truncated record).
     gamma : float
         The discount per step.
+    reward : numpy.ndarray
+        float64 ``[batch]``: the discounted sum of each window's rewards.
+    flags : numpy.ndarray
+        uint8 ``[batch]``: each window's last record's terminated (bit 0) and truncated (bit 1).
     """
 
     rows: np.ndarray
     gamma: float
+    reward: np.ndarray
+    flags: np.ndarray
 
     def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
         """Replace the minibatch's one-step targets by n-step ones.
 
-        For window rows ``t .. t+m-1`` the window is cut after its first terminal or
-        truncated record, giving ``k`` rows: ``reward`` = sum of ``gamma**i * r[t+i]`` for
-        ``i < k`` (summed in float64, cast to the reward field's dtype); ``next_obs`` (and
-        nested ``next_obs`` parts) of row ``t+k-1``; ``discount`` = ``gamma**k``, or 0 when
-        row ``t+k-1`` is terminal (float64, as DqnBatch's ``discounts``); ``n`` = ``k``
-        (int64); ``terminated`` / ``truncated`` those of row ``t+k-1``.
+        For a window of ``k`` rows ``t .. t+k-1``: ``reward`` = sum of ``gamma**i * r[t+i]``
+        (summed in float64, cast to the reward field's dtype); ``next_obs`` (and nested
+        ``next_obs`` parts) of row ``t+k-1``; ``discount`` = ``gamma**k``, or 0 when row
+        ``t+k-1`` is terminal (float64, as DqnBatch's ``discounts``); ``n`` = ``k`` (int64);
+        ``terminated`` / ``truncated`` those of row ``t+k-1``.
 
         Parameters
         ----------
@@ -215,9 +301,8 @@ class NStepWindows:
         Returns
         -------
         dict of str to Any
-            ``batch``. Cost: one read of ``reward``/``terminated``(/``truncated``) for the
-            windows' rows after their starts, and one read of the ``next_obs`` fields of the
-            windows' last rows where ``k > 1``.
+            ``batch``. Cost: one read of the ``next_obs`` fields of the windows' last rows
+            where ``k > 1`` (rewards and flags come with the windows).
 
         Raises
         ------
@@ -225,40 +310,18 @@ class NStepWindows:
             As ``Table.read``.
         """
         w = self.rows
-        b, n = w.shape
-        trunc = "truncated" in table.schema
-        rew = np.zeros((b, n), dtype=np.float64)
-        flag = np.zeros((b, n), dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
-        reward_dtype = np.asarray(batch["reward"]).dtype
-        rew[:, 0] = batch["reward"]
-        flag[:, 0] = batch["terminated"]
-        if trunc:
-            flag[:, 0] |= np.asarray(batch["truncated"], dtype=np.uint8) << 1
-        tail = w[:, 1:]
-        later = tail >= 0
-        if later.any():
-            data = table.read(tail[later], columns=["reward", "terminated", *(["truncated"] if trunc else [])])
-            rew[:, 1:][later] = data["reward"]
-            f = data["terminated"].astype(np.uint8)
-            if trunc:
-                f |= data["truncated"].astype(np.uint8) << 1
-            flag[:, 1:][later] = f
-        keep = w >= 0
-        keep[:, 1:] &= ~np.logical_or.accumulate(flag[:, :-1] != 0, axis=1)  # an earlier record ended the episode
-        k = keep.sum(axis=1)
-        powers = self.gamma ** np.arange(n, dtype=np.float64)
-        batch["reward"] = (np.where(keep, rew, 0.0) @ powers).astype(reward_dtype)
-        at, last = np.arange(b), k - 1
-        end = flag[at, last]
-        batch["terminated"] = (end & 1).astype(bool)
-        if trunc:
-            batch["truncated"] = (end & 2).astype(bool)
-        batch["discount"] = np.where(batch["terminated"], 0.0, self.gamma ** k.astype(np.float64))
+        k = (w >= 0).sum(axis=1)
+        batch["reward"] = self.reward.astype(np.asarray(batch["reward"]).dtype)
+        terminated = (self.flags & 1).astype(bool)
+        batch["terminated"] = terminated
+        if "truncated" in table.schema:
+            batch["truncated"] = (self.flags & 2).astype(bool)
+        batch["discount"] = np.where(terminated, 0.0, self.gamma ** k.astype(np.float64))
         batch["n"] = k.astype(np.int64)
         moved = k > 1
         if moved.any():
             names = next_fields(table.schema)
-            fresh = table.read(w[at, last][moved], columns=names)
+            fresh = table.read(w[np.flatnonzero(moved), k[moved] - 1], columns=names)
             for c in names:
                 col = np.array(batch[c], copy=True)
                 col[moved] = fresh[c]
