@@ -101,7 +101,10 @@ class WindowIndex:
         self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
         self._hi = np.zeros(1, dtype=np.int64)  # its end
         self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
-        self._next = np.full(1, -1, dtype=np.int64)  # next_row by view position, then a -1 sentinel
+        self._next = np.zeros(1, dtype=np.int64)  # position of next_row by view position; the sentinel's is itself
+        self._row = np.full(1, -1, dtype=np.int64)  # row id by view position, then the sentinel's -1
+        self._gamma, self._powers = -1.0, np.ones(n, dtype=np.float64)
+        self._names = next_fields(table.schema)
         self._reward = np.zeros(1, dtype=np.float64)  # by view position, then the sentinel's 0
         self._flag = np.zeros(1, dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
 
@@ -122,7 +125,8 @@ class WindowIndex:
         np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=off[1:])
         size = len(view)
         names = ["reward", "terminated", *(["truncated"] if "truncated" in view.schema else [])]
-        data = view.read(view.row_ids(), columns=names) if size else {}
+        row = np.append(view.row_ids(), -1)
+        data = view.read(row[:size], columns=names) if size else {}
         reward = np.zeros(size + 1, dtype=np.float64)
         flag = np.zeros(size + 1, dtype=np.uint8)
         if size:
@@ -132,7 +136,7 @@ class WindowIndex:
                 flag[:size] |= data["truncated"].astype(np.uint8) << 1
         index = view.stream_index()
         rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
-        nxt = np.full(size + 1, -1, dtype=np.int64)
+        nxt = np.full(size + 1, size, dtype=np.int64)
         if len(rows) > 1:
             succ = _successors(sids, steps)
             ok = succ >= 0
@@ -140,9 +144,9 @@ class WindowIndex:
             ok &= (steps[s] == steps + 1) & ~resets[s]
             pos = _positions(rows, lo, off)
             ok &= flag[pos] == 0  # a terminal or truncated record ends its window
-            nxt[pos] = np.where(ok, rows[s], -1)
+            nxt[pos] = np.where(ok, pos[s], size)
         self._lo, self._hi, self._off = lo, hi, off
-        self._next, self._reward, self._flag = nxt, reward, flag
+        self._next, self._row, self._reward, self._flag = nxt, row, reward, flag
         self._version = view.version
 
     def windows(self, rows: np.ndarray) -> np.ndarray:
@@ -175,34 +179,28 @@ class WindowIndex:
 
     def _hops(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(windows [b, n], view positions [b, n])``; positions past a window's end are the sentinel."""
-        n = self.n
         self._refresh()
-        if len(rows):
-            self._check(rows)
-        out = np.empty((len(rows), n), dtype=np.int64)
-        pos = np.empty((len(rows), n), dtype=np.int64)
-        nxt, end = self._next, len(self._next) - 1
-        cur = rows
-        for j in range(n):
-            p = _positions(cur, self._lo, self._off)
-            if j:
-                p[cur < 0] = end  # the sentinel: stays -1, reward 0, no flags
-            out[:, j], pos[:, j] = cur, p
-            if j < n - 1:
-                cur = nxt[p]
-        return out, pos
+        pos = np.empty((len(rows), self.n), dtype=np.int64)
+        pos[:, 0] = self._start_positions(rows)
+        nxt = self._next
+        for j in range(1, self.n):
+            pos[:, j] = nxt[pos[:, j - 1]]  # the sentinel leads to itself
+        return self._row[pos], pos
 
-    def _check(self, rows: np.ndarray) -> None:
-        """Raise ``RowError`` unless every row id is visible in the current view."""
-        lo, hi = self._lo, self._hi
+    def _start_positions(self, rows: np.ndarray) -> np.ndarray:
+        """View positions of start row ids; ``RowError`` unless every one is visible in the current view."""
+        lo, hi, off = self._lo, self._hi, self._off
         if len(lo) == 1:
-            bad = rows[(rows < lo[0]) | (rows >= hi[0])]
+            pos = rows - lo[0]
+            bad = (rows < lo[0]) | (rows >= hi[0])
         else:
             at = np.searchsorted(lo, rows, side="right") - 1
-            bad = rows[(at < 0) | (rows >= hi[np.maximum(at, 0)])]
-        if len(bad):
-            raise RowError(f"table {self.table.name!r}: start rows {bad[:8].tolist()} are not visible records "
-                           "(never written or evicted)")
+            bad = (at < 0) | (rows >= hi[np.maximum(at, 0)])
+            pos = rows - lo[at] + off[at]
+        if bad.any():
+            raise RowError(f"table {self.table.name!r}: start rows {rows[bad][:8].tolist()} are not visible "
+                           "records (never written or evicted)")
+        return pos
 
     def nstep(self, rows: np.ndarray, gamma: float) -> NStepWindows:
         """The windows of start ``rows`` with their discounted rewards and end flags.
@@ -218,7 +216,7 @@ class WindowIndex:
         -------
         NStepWindows
             For :meth:`NStepWindows.apply`. Cost: :meth:`windows` plus a gather of ``n`` rewards
-            and one flag per window.
+            and ``n`` flags per window.
 
         Raises
         ------
@@ -226,10 +224,11 @@ class WindowIndex:
             A start row is not visible in the table's current view.
         """
         w, pos = self._hops(np.asarray(rows, dtype=np.int64).reshape(-1))
-        k = (w >= 0).sum(axis=1)
-        reward = self._reward[pos] @ (float(gamma) ** np.arange(self.n, dtype=np.float64))
-        flags = self._flag[pos[np.arange(len(k)), k - 1]]
-        return NStepWindows(w, float(gamma), reward, flags)
+        if gamma != self._gamma:
+            self._gamma, self._powers = gamma, float(gamma) ** np.arange(self.n, dtype=np.float64)
+        reward = self._reward[pos] @ self._powers
+        flags = self._flag[pos].max(axis=1)  # only a window's last record can carry a flag
+        return NStepWindows(w, float(gamma), reward, flags, (w >= 0).sum(axis=1), self._names)
 
 
 def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
@@ -275,12 +274,18 @@ class NStepWindows:
         float64 ``[batch]``: the discounted sum of each window's rewards.
     flags : numpy.ndarray
         uint8 ``[batch]``: each window's last record's terminated (bit 0) and truncated (bit 1).
+    k : numpy.ndarray
+        int64 ``[batch]``: each window's length.
+    names : list of str
+        The fields holding the successor observation (:func:`next_fields`).
     """
 
     rows: np.ndarray
     gamma: float
     reward: np.ndarray
     flags: np.ndarray
+    k: np.ndarray
+    names: list[str]
 
     def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
         """Replace the minibatch's one-step targets by n-step ones.
@@ -309,20 +314,18 @@ class NStepWindows:
         RowError, StaleReadError
             As ``Table.read``.
         """
-        w = self.rows
-        k = (w >= 0).sum(axis=1)
+        k = self.k
         batch["reward"] = self.reward.astype(np.asarray(batch["reward"]).dtype)
         terminated = (self.flags & 1).astype(bool)
         batch["terminated"] = terminated
         if "truncated" in table.schema:
             batch["truncated"] = (self.flags & 2).astype(bool)
         batch["discount"] = np.where(terminated, 0.0, self.gamma ** k.astype(np.float64))
-        batch["n"] = k.astype(np.int64)
-        moved = k > 1
-        if moved.any():
-            names = next_fields(table.schema)
-            fresh = table.read(w[np.flatnonzero(moved), k[moved] - 1], columns=names)
-            for c in names:
+        batch["n"] = k
+        moved = np.flatnonzero(k > 1)
+        if len(moved):
+            fresh = table.read(self.rows[moved, k[moved] - 1], columns=self.names)
+            for c in self.names:
                 col = np.array(batch[c], copy=True)
                 col[moved] = fresh[c]
                 batch[c] = col
