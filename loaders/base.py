@@ -343,7 +343,7 @@ class StoreSampler(Sampler[Request]):
         Returns
         -------
         Request
-            The same request. Cost: see ``loaders.nstep.WindowIndex.windows``.
+            The same request. Cost: see ``loaders.nstep.WindowIndex.nstep``.
         """
         if self.n_step is not None:
             request.nstep = self._nstep_index.nstep(request.rows, self.gamma)

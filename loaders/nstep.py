@@ -79,13 +79,15 @@ def check_nstep(schema: Schema, n_step: Any, gamma: Any) -> tuple[int, float]:
 
 
 class WindowIndex:
-    """Finds n-step windows of start rows in one table's current view and their returns (:meth:`nstep`).
+    """Finds the n-step windows of start rows in one table's current view, with their returns (:meth:`nstep`).
 
-    Per view version it keeps, for each visible row (by its position in the view): ``next_row``,
-    the row id of its stream's next step, ``-1`` where the row is terminal or truncated or the
-    next step is not visible (a gap: eviction, a missing step, the stream's visible end) or
-    carries a reset; the row's ``reward`` (float64) and its ``terminated``/``truncated`` bits.
-    A window is then ``n - 1`` hops through ``next_row``.
+    A row's window holds the row and then the rows of its stream at steps ``step + 1, step + 2,
+    ...`` up to ``n`` rows in all, ending before the first step that is not visible (a gap:
+    eviction, a missing step, the stream's visible end) or that carries a reset, and after its
+    first terminal or truncated record. A step held by several visible rows resolves to the
+    last of them (highest row id). Per view version (and ``gamma``) it keeps, for every visible
+    row by its position in the view, its window's length, discounted reward, last row id and
+    that row's terminated/truncated bits (about 19 bytes a row), so a minibatch costs four gathers.
 
     Parameters
     ----------
@@ -97,27 +99,26 @@ class WindowIndex:
 
     def __init__(self, table: Table, n: int) -> None:
         self.table, self.n = table, n
-        self._version = -1
+        self._version, self._gamma = -1, -1.0
+        self._names = next_fields(table.schema)
         self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
         self._hi = np.zeros(1, dtype=np.int64)  # its end
         self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
-        self._next = np.zeros(1, dtype=np.int64)  # position of next_row by view position; the sentinel's is itself
-        self._row = np.full(1, -1, dtype=np.int64)  # row id by view position, then the sentinel's -1
-        self._gamma, self._powers = -1.0, np.ones(n, dtype=np.float64)
-        self._names = next_fields(table.schema)
-        self._reward = np.zeros(1, dtype=np.float64)  # by view position, then the sentinel's 0
-        self._flag = np.zeros(1, dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
+        self._k = np.ones(0, dtype=np.int64)  # per view position: window length
+        self._reward = np.zeros(0, dtype=np.float64)  # discounted reward sum
+        self._flag = np.zeros(0, dtype=np.uint8)  # the last row's bit 0: terminated, bit 1: truncated
+        self._last = np.zeros(0, dtype=np.int64)  # the last row's id
 
-    def _refresh(self) -> None:
-        """Rebuild the per-position arrays if the table's view changed.
+    def _refresh(self, gamma: float) -> None:
+        """Rebuild the per-position arrays if the table's view (or ``gamma``) changed.
 
         Cost: when it changed, one read of the ``reward``/``terminated``(/``truncated``) columns
-        of every visible row and a few vectorised passes over the stream index's dense views
-        (which the index builds on first use after a change): O(visible rows), about 50-100 ms
-        per million; else one ``Table.view()``.
+        of every visible row, a few vectorised passes over the stream index's dense views (which
+        the index builds on first use after a change) and ``n - 1`` passes over the rows:
+        O(n * visible rows); else one ``Table.view()``.
         """
         view = self.table.view()
-        if view.version == self._version:
+        if view.version == self._version and gamma == self._gamma:
             return
         iv = view.intervals()
         lo, hi = iv[:, 0].copy(), iv[:, 1].copy()
@@ -125,18 +126,18 @@ class WindowIndex:
         np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=off[1:])
         size = len(view)
         names = ["reward", "terminated", *(["truncated"] if "truncated" in view.schema else [])]
-        row = np.append(view.row_ids(), -1)
-        data = view.read(row[:size], columns=names) if size else {}
-        reward = np.zeros(size + 1, dtype=np.float64)
+        row = view.row_ids()
+        data = view.read(row, columns=names) if size else {}
+        rew = np.zeros(size + 1, dtype=np.float64)  # position ``size``: the sentinel (no row)
         flag = np.zeros(size + 1, dtype=np.uint8)
         if size:
-            reward[:size] = data["reward"]
+            rew[:size] = data["reward"]
             flag[:size] = data["terminated"]
             if "truncated" in data:
                 flag[:size] |= data["truncated"].astype(np.uint8) << 1
         index = view.stream_index()
         rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
-        nxt = np.full(size + 1, size, dtype=np.int64)
+        nxt = np.full(size + 1, size, dtype=np.int64)  # the next step's position; the sentinel if none
         if len(rows) > 1:
             succ = _successors(sids, steps)
             ok = succ >= 0
@@ -145,47 +146,22 @@ class WindowIndex:
             pos = _positions(rows, lo, off)
             ok &= flag[pos] == 0  # a terminal or truncated record ends its window
             nxt[pos] = np.where(ok, pos[s], size)
+        # windows of up to m + 1 rows from those of up to m rows, m = 1 .. n - 1
+        k = np.ones(size + 1, dtype=np.int64)
+        k[size] = 0
+        reward, last_flag = rew.copy(), flag.copy()
+        last = np.append(np.arange(size, dtype=np.int64), size)  # the last row's position
+        stop = nxt == size
+        for _ in range(1, self.n):
+            k = 1 + k[nxt]
+            k[size] = 0
+            reward = rew + gamma * reward[nxt]
+            last_flag = flag | last_flag[nxt]
+            last = np.where(stop, last, last[nxt])
         self._lo, self._hi, self._off = lo, hi, off
-        self._next, self._row, self._reward, self._flag = nxt, row, reward, flag
-        self._version = view.version
-
-    def windows(self, rows: np.ndarray) -> np.ndarray:
-        """The n-step windows starting at ``rows``, as the table's current view shows them.
-
-        Window ``i`` holds ``rows[i]`` and then the rows of the same stream at steps ``step + 1,
-        step + 2, ...`` up to ``n`` rows in all, ending before the first step that is not
-        visible (a gap: eviction, a missing step, the stream's visible end) or that carries a
-        reset, and after its first terminal or truncated record. A step held by several
-        visible rows resolves to the last of them (highest row id).
-
-        Parameters
-        ----------
-        rows : numpy.ndarray
-            int64 visible start row ids, ``[batch]``.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 ``[batch, n]``: row ids, ``-1`` after each window's end. Cost: ``n - 1``
-            vectorised hops (a gather each, plus a binary search over the view's intervals when
-            it has several); after a change of the view, a rebuild (see :meth:`_refresh`).
-
-        Raises
-        ------
-        RowError
-            A start row is not visible in the table's current view.
-        """
-        return self._hops(np.asarray(rows, dtype=np.int64).reshape(-1))[0]
-
-    def _hops(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(windows [b, n], view positions [b, n])``; positions past a window's end are the sentinel."""
-        self._refresh()
-        pos = np.empty((len(rows), self.n), dtype=np.int64)
-        pos[:, 0] = self._start_positions(rows)
-        nxt = self._next
-        for j in range(1, self.n):
-            pos[:, j] = nxt[pos[:, j - 1]]  # the sentinel leads to itself
-        return self._row[pos], pos
+        self._k, self._reward, self._flag = k[:size], reward[:size], last_flag[:size]
+        self._last = row[last[:size]] if size else row
+        self._version, self._gamma = view.version, gamma
 
     def _start_positions(self, rows: np.ndarray) -> np.ndarray:
         """View positions of start row ids; ``RowError`` unless every one is visible in the current view."""
@@ -203,7 +179,7 @@ class WindowIndex:
         return pos
 
     def nstep(self, rows: np.ndarray, gamma: float) -> NStepWindows:
-        """The windows of start ``rows`` with their discounted rewards and end flags.
+        """The windows of start ``rows``: their lengths, discounted rewards, last rows and end flags.
 
         Parameters
         ----------
@@ -215,20 +191,19 @@ class WindowIndex:
         Returns
         -------
         NStepWindows
-            For :meth:`NStepWindows.apply`. Cost: :meth:`windows` plus a gather of ``n`` rewards
-            and ``n`` flags per window.
+            For :meth:`NStepWindows.apply`. Cost: a handful of vectorised operations on the
+            batch (one binary search over the view's intervals when it has several); after a
+            change of the view, a rebuild (see :meth:`_refresh`).
 
         Raises
         ------
         RowError
             A start row is not visible in the table's current view.
         """
-        w, pos = self._hops(np.asarray(rows, dtype=np.int64).reshape(-1))
-        if gamma != self._gamma:
-            self._gamma, self._powers = gamma, float(gamma) ** np.arange(self.n, dtype=np.float64)
-        reward = self._reward[pos] @ self._powers
-        flags = self._flag[pos].max(axis=1)  # only a window's last record can carry a flag
-        return NStepWindows(w, float(gamma), reward, flags, (w >= 0).sum(axis=1), self._names)
+        gamma = float(gamma)
+        self._refresh(gamma)
+        pos = self._start_positions(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return NStepWindows(self._last[pos], gamma, self._reward[pos], self._flag[pos], self._k[pos], self._names)
 
 
 def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
@@ -265,9 +240,8 @@ class NStepWindows:
 
     Attributes
     ----------
-    rows : numpy.ndarray
-        int64 ``[batch, n]`` window rows from :meth:`WindowIndex.windows` (column 0: the start
-        rows; ``-1`` past each window's end, which comes after its first terminal or truncated record).
+    last : numpy.ndarray
+        int64 ``[batch]``: each window's last row id (the start row where ``k`` is 1).
     gamma : float
         The discount per step.
     reward : numpy.ndarray
@@ -280,7 +254,7 @@ class NStepWindows:
         The fields holding the successor observation (:func:`next_fields`).
     """
 
-    rows: np.ndarray
+    last: np.ndarray
     gamma: float
     reward: np.ndarray
     flags: np.ndarray
@@ -324,7 +298,7 @@ class NStepWindows:
         batch["n"] = k
         moved = np.flatnonzero(k > 1)
         if len(moved):
-            fresh = table.read(self.rows[moved, k[moved] - 1], columns=self.names)
+            fresh = table.read(self.last[moved], columns=self.names)
             for c in self.names:
                 col = np.array(batch[c], copy=True)
                 col[moved] = fresh[c]
