@@ -86,8 +86,9 @@ class WindowIndex:
     eviction, a missing step, the stream's visible end) or that carries a reset, and after its
     first terminal or truncated record. A step held by several visible rows resolves to the
     last of them (highest row id). Per view version (and ``gamma``) it keeps, for every visible
-    row by its position in the view, its window's length, discounted reward, last row id and
-    that row's terminated/truncated bits (about 19 bytes a row), so a minibatch costs four gathers.
+    row by its position in the view, its window's discounted reward, last row id, and one code
+    for its length and last row's terminated/truncated bits (20 bytes a row), so a minibatch
+    costs a few gathers.
 
     Parameters
     ----------
@@ -100,14 +101,19 @@ class WindowIndex:
     def __init__(self, table: Table, n: int) -> None:
         self.table, self.n = table, n
         self._version, self._gamma = -1, -1.0
-        self._names = next_fields(table.schema)
+        self._names = next_fields(table.schema) if n > 1 else []  # a window of one keeps its next_obs
         self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
         self._hi = np.zeros(1, dtype=np.int64)  # its end
         self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
-        self._k = np.ones(0, dtype=np.int64)  # per view position: window length
-        self._reward = np.zeros(0, dtype=np.float64)  # discounted reward sum
-        self._flag = np.zeros(0, dtype=np.uint8)  # the last row's bit 0: terminated, bit 1: truncated
+        self._reward = np.zeros(0, dtype=np.float64)  # per view position: discounted reward sum
         self._last = np.zeros(0, dtype=np.int64)  # the last row's id
+        self._code = np.zeros(0, dtype=np.int32)  # k + (n + 1) * (the last row's terminated + 2 * truncated)
+        # per code: k, terminated, truncated, discount (gamma ** k, 0 where terminated)
+        codes = np.arange(4 * (n + 1))
+        self._k_of = (codes % (n + 1)).astype(np.int64)
+        self._term_of = (codes // (n + 1) & 1).astype(bool)
+        self._trunc_of = (codes // (n + 1) & 2).astype(bool)
+        self._discount_of = np.zeros(len(codes), dtype=np.float64)
 
     def _refresh(self, gamma: float) -> None:
         """Rebuild the per-position arrays if the table's view (or ``gamma``) changed.
@@ -159,8 +165,10 @@ class WindowIndex:
             last_flag = flag | last_flag[nxt]
             last = np.where(stop, last, last[nxt])
         self._lo, self._hi, self._off = lo, hi, off
-        self._k, self._reward, self._flag = k[:size], reward[:size], last_flag[:size]
+        self._reward = reward[:size]
+        self._code = (k[:size] + (self.n + 1) * last_flag[:size].astype(np.int64)).astype(np.int32)
         self._last = row[last[:size]] if size else row
+        self._discount_of = np.where(self._term_of, 0.0, gamma ** self._k_of.astype(np.float64))
         self._version, self._gamma = view.version, gamma
 
     def _start_positions(self, rows: np.ndarray) -> np.ndarray:
@@ -203,7 +211,9 @@ class WindowIndex:
         gamma = float(gamma)
         self._refresh(gamma)
         pos = self._start_positions(np.asarray(rows, dtype=np.int64).reshape(-1))
-        return NStepWindows(self._last[pos], gamma, self._reward[pos], self._flag[pos], self._k[pos], self._names)
+        code = self._code[pos]
+        return NStepWindows(self._last[pos], self._reward[pos], self._k_of[code], self._term_of[code],
+                            self._trunc_of[code], self._discount_of[code], self._names)
 
 
 def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
@@ -242,23 +252,25 @@ class NStepWindows:
     ----------
     last : numpy.ndarray
         int64 ``[batch]``: each window's last row id (the start row where ``k`` is 1).
-    gamma : float
-        The discount per step.
     reward : numpy.ndarray
         float64 ``[batch]``: the discounted sum of each window's rewards.
-    flags : numpy.ndarray
-        uint8 ``[batch]``: each window's last record's terminated (bit 0) and truncated (bit 1).
     k : numpy.ndarray
         int64 ``[batch]``: each window's length.
+    terminated, truncated : numpy.ndarray
+        bool ``[batch]``: those of each window's last record.
+    discount : numpy.ndarray
+        float64 ``[batch]``: ``gamma ** k``, 0 where ``terminated``.
     names : list of str
-        The fields holding the successor observation (:func:`next_fields`).
+        The fields holding the successor observation (:func:`next_fields`) to read from the
+        last rows; empty for windows of one row.
     """
 
     last: np.ndarray
-    gamma: float
     reward: np.ndarray
-    flags: np.ndarray
     k: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    discount: np.ndarray
     names: list[str]
 
     def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
@@ -281,26 +293,19 @@ class NStepWindows:
         -------
         dict of str to Any
             ``batch``. Cost: one read of the ``next_obs`` fields of the windows' last rows
-            where ``k > 1`` (rewards and flags come with the windows).
+            (rewards, flags and discounts come with the windows).
 
         Raises
         ------
         RowError, StaleReadError
             As ``Table.read``.
         """
-        k = self.k
         batch["reward"] = self.reward.astype(np.asarray(batch["reward"]).dtype)
-        terminated = (self.flags & 1).astype(bool)
-        batch["terminated"] = terminated
+        batch["terminated"] = self.terminated
         if "truncated" in table.schema:
-            batch["truncated"] = (self.flags & 2).astype(bool)
-        batch["discount"] = np.where(terminated, 0.0, self.gamma ** k.astype(np.float64))
-        batch["n"] = k
-        moved = np.flatnonzero(k > 1)
-        if len(moved):
-            fresh = table.read(self.last[moved], columns=self.names)
-            for c in self.names:
-                col = np.array(batch[c], copy=True)
-                col[moved] = fresh[c]
-                batch[c] = col
+            batch["truncated"] = self.truncated
+        batch["discount"] = self.discount
+        batch["n"] = self.k
+        if self.names:
+            batch.update(table.read(self.last, columns=self.names))
         return batch
