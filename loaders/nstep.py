@@ -1,13 +1,14 @@
-"""N-step returns at sampling time: windows over the stream/step index, returns computed where rows are gathered.
+"""N-step returns at sampling time: windows over the stream/step index, returns computed in the sampler.
 
-The sampler (main process) turns each drawn start row into a window of up to ``n`` rows of
-the same stream with consecutive steps and no reset after the start, as the sampler's view
-of the stream index shows them (:class:`WindowIndex`). The rows travel in the
-:class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`; where the minibatch
-is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply` reads the
-windows' ``reward`` and ``terminated`` (and ``truncated``) columns, cuts each window after
-its first terminal or truncated record, and replaces ``reward``, ``next_obs``,
-``terminated``, ``truncated`` and adds ``discount`` and ``n``.
+The sampler (main process) keeps, per version of its table's view, each visible row's n-step
+window summarised (:class:`WindowIndex`): the discounted reward, the window's length, its last
+row and that row's terminated/truncated flags, built with vectorised passes over the stream
+index and one read of the ``reward``/``terminated``(/``truncated``) columns after each change
+of the view. A minibatch's windows are then a few gathers; they travel in the
+:class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`, and where the
+minibatch is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply`
+replaces ``reward``, ``terminated``, ``truncated``, reads ``next_obs`` of the windows' last
+rows and adds ``discount`` and ``n``.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class WindowIndex:
         lo, hi, off = self._lo, self._hi, self._off
         if len(lo) == 1:
             pos = rows - lo[0]
+            if not len(pos) or int(pos.view(np.uint64).max()) < hi[0] - lo[0]:  # a negative one wraps to > 2**63
+                return pos
             bad = (rows < lo[0]) | (rows >= hi[0])
         else:
             at = np.searchsorted(lo, rows, side="right") - 1
