@@ -343,10 +343,10 @@ class StoreSampler(Sampler[Request]):
         Returns
         -------
         Request
-            The same request. Cost: see ``loaders.nstep.WindowIndex.windows``.
+            The same request. Cost: see ``loaders.nstep.WindowIndex.nstep``.
         """
         if self.n_step is not None:
-            request.nstep = NStepWindows(self._nstep_index.windows(request.rows), self.gamma)
+            request.nstep = self._nstep_index.nstep(request.rows, self.gamma)
         return request
 
     def state_dict(self) -> dict[str, Any]:

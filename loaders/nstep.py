@@ -1,13 +1,14 @@
-"""N-step returns at sampling time: windows over the stream/step index, returns computed where rows are gathered.
+"""N-step returns at sampling time: windows over the stream/step index, returns computed in the sampler.
 
-The sampler (main process) turns each drawn start row into a window of up to ``n`` rows of
-the same stream with consecutive steps and no reset after the start, as the sampler's view
-of the stream index shows them (:class:`WindowIndex`). The rows travel in the
-:class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`; where the minibatch
-is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply` reads the
-windows' ``reward`` and ``terminated`` (and ``truncated``) columns, cuts each window after
-its first terminal or truncated record, and replaces ``reward``, ``next_obs``,
-``terminated``, ``truncated`` and adds ``discount`` and ``n``.
+The sampler (main process) keeps, per version of its table's view, each visible row's n-step
+window summarised (:class:`WindowIndex`): the discounted reward, the window's length, its last
+row and that row's terminated/truncated flags, built with vectorised passes over the stream
+index and one read of the ``reward``/``terminated``(/``truncated``) columns after each change
+of the view. A minibatch's windows are then a few gathers; they travel in the
+:class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`, and where the
+minibatch is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply`
+replaces ``reward``, ``terminated``, ``truncated``, reads ``next_obs`` of the windows' last
+rows and adds ``discount`` and ``n``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import SamplerParameterError
+from replaystore.errors import RowError, SamplerParameterError
 from replaystore.schemas import Schema
 from replaystore.store import Table
 
@@ -79,7 +80,16 @@ def check_nstep(schema: Schema, n_step: Any, gamma: Any) -> tuple[int, float]:
 
 
 class WindowIndex:
-    """Finds n-step windows of start rows in one table's current view (:meth:`windows`).
+    """Finds the n-step windows of start rows in one table's current view, with their returns (:meth:`nstep`).
+
+    A row's window holds the row and then the rows of its stream at steps ``step + 1, step + 2,
+    ...`` up to ``n`` rows in all, ending before the first step that is not visible (a gap:
+    eviction, a missing step, the stream's visible end) or that carries a reset, and after its
+    first terminal or truncated record. A step held by several visible rows resolves to the
+    last of them (highest row id). Per view version (and ``gamma``) it keeps, for every visible
+    row by its position in the view, its window's discounted reward, last row id, and one code
+    for its length and last row's terminated/truncated bits (20 bytes a row), so a minibatch
+    costs a few gathers.
 
     Parameters
     ----------
@@ -91,87 +101,150 @@ class WindowIndex:
 
     def __init__(self, table: Table, n: int) -> None:
         self.table, self.n = table, n
-        self._version = -1
-        self._iv = np.zeros((0, 2), dtype=np.int64)
+        self._version, self._gamma = -1, -1.0
+        self._names = next_fields(table.schema) if n > 1 else []  # a window of one keeps its next_obs
+        self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
+        self._hi = np.zeros(1, dtype=np.int64)  # its end
+        self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
+        self._reward = np.zeros(0, dtype=np.float64)  # per view position: discounted reward sum
+        self._last = np.zeros(0, dtype=np.int64)  # the last row's id
+        self._code = np.zeros(0, dtype=np.int32)  # k + (n + 1) * (the last row's terminated + 2 * truncated)
+        # per code: k, terminated, truncated, discount (gamma ** k, 0 where terminated)
+        codes = np.arange(4 * (n + 1))
+        self._k_of = (codes % (n + 1)).astype(np.int64)
+        self._term_of = (codes // (n + 1) & 1).astype(bool)
+        self._trunc_of = (codes // (n + 1) & 2).astype(bool)
+        self._discount_of = np.zeros(len(codes), dtype=np.float64)
 
-    def _visible(self, rows: np.ndarray) -> np.ndarray:
-        """Whether each row id is visible (the view's intervals, cached per view version)."""
+    def _refresh(self, gamma: float) -> None:
+        """Rebuild the per-position arrays if the table's view (or ``gamma``) changed.
+
+        Cost: when it changed, one read of the ``reward``/``terminated``(/``truncated``) columns
+        of every visible row, a few vectorised passes over the stream index's dense views (which
+        the index builds on first use after a change) and ``n - 1`` passes over the rows:
+        O(n * visible rows); else one ``Table.view()``.
+        """
         view = self.table.view()
-        if view.version != self._version:
-            self._version, self._iv = view.version, view.intervals()
-        iv = self._iv
-        at = np.searchsorted(iv[:, 0], rows, side="right") - 1
-        return (at >= 0) & (rows < iv[np.maximum(at, 0), 1])
+        if view.version == self._version and gamma == self._gamma:
+            return
+        iv = view.intervals()
+        lo, hi = iv[:, 0].copy(), iv[:, 1].copy()
+        off = np.zeros(len(iv), dtype=np.int64)
+        np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=off[1:])
+        size = len(view)
+        names = ["reward", "terminated", *(["truncated"] if "truncated" in view.schema else [])]
+        row = view.row_ids()
+        data = view.read(row, columns=names) if size else {}
+        rew = np.zeros(size + 1, dtype=np.float64)  # position ``size``: the sentinel (no row)
+        flag = np.zeros(size + 1, dtype=np.uint8)
+        if size:
+            rew[:size] = data["reward"]
+            flag[:size] = data["terminated"]
+            if "truncated" in data:
+                flag[:size] |= data["truncated"].astype(np.uint8) << 1
+        index = view.stream_index()
+        rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
+        nxt = np.full(size + 1, size, dtype=np.int64)  # the next step's position; the sentinel if none
+        if len(rows) > 1:
+            succ = _successors(sids, steps)
+            ok = succ >= 0
+            s = np.where(ok, succ, 0)
+            ok &= (steps[s] == steps + 1) & ~resets[s]
+            pos = _positions(rows, lo, off)
+            ok &= flag[pos] == 0  # a terminal or truncated record ends its window
+            nxt[pos] = np.where(ok, pos[s], size)
+        # windows of up to m + 1 rows from those of up to m rows, m = 1 .. n - 1
+        k = np.ones(size + 1, dtype=np.int64)
+        k[size] = 0
+        reward, last_flag = rew.copy(), flag.copy()
+        last = np.append(np.arange(size, dtype=np.int64), size)  # the last row's position
+        stop = nxt == size
+        for _ in range(1, self.n):
+            k = 1 + k[nxt]
+            k[size] = 0
+            reward = rew + gamma * reward[nxt]
+            last_flag = flag | last_flag[nxt]
+            last = np.where(stop, last, last[nxt])
+        self._lo, self._hi, self._off = lo, hi, off
+        self._reward = reward[:size]
+        self._code = (k[:size] + (self.n + 1) * last_flag[:size].astype(np.int64)).astype(np.int32)
+        self._last = row[last[:size]] if size else row
+        self._discount_of = np.where(self._term_of, 0.0, gamma ** self._k_of.astype(np.float64))
+        self._version, self._gamma = view.version, gamma
 
-    def windows(self, rows: np.ndarray) -> np.ndarray:
-        """The n-step windows starting at ``rows``, as the table's current view of the stream index shows them.
+    def _start_positions(self, rows: np.ndarray) -> np.ndarray:
+        """View positions of start row ids; ``RowError`` unless every one is visible in the current view."""
+        lo, hi, off = self._lo, self._hi, self._off
+        if len(lo) == 1:
+            pos = rows - lo[0]
+            if not len(pos) or int(pos.view(np.uint64).max()) < hi[0] - lo[0]:  # a negative one wraps to > 2**63
+                return pos
+            bad = (rows < lo[0]) | (rows >= hi[0])
+        else:
+            at = np.searchsorted(lo, rows, side="right") - 1
+            bad = (at < 0) | (rows >= hi[np.maximum(at, 0)])
+            pos = rows - lo[at] + off[at]
+        if bad.any():
+            raise RowError(f"table {self.table.name!r}: start rows {rows[bad][:8].tolist()} are not visible "
+                           "records (never written or evicted)")
+        return pos
 
-        Window ``i`` holds ``rows[i]`` and then the rows of the same stream at steps ``step + 1,
-        step + 2, ...`` up to ``n`` rows in all, ending before the first step that is not
-        visible (a gap: eviction, a missing step, the stream's visible end) or that carries a
-        reset. Fast path: a writer stores a stream's consecutive steps at consecutive row ids,
-        so the rows after each start are checked first (one ``index_of`` for all); windows
-        that break there without a reset look their stream up in the stream index.
+    def nstep(self, rows: np.ndarray, gamma: float) -> NStepWindows:
+        """The windows of start ``rows``: their lengths, discounted rewards, last rows and end flags.
 
         Parameters
         ----------
         rows : numpy.ndarray
             int64 visible start row ids, ``[batch]``.
+        gamma : float
+            The discount per step.
 
         Returns
         -------
-        numpy.ndarray
-            int64 ``[batch, n]``: row ids, ``-1`` after each window's end. Cost: one
-            ``index_of`` of the start rows and the ``n - 1`` row ids after each; then, for
-            windows not laid out that way, a binary search per slot in their stream and one
-            more ``index_of`` of the rows found.
-        """
-        n, table = self.n, self.table
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        b = len(rows)
-        out = np.full((b, n), -1, dtype=np.int64)
-        out[:, 0] = rows
-        if n == 1 or not b:
-            return out
-        ahead = np.arange(1, n, dtype=np.int64)
-        cand = rows[:, None] + ahead
-        vis = self._visible(cand)
-        keys, steps, resets = table.index_of(np.concatenate([rows, cand[vis]]))
-        key0, step0 = keys[:b], steps[:b]
-        same = np.zeros(cand.shape, dtype=bool)
-        reset = np.zeros(cand.shape, dtype=bool)
-        same[vis] = (keys[b:] == np.repeat(key0, n - 1)[vis.reshape(-1)]) \
-            & (steps[b:] == (step0[:, None] + ahead)[vis])
-        reset[vis] = resets[b:]
-        run = np.logical_and.accumulate(same & ~reset, axis=1)
-        out[:, 1:] = np.where(run, cand, -1)
-        # a window that stops at a slot not holding its next step (nor a reset of it) looks it up
-        at, first_off = np.arange(b), np.argmin(run, axis=1)  # the first slot out of the run (0 if none)
-        slow = ~run.all(axis=1) & ~(same[at, first_off] & reset[at, first_off])
-        if slow.any():
-            self._lookup(out, np.flatnonzero(slow), key0, step0, ahead)
-        return out
+        NStepWindows
+            For :meth:`NStepWindows.apply`. Cost: a handful of vectorised operations on the
+            batch (one binary search over the view's intervals when it has several); after a
+            change of the view, a rebuild (see :meth:`_refresh`).
 
-    def _lookup(self, out: np.ndarray, which: np.ndarray, key0: np.ndarray, step0: np.ndarray,
-                ahead: np.ndarray) -> None:
-        """Fill windows ``which`` of ``out`` from the stream index (binary searches per stream)."""
-        index = self.table.stream_index()
-        groups: dict[Any, list[int]] = {}
-        for i, key in zip(which.tolist(), key0[which].tolist(), strict=True):
-            groups.setdefault(key, []).append(i)
-        for key, members in groups.items():
-            sel = np.asarray(members, dtype=np.int64)
-            out[sel, 1:] = index.lookup(key, step0[sel, None] + ahead)
-        later = out[which, 1:]
-        keep = later >= 0
-        if keep.any():
-            _, _, resets = self.table.index_of(later[keep])
-            flags = np.zeros(later.shape, dtype=bool)
-            flags[keep] = ~resets
-            keep = flags
-        keep = np.logical_and.accumulate(keep, axis=1)  # a gap or a reset ends the window
-        later[~keep] = -1
-        out[which, 1:] = later
+        Raises
+        ------
+        RowError
+            A start row is not visible in the table's current view.
+        """
+        gamma = float(gamma)
+        self._refresh(gamma)
+        pos = self._start_positions(np.asarray(rows, dtype=np.int64).reshape(-1))
+        code = self._code[pos]
+        return NStepWindows(self._last[pos], self._reward[pos], self._k_of[code], self._term_of[code],
+                            self._trunc_of[code], self._discount_of[code], self._names)
+
+
+def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """View positions of visible row ids, given the view's interval starts ``lo`` and their positions ``off``."""
+    if len(lo) == 1:
+        return rows - lo[0]
+    at = np.searchsorted(lo, rows, side="right") - 1
+    return rows - lo[at] + off[at]
+
+
+def _successors(sids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per entry of the (stream, step, row id)-sorted index, the entry holding its stream's next step: -1 if none.
+
+    The next step is that of the next entry; where a (stream, step) repeats, the last entry of
+    the next (stream, step) group. Cost: a few passes over the entries.
+    """
+    m = len(sids)
+    same = sids[1:] == sids[:-1]
+    if not (same & (steps[1:] == steps[:-1])).any():  # the usual case: no step held twice
+        return np.append(np.where(same, np.arange(1, m, dtype=np.int64), -1), -1)
+    new = np.empty(m, dtype=bool)
+    new[0] = True
+    np.logical_or(~same, steps[1:] != steps[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], m) - 1  # each group's last entry
+    succ = np.append(ends[1:], -1)[np.cumsum(new) - 1]  # the next group's last entry
+    ok = succ >= 0
+    return np.where(ok & (sids[np.where(ok, succ, 0)] == sids), succ, -1)
 
 
 @dataclass
@@ -180,24 +253,37 @@ class NStepWindows:
 
     Attributes
     ----------
-    rows : numpy.ndarray
-        int64 ``[batch, n]`` window rows from :meth:`WindowIndex.windows` (column 0: the start rows).
-    gamma : float
-        The discount per step.
+    last : numpy.ndarray
+        int64 ``[batch]``: each window's last row id (the start row where ``k`` is 1).
+    reward : numpy.ndarray
+        float64 ``[batch]``: the discounted sum of each window's rewards.
+    k : numpy.ndarray
+        int64 ``[batch]``: each window's length.
+    terminated, truncated : numpy.ndarray
+        bool ``[batch]``: those of each window's last record.
+    discount : numpy.ndarray
+        float64 ``[batch]``: ``gamma ** k``, 0 where ``terminated``.
+    names : list of str
+        The fields holding the successor observation (:func:`next_fields`) to read from the
+        last rows; empty for windows of one row.
     """
 
-    rows: np.ndarray
-    gamma: float
+    last: np.ndarray
+    reward: np.ndarray
+    k: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    discount: np.ndarray
+    names: list[str]
 
     def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
         """Replace the minibatch's one-step targets by n-step ones.
 
-        For window rows ``t .. t+m-1`` the window is cut after its first terminal or
-        truncated record, giving ``k`` rows: ``reward`` = sum of ``gamma**i * r[t+i]`` for
-        ``i < k`` (summed in float64, cast to the reward field's dtype); ``next_obs`` (and
-        nested ``next_obs`` parts) of row ``t+k-1``; ``discount`` = ``gamma**k``, or 0 when
-        row ``t+k-1`` is terminal (float64, as DqnBatch's ``discounts``); ``n`` = ``k``
-        (int64); ``terminated`` / ``truncated`` those of row ``t+k-1``.
+        For a window of ``k`` rows ``t .. t+k-1``: ``reward`` = sum of ``gamma**i * r[t+i]``
+        (summed in float64, cast to the reward field's dtype); ``next_obs`` (and nested
+        ``next_obs`` parts) of row ``t+k-1``; ``discount`` = ``gamma**k``, or 0 when row
+        ``t+k-1`` is terminal (float64, as DqnBatch's ``discounts``); ``n`` = ``k`` (int64);
+        ``terminated`` / ``truncated`` those of row ``t+k-1``.
 
         Parameters
         ----------
@@ -209,52 +295,20 @@ class NStepWindows:
         Returns
         -------
         dict of str to Any
-            ``batch``. Cost: one read of ``reward``/``terminated``(/``truncated``) for the
-            windows' rows after their starts, and one read of the ``next_obs`` fields of the
-            windows' last rows where ``k > 1``.
+            ``batch``. Cost: one read of the ``next_obs`` fields of the windows' last rows
+            (rewards, flags and discounts come with the windows).
 
         Raises
         ------
         RowError, StaleReadError
             As ``Table.read``.
         """
-        w = self.rows
-        b, n = w.shape
-        trunc = "truncated" in table.schema
-        rew = np.zeros((b, n), dtype=np.float64)
-        flag = np.zeros((b, n), dtype=np.uint8)  # bit 0: terminated, bit 1: truncated
-        reward_dtype = np.asarray(batch["reward"]).dtype
-        rew[:, 0] = batch["reward"]
-        flag[:, 0] = batch["terminated"]
-        if trunc:
-            flag[:, 0] |= np.asarray(batch["truncated"], dtype=np.uint8) << 1
-        tail = w[:, 1:]
-        later = tail >= 0
-        if later.any():
-            data = table.read(tail[later], columns=["reward", "terminated", *(["truncated"] if trunc else [])])
-            rew[:, 1:][later] = data["reward"]
-            f = data["terminated"].astype(np.uint8)
-            if trunc:
-                f |= data["truncated"].astype(np.uint8) << 1
-            flag[:, 1:][later] = f
-        keep = w >= 0
-        keep[:, 1:] &= ~np.logical_or.accumulate(flag[:, :-1] != 0, axis=1)  # an earlier record ended the episode
-        k = keep.sum(axis=1)
-        powers = self.gamma ** np.arange(n, dtype=np.float64)
-        batch["reward"] = (np.where(keep, rew, 0.0) @ powers).astype(reward_dtype)
-        at, last = np.arange(b), k - 1
-        end = flag[at, last]
-        batch["terminated"] = (end & 1).astype(bool)
-        if trunc:
-            batch["truncated"] = (end & 2).astype(bool)
-        batch["discount"] = np.where(batch["terminated"], 0.0, self.gamma ** k.astype(np.float64))
-        batch["n"] = k.astype(np.int64)
-        moved = k > 1
-        if moved.any():
-            names = next_fields(table.schema)
-            fresh = table.read(w[at, last][moved], columns=names)
-            for c in names:
-                col = np.array(batch[c], copy=True)
-                col[moved] = fresh[c]
-                batch[c] = col
+        batch["reward"] = self.reward.astype(np.asarray(batch["reward"]).dtype)
+        batch["terminated"] = self.terminated
+        if "truncated" in table.schema:
+            batch["truncated"] = self.truncated
+        batch["discount"] = self.discount
+        batch["n"] = self.k
+        if self.names:
+            batch.update(table.read(self.last, columns=self.names))
         return batch
