@@ -53,6 +53,9 @@ class Request:
         The frame field ``frames`` reads.
     nstep : NStepWindows, optional
         With ``n_step``: the minibatch's n-step windows, applied when gathering.
+    next_frames : numpy.ndarray, optional
+        With ``n_step`` and ``stack``: the frame windows of each n-step window's last row;
+        ``next_obs`` is their last ``stack`` frames.
     """
 
     rows: np.ndarray
@@ -62,6 +65,7 @@ class Request:
     frames: np.ndarray | None = None
     frame_field: str | None = None
     nstep: NStepWindows | None = None
+    next_frames: np.ndarray | None = None
 
 
 class StoreSampler(Sampler[Request]):
@@ -161,7 +165,7 @@ class StoreSampler(Sampler[Request]):
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
             self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
-            self._nstep_index = WindowIndex(self.table, self.n_step)
+            self._nstep_index = WindowIndex(self.table, self.n_step, stacked=stack is not None)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -175,9 +179,6 @@ class StoreSampler(Sampler[Request]):
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
         self.stacker: Stacker | None = None
         if stack is not None:
-            if n_step is not None:
-                raise SamplerParameterError("n_step", "None when stack= is given (n-step over stacked frames "
-                                            "is not supported yet)", repr(n_step))
             from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
 
             self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
@@ -347,6 +348,9 @@ class StoreSampler(Sampler[Request]):
         """
         if self.n_step is not None:
             request.nstep = self._nstep_index.nstep(request.rows, self.gamma)
+            if self.stacker is not None:  # next_obs: the stack after each window's last row
+                request.next_frames = self.stacker.index().windows(request.nstep.last, self.stacker.stack,
+                                                                   self.stacker.padding)
         return request
 
     def state_dict(self) -> dict[str, Any]:

@@ -145,7 +145,10 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
         A requested row was reclaimed since this handle's view.
     """
     if request.frames is not None:
-        return gather_stacked(table, request)
+        stacked = gather_stacked(table, request)
+        if request.nstep is not None:  # n-step windows over stacked frames (loaders/nstep.py)
+            request.nstep.apply(table, stacked)
+        return stacked
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing

@@ -97,12 +97,17 @@ class WindowIndex:
         The table the sampler draws from.
     n : int
         The longest window.
+    stacked : bool, optional
+        Frame stacking (``stack=``): a window also ends before a row without a next frame in
+        its episode, so that its last row has one (the stack after it is ``next_obs``), and no
+        ``next_obs`` field is read (the sampler's stacker gives it).
     """
 
-    def __init__(self, table: Table, n: int) -> None:
-        self.table, self.n = table, n
+    def __init__(self, table: Table, n: int, stacked: bool = False) -> None:
+        self.table, self.n, self.stacked = table, n, stacked
         self._version, self._gamma = -1, -1.0
-        self._names = next_fields(table.schema) if n > 1 else []  # a window of one keeps its next_obs
+        # a window of one keeps its next_obs; stacked windows get theirs from the stacker
+        self._names = next_fields(table.schema) if n > 1 and not stacked else []
         self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
         self._hi = np.zeros(1, dtype=np.int64)  # its end
         self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
@@ -151,6 +156,10 @@ class WindowIndex:
             s = np.where(ok, succ, 0)
             ok &= (steps[s] == steps + 1) & ~resets[s]
             pos = _positions(rows, lo, off)
+            if self.stacked:  # the successor must have a next frame itself
+                has_next = np.zeros(size + 1, dtype=bool)
+                has_next[pos] = ok
+                ok &= has_next[pos[s]]
             ok &= flag[pos] == 0  # a terminal or truncated record ends its window
             nxt[pos] = np.where(ok, pos[s], size)
         # windows of up to m + 1 rows from those of up to m rows, m = 1 .. n - 1

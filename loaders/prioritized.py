@@ -222,7 +222,7 @@ class PrioritizedSampler(StoreSampler):
         self.batches_drawn += 1
         outputs = {"weights": weights.astype(np.float32), **her_outputs(self, rows)}
         if self.stacker is not None:
-            return self.stacker.request(rows, outputs)
+            return self.windowed(self.stacker.request(rows, outputs))
         return self.windowed(Request(rows, outputs))
 
     def update(self, indices: Any, priorities: Any) -> None:

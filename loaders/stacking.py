@@ -243,6 +243,8 @@ def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
     else:
         data = table.read(rows, columns=others) if others else {}
     w = request.frames
+    if request.next_frames is not None:  # n-step: next_obs follows each window's last row
+        w = np.concatenate([w, request.next_frames], axis=-1)
     got = w >= 0
     uniq, inv = np.unique(w[got], return_inverse=True)
     f = table.read(uniq, columns=[field])[field]
@@ -252,8 +254,12 @@ def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
         stacked = np.zeros((*w.shape, *f.shape[1:]), dtype=f.dtype)
         stacked[got] = f[inv]
     lead = (slice(None),) * (w.ndim - 1)  # batch (and window) axes; the stack axis follows
-    batch: dict[str, Any] = {**data, "obs": stacked[(*lead, slice(None, -1))],
-                             "next_obs": stacked[(*lead, slice(1, None))], "indices": rows, **request.outputs}
+    k = request.frames.shape[-1] - 1  # frames per stack
+    if request.next_frames is None:
+        obs, nxt = stacked[(*lead, slice(None, k))], stacked[(*lead, slice(1, k + 1))]
+    else:
+        obs, nxt = stacked[(*lead, slice(None, k))], stacked[(*lead, slice(k + 2, None))]
+    batch: dict[str, Any] = {**data, "obs": obs, "next_obs": nxt, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys
     return batch

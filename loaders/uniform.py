@@ -107,7 +107,7 @@ class UniformSampler(StoreSampler):
         picks = positions.astype(np.int64)
         np.minimum(picks, n - 1, out=picks)
         self.batches_drawn += 1
-        return self.stacker.request(cand[picks])
+        return self.windowed(self.stacker.request(cand[picks]))
 
 
 class EpochSampler(StoreSampler):
@@ -241,7 +241,7 @@ class EpochSampler(StoreSampler):
         rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
         if self.stacker is not None:
-            return self.stacker.request(rows)
+            return self.windowed(self.stacker.request(rows))
         return self.windowed(Request(rows))
 
     def __iter__(self) -> Iterator[Request]:
