@@ -124,7 +124,7 @@ class StoreSampler(Sampler[Request]):
     SamplerParameterError
         A bad ``batch_size``, ``refresh_every``, ``refresh_every_s``, ``stack*``, ``n_step`` or
         ``gamma``; ``n_step`` on a sampler that does not take it, or over a table without
-        ``reward`` and ``terminated``; ``n_step`` together with ``stack``.
+        ``reward`` and ``terminated``.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
