@@ -76,7 +76,7 @@ def test_schemas_lists_every_builtin_with_its_fields() -> None:
     assert proc.returncode == 0, proc.stderr
     listed = sections(proc.stdout)
     assert list(listed) == list(BUILTINS)
-    assert len(listed) == 9
+    assert len(listed) == 10
     for name, body in listed.items():
         schema = BUILTINS[name](**EXAMPLE_ARGS[name])
         lines = {line.split()[0]: line for line in body.splitlines() if not line.startswith("  metadata:")}
