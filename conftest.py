@@ -1,11 +1,17 @@
 """Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py),
-and a chunk cache directory of the test session's own (store/chunkcache.py), not the user's."""
+a chunk cache directory of the test session's own (store/chunkcache.py), not the user's, and Ray's
+loopback settings (tests/support/raylocal.py) before any test module can import Ray."""
 
 import os
 import shutil
 import tempfile
 
 import pytest
+
+# Ray reads these when it is first imported (by a test module or by replaystore.tools.ray_data
+# through the docstring checks), so they are set before collection starts.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 pytest_plugins = ["support.slow_selection"]
 
