@@ -9,14 +9,12 @@ When the action count is known, action ids are range-checked at append.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from replaystore.errors import SchemaError
 from replaystore.schemas.fields import BatchMeta, Dense, Ragged
 from replaystore.schemas.schema import Schema
 
@@ -417,7 +415,7 @@ def frames(frame_shape: tuple[int, ...] | int, actions: int | None = None, actio
     reward_dtype : numpy dtype-like, optional
         Dtype of rewards (default float32).
     codec : Any, optional
-        Compression of the frame field, passed to ``Dense(..., codec=)`` when given
+        Compression of the frame field, passed to ``Dense(..., codec=)``
         (None: the field's default).
     metadata : mapping, optional
         Extra schema metadata, merged over the sizes recorded here.
@@ -431,18 +429,13 @@ def frames(frame_shape: tuple[int, ...] | int, actions: int | None = None, actio
     ------
     SchemaError
         A size that is not a positive int, metadata that is not JSON-serialisable,
-        or a ``codec`` this build's fields do not take.
+        or a ``codec`` that is not one of ``Dense``'s (the error names the frame field).
     """
     shape = (frame_shape,) if isinstance(frame_shape, int) else tuple(frame_shape)
-    extra: dict[str, Any] = {}
-    if codec is not None:
-        if "codec" not in {f.name for f in dataclasses.fields(Dense)}:
-            raise SchemaError(f"frames: codec={codec!r}: fields of this build take no codec")
-        extra["codec"] = codec
     action_dt = np.dtype(action_dtype)
     fields = [
         Dense("frame", np.dtype(frame_dtype), shape, description="observation s_t (the final one on the "
-              "frame-only record closing an episode)", **extra),
+              "frame-only record closing an episode)", codec=codec),
         Dense("action", action_dt, tuple(action_shape),
               id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
         Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}"),
