@@ -421,13 +421,15 @@ class HER:
 
 
 
-def attach_her(her: HER | None) -> HER | None:
+def attach_her(her: HER | None, stack: Any = None) -> HER | None:
     """Check a sampler's ``her`` argument.
 
     Parameters
     ----------
     her : HER or None
         The argument.
+    stack : Any, optional
+        The sampler's ``stack`` argument (HER does not relabel stacked frames).
 
     Returns
     -------
@@ -437,10 +439,13 @@ def attach_her(her: HER | None) -> HER | None:
     Raises
     ------
     SamplerParameterError
-        ``her`` is neither None nor a :class:`HER`.
+        ``her`` is neither None nor a :class:`HER`, or is given with ``stack``.
     """
     if her is not None and not isinstance(her, HER):
         raise SamplerParameterError("her", "None or a replaystore.loaders.HER", repr(her))
+    if her is not None and stack is not None:
+        raise SamplerParameterError("her", "None when stack= is given (goals are not relabelled in stacked frames)",
+                                    repr(her))
     return her
 
 

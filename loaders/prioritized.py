@@ -131,7 +131,7 @@ class PrioritizedSampler(StoreSampler):
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
                  eps: float = 1e-6, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her)
+        self.her = attach_her(her, kwargs.get("stack"))
         self.alpha = _real("alpha", alpha)
         self.beta = _real("beta", beta)
         self.eps = _real("eps", eps)

@@ -62,7 +62,7 @@ class UniformSampler(StoreSampler):
     takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her)
+        self.her = attach_her(her, kwargs.get("stack"))
         super().__init__(store, batch_size, seed, **kwargs)
         if her is not None:
             her.check(self.table)

@@ -201,6 +201,9 @@ def test_bad_her_arguments_are_refused(new_url: Callable[[], str]) -> None:
     st = open_store(new_url(), transitions(3), mode="w+")
     with pytest.raises(SamplerParameterError, match="her"):
         UniformSampler(st, batch_size=4, her="future")  # type: ignore[arg-type]
+    for make in (UniformSampler, PrioritizedSampler):  # stacked frames are not relabelled: refused, not ignored
+        with pytest.raises(SamplerParameterError, match="stack"):
+            make(st, batch_size=4, her=HER("future", 4, distance_reward), stack=4)
     with pytest.raises(StoreError, match="lacks"):
         UniformSampler(st, batch_size=4, her=HER("future", 4, distance_reward))
     # field names map: a transitions-like schema passes once the names are given
