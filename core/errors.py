@@ -437,3 +437,27 @@ class LoaderArgumentError(StoreError, TypeError):
     The message names the argument and what to use instead (``transform=`` for
     a function applied to each minibatch). It is also a ``TypeError``.
     """
+
+
+class AppendOnlyError(StoreError, ValueError):
+    """A write asked to overwrite or remove stored records; a store only appends.
+
+    Raised by ``replaystore.integrations.torchrl.ReplayStoreStorage`` for a TorchRL write at
+    explicit indices that is not an append at the writer's cursor (``storage[i] = data``,
+    ``write_at``) and for ``empty()``. Nothing was written. It is also a ``ValueError``.
+    """
+
+
+class LoaderOutputError(StoreError, ValueError):
+    """``make_loader`` got an ``output`` it does not know.
+
+    The message names the accepted values. It is also a ``ValueError``.
+    """
+
+
+class MissingDependencyError(ReplayStoreError, ImportError):
+    """An optional package a call needs is not installed.
+
+    The message names the package and the extra that installs it (``replaystore[torchrl]``
+    for ``tensordict``). It is also an ``ImportError``.
+    """
