@@ -14,6 +14,7 @@ from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.her import HER
 from replaystore.loaders.stacking import gather_stacked
+from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import apply_transform, check_loader_args
 from replaystore.schemas import Schema, map_tree
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
@@ -303,19 +304,26 @@ class StoreLoader(DataLoader):
     """The DataLoader of :func:`make_loader`.
 
     Batches that workers sent as :class:`WorkerBatch` come out as mappings of
-    tensors, like those gathered in the main process. Takes DataLoader's
-    arguments.
+    tensors, like those gathered in the main process; with ``output="tensordict"``
+    (:func:`make_loader`), as TensorDicts. Takes DataLoader's arguments.
     """
 
+    output = "dict"
+    schema: Schema | None = None
+
     # (a generator over DataLoader's iterator; torch types __iter__ as its private iterator class)
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        """Yield minibatches as mappings of tensors."""
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        """Yield minibatches as mappings of tensors (or TensorDicts)."""
         for batch in super().__iter__():
-            yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+            out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
+            if self.output == "tensordict" and self.schema is not None:
+                out = to_tensordict(out, self.schema)
+            yield out
 
 
 def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_memory: bool = False,
-                transform: Callable[[dict[str, Any]], Any] | None = None, **kwargs: Any) -> StoreLoader:
+                transform: Callable[[dict[str, Any]], Any] | None = None, output: str = "dict",
+                **kwargs: Any) -> StoreLoader:
     """A torch DataLoader yielding minibatches (mappings of tensors) for ``sampler``.
 
     Sampling runs in the main process (priority updates reach the next draw, up
@@ -345,6 +353,10 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         ``fn(batch) -> batch`` over a mapping of numpy arrays; picklable when
         workers are started by ``spawn`` or ``forkserver``. Returned numpy arrays
         become tensors; other values pass through.
+    output : {"dict", "tensordict"}, optional
+        ``"tensordict"``: yield ``tensordict.TensorDict`` batches of batch size ``[B]``
+        (nested fields as nested TensorDicts, ragged fields as jagged nested tensors; see
+        ``replaystore.loaders.tdoutput.to_tensordict``), made in the main process.
     **kwargs
         Passed to the DataLoader (``multiprocessing_context``,
         ``prefetch_factor``, ``persistent_workers``, ...); not ``collate_fn``,
@@ -364,7 +376,12 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         ``collate_fn`` or another argument the loader sets was given.
     TransformError
         ``transform`` is not callable, or not picklable for spawn/forkserver workers.
+    LoaderOutputError
+        An unknown ``output``.
+    MissingDependencyError
+        ``output="tensordict"`` without the ``tensordict`` package.
     """
+    check_output(output)
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
     check_loader_args(kwargs, transform, num_workers)
@@ -374,5 +391,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
                            store.cache if store.cache is not None else False, transform=transform, her=sampler.her)
     # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
     # Request) to the dataset's __getitems__ unchanged
-    return StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
-                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)
+    loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
+                         num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)
+    loader.output, loader.schema = output, sampler.table.schema
+    return loader
