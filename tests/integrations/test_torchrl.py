@@ -1,0 +1,346 @@
+"""ReplayStoreStorage under real TorchRL replay buffers, samplers and losses; make_loader(output="tensordict")."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import (
+    LazyTensorStorage,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+    TensorDictReplayBuffer,
+)
+
+from replaystore.errors import (
+    AppendOnlyError,
+    DTypeError,
+    LoaderOutputError,
+    MissingFieldError,
+    ResumeMismatchError,
+    ShapeError,
+    UnknownFieldError,
+)
+from replaystore.integrations.torchrl import UNBOUNDED, ReplayStoreStorage
+from replaystore.loaders import SequenceSampler, UniformSampler, make_loader
+from replaystore.schemas import Dense, Ragged, Schema, nested, transitions
+from replaystore.store import open_store
+from support.torchrl_procs import check_records, collect, sample_all, sample_url, transition_batch
+
+SPAWN = mp.get_context("spawn")
+
+
+def _pair(url: str, sampler_factory, batch_size: int, seed: int = 0, capacity: int = 10_000):
+    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), sampler=sampler_factory(), batch_size=batch_size,
+                                  generator=torch.Generator().manual_seed(seed))
+    peer = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler_factory(),
+                                  batch_size=batch_size, generator=torch.Generator().manual_seed(seed))
+    return ours, peer
+
+
+def _assert_same(a: TensorDict, b: TensorDict) -> None:
+    assert set(a.keys(True, True)) == set(b.keys(True, True))
+    for k in b.keys(True, True):
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_random_sampler_gives_lazy_tensor_storage_batches(tmp_path: Path) -> None:
+    ours, peer = _pair(str(tmp_path / "rb"), RandomSampler, 64)
+    for start, n in ((0, 100), (100, 37), (137, 63)):
+        assert torch.equal(ours.extend(transition_batch(start, n)), peer.extend(transition_batch(start, n)))
+    assert len(ours) == len(peer) == 200 and ours.storage.max_size == UNBOUNDED
+    for _ in range(5):
+        got, want = ours.sample(), peer.sample()
+        _assert_same(got, want)
+        check_records(got)
+    assert ours.sample()[("next", "reward")].shape == (64, 1)
+
+
+def test_slice_sampler_matches_peer_and_stays_in_episodes(tmp_path: Path) -> None:
+    for factory in (lambda: SliceSampler(traj_key="episode", slice_len=5),
+                    lambda: SliceSampler(traj_key="episode", num_slices=4),
+                    lambda: SliceSampler(end_key=("next", "done"), slice_len=5)):
+        ours, peer = _pair(str(tmp_path / f"rb{id(factory)}"), factory, 20, seed=3)
+        for start in (0, 50):
+            ours.extend(transition_batch(start, 50))
+            peer.extend(transition_batch(start, 50))
+        got, want = ours.sample(), peer.sample()
+        _assert_same(got, want)
+        episodes = got["episode"].view(4, 5)
+        steps = got["step"].view(4, 5)
+        assert (episodes == episodes[:, :1]).all()
+        assert (steps[:, 1:] - steps[:, :-1] == 1).all()
+
+
+def test_dqn_loss_step_on_sampled_batches_changes_parameters(tmp_path: Path) -> None:
+    from torchrl.data import OneHot
+    from torchrl.modules import QValueActor
+    from torchrl.objectives import DQNLoss
+
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(str(tmp_path / "dqn")), sampler=RandomSampler(),
+                                batch_size=32)
+    rb.extend(transition_batch(0, 200))
+    torch.manual_seed(0)
+    actor = QValueActor(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)),
+                        in_keys=["observation"], spec=OneHot(2))
+    loss_fn = DQNLoss(actor, action_space="one-hot", delay_value=False)
+    opt = torch.optim.Adam(loss_fn.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in actor.parameters()]
+    for _ in range(3):
+        loss = loss_fn(rb.sample())["loss"]
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, actor.parameters(), strict=True))
+
+
+def test_another_process_sees_what_was_extended(tmp_path: Path) -> None:
+    url = str(tmp_path / "shared")
+    storage = ReplayStoreStorage(url)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=16)
+    rb.extend(transition_batch(0, 120))
+    with ProcessPoolExecutor(1, mp_context=SPAWN) as pool:
+        by_url = pool.submit(sample_url, url, 500, 1).result(timeout=120)
+        pickled = pool.submit(sample_all, storage, 500, 1).result(timeout=120)
+    assert by_url["len"] == pickled["len"] == 120
+    assert by_url["ids"] == pickled["ids"]  # same seed, same records, same positions
+    assert set(by_url["ids"]) <= set(range(120)) and len(set(by_url["ids"])) > 90
+
+
+def test_extend_in_a_collector_process_while_sampling_gives_whole_records(tmp_path: Path) -> None:
+    url = str(tmp_path / "live")
+    storage = ReplayStoreStorage(url)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=256)
+    rb.extend(transition_batch(0, 100))
+    proc = SPAWN.Process(target=collect, args=(url, 1, 40, 100))
+    proc.start()
+    seen = set()
+    deadline = time.monotonic() + 120
+    while True:
+        alive = proc.is_alive()  # read before the refresh: after a dead collector's last commit is in
+        storage.refresh()
+        n = len(rb)
+        seen.add(n)
+        td = rb.sample()
+        check_records(td)
+        assert int(td["observation"][:, 0].max()) < n  # positions map to visible records only
+        if not alive:
+            break
+        assert time.monotonic() < deadline
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    assert len(rb) == 4100 and min(seen) == 100 and max(seen) == 4100  # sampled while it grew
+
+
+def test_ragged_fields_round_trip_as_jagged_tensors(tmp_path: Path) -> None:
+    def batch(start: int, n: int) -> TensorDict:
+        counts = [(i % 3) + 1 for i in range(start, start + n)]
+        lists = [torch.arange(c) + i for i, c in zip(range(start, start + n), counts, strict=True)]
+        td = TensorDict({"observation": torch.arange(start, start + n).float()[:, None]}, [n])
+        td["legal"] = torch.nested.nested_tensor(lists, layout=torch.jagged)
+        return td
+
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(str(tmp_path / "ragged")), sampler=RandomSampler(),
+                                batch_size=12)
+    rb.extend(batch(0, 30))
+    rb.extend(batch(30, 10))
+    td = rb.sample()
+    legal = td["legal"]
+    assert legal.is_nested and legal.layout == torch.jagged
+    for i, row in zip(td["observation"][:, 0].long().tolist(), legal.unbind(), strict=True):
+        assert row.tolist() == list(range(i, i + (i % 3) + 1))
+    st = open_store(str(tmp_path / "ragged"), mode="r")
+    assert st.schema.ragged_fields[0].name == "legal"
+
+
+def test_existing_transitions_store_reads_in_torchrl_layout(tmp_path: Path) -> None:
+    url = str(tmp_path / "tr")
+    st = open_store(url, transitions(obs_shape=4))
+    rng = np.random.default_rng(0)
+    n = 50
+    data = {"obs": rng.random((n, 4), np.float32), "action": rng.integers(0, 2, n),
+            "reward": rng.random(n, np.float32), "next_obs": rng.random((n, 4), np.float32),
+            "terminated": rng.random(n) < 0.2}
+    with st.writer() as w:
+        w.append(data, stream=0)
+    storage = ReplayStoreStorage(url)
+    td = storage[torch.arange(n)]
+    assert torch.equal(td["observation"], torch.from_numpy(data["obs"]))
+    assert torch.equal(td["next", "observation"], torch.from_numpy(data["next_obs"]))
+    assert torch.equal(td["next", "reward"], torch.from_numpy(data["reward"])[:, None])
+    assert torch.equal(td["next", "done"], torch.from_numpy(data["terminated"])[:, None])
+    assert torch.equal(td["next", "terminated"], td["next", "done"])
+    # extending it in TorchRL's layout writes the store's own fields
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=4)
+    rb.extend(td[:5])
+    assert len(st.default) == n and (st.refresh(), len(st))[1] == n + 5
+    # an explicit mapping
+    plain = ReplayStoreStorage(url, keys={"obs": "o", "next_obs": ("nx", "o")})
+    got = plain[torch.arange(3)]
+    assert set(got.keys(True, True)) == {"o", ("nx", "o"), "action", "reward", "terminated"}
+    assert got["reward"].shape == (3,)
+    with pytest.raises(MissingFieldError, match="nope"):
+        ReplayStoreStorage(url, keys={"nope": "x"})[0]
+
+
+def test_recorded_gym_store_reads_in_torchrl_layout(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from replaystore.gym import RecordEpisodes
+
+    url = str(tmp_path / "cartpole")
+    env = RecordEpisodes(gym.make("CartPole-v1"), url)
+    env.reset(seed=0)
+    for _ in range(60):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    env.close()
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), sampler=RandomSampler(), batch_size=8)
+    td = rb.sample()
+    assert td["observation"].shape == (8, 4) and td["next", "observation"].shape == (8, 4)
+    assert td["next", "done"].shape == (8, 1) and td["next", "done"].dtype == torch.bool
+    assert torch.equal(td["next", "done"], td["next", "terminated"] | td["next", "truncated"])
+
+
+def test_bad_batches_name_the_field_and_leave_the_store_unchanged(tmp_path: Path) -> None:
+    url = str(tmp_path / "bad")
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), sampler=RandomSampler(), batch_size=4)
+    rb.extend(transition_batch(0, 20))
+    st = open_store(url, mode="r")
+    commits = len(st.commits())
+    good = transition_batch(20, 5)
+    wrong_shape = good.clone()
+    wrong_shape["observation"] = torch.zeros(5, 3)
+    wrong_dtype = good.clone()
+    wrong_dtype["next", "reward"] = torch.zeros(5, 1, dtype=torch.float64)
+    extra = good.clone()
+    extra["next", "info"] = torch.zeros(5)
+    missing = good.exclude(("next", "truncated"))
+    cases = [(wrong_shape, ShapeError, "observation"), (wrong_dtype, DTypeError, "next__reward"),
+             (extra, UnknownFieldError, "next__info"), (missing, MissingFieldError, "next__truncated")]
+    for td, error, name in cases:
+        with pytest.raises(error, match=name):
+            rb.extend(td)
+    bf16 = good.clone()
+    bf16["observation"] = torch.zeros(5, 4, dtype=torch.bfloat16)
+    with pytest.raises(DTypeError, match="observation"):
+        rb.extend(bf16)
+    st.refresh()
+    assert len(st) == 20 and len(st.commits()) == commits and len(rb) == 20
+    rb.extend(good)  # the buffer still works
+    assert len(rb) == 25
+
+
+def test_overwrites_and_empty_are_refused(tmp_path: Path) -> None:
+    storage = ReplayStoreStorage(str(tmp_path / "ao"))
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=4)
+    rb.extend(transition_batch(0, 10))
+    with pytest.raises(AppendOnlyError):
+        storage[3] = transition_batch(3, 1)[0]
+    with pytest.raises(AppendOnlyError):
+        storage.set(torch.tensor([0, 5]), transition_batch(0, 2))
+    with pytest.raises(AppendOnlyError):
+        rb.empty()
+    assert len(rb) == 10
+
+
+def test_capped_store_keeps_the_newest_records(tmp_path: Path) -> None:
+    url = str(tmp_path / "cap")
+    storage = ReplayStoreStorage(url, capacity=50)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=100)
+    for start in range(0, 120, 30):  # the writer's cursor wraps past max_size: still appends
+        rb.extend(transition_batch(start, 30))
+    assert storage.max_size == 50 and len(rb) == 50
+    ids = rb.sample()["observation"][:, 0].round().long()
+    assert int(ids.min()) >= 70 and storage._last_cursor_index == 49
+    assert ReplayStoreStorage(url).max_size == 50
+
+
+def test_state_dict_and_dumps_name_the_store(tmp_path: Path) -> None:
+    url = str(tmp_path / "state")
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), sampler=RandomSampler(), batch_size=4)
+    rb.extend(transition_batch(0, 30))
+    rb.dumps(tmp_path / "ckpt")
+    doc = json.loads((tmp_path / "ckpt" / "storage" / "replaystore.json").read_text())
+    assert doc["url"] == url and doc["records"] == 30
+    again = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), sampler=RandomSampler(), batch_size=4)
+    again.loads(tmp_path / "ckpt")
+    assert len(again) == 30
+    other = ReplayStoreStorage(str(tmp_path / "other"))
+    with pytest.raises(ResumeMismatchError, match="url"):
+        other.load_state_dict(rb.storage.state_dict())
+
+
+def test_plain_replay_buffer_takes_tensordicts(tmp_path: Path) -> None:
+    rb = ReplayBuffer(storage=ReplayStoreStorage(str(tmp_path / "plain")), batch_size=8)
+    rb.extend(transition_batch(0, 40))
+    check_records(rb.sample())
+    assert torch.equal(rb[3]["observation"], transition_batch(3, 1)["observation"][0])
+
+
+# -- make_loader(output="tensordict") ---------------------------------------------------------
+
+
+def _nested_store(url: str):
+    leaf = {"image": Dense("image", np.uint8, (2, 2)), "vec": Dense("vec", np.float32, (3,))}
+    schema = Schema("td", [nested("obs", leaf), Dense("action", np.int64),
+                           Ragged("legal", np.int64, offsets="legal_offsets")])
+    st = open_store(url, schema)
+    n = 40
+    counts = np.arange(n) % 3 + 1
+    with st.writer() as w:
+        w.append({"obs": {"image": np.arange(n * 4, dtype=np.uint8).reshape(n, 2, 2),
+                          "vec": np.arange(n * 3, dtype=np.float32).reshape(n, 3)},
+                  "action": np.arange(n), "legal": np.arange(int(counts.sum())),
+                  "legal_offsets": np.concatenate([[0], np.cumsum(counts)])}, stream=0)
+    return st
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_make_loader_yields_tensordicts(tmp_path: Path, workers: int) -> None:
+    st = _nested_store(str(tmp_path / "loader"))
+    kw = {"multiprocessing_context": "spawn"} if workers else {}
+    plain = list(make_loader(st, UniformSampler(st, 8, seed=5, num_batches=2)))
+    tds = list(make_loader(st, UniformSampler(st, 8, seed=5, num_batches=2), num_workers=workers,
+                           output="tensordict", **kw))
+    assert len(tds) == 2
+    for d, td in zip(plain, tds, strict=True):
+        assert isinstance(td, TensorDict) and td.batch_size == (8,)
+        assert torch.equal(td["obs", "image"], d["obs"]["image"]) and torch.equal(td["obs", "vec"], d["obs"]["vec"])
+        assert torch.equal(td["action"], d["action"]) and torch.equal(td["indices"], d["indices"])
+        assert torch.equal(td["legal"].offsets(), d["legal_offsets"]) and torch.equal(td["legal"].values(),
+                                                                                      d["legal"])
+
+
+def test_make_loader_tensordict_sequences_keep_ragged_as_csr(tmp_path: Path) -> None:
+    st = _nested_store(str(tmp_path / "seq"))
+    (td,) = make_loader(st, SequenceSampler(st, 3, batch_size=2, num_batches=1), output="tensordict")
+    assert td.batch_size == (2,) and td["obs", "vec"].shape == (2, 3, 3)
+    values, offsets = td["legal"]
+    assert offsets.shape == (7,) and values.shape == (int(offsets[-1]),)
+
+
+def test_make_loader_output_errors(tmp_path: Path) -> None:
+    st = _nested_store(str(tmp_path / "err"))
+    with pytest.raises(LoaderOutputError, match="tensordict"):
+        make_loader(st, UniformSampler(st, 8), output="arrow")
+    code = ("import sys; sys.modules['tensordict'] = None\n"
+            "from replaystore.errors import MissingDependencyError\n"
+            "from replaystore.loaders.tdoutput import check_output\n"
+            "check_output('dict')\n"
+            "try:\n    check_output('tensordict')\nexcept MissingDependencyError as e:\n    print('missing', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.startswith("missing") and "replaystore[torchrl]" in out.stdout
