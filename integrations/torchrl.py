@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torchrl.data.replay_buffers.storages import StoreStorage
-from torchrl.data.replay_buffers.storages.base import Storage
+from tensordict import TensorDict, TensorDictBase  # type: ignore[import-untyped]
+from torchrl.data.replay_buffers.storages import StoreStorage  # type: ignore[import-untyped]
+from torchrl.data.replay_buffers.storages.base import Storage  # type: ignore[import-untyped]
 
 from replaystore.errors import (
     AppendOnlyError,
@@ -133,7 +133,8 @@ def _jagged_parts(key: Key, value: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     if value.layout != torch.jagged or value.dim() != 2:
         raise ShapeError(SEP.join(key), "a jagged nested tensor (B, j) of one list per record",
                          f"layout {value.layout}, {value.dim()} dims")
-    return _numpy(key, value.values()), _numpy(key, value.offsets()).astype(np.int64, copy=False)
+    offsets = value.offsets()  # type: ignore[attr-defined]  # a jagged nested tensor's (torch.nested)
+    return _numpy(key, value.values()), _numpy(key, offsets).astype(np.int64, copy=False)
 
 
 def _field(name: str, key: Key, value: Any) -> Dense | Ragged:
@@ -368,7 +369,7 @@ class ReplayStoreStorage(StoreStorage):
         return 0 if self.store is None else len(self._table())
 
     @property
-    def _last_cursor_index(self) -> int | None:  # type: ignore[override]
+    def _last_cursor_index(self) -> int | None:
         """The position of the newest record: the ring's end, for TorchRL's SliceSampler."""
         n = len(self)
         return n - 1 if n else None

@@ -73,7 +73,7 @@ def to_tensordict(batch: dict[str, Any], schema: Schema) -> Any:
     -----
     Cost: a few µs per key; no data copied.
     """
-    from tensordict import TensorDict
+    from tensordict import TensorDict  # type: ignore[import-untyped]
 
     nesting = schema.nesting
     flat = nesting.unnest(batch) if nesting is not None else dict(batch)
