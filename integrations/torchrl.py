@@ -289,6 +289,7 @@ class ReplayStoreStorage(StoreStorage):
         self._pid = os.getpid()
         self._writer: Any = None
         self._plan: list[_Leaf] | None = None
+        self._whole: tuple[TableView, TensorDictBase] | None = None  # the last whole-view read, kept per view
         self._done = False
         if self._store is None:
             self._open()
@@ -303,6 +304,7 @@ class ReplayStoreStorage(StoreStorage):
         self._pid = os.getpid()
         self._writer = None
         self._plan = None
+        self._whole = None
         if schema is not None:
             self._store = open_store(self.url, schema, mode="a", capacity=self._capacity,
                                      storage_options=self._options)
@@ -469,7 +471,11 @@ class ReplayStoreStorage(StoreStorage):
 
         Notes
         -----
-        Cost: one read of those rows (``TableView.read``); tensors share the read's memory.
+        Cost: one read of those rows (``TableView.read``); tensors share the read's memory. A
+        read of the whole view (``storage[:]``, which TorchRL's ``SliceSampler`` makes at each
+        sample) is kept until the view changes (a refresh that brought commits, an ``extend``):
+        it holds every record in memory once, and its tensors are shared with later
+        whole-view reads, so treat them as read-only.
         """
         table = self._table()
         view = table.view()
@@ -477,6 +483,10 @@ class ReplayStoreStorage(StoreStorage):
         if isinstance(index, tuple) and len(index) == 1:
             index = index[0]
         if isinstance(index, slice):
+            if index.indices(n) == (0, n, 1):  # the whole view: SliceSampler asks for it at every sample
+                if self._whole is None or self._whole[0] is not view:
+                    self._whole = (view, self._read(table, view, np.arange(n, dtype=np.int64)))
+                return self._whole[1].copy()
             pos = np.arange(*index.indices(n), dtype=np.int64)
             shape: tuple[int, ...] = pos.shape
         else:
@@ -597,7 +607,7 @@ class ReplayStoreStorage(StoreStorage):
 
     def __getstate__(self) -> dict[str, Any]:
         state = Storage.__getstate__(self)
-        state.update(_store=None, _writer=None, _plan=None)
+        state.update(_store=None, _writer=None, _plan=None, _whole=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -75,12 +75,16 @@ def test_slice_sampler_matches_peer_and_stays_in_episodes(tmp_path: Path) -> Non
         for start in (0, 50):
             ours.extend(transition_batch(start, 50))
             peer.extend(transition_batch(start, 50))
-        got, want = ours.sample(), peer.sample()
-        _assert_same(got, want)
-        episodes = got["episode"].view(4, 5)
-        steps = got["step"].view(4, 5)
-        assert (episodes == episodes[:, :1]).all()
-        assert (steps[:, 1:] - steps[:, :-1] == 1).all()
+        for more in (100, 150):  # the whole-view read SliceSampler makes follows each extend
+            got, want = ours.sample(), peer.sample()
+            _assert_same(got, want)
+            episodes = got["episode"].view(4, 5)
+            steps = got["step"].view(4, 5)
+            assert (episodes == episodes[:, :1]).all()
+            assert (steps[:, 1:] - steps[:, :-1] == 1).all()
+            ours.extend(transition_batch(more, 50))
+            peer.extend(transition_batch(more, 50))
+            assert len(ours.storage[:]) == more + 50
 
 
 def test_dqn_loss_step_on_sampled_batches_changes_parameters(tmp_path: Path) -> None:
