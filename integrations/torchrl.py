@@ -356,7 +356,11 @@ class ReplayStoreStorage(StoreStorage):
         return False if st is None else st.refresh()
 
     def close(self) -> None:
-        """Close this process's writer, if one was opened (it also closes at exit).
+        """Close this process's writer, if ``extend`` opened one.
+
+        Every ``extend`` is committed already; closing finishes the writer's background work
+        and marks it closed, so that its last segment can be reclaimed (as for any writer).
+        A later ``extend`` opens a new writer.
 
         Notes
         -----

@@ -291,8 +291,21 @@ def test_state_dict_and_dumps_name_the_store(tmp_path: Path) -> None:
 def test_plain_replay_buffer_takes_tensordicts(tmp_path: Path) -> None:
     rb = ReplayBuffer(storage=ReplayStoreStorage(str(tmp_path / "plain")), batch_size=8)
     rb.extend(transition_batch(0, 40))
+    rb.add(transition_batch(40, 1)[0])  # one record at the cursor
     check_records(rb.sample())
-    assert torch.equal(rb[3]["observation"], transition_batch(3, 1)["observation"][0])
+    assert len(rb) == 41 and rb[3]["observation"].shape == (4,)
+    _assert_same(rb[3], transition_batch(3, 1)[0])
+    _assert_same(rb[-1], transition_batch(40, 1)[0])
+
+
+def test_existing_store_with_nested_and_ragged_fields(tmp_path: Path) -> None:
+    url = str(tmp_path / "nested")
+    _nested_store(url)
+    td = ReplayStoreStorage(url)[torch.tensor([4, 0, 5])]
+    assert td["obs", "image"].dtype == torch.uint8 and td["obs", "image"].shape == (3, 2, 2)
+    assert torch.equal(td["obs", "vec"][:, 0], torch.tensor([12.0, 0.0, 15.0]))
+    assert [r.tolist() for r in td["legal"].unbind()] == [[7, 8], [0], [9, 10, 11]]
+    assert set(td.keys(True, True)) == {("obs", "image"), ("obs", "vec"), "action", "legal"}
 
 
 # -- make_loader(output="tensordict") ---------------------------------------------------------
