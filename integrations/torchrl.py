@@ -257,10 +257,10 @@ class ReplayStoreStorage(StoreStorage):
 
     Raises
     ------
-    StoreNotFoundError
-        ``url_or_store`` is a URL of a file.
+    FormatVersionError, CorruptObjectError
+        The store at the URL is of another format version, or damaged (``open_store``).
     MissingFieldError
-        ``keys`` names a field the store does not have.
+        ``keys`` names a field the store does not have (raised at the first read or write).
 
     Notes
     -----
@@ -306,8 +306,8 @@ class ReplayStoreStorage(StoreStorage):
         self._plan = None
         self._whole = None
         if schema is not None:
-            self._store = open_store(self.url, schema, mode="a", capacity=self._capacity,
-                                     storage_options=self._options)
+            self._store = open_store(self.url, {self._table_name: schema} if self._table_name else schema, mode="a",
+                                     capacity=self._capacity, storage_options=self._options)
             return
         try:
             self._store = open_store(self.url, mode="r+", storage_options=self._options)
