@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 from tensordict import TensorDict
 from torchrl.data import (
     LazyTensorStorage,
@@ -271,6 +274,43 @@ def test_capped_store_keeps_the_newest_records(tmp_path: Path) -> None:
     ids = rb.sample()["observation"][:, 0].round().long()
     assert int(ids.min()) >= 70 and storage._last_cursor_index == 49
     assert ReplayStoreStorage(url).max_size == 50
+
+
+_memory_urls = itertools.count()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=hs.one_of(hs.none(), hs.integers(1, 40)), sizes=hs.lists(hs.integers(1, 25), min_size=1, max_size=6),
+       picks=hs.lists(hs.integers(-60, 59), max_size=10))
+def test_positions_follow_a_reference_ring(capacity: int | None, sizes: list[int], picks: list[int]) -> None:
+    """Against the rule: after appends, position i is the i-th of the newest ``capacity`` records, in order."""
+    storage = ReplayStoreStorage(f"memory://torchrl-prop/{next(_memory_urls)}", capacity=capacity)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=4)
+    start = 0
+    for n in sizes:
+        rb.extend(transition_batch(start, n))
+        start += n
+    kept = list(range(start))[-capacity:] if capacity else list(range(start))
+    assert len(rb) == len(kept) and storage.max_size == (capacity or UNBOUNDED)
+    assert storage[:]["observation"][:, 0].round().long().tolist() == kept
+    for p in picks:
+        if -len(kept) <= p < len(kept):
+            assert int(storage[p]["observation"][0].round()) == kept[p]
+        else:
+            with pytest.raises(KeyError):
+                storage[p]
+
+
+def test_other_writers_commits_show_at_refresh(tmp_path: Path) -> None:
+    url = str(tmp_path / "follow")
+    storage = ReplayStoreStorage(url)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler(), batch_size=8)
+    rb.extend(transition_batch(0, 10))
+    with ProcessPoolExecutor(1, mp_context=SPAWN) as pool:
+        assert pool.submit(collect, url, 1, 2, 10).result(timeout=120) == 20
+    assert len(rb) == 10 and int(rb.sample()["observation"][:, 0].max()) < 10  # this view, until a refresh
+    assert storage.refresh() and len(rb) == 30
+    assert sorted(storage[:]["observation"][:, 0].round().long().tolist()) == list(range(30))
 
 
 def test_state_dict_and_dumps_name_the_store(tmp_path: Path) -> None:
