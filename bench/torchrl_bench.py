@@ -3,7 +3,7 @@
 Only the storage differs: the same buffer class, ``RandomSampler`` and batch size, the same transitions
 extended in chunks of 1,000 (ours: one commit per chunk, local disk). Shapes: CartPole-like (observation 4
 float32) and Atari-like (observation 4x84x84 uint8, its next observation stored too, as TorchRL stores it).
-Best of interleaved windows (benchkit).
+Best of interleaved windows (benchkit). Information row: ``SliceSampler`` over the same two storages.
 
     python bench/torchrl_bench.py            # 100k CartPole-like, 10k Atari-like transitions
     python bench/torchrl_bench.py --quick    # 20k and 2k (< 1 minute)
@@ -41,7 +41,7 @@ def chunk(start: int, n: int, obs_shape: tuple[int, ...], dtype: Any) -> Any:
 def compare(tmp: str, name: str, n: int, obs_shape: tuple[int, ...], dtype: Any, cfg: dict[str, Any],
             out: benchkit.Table) -> None:
     """Fill both buffers with the same ``n`` transitions, then time ``sample()``."""
-    from torchrl.data import LazyMemmapStorage, RandomSampler, TensorDictReplayBuffer
+    from torchrl.data import LazyMemmapStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
 
     from replaystore.integrations.torchrl import ReplayStoreStorage
 
@@ -57,6 +57,13 @@ def compare(tmp: str, name: str, n: int, obs_shape: tuple[int, ...], dtype: Any,
     rates = benchkit.interleaved({"ours": (ours.sample, 1), "peer": (peer.sample, 1)}, cfg)
     out.add(f"sample() of {BATCH}, {n:,} {name}-like transitions (obs {'x'.join(map(str, obs_shape))} "
             f"{str(dtype).split('.')[-1]})", rates["ours"], rates["peer"], "batches/s", 1.0)
+    if name == "cartpole":  # information: SliceSampler over the same two storages (it reads storage[:])
+        slices = {k: TensorDictReplayBuffer(storage=rb.storage, batch_size=BATCH,
+                                            sampler=SliceSampler(end_key=("next", "done"), slice_len=16))
+                  for k, rb in (("ours", ours), ("peer", peer))}
+        rates = benchkit.interleaved({k: (rb.sample, 1) for k, rb in slices.items()}, cfg)
+        out.add(f"SliceSampler(slice_len=16) sample() of {BATCH}, same {n:,} transitions", rates["ours"],
+                rates["peer"], "batches/s", note="information")
     ours.storage.close()
 
 
