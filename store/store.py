@@ -87,6 +87,21 @@ class Table:
         self.reader.sync()
         return len(self.reader)
 
+    def total_committed(self) -> int:
+        """Records ever committed to the table, as of the store's last refresh: evicted ones included.
+
+        The count a rate limiter takes for inserts (``replaystore.loaders.RateLimiter``); it
+        never decreases. Exact unless the store was opened from a log checkpoint written
+        before checkpoints carried ``committed`` counts (docs/FORMAT.md, "Log checkpoints"):
+        then records of fragments removed before that checkpoint are missing.
+
+        Returns
+        -------
+        int
+            The count. Cost: O(writers).
+        """
+        return self.reader.log.committed(self.name)
+
     def view(self) -> TableView:
         """The visible records as of the store's last refresh, as an immutable snapshot.
 
