@@ -14,7 +14,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replaystore.errors import RateLimitTimeout, SamplerParameterError
@@ -28,6 +28,55 @@ SLOT_PREFIX = "ratelimit."
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BACKOFF_S = 0.2
 """The longest pause between two checks of a waiting minibatch."""
+
+
+def published_samples(store: Store, name: str, table: str, skip: str | None = None) -> int:
+    """The sum of the sample counts the samplers of limiter ``name`` published for ``table``.
+
+    Parameters
+    ----------
+    store : Store
+        The store holding the slots.
+    name : str
+        The limiter's name.
+    table : str
+        The table counted.
+    skip : str, optional
+        A slot left out (the caller's own).
+
+    Returns
+    -------
+    int
+        The sum. Cost: a listing of ``state/`` and one small record per matching slot.
+    """
+    prefix, total = f"{SLOT_PREFIX}{name}.", 0
+    for slot in store.storage.list(layout.STATE):
+        if slot.startswith(prefix) and slot != skip and layout.name_problem("state slot", slot) is None:
+            saved = store.load_state(slot)
+            if saved is not None:
+                total += slot_count(saved[0], table)
+    return total
+
+
+def slot_count(doc: dict[str, Any], table: str) -> int:
+    """The sample count of a slot document for ``table`` (0 for another table's, or a malformed one).
+
+    Parameters
+    ----------
+    doc : dict
+        The slot's document.
+    table : str
+        The table counted.
+
+    Returns
+    -------
+    int
+        The count. Cost: O(1).
+    """
+    n = doc.get("samples")
+    if doc.get("table") != table or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return 0
+    return n
 
 
 def _number(value: Any) -> bool:
@@ -203,6 +252,45 @@ class RateLimiter:
         """
         return max(0, math.ceil((self.min_diff + samples + n) / self.samples_per_insert - 1e-9))
 
+    def admit_inserts(self, store: Store, counts: Mapping[str, int]) -> None:
+        """Return once ``counts`` records may be committed to each table; what ``Writer(rate_limiter=)`` calls.
+
+        Per table (``samples``: the counts every sampler of this limiter published for it),
+        checks :meth:`can_insert` after a ``store.refresh()``; while it fails, waits with the
+        samplers' backoff, refreshing and reading the counts again. A commit is admitted
+        whole: one of more than ``(max_diff - min_diff) / samples_per_insert - batch_size``
+        records can wait for a learner that cannot draw.
+
+        Parameters
+        ----------
+        store : Store
+            The writer's store handle.
+        counts : mapping of str to int
+            Records the commit adds, per table.
+
+        Raises
+        ------
+        RateLimitTimeout
+            Not admitted within ``timeout``; the commit then writes nothing.
+
+        Notes
+        -----
+        Cost: per table, a refresh and :func:`published_samples`; then the same per check
+        while waiting.
+        """
+        for table, n in counts.items():
+            t = store.table(table)
+            name = self.name or table
+
+            def check(t: Table = t, n: int = n, name: str = name) -> tuple[bool, int, int, int]:
+                store.refresh()
+                inserts, samples, size = t.total_committed(), published_samples(store, name, t.name), len(t)
+                return self.can_insert(inserts, samples, size, n), inserts, samples, size
+
+            _wait(check, self.timeout, lambda i, s, z, t=t, n=n: (
+                f"{self!r} on table {t.name!r} (a writer)",
+                f"samples to admit a commit of {n} records (max_diff={self.max_diff:g})"))
+
     def bind(self, sampler: StoreSampler) -> SampleGate:
         """The gate through which ``sampler`` draws (what ``rate_limiter=`` sets up).
 
@@ -217,6 +305,28 @@ class RateLimiter:
             The gate. Cost: see :class:`SampleGate`.
         """
         return SampleGate(self, sampler)
+
+
+def _wait(check: Callable[[], tuple[bool, int, int, int]], timeout: float | None,
+          what: Callable[[int, int, int], tuple[str, str]]) -> None:
+    """Call ``check`` until it admits, pausing 1 ms doubling up to :data:`MAX_BACKOFF_S` between calls.
+
+    ``check`` returns ``(admitted, inserts, samples, size)``; ``what(inserts, samples, size)``
+    describes the limiter and what it waits for, for the :class:`RateLimitTimeout` raised once
+    ``timeout`` seconds passed (None: never).
+    """
+    start = time.monotonic()
+    delay = 0.001
+    while True:
+        ok, inserts, samples, size = check()
+        if ok:
+            return
+        waited = time.monotonic() - start
+        if timeout is not None and waited >= timeout:
+            limiter, need = what(inserts, samples, size)
+            raise RateLimitTimeout(limiter, need, inserts, samples, size, timeout)
+        time.sleep(max(delay if timeout is None else min(delay, timeout - waited), 0.0))
+        delay = min(2 * delay, MAX_BACKOFF_S)
 
 
 class SampleGate:
@@ -271,18 +381,11 @@ class SampleGate:
         self.prefix = f"{SLOT_PREFIX}{self.name}."
         self.slot = layout.given_name("state slot", self.prefix + sampler.name, "rate-limiter slot")
         saved = store.load_state(self.slot)
-        self.own = self._count(saved[0]) if saved is not None else 0
+        self.own = slot_count(saved[0], self.table.name) if saved is not None else 0
         self.published = self.own
         self.others = 0
         self._since = 0
         self.read_others()
-
-    def _count(self, doc: dict[str, Any]) -> int:
-        """The sample count of a slot document for this gate's table (0 for another table's or a bad one)."""
-        n = doc.get("samples")
-        if doc.get("table") != self.table.name or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            return 0
-        return n
 
     # -- counts -----------------------------------------------------------------------------
     @property
@@ -309,13 +412,7 @@ class SampleGate:
 
     def read_others(self) -> None:
         """Read the counts the other samplers of this limiter and table published. Cost: see the class."""
-        total = 0
-        for slot in self.store.storage.list(layout.STATE):
-            if slot.startswith(self.prefix) and slot != self.slot and layout.name_problem("state slot", slot) is None:
-                saved = self.store.load_state(slot)
-                if saved is not None:
-                    total += self._count(saved[0])
-        self.others = total
+        self.others = published_samples(self.store, self.name, self.table.name, skip=self.slot)
 
     def sync(self) -> None:
         """Publish this sampler's count and read the others'. Cost: see the class."""
@@ -351,29 +448,24 @@ class SampleGate:
             Not admitted within the limiter's ``timeout``.
         """
         lim = self.limiter
-        inserts, samples, size = self.counts()
-        if lim.can_sample(inserts, samples, size, n):
+        if lim.can_sample(*self.counts(), n):
             return
-        start = time.monotonic()
-        delay = 0.001
-        while True:
+
+        def check() -> tuple[bool, int, int, int]:
             self.store.refresh()
             self.sync()
             inserts, samples, size = self.counts()
-            if lim.can_sample(inserts, samples, size, n):
-                return
-            waited = time.monotonic() - start
-            if lim.timeout is not None and waited >= lim.timeout:
-                if size < lim.min_size_to_sample:
-                    what = f"the table to hold min_size_to_sample={lim.min_size_to_sample} records"
-                else:
-                    what = (f"{lim.inserts_needed(samples, n)} inserts to admit a minibatch of {n} "
-                            f"(samples_per_insert={lim.samples_per_insert:g}, min_diff={lim.min_diff:g})")
-                raise RateLimitTimeout(f"{lim!r} on table {self.table.name!r} (sampler {self.sampler.name!r})",
-                                       what, inserts, samples, size, lim.timeout)
-            pause = delay if lim.timeout is None else min(delay, lim.timeout - waited)
-            time.sleep(max(pause, 0.0))
-            delay = min(2 * delay, MAX_BACKOFF_S)
+            return lim.can_sample(inserts, samples, size, n), inserts, samples, size
+
+        def what(inserts: int, samples: int, size: int) -> tuple[str, str]:
+            if size < lim.min_size_to_sample:
+                need = f"the table to hold min_size_to_sample={lim.min_size_to_sample} records"
+            else:
+                need = (f"{lim.inserts_needed(samples, n)} inserts to admit a minibatch of {n} "
+                        f"(samples_per_insert={lim.samples_per_insert:g}, min_diff={lim.min_diff:g})")
+            return f"{lim!r} on table {self.table.name!r} (sampler {self.sampler.name!r})", need
+
+        _wait(check, lim.timeout, what)
 
     def drawn(self, n: int) -> None:
         """Count ``n`` drawn items; sync after every ``sync_every`` minibatches.

@@ -30,7 +30,7 @@ from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
-from replaystore.store.writer import Writer
+from replaystore.store.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -679,8 +679,14 @@ class Store:
         """
         return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
-    def writer(self) -> Writer:
+    def writer(self, *, rate_limiter: InsertLimiter | None = None) -> Writer:
         """Register a new writer (one per process; several processes may write at once).
+
+        Parameters
+        ----------
+        rate_limiter : RateLimiter, optional
+            Throttle the writer's commits on a sample-to-insert ratio
+            (``replaystore.loaders.RateLimiter``; docs/GUIDE.md, "Rate limiting").
 
         Returns
         -------
@@ -704,7 +710,7 @@ class Store:
         if _read_manifest(self.storage) != self.manifest:
             raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
                                      "it; open it again")
-        return Writer(self)
+        return Writer(self, rate_limiter=rate_limiter)
 
     @property
     def writers(self) -> list[int]:

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
@@ -279,3 +278,33 @@ def test_two_learners_share_one_limiter(new_url: Callable[[], str]) -> None:
     st = open_store(url, mode="r")
     slots = {s: st.load_state(s)[0]["samples"] for s in st.state_slots() if s.startswith("ratelimit.shared.")}  # type: ignore[index]
     assert slots == {"ratelimit.shared.l0": outs[0]["own"], "ratelimit.shared.l1": outs[1]["own"]}
+
+
+def test_a_throttled_writer_waits_for_the_learner(new_url: Callable[[], str]) -> None:
+    url = new_url()
+    st = _store(url, 0)
+    # max_diff = 10 + 10 = 20: the collector may run 20 records ahead of the samples, min_diff = 0
+    limiter = {"spi": 1.0, "min_size": 10, "error_buffer": 10.0, "timeout": 10.0}
+    collector = Child("collector", url=url, records=5, commits=30, pace=0, limiter=limiter)
+    try:
+        # 4 commits of 5 fit (20 inserts, no sample yet), the fifth waits for the learner
+        seen = [collector.line(60) for _ in range(4)]
+        assert [(c["inserts"], c["samples"]) for c in seen] == [(5, 0), (10, 0), (15, 0), (20, 0)]
+        sampler = UniformSampler(st, 4, rate_limiter=RateLimiter(1.0, 10, 10.0, timeout=2.0))
+        drawn = 0
+        with pytest.raises(RateLimitTimeout):
+            while True:
+                sampler.sample()
+                drawn += 1
+        while True:
+            line = collector.line(60)
+            if "committed" in line:
+                break
+            seen.append(line)
+        assert collector.proc.wait(60) == 0
+    finally:
+        collector.kill()
+    assert line == {"committed": 150} and len(seen) == 30
+    assert seen[4]["samples"] > 0  # the fifth commit was admitted only once the learner drew
+    assert all(c["inserts"] - c["samples"] <= 20 for c in seen)  # never more than max_diff ahead
+    assert drawn * 4 == 148  # and the learner drew what the 150 inserts admit (min_diff = 0)

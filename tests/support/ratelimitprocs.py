@@ -60,6 +60,11 @@ def collector(url: str, records: int, commits: int, pace: float, seed: int = 0,
         w.append(batch(records, seed * 100_000 + i), stream=f"c{seed}")
         w.commit()
         total += records
+        if limiter is not None:  # the counts after the commit: samples read after it only grew
+            from replaystore.loaders.ratelimit import published_samples
+
+            name = limiter.get("name") or st.default.name
+            _say({"inserts": st.default.total_committed(), "samples": published_samples(st, name, st.default.name)})
         if pace:
             time.sleep(pace)  # the pace of a slow environment
     w.close()
