@@ -120,10 +120,12 @@ class RateLimiter:
     name : str, optional
         Which samplers share counts: every sampler over the same table whose limiter has the
         same name (letters, digits, ``_``, ``-``; default: the table's name).
-    sync_every : int, optional
-        A sampler publishes its sample count, and reads the other samplers' counts, after
-        every this many minibatches (and whenever it waits, and at ``save()``); default 1.
-        See :class:`SampleGate` for the error this staleness allows.
+    sync_every_s : float, optional
+        A sampler publishes its sample count, and reads the other samplers' counts, after a
+        minibatch once this many seconds passed since its last sync (and whenever it waits,
+        and at ``save()``); 0: after every minibatch. Default 0.1 (a sync costs a few
+        milliseconds; docs/PERFORMANCE.md). See :class:`SampleGate` for the error this
+        staleness allows.
 
     Raises
     ------
@@ -141,7 +143,7 @@ class RateLimiter:
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int,
                  error_buffer: float | tuple[float, float], *, timeout: float | None = None,
-                 name: str | None = None, sync_every: int = 1) -> None:
+                 name: str | None = None, sync_every_s: float = 0.1) -> None:
         if not _number(samples_per_insert) or samples_per_insert <= 0:
             raise SamplerParameterError("samples_per_insert", "a positive finite number", repr(samples_per_insert))
         if not isinstance(min_size_to_sample, int) or isinstance(min_size_to_sample, bool) or min_size_to_sample < 1:
@@ -175,8 +177,8 @@ class RateLimiter:
             raise SamplerParameterError("timeout", "None or a non-negative finite number of seconds", repr(timeout))
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
             raise SamplerParameterError("name", "None or 1 to 64 letters, digits, '_' or '-'", repr(name))
-        if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
-            raise SamplerParameterError("sync_every", "a positive int (minibatches)", repr(sync_every))
+        if not _number(sync_every_s) or sync_every_s < 0:
+            raise SamplerParameterError("sync_every_s", "a non-negative finite number of seconds", repr(sync_every_s))
         self.samples_per_insert = float(samples_per_insert)
         self.min_size_to_sample = min_size_to_sample
         self.error_buffer = error_buffer
@@ -184,7 +186,7 @@ class RateLimiter:
         self.max_diff = float(max_diff)
         self.timeout = None if timeout is None else float(timeout)
         self.name = name
-        self.sync_every = sync_every
+        self.sync_every_s = float(sync_every_s)
 
     def __repr__(self) -> str:
         """The parameters, as the constructor takes them."""
@@ -287,9 +289,11 @@ class RateLimiter:
                 inserts, samples, size = t.total_committed(), published_samples(store, name, t.name), len(t)
                 return self.can_insert(inserts, samples, size, n), inserts, samples, size
 
-            _wait(check, self.timeout, lambda i, s, z, t=t, n=n: (
-                f"{self!r} on table {t.name!r} (a writer)",
-                f"samples to admit a commit of {n} records (max_diff={self.max_diff:g})"))
+            def what(inserts: int, samples: int, size: int, t: Table = t, n: int = n) -> tuple[str, str]:
+                return (f"{self!r} on table {t.name!r} (a writer)",
+                        f"samples to admit a commit of {n} records (max_diff={self.max_diff:g})")
+
+            _wait(check, self.timeout, what)
 
     def bind(self, sampler: StoreSampler) -> SampleGate:
         """The gate through which ``sampler`` draws (what ``rate_limiter=`` sets up).
@@ -340,13 +344,14 @@ class SampleGate:
     are this sampler's exact count plus the counts the others last published, read at this
     sampler's last sync.
 
-    Error bound: a sampler publishes after every ``sync_every`` minibatches, so another
-    sampler's view of it lags by less than ``sync_every * batch_size`` items, plus what it
-    drew since that sampler's last read (at most ``sync_every`` of the reader's minibatches
-    for equally fast learners). With ``P`` equally fast samplers of batch ``B`` the samples
-    can run ahead of the rule by up to about ``2 * (P - 1) * sync_every * B`` items; with one
-    sampler the rule holds exactly. A process killed between syncs loses the count of up to
-    ``sync_every - 1`` minibatches.
+    Error bound: with one sampler the rule holds exactly. With several, a sampler publishes
+    at its first minibatch ``sync_every_s`` after its last sync, so another sampler's view of
+    it misses at most what it drew since its last publication, plus what it drew since the
+    other's last read: the items it draws in about ``2 * sync_every_s`` seconds, plus a
+    minibatch. The samples can run ahead of the rule by at most the sum of that over the
+    other samplers: about ``2 * (P - 1) * B`` items for ``P`` learners of batch ``B`` with
+    ``sync_every_s=0``. A process killed between syncs loses the count of what it drew in
+    the last ``sync_every_s`` seconds.
 
     Parameters
     ----------
@@ -364,8 +369,8 @@ class SampleGate:
     -----
     Cost: construction and each sync read every slot of the limiter (a listing of ``state/``
     and one small record per sampler sharing it) and write this sampler's (one record,
-    deleting the previous). A minibatch costs two counter reads and the rule, plus a sync
-    every ``sync_every`` minibatches.
+    deleting the previous): a few milliseconds on a local disk. A minibatch costs two counter
+    reads, a clock read and the rule, plus a sync every ``sync_every_s`` seconds.
     """
 
     def __init__(self, limiter: RateLimiter, sampler: StoreSampler) -> None:
@@ -384,7 +389,7 @@ class SampleGate:
         self.own = slot_count(saved[0], self.table.name) if saved is not None else 0
         self.published = self.own
         self.others = 0
-        self._since = 0
+        self._synced = time.monotonic()
         self.read_others()
 
     # -- counts -----------------------------------------------------------------------------
@@ -418,7 +423,7 @@ class SampleGate:
         """Publish this sampler's count and read the others'. Cost: see the class."""
         self.publish()
         self.read_others()
-        self._since = 0
+        self._synced = time.monotonic()
 
     def restore(self, samples: int) -> None:
         """Continue from a count saved with the sampler state: the larger of it and the slot's.
@@ -468,7 +473,7 @@ class SampleGate:
         _wait(check, lim.timeout, what)
 
     def drawn(self, n: int) -> None:
-        """Count ``n`` drawn items; sync after every ``sync_every`` minibatches.
+        """Count ``n`` drawn items; sync once ``sync_every_s`` seconds passed since the last sync.
 
         Parameters
         ----------
@@ -476,8 +481,7 @@ class SampleGate:
             Items drawn.
         """
         self.own += n
-        self._since += 1
-        if self._since >= self.limiter.sync_every:
+        if time.monotonic() - self._synced >= self.limiter.sync_every_s:
             self.sync()
 
     def wrap(self, draw: Callable[[], Request]) -> Callable[[], Request]:

@@ -115,7 +115,7 @@ class _nothing:
 @pytest.mark.parametrize("bad", [
     {"samples_per_insert": 0}, {"samples_per_insert": float("nan")}, {"min_size_to_sample": 0},
     {"min_size_to_sample": 2.0}, {"error_buffer": -1.0}, {"error_buffer": (5, 1)}, {"error_buffer": "4"},
-    {"timeout": -1}, {"name": "a.b"}, {"sync_every": 0},
+    {"timeout": -1}, {"name": "a.b"}, {"sync_every_s": -1.0},
 ])
 def test_bad_parameters_are_refused_by_name(bad: dict[str, Any]) -> None:
     args: dict[str, Any] = {"samples_per_insert": 1.0, "min_size_to_sample": 10, "error_buffer": 5.0, **bad}
@@ -201,7 +201,7 @@ def test_timeout_raises_the_typed_error_naming_the_counts_and_counts_nothing(new
 def test_a_sampler_continues_the_count_its_slot_holds(new_url: Callable[[], str]) -> None:
     url = new_url()
     st = _store(url, 20)
-    lim = RateLimiter(1.0, 10, (0.0, 10.0), timeout=0.0, sync_every=3)
+    lim = RateLimiter(1.0, 10, (0.0, 10.0), timeout=0.0, sync_every_s=3600.0)  # no sync by time
     a = UniformSampler(st, 4, rate_limiter=lim)
     for _ in range(4):
         a.sample()
@@ -258,7 +258,8 @@ def test_learner_and_slower_collector_keep_the_ratio_and_a_restarted_learner_con
 def test_two_learners_share_one_limiter(new_url: Callable[[], str]) -> None:
     url = new_url()
     _store(url, 0)
-    limiter = {"spi": 1.0, "min_size": 10, "error_buffer": 10.0, "timeout": 2.0, "name": "shared"}
+    limiter = {"spi": 1.0, "min_size": 10, "error_buffer": 10.0, "timeout": 2.0, "name": "shared",
+               "sync_every_s": 0.0}
     learners = [Child("learner", url=url, limiter=limiter, batch_size=4, name=f"l{i}") for i in range(2)]
     collector = None
     try:
@@ -272,9 +273,9 @@ def test_two_learners_share_one_limiter(new_url: Callable[[], str]) -> None:
                 child.kill()
     total = sum(o["own"] for o in outs)
     assert all(o["own"] > 0 for o in outs)
-    # each ended blocked with the other's final count read (sync_every=1): within one minibatch of the
-    # rule (inserts - samples >= min_diff = 0), plus the staleness bound 2 * (P - 1) * sync_every * batch
-    assert 200 - 4 < total <= 200 + 2 * 1 * 1 * 4
+    # each ended blocked with the other's final count read (sync_every_s=0): within one minibatch of the
+    # rule (inserts - samples >= min_diff = 0), plus the staleness bound 2 * (P - 1) * batch
+    assert 200 - 4 < total <= 200 + 2 * 1 * 4
     st = open_store(url, mode="r")
     slots = {s: st.load_state(s)[0]["samples"] for s in st.state_slots() if s.startswith("ratelimit.shared.")}  # type: ignore[index]
     assert slots == {"ratelimit.shared.l0": outs[0]["own"], "ratelimit.shared.l1": outs[1]["own"]}

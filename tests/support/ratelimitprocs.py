@@ -75,7 +75,7 @@ def _limiter(args: dict[str, Any]) -> Any:
     from replaystore.loaders import RateLimiter
 
     return RateLimiter(args["spi"], args["min_size"], args["error_buffer"], timeout=args.get("timeout"),
-                       name=args.get("name"), sync_every=args.get("sync_every", 1))
+                       name=args.get("name"), sync_every_s=args.get("sync_every_s", 0.1))
 
 
 def learner(url: str, limiter: dict[str, Any], batch_size: int, name: str, resume: bool = False,
