@@ -258,11 +258,11 @@ class Writer:
                 self.wait()
             return None
         meta_doc = records.json_document("metadata", metadata)
-        if self.rate_limiter is not None:  # may wait, or raise with nothing written
-            self.rate_limiter.admit_inserts(self.store, {t: sum(p.rows for p in ps)
-                                                         for t, ps in self._pending.items() if ps})
         with committer.lock:
             committer.settle()
+        if self.rate_limiter is not None:  # (after the commit in flight is counted) may wait, or raise
+            self.rate_limiter.admit_inserts(self.store, {t: sum(p.rows for p in ps)
+                                                         for t, ps in self._pending.items() if ps})
         # the merge scheduled by the last commit publishes after that commit's record: waited for
         # here, not after this commit's record is queued, or a pipelined commit would wait for itself
         compactor.collect(wait=True)

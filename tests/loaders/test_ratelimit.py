@@ -173,6 +173,16 @@ def test_iteration_and_make_loader_wait_on_the_limiter(new_url: Callable[[], str
         w.commit()
     assert len(sampler.sample().rows) == 4
 
+    # with workers the main process draws ahead (prefetch): minibatches count when drawn, and a
+    # timeout met while prefetching is raised before the ones already drawn are delivered
+    st2 = _store(new_url(), 20)
+    ahead = UniformSampler(st2, 4, rate_limiter=lim)
+    got = []
+    with pytest.raises(RateLimitTimeout) as info:
+        for minibatch in make_loader(st2, ahead, num_workers=1, multiprocessing_context="fork", prefetch_factor=2):
+            got.append(minibatch["indices"])
+    assert got == [] and info.value.samples == 8 and ahead.batches_drawn == 2
+
 
 def test_timeout_raises_the_typed_error_naming_the_counts_and_counts_nothing(new_url: Callable[[], str]) -> None:
     st = _store(new_url(), 5)
@@ -309,3 +319,24 @@ def test_a_throttled_writer_waits_for_the_learner(new_url: Callable[[], str]) ->
     assert seen[4]["samples"] > 0  # the fifth commit was admitted only once the learner drew
     assert all(c["inserts"] - c["samples"] <= 20 for c in seen)  # never more than max_diff ahead
     assert drawn * 4 == 148  # and the learner drew what the 150 inserts admit (min_diff = 0)
+
+
+def test_a_throttled_commit_that_times_out_writes_nothing_and_keeps_its_appends(new_url: Callable[[], str]) -> None:
+    st = _store(new_url(), 0)
+    lim = RateLimiter(1.0, 10, 10.0, timeout=0.0)  # max_diff 20
+    w = st.writer(rate_limiter=lim)
+    for i in range(4):
+        w.append(batch(5, i), stream="s")
+        w.commit()
+    w.append(batch(5, 4), stream="s")
+    with pytest.raises(RateLimitTimeout, match="a writer") as info:
+        w.commit()
+    assert (info.value.inserts, info.value.samples, info.value.size) == (20, 0, 20)
+    st.refresh()
+    assert len(st) == 20 and st.default.total_committed() == 20
+    sampler = UniformSampler(st, 8, rate_limiter=lim)
+    sampler.sample()  # 8 samples admit the pending 5 records: 25 - 8 <= 20 (sync_every_s=0.1: save publishes)
+    sampler.save()
+    result = w.commit()
+    assert result is not None and st.default.total_committed() == 25
+    w.close()
