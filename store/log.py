@@ -540,7 +540,9 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
         "writers": {str(w): {"next_seq": wlog.next_seq, "closed": wlog.closed,
                              "tables": {t: [f.to_dict() for f in frags.values()]
                                         for t, frags in wlog.fragments.items() if frags},
-                             "committed": {t: n for t, n in sorted(wlog.committed.items()) if n}}
+                             # (counts known only as a lower bound, from an older checkpoint, are left out)
+                             **({"committed": {t: n for t, n in sorted(wlog.committed.items()) if n}}
+                                if wlog.counted else {})}
                     for w, wlog in sorted(writers.items())},
     })
 

@@ -98,6 +98,15 @@ def test_checkpoints_without_counts_still_open_and_verify_checks_the_counts_they
     assert reader.log.checkpoint == number
     assert reader.table("a").total_committed() == _live_ends(reader.log, "a") < total
     assert verify(reader) == []
+    # a writer starting from it writes checkpoints without counts for the writers it knew only so
+    upgraded = fast_backend.open(mode="a")
+    with upgraded.writer() as w:
+        for _ in range(5):
+            w.append(dqn_batch(rng, 2, extra=0), stream="new", table="a")
+            w.commit()
+    assert upgraded.log.checkpoint_numbers()[-1] > number
+    assert verify(fast_backend.open(mode="r")) == []
+    body = records.decode(path, storage.read(path))
 
     # a checkpoint whose count differs from its records is damage
     w0 = sorted(body["writers"])[0]
