@@ -114,9 +114,10 @@ class RateLimiter:
     error_buffer : float or tuple of (float, float)
         Allowed deviation: a non-negative number, or ``(min_diff, max_diff)``.
     timeout : float, optional
-        Seconds a draw may wait before :class:`~replaystore.errors.RateLimitTimeout`; None
-        (default, as in Reverb) waits for ever. The limiter's, so that every sampler using it
-        (and every process) fails the same way.
+        Seconds a draw (or a throttled commit) may wait before
+        :class:`~replaystore.errors.RateLimitTimeout`; None (default, as in Reverb) waits for
+        ever. The limiter's rather than each sampler's, so that every sampler and writer using
+        it, in every process, fails the same way.
     name : str, optional
         Which samplers share counts: every sampler over the same table whose limiter has the
         same name (letters, digits, ``_``, ``-``; default: the table's name).
@@ -124,7 +125,7 @@ class RateLimiter:
         A sampler publishes its sample count, and reads the other samplers' counts, after a
         minibatch once this many seconds passed since its last sync (and whenever it waits,
         and at ``save()``); 0: after every minibatch. Default 0.1 (a sync costs a few
-        milliseconds; docs/PERFORMANCE.md). See :class:`SampleGate` for the error this
+        milliseconds; docs/PERFORMANCE.md, "Rate limiter overhead"). See :class:`SampleGate` for the error this
         staleness allows.
 
     Raises
