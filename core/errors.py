@@ -461,3 +461,42 @@ class MissingDependencyError(ReplayStoreError, ImportError):
     The message names the package and the extra that installs it (``replaystore[torchrl]``
     for ``tensordict``). It is also an ``ImportError``.
     """
+
+
+class RateLimitTimeout(StoreError, TimeoutError):
+    """A rate limiter kept a minibatch (or a commit) waiting longer than its ``timeout``.
+
+    Raised by a sampler's ``sample`` (and so its iteration and ``make_loader``) when
+    ``replaystore.loaders.RateLimiter`` did not admit the minibatch within the limiter's
+    ``timeout`` seconds: the learner stayed too far ahead of the collectors, or the table
+    held fewer than ``min_size_to_sample`` records. Nothing was drawn or counted. It is
+    also a ``TimeoutError``.
+
+    Parameters
+    ----------
+    limiter : str
+        The limiter, described (its parameters and name).
+    waited_for : str
+        What the wait needed, in words.
+    inserts, samples, size : int
+        The counts as last seen: records ever committed to the table, samples drawn under
+        the limiter (all its samplers), records the table holds.
+    timeout : float
+        The seconds waited.
+
+    Attributes
+    ----------
+    limiter, waited_for, inserts, samples, size, timeout
+        As given.
+    """
+
+    def __init__(self, limiter: str, waited_for: str, inserts: int, samples: int, size: int,
+                 timeout: float) -> None:
+        self.limiter = limiter
+        self.waited_for = waited_for
+        self.inserts = inserts
+        self.samples = samples
+        self.size = size
+        self.timeout = timeout
+        super().__init__(f"{limiter}: waited {timeout:g} s for {waited_for}; counts: {inserts} inserts, "
+                         f"{samples} samples, {size} records in the table")

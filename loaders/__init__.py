@@ -7,6 +7,7 @@ from replaystore.loaders.episodes import iter_episodes
 from replaystore.loaders.her import HER, GoalFields
 from replaystore.loaders.masks import legal_mask
 from replaystore.loaders.prioritized import PrioritizedSampler
+from replaystore.loaders.ratelimit import RateLimiter
 from replaystore.loaders.reservoir import ReservoirSampler
 from replaystore.loaders.sequence import SequenceSampler
 from replaystore.loaders.uniform import EpochSampler, UniformSampler
@@ -17,6 +18,7 @@ __all__ = [
     "GoalFields",
     "HER",
     "PrioritizedSampler",
+    "RateLimiter",
     "ReplayBuffer",
     "Request",
     "ReservoirSampler",

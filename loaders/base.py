@@ -18,6 +18,7 @@ from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
 if TYPE_CHECKING:
+    from replaystore.loaders.ratelimit import RateLimiter, SampleGate
     from replaystore.loaders.stacking import Stacker
 
 
@@ -118,6 +119,12 @@ class StoreSampler(Sampler[Request]):
         many steps from each drawn record (docs/GUIDE.md, "N-step returns"); None: off.
     gamma : float, optional
         The discount of ``n_step`` returns, in [0, 1].
+    rate_limiter : RateLimiter, optional
+        Gate every :meth:`sample` (so iteration and ``make_loader`` too) on a sample-to-insert
+        ratio (loaders/ratelimit.py; docs/GUIDE.md, "Rate limiting"): a minibatch waits while
+        the learner is ahead of the collectors, and the sampler's sample count is kept in the
+        store (state slot ``ratelimit.<limiter>.<name>``). Not a hyperparameter: a resume may
+        add, drop or change it.
 
     Raises
     ------
@@ -141,7 +148,8 @@ class StoreSampler(Sampler[Request]):
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
                  refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
-                 stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99) -> None:
+                 stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99,
+                 rate_limiter: RateLimiter | None = None) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
@@ -182,6 +190,10 @@ class StoreSampler(Sampler[Request]):
             from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
 
             self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
+        self.rate_limit: SampleGate | None = None
+        if rate_limiter is not None:
+            self.rate_limit = rate_limiter.bind(self)
+            self.sample = self.rate_limit.wrap(self.sample)  # type: ignore[method-assign]
         if resume:
             self.restore(override=override)
 
@@ -366,6 +378,8 @@ class StoreSampler(Sampler[Request]):
                  "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
         if self.her is not None:
             state["her"] = self.her.state_dict()
+        if self.rate_limit is not None:
+            state["rate_limit_samples"] = self.rate_limit.own
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -387,6 +401,8 @@ class StoreSampler(Sampler[Request]):
         self.batches_drawn = int(state["batches_drawn"])
         if self.her is not None and "her" in state:
             self.her.load_state_dict(state["her"])
+        if self.rate_limit is not None and isinstance(state.get("rate_limit_samples"), int):
+            self.rate_limit.restore(state["rate_limit_samples"])
 
     def save(self) -> int:
         """Persist :meth:`state_dict` into the store's state slot ``name``.
@@ -401,6 +417,8 @@ class StoreSampler(Sampler[Request]):
             The version of the saved state.
         """
         state = self.state_dict()
+        if self.rate_limit is not None:
+            self.rate_limit.sync()
         arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
         doc = {k: v for k, v in state.items() if k not in arrays}
         return self.store.save_state(self.name, doc, arrays)

@@ -445,6 +445,9 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
                 if d["name"] in seen:
                     b.problem(f"field '{where}.tables.{table}': fragment {d['name']!r} listed twice")
                 seen.add(d["name"])
+        for table, n in b.mapping(doc.get("committed", {}), f"{where}.committed").items():
+            b.name("table", table, f"{where}.committed.{table}")
+            b.integer(n, f"{where}.committed.{table}")
     return body
 
 

@@ -45,12 +45,20 @@ class WriterLog:
         Its ``close`` record was applied: it never writes again.
     fragments : dict of str to dict of str to Fragment
         Per table, its live fragments by name.
+    committed : dict of str to int
+        Per table, the writer's records ever committed (the end of the highest local row
+        range any applied record added), evicted and removed fragments included.
+    counted : bool
+        Whether ``committed`` is exact: False where it was taken from a checkpoint without
+        ``committed`` counts (then only the live fragments' ends were known).
     """
 
     writer: int
     next_seq: int = 0
     closed: bool = False  # its ``close`` record was applied: it never writes again
     fragments: dict[str, dict[str, Fragment]] = field(default_factory=dict)  # table -> name -> fragment
+    committed: dict[str, int] = field(default_factory=dict)  # table -> local rows ever committed
+    counted: bool = True
     # table -> its live fragments ordered by row id, while unchanged (see ``ordered``)
     _ordered: dict[str, list[Fragment]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -321,6 +329,26 @@ class CommitLog:
         self._ordered[table], self._stale[table] = out, set()
         return out
 
+    def committed(self, table: str) -> int:
+        """Records ever committed to ``table``, over all writers: evicted and reclaimed ones included.
+
+        The sum over writers of the end of the highest local row range applied (row ids
+        count each writer's records of a table from 0). Exact where the log was read from
+        the first records or from a checkpoint with ``committed`` counts; from an older
+        checkpoint, fragments removed before it are not counted. Cost: O(writers).
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+
+        Returns
+        -------
+        int
+            The count, as of the last refresh.
+        """
+        return sum(wlog.committed.get(table, 0) for wlog in self.writers.values())
+
     # -- history --------------------------------------------------------------------------
     def history(self) -> list[CommitInfo]:
         """Every applied record, ordered by commit time, then writer and seq.
@@ -484,6 +512,9 @@ def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
         for d in change.get("add", []):
             frag = Fragment.from_dict(wlog.writer, table, d)
             frags[frag.name] = frag
+            end = frag.row_start + frag.rows
+            if end > wlog.committed.get(table, 0):
+                wlog.committed[table] = end
     wlog.closed = body.get("kind") == CLOSE
 
 
@@ -508,7 +539,10 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
         "kind": CHECKPOINT, "number": number, "time_ns": time_ns,
         "writers": {str(w): {"next_seq": wlog.next_seq, "closed": wlog.closed,
                              "tables": {t: [f.to_dict() for f in frags.values()]
-                                        for t, frags in wlog.fragments.items() if frags}}
+                                        for t, frags in wlog.fragments.items() if frags},
+                             # (counts known only as a lower bound, from an older checkpoint, are left out)
+                             **({"committed": {t: n for t, n in sorted(wlog.committed.items()) if n}}
+                                if wlog.counted else {})}
                     for w, wlog in sorted(writers.items())},
     })
 
@@ -546,5 +580,12 @@ def decode_checkpoint(path: str, data: bytes, number: int | None = None,
     for key, doc in body["writers"].items():
         w = int(key)
         frags = {t: {d["name"]: Fragment.from_dict(w, t, d) for d in ds} for t, ds in doc["tables"].items()}
-        writers[w] = WriterLog(w, doc["next_seq"], doc["closed"], frags)
+        # records ever committed per table: the checkpoint's counts (older checkpoints have none:
+        # the live fragments' ends, which miss fragments removed before the checkpoint)
+        committed = {t: int(n) for t, n in doc.get("committed", {}).items()}
+        for t, fs in frags.items():
+            end = max((f.row_start + f.rows for f in fs.values()), default=0)
+            if end > committed.get(t, 0):
+                committed[t] = end
+        writers[w] = WriterLog(w, doc["next_seq"], doc["closed"], frags, committed, "committed" in doc)
     return writers, body["time_ns"]

@@ -30,7 +30,7 @@ from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
-from replaystore.store.writer import Writer
+from replaystore.store.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,6 +86,21 @@ class Table:
         """Visible records. Cost: O(1) once the view is current."""
         self.reader.sync()
         return len(self.reader)
+
+    def total_committed(self) -> int:
+        """Records ever committed to the table, as of the store's last refresh: evicted ones included.
+
+        The count a rate limiter takes for inserts (``replaystore.loaders.RateLimiter``); it
+        never decreases. Exact unless the store was opened from a log checkpoint written
+        before checkpoints carried ``committed`` counts (docs/FORMAT.md, "Log checkpoints"):
+        then records of fragments removed before that checkpoint are missing.
+
+        Returns
+        -------
+        int
+            The count. Cost: O(writers).
+        """
+        return self.reader.log.committed(self.name)
 
     def view(self) -> TableView:
         """The visible records as of the store's last refresh, as an immutable snapshot.
@@ -664,8 +679,14 @@ class Store:
         """
         return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
 
-    def writer(self) -> Writer:
+    def writer(self, *, rate_limiter: InsertLimiter | None = None) -> Writer:
         """Register a new writer (one per process; several processes may write at once).
+
+        Parameters
+        ----------
+        rate_limiter : RateLimiter, optional
+            Throttle the writer's commits on a sample-to-insert ratio
+            (``replaystore.loaders.RateLimiter``; docs/GUIDE.md, "Rate limiting").
 
         Returns
         -------
@@ -689,7 +710,7 @@ class Store:
         if _read_manifest(self.storage) != self.manifest:
             raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
                                      "it; open it again")
-        return Writer(self)
+        return Writer(self, rate_limiter=rate_limiter)
 
     @property
     def writers(self) -> list[int]:

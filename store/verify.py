@@ -116,7 +116,7 @@ def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list
         return [Problem(path, f"its commit records cannot be read back: {exc}")]
     problems = []
     for w, wlog in sorted(writers.items()):
-        if wlog.state() != replayed[w].state():
+        if wlog.state() != replayed[w].state() or (wlog.counted and wlog.committed != replayed[w].committed):
             problems.append(Problem(path, f"differs from writer {w}'s commit records 0..{wlog.next_seq - 1}"))
     return problems
 

@@ -14,8 +14,9 @@ import contextlib
 import itertools
 import os
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replaystore.errors import ReadOnlyError, StoreError
 from replaystore.store import bodies, layout, liveness, records
@@ -41,6 +42,13 @@ class _Pending:
 
     rows: int
     meta: dict[str, Any]
+
+
+class InsertLimiter(Protocol):
+    """What ``Writer(rate_limiter=)`` takes: ``replaystore.loaders.RateLimiter`` (kept duck-typed here)."""
+
+    def admit_inserts(self, store: Store, counts: Mapping[str, int]) -> None:
+        """Return once ``counts`` records (per table) may be committed; raise if they may not in time."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,10 @@ class Writer:
     ----------
     store : Store
         The store handle to write through (use ``store.writer()``).
+    rate_limiter : InsertLimiter, optional
+        A ``replaystore.loaders.RateLimiter``: each :meth:`commit` first waits while the
+        table's inserts are too far ahead of the samples drawn under it (docs/GUIDE.md, "Rate
+        limiting").
 
     Raises
     ------
@@ -83,7 +95,7 @@ class Writer:
     Cost: a listing of the writer records and one create-if-absent per number tried.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, rate_limiter: InsertLimiter | None = None) -> None:
         if store.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): writer() is not allowed")
         self.store = store
@@ -104,6 +116,8 @@ class Writer:
         self._reclaimer = Reclaimer(store, self.id, self._io, self._committer.lock, self._segments, self._committer)
         self._compactor = Compactor(store, self.id, names, self._committer, self._reclaimer, self.fragments)
         self.closed = False
+        self.rate_limiter = rate_limiter
+        """Throttles :meth:`commit` (see ``replaystore.loaders.RateLimiter.admit_inserts``); None: off."""
 
     @property
     def seq(self) -> int:
@@ -226,11 +240,15 @@ class Writer:
         StoreError
             If the writer is closed or broken, a pipelined commit failed, or the background
             compaction failed (raised before anything is written).
+        RateLimitTimeout
+            With a ``rate_limiter``: the commit was not admitted within the limiter's
+            ``timeout`` (nothing written; the appends stay pending).
         OSError
             If writing fails (nothing becomes visible; the appends stay pending).
 
-        Cost: the pending records' write and fsync, one record; then reclamation and the
-        scheduling of a merge.
+        Cost: with a ``rate_limiter``, its check first (a refresh and the sample counts'
+        reads; waiting while the inserts are too far ahead); then the pending records' write
+        and fsync, one record; then reclamation and the scheduling of a merge.
         """
         self._check_open()
         compactor, committer = self._compactor, self._committer
@@ -242,6 +260,9 @@ class Writer:
         meta_doc = records.json_document("metadata", metadata)
         with committer.lock:
             committer.settle()
+        if self.rate_limiter is not None:  # (after the commit in flight is counted) may wait, or raise
+            self.rate_limiter.admit_inserts(self.store, {t: sum(p.rows for p in ps)
+                                                         for t, ps in self._pending.items() if ps})
         # the merge scheduled by the last commit publishes after that commit's record: waited for
         # here, not after this commit's record is queued, or a pipelined commit would wait for itself
         compactor.collect(wait=True)
