@@ -437,3 +437,14 @@ class LoaderArgumentError(StoreError, TypeError):
     The message names the argument and what to use instead (``transform=`` for
     a function applied to each minibatch). It is also a ``TypeError``.
     """
+
+
+class BufferArgumentError(StoreError, ValueError):
+    """A trainer-facing replay buffer adapter got an argument or a value it cannot use.
+
+    Raised by ``replaystore.integrations.sb3``'s buffers: no ``url``, a
+    ``buffer_size`` that differs from the existing store's capacity, an unsupported
+    option (``optimize_memory_usage=True``), or an ``add`` whose values do not fit the
+    spaces. The message names the argument or field; the store is left as it was.
+    It is also a ``ValueError``.
+    """

@@ -1,0 +1,740 @@
+"""Stable-Baselines3 replay buffers whose transitions live in a store.
+
+``ReplayStoreBuffer`` (Box/Discrete/MultiDiscrete/MultiBinary observations) and
+``ReplayStoreDictBuffer`` (Dict observations) subclass SB3's ``ReplayBuffer`` and
+``DictReplayBuffer``; pass them as ``replay_buffer_class`` with
+``replay_buffer_kwargs={"url": ...}`` to DQN, SAC, TD3 (any off-policy algorithm).
+The replay survives its process: ``DQN.load`` of a saved model reopens the same
+store (SB3 keeps ``replay_buffer_kwargs`` in its zip), and nothing of the replay is
+pickled.
+
+Needs the optional dependency stable-baselines3: ``pip install "replaystore[sb3]"``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+    from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+    from stable_baselines3.common.vec_env import VecNormalize
+except ImportError as exc:  # pragma: no cover - exercised only without stable-baselines3
+    raise ImportError('replaystore.integrations.sb3 needs stable-baselines3: pip install "replaystore[sb3]"') from exc
+
+import numpy as np
+
+from replaystore.errors import BufferArgumentError, SchemaMismatchError, StoreError, StoreNotFoundError
+from replaystore.gym import schema_from_spaces
+from replaystore.loaders import EmptyStoreError
+from replaystore.schemas import Dense, Schema
+from replaystore.store import Store, Table, Writer, open_store
+
+__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "resume_learning_starts"]
+
+DEFAULT_COMMIT_EVERY = 1000
+"""Environment steps (``add`` calls) between commits by default."""
+
+EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated", "truncated")
+"""The columns of the per-commit ``episodes`` metadata (as ``replaystore.gym``'s recorders write it)."""
+
+_SEP = "__"
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < 1:
+        raise BufferArgumentError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+class _Log:
+    """The pending (uncommitted) transitions of one buffer, in RAM, and the writer that commits them.
+
+    Rows are laid out step-major (``n_envs`` rows per ``add``); each column is a preallocated
+    array of ``rows`` records. Kept apart from the buffer object so that a finalizer can commit
+    the pending rows at exit without keeping the buffer alive.
+    """
+
+    def __init__(self, store: Store, columns: Mapping[str, Dense], rows: int, n_envs: int) -> None:
+        self.store = store
+        self.table: Table = store.default
+        self.rows = rows
+        self.n = 0
+        self.arrays = {name: np.zeros((rows, *f.shape), dtype=f.dtype) for name, f in columns.items()}
+        self.env = np.zeros(rows, dtype=np.int64)  # the env index (stream) of each pending row
+        self.reset = np.zeros(rows, dtype=bool)
+        self.n_envs = n_envs
+        self.writer: Writer | None = None
+        self.keys: np.ndarray | None = None
+        self.ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
+        self.closed = False
+
+    def stream_keys(self) -> np.ndarray:
+        """One stream key per env index, ``"w<writer>-<env>"`` (the recorders' convention)."""
+        if self.writer is None:
+            self.writer = self.store.writer()
+            self.keys = np.array([f"w{self.writer.id}-{j}" for j in range(self.n_envs)])
+        assert self.keys is not None
+        return self.keys
+
+    def commit(self) -> None:
+        """Append the pending rows and commit them with the episodes ended since the last commit.
+
+        Cost: one concatenation-free append of the pending rows, one commit (file syncs).
+        """
+        if self.closed or (not self.n and not self.ended["stream"]):
+            return
+        keys = self.stream_keys()
+        assert self.writer is not None
+        n = self.n
+        if n:
+            self.writer.append({name: a[:n] for name, a in self.arrays.items()}, stream=keys[self.env[:n]],
+                               reset=self.reset[:n])
+        ended = self.ended if self.ended["stream"] else None
+        self.writer.commit(metadata={"episodes": ended} if ended is not None else None)
+        self.n = 0
+        self.ended = {k: [] for k in EPISODE_KEYS}
+
+    def close(self) -> None:
+        """Commit what is pending and release the writer and the store (idempotent)."""
+        if self.closed:
+            return
+        try:
+            self.commit()
+        finally:
+            self.closed = True
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+            finally:
+                self.store.close()
+
+
+def _commit_at_exit(log: _Log) -> None:
+    """Have ``log`` committed and closed when the interpreter exits normally.
+
+    Registered with ``threading``'s exit hooks, which run before the thread pools the writer
+    syncs with are shut down (``atexit`` runs after them). Holds ``log`` weakly.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has it since 3.9
+        return
+    ref = weakref.ref(log)
+
+    def close() -> None:
+        live = ref()
+        if live is not None:
+            live.close()
+
+    try:
+        register(close)
+    except RuntimeError:  # (the interpreter is already shutting down)
+        pass
+
+
+class _StoreBufferMixin:
+    """The store-backed body shared by :class:`ReplayStoreBuffer` and :class:`ReplayStoreDictBuffer`."""
+
+    # set by SB3's BaseBuffer.__init__ and by this class
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    device: th.device
+    n_envs: int
+    buffer_size: int
+    action_dim: int
+    obs_shape: Any
+    optimize_memory_usage: bool
+    handle_timeout_termination: bool
+
+    def _open(self, url: Any, buffer_size: int, n_envs: int, handle_timeout_termination: bool,
+              optimize_memory_usage: bool, commit_every: int, storage_options: Mapping[str, Any] | None) -> None:
+        if url is None:
+            raise BufferArgumentError("url: expected the store's URL (a local path, file://, s3://, memory://) "
+                                      "in replay_buffer_kwargs={'url': ...}, got none")
+        if not isinstance(url, (str, os.PathLike)):
+            raise BufferArgumentError(f"url: expected a str or path, got {type(url).__name__}")
+        if optimize_memory_usage:
+            raise BufferArgumentError("optimize_memory_usage: not supported (the store keeps next_obs per record "
+                                      "on disk, so there is no RAM to save); pass optimize_memory_usage=False")
+        commit_every = _positive_int("commit_every", commit_every)
+        _positive_int("buffer_size", buffer_size)
+        _positive_int("n_envs", n_envs)
+        self.url = os.fspath(url)
+        self.commit_every = commit_every
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.optimize_memory_usage = False
+        self._init_args = {"buffer_size": buffer_size, "n_envs": n_envs, "commit_every": commit_every,
+                           "handle_timeout_termination": self.handle_timeout_termination,
+                           "storage_options": dict(storage_options) if storage_options is not None else None}
+        self.capacity = max(buffer_size // n_envs, 1) * n_envs  # records kept, as SB3's arrays would keep them
+        self._leaves = self._obs_leaves()
+        expected = schema_from_spaces(self.observation_space, self.action_space, name="sb3",
+                                      reward_dtype=np.float32,
+                                      metadata={"producer": "replaystore.integrations.sb3"})
+        store = self._open_store(expected, storage_options)
+        schema = store.schema
+        self._columns = {f.name: f for f in schema.dense_fields}
+        self._read_columns = list(self._columns)
+        self._log = _Log(store, self._columns, commit_every * n_envs, n_envs)
+        self._finalizer = weakref.finalize(self, self._log.close)
+        self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: _commit_at_exit runs earlier)
+        _commit_at_exit(self._log)
+        self.stored_at_open = len(self._log.table)
+        # per env: continuity and the episode in progress
+        self._obs_specs = [(f"obs{sfx}", f"next_obs{sfx}", key, (n_envs, *self._columns[f"obs{sfx}"].shape))
+                           for sfx, key in self._leaves]
+        self._action_rows = (n_envs, *self._columns["action"].shape)
+        self._env_ids = np.arange(n_envs)
+        self._prev_next = {c: np.zeros(shape, self._columns[c].dtype) for c, _, _, shape in self._obs_specs}
+        self._has_prev = False
+        self._prev_done = np.ones(n_envs, dtype=bool)
+        self._step = np.zeros(n_envs, dtype=np.int64)
+        self._ep_first = np.zeros(n_envs, dtype=np.int64)
+        self._ep_length = np.zeros(n_envs, dtype=np.int64)
+        self._ep_return = np.zeros(n_envs, dtype=np.float64)
+        self._finite = [name for name, f in self._columns.items() if f.dtype.kind == "f" and f.finite]
+        self._n_actions = (int(self.action_space.n) if isinstance(self.action_space, spaces.Discrete)
+                           and int(self.action_space.start) == 0 else None)
+
+    def _obs_leaves(self) -> list[tuple[str, str | None]]:
+        """``(column suffix, Dict key)`` per observation leaf: ``[("", None)]`` for a flat space."""
+        space = self.observation_space
+        if not isinstance(space, spaces.Dict):
+            if isinstance(space, spaces.Tuple):
+                raise BufferArgumentError("observation_space: a Tuple space is not supported by SB3's buffers; "
+                                          "use a Dict observation space")
+            return [("", None)]
+        out: list[tuple[str, str | None]] = []
+        for key, sub in space.spaces.items():
+            if isinstance(sub, (spaces.Dict, spaces.Tuple)):
+                raise BufferArgumentError(f"observation_space: key {key!r} is a nested {type(sub).__name__}; SB3's "
+                                          "Dict buffers take one level of Box/Discrete/MultiDiscrete/MultiBinary")
+            out.append((f"{_SEP}{key}", key))
+        return out
+
+    def _open_store(self, expected: Schema, storage_options: Mapping[str, Any] | None) -> Store:
+        """Open the store at ``self.url`` (created with ``expected`` if absent) and check it holds these steps."""
+        try:
+            store = open_store(self.url, mode="r+", storage_options=storage_options)
+        except StoreNotFoundError:
+            return open_store(self.url, expected, mode="a", capacity=self.capacity, storage_options=storage_options)
+        try:
+            self._check_store(store, expected)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _check_store(self, store: Store, expected: Schema) -> None:
+        if len(store.tables) != 1:
+            raise SchemaMismatchError(f"{self.url}: a replay buffer needs a store with one table, "
+                                      f"found tables {store.tables}")
+        if store.default.capacity != self.capacity:
+            raise BufferArgumentError(
+                f"buffer_size: the store at {self.url} keeps {store.default.capacity} records (capacity), this "
+                f"buffer would keep {self.capacity} (buffer_size {self._init_args['buffer_size']} with n_envs "
+                f"{self.n_envs}); pass the buffer_size it was created with, or another url")
+        schema = store.schema
+        got = {f.name: f for f in schema.fields if f.kind != "meta"}
+        want = {f.name: f for f in expected.dense_fields}
+        extra = sorted(set(got) - set(want))
+        if extra:
+            raise SchemaMismatchError(f"{self.url}: field {extra[0]!r} is in the store but not in the steps of "
+                                      f"these spaces (expected fields {sorted(want)})")
+        for name, f in want.items():
+            g = got.get(name)
+            if g is None:
+                raise SchemaMismatchError(f"{self.url}: field {name!r} is missing from the store's schema "
+                                          f"(expected {f.dtype} {f.shape} for these spaces)")
+            if not isinstance(g, Dense):
+                raise SchemaMismatchError(f"{self.url}: field {name!r} is {g.kind} in the store, expected dense")
+            dtype_ok = g.dtype == f.dtype or (name == "reward" and g.dtype.kind == "f")
+            if not dtype_ok or g.shape != f.shape:
+                raise SchemaMismatchError(
+                    f"{self.url}: field {name!r} is {g.dtype} {g.shape} in the store, expected {f.dtype} {f.shape} "
+                    f"for observation space {self.observation_space} and action space {self.action_space}")
+
+    # -- SB3's interface ------------------------------------------------------------------
+    @property  # type: ignore[override]
+    def pos(self) -> int:
+        """Where SB3's own buffer would write next: ``size() % buffer_size`` (read only)."""
+        return self.size() % self.buffer_size if self.full else self.size()
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        """Ignored (SB3's base class sets it to 0 on construction; the store is the position)."""
+
+    @property  # type: ignore[override]
+    def full(self) -> bool:
+        """Whether the replay holds ``buffer_size * n_envs`` transitions (its capacity) or more."""
+        return self._transitions() >= self.capacity
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        """Ignored (SB3's base class sets it to False on construction)."""
+
+    def _transitions(self) -> int:
+        return len(self._log.table) + self._log.n
+
+    def size(self) -> int:
+        """Transitions held, in SB3's unit: vector-env steps (transitions / ``n_envs``, rounded up).
+
+        Returns
+        -------
+        int
+            At most ``buffer_size``. Cost: O(1).
+        """
+        return min(self.buffer_size, -(-self._transitions() // self.n_envs))
+
+    def reset(self) -> None:
+        """Refused: the replay is persistent; delete the store or use another ``url`` to start afresh.
+
+        Raises
+        ------
+        StoreError
+            Always.
+        """
+        raise StoreError(f"{self.url}: a store-backed replay is not reset in place; use another url")
+
+    def _add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+             infos: list[dict[str, Any]]) -> None:
+        log = self._log
+        if log.closed:
+            raise StoreError(f"{self.url}: the buffer is closed")
+        n = self.n_envs
+        i = log.n
+        a = log.arrays
+        rows = slice(i, i + n)
+        try:
+            for obs_col, next_col, key, shape in self._obs_specs:
+                a[obs_col][rows] = np.asarray(obs if key is None else obs[key]).reshape(shape)
+                a[next_col][rows] = np.asarray(next_obs if key is None else next_obs[key]).reshape(shape)
+            a["action"][rows] = np.asarray(action).reshape(self._action_rows)
+            a["reward"][rows] = np.asarray(reward).reshape(n)
+            done_ = np.asarray(done, dtype=bool).reshape(n)
+            timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BufferArgumentError(f"add: the transition does not fit the buffer's spaces "
+                                      f"(n_envs {n}): {exc}") from None
+        self._check_values(rows)
+        a["terminated"][rows] = done_ & ~timeout
+        a["truncated"][rows] = done_ & timeout
+        # a new episode where the last one ended, or where obs does not continue the last next_obs
+        begin = self._prev_done
+        if self._has_prev and not begin.all():
+            same = np.ones(n, dtype=bool)
+            for obs_col, _, _, _ in self._obs_specs:
+                same &= (a[obs_col][rows] == self._prev_next[obs_col]).reshape(n, -1).all(axis=1)
+            if not same.all():
+                cut = ~same & ~begin
+                if cut.any():  # the env was reset mid-episode (e.g. a new learn()): the episode is abandoned
+                    self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
+                begin = begin | ~same
+        log.env[rows] = self._env_ids
+        log.reset[rows] = begin
+        if begin.any():
+            self._ep_first[begin] = self._step[begin]
+            self._ep_length[begin] = 0
+            self._ep_return[begin] = 0.0
+        self._step += 1
+        self._ep_length += 1
+        self._ep_return += a["reward"][rows]
+        if done_.any():
+            self._end(done_, a["terminated"][rows], a["truncated"][rows])
+        self._prev_done = done_
+        for obs_col, next_col, _, _ in self._obs_specs:
+            np.copyto(self._prev_next[obs_col], a[next_col][rows])
+        self._has_prev = True
+        log.n = i + n
+        if log.n + n > log.rows:
+            log.commit()
+
+    def _check_values(self, rows: slice) -> None:
+        a = self._log.arrays
+        for name in self._finite:
+            if not np.isfinite(a[name][rows]).all():
+                raise BufferArgumentError(f"add: {name!r} holds a NaN or infinite value")
+        if self._n_actions is not None:
+            act = a["action"][rows]
+            if act.size and (int(act.min()) < 0 or int(act.max()) >= self._n_actions):
+                raise BufferArgumentError(f"add: 'action' outside Discrete({self._n_actions}): {act.tolist()}")
+
+    def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        keys = self._log.stream_keys()
+        for j in np.flatnonzero(mask).tolist():
+            if self._ep_length[j] <= 0:
+                continue
+            for key, value in zip(EPISODE_KEYS, (str(keys[j]), int(self._ep_first[j]), int(self._ep_length[j]),
+                                                 float(self._ep_return[j]), None, bool(terminated[j]),
+                                                 bool(truncated[j])), strict=True):
+                self._log.ended[key].append(value)
+            self._ep_length[j] = 0
+
+    def _draw(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The flat columns of ``batch_size`` transitions drawn uniformly (with replacement)."""
+        log = self._log
+        table = log.table
+        committed = len(table)
+        total = committed + log.n
+        low = max(0, total - self.capacity)  # (the oldest positions come first: drop those past capacity)
+        if total - low <= 0:
+            raise EmptyStoreError(f"{self.url}: the replay holds no transition to sample")
+        idx = np.random.randint(low, total, size=batch_size)
+        if not log.n or int(idx.max()) < committed:
+            return table.read(table.rows_at(idx), self._read_columns)
+        in_store = idx < committed
+        tail = idx[~in_store] - committed
+        if not in_store.any():
+            return {name: arr[tail] for name, arr in log.arrays.items()}
+        # (draws from the store first, then from RAM: the same i.i.d. uniform draws, grouped)
+        stored = table.read(table.rows_at(idx[in_store]), self._read_columns)
+        return {name: np.concatenate((stored[name], arr[tail])) for name, arr in log.arrays.items()}
+
+    def _obs_of(self, cols: dict[str, np.ndarray], base: str) -> Any:
+        shape = self.obs_shape
+        if self._leaves == [("", None)]:
+            return cols[base].reshape(-1, *shape)
+        return {key: cols[f"{base}{sfx}"].reshape(-1, *shape[key]) for sfx, key in self._leaves}
+
+    def _parts(self, batch_size: int, env: VecNormalize | None) -> tuple[Any, th.Tensor, Any, th.Tensor, th.Tensor]:
+        cols = self._draw(batch_size)
+        obs = self._normalize_obs(self._obs_of(cols, "obs"), env)  # type: ignore[attr-defined]
+        next_obs = self._normalize_obs(self._obs_of(cols, "next_obs"), env)  # type: ignore[attr-defined]
+        done = cols["terminated"] if self.handle_timeout_termination else cols["terminated"] | cols["truncated"]
+        action = cols["action"].reshape(-1, self.action_dim)
+        dtype = ReplayBuffer._maybe_cast_dtype(self.action_space.dtype)
+        if dtype is not None and action.dtype != dtype:
+            action = action.astype(dtype)
+        reward = cols["reward"].reshape(-1, 1)
+        if reward.dtype != np.float32:
+            reward = reward.astype(np.float32)
+        reward = self._normalize_reward(reward, env)  # type: ignore[attr-defined]
+        dev = self.device
+        return (obs, th.as_tensor(action, device=dev), next_obs,
+                th.as_tensor(done.astype(np.float32).reshape(-1, 1), device=dev), th.as_tensor(reward, device=dev))
+
+    # -- durability -------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Transitions added and not yet committed (kept in RAM, sampled from, lost by a crash)."""
+        return self._log.n
+
+    def flush(self) -> None:
+        """Commit the pending transitions now: durable, and visible to other readers of the store.
+
+        Cost: one append and one commit (file syncs, ~2-15 ms on local disk); nothing when
+        nothing is pending.
+        """
+        self._log.commit()
+
+    def close(self) -> None:
+        """Commit the pending transitions and release the store (also done at interpreter exit).
+
+        Cost: a commit, and waiting for the writer's background work.
+        """
+        self._finalizer()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps: the URL and the constructor arguments, never the transitions.
+
+        ``model.save_replay_buffer(path)`` therefore writes a small file (after committing the
+        pending transitions) and ``model.load_replay_buffer(path)`` reopens the same store.
+        """
+        self._log.commit()
+        return {"url": self.url, "observation_space": self.observation_space, "action_space": self.action_space,
+                "device": str(self.device), **self._init_args}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Reopen the store a pickled buffer names (see :meth:`__getstate__`)."""
+        self.__init__(**state)  # type: ignore[misc]
+
+
+class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
+    """SB3's ``ReplayBuffer``, with its transitions in a store instead of RAM arrays.
+
+    Use it as ``DQN("MlpPolicy", env, replay_buffer_class=ReplayStoreBuffer,
+    replay_buffer_kwargs={"url": path})`` (also SAC, TD3 and the other off-policy
+    algorithms). Each ``add`` is kept in RAM until it is committed (every
+    ``commit_every`` steps, at :meth:`flush`, :meth:`close`, pickling, and at
+    interpreter exit); ``sample`` draws uniformly from the committed transitions and
+    the pending ones alike, so the learner sees its newest transitions as SB3's own
+    buffer does. A process killed at any instant loses only the pending transitions:
+    reopening the same ``url`` (``DQN.load`` does, from the saved kwargs) continues
+    with the replay as committed. Each env index is a stream (``"w<writer>-<env>"``);
+    an episode start is a ``reset`` record; a time-limit truncation
+    (``infos[i]["TimeLimit.truncated"]``) is stored as ``truncated``, a termination as
+    ``terminated``, and the ended episodes go into each commit's metadata as
+    ``replaystore.gym``'s recorders write them.
+
+    Parameters
+    ----------
+    buffer_size : int
+        Transitions kept, as SB3 counts them: the store's capacity is
+        ``max(buffer_size // n_envs, 1) * n_envs`` records; the oldest are evicted
+        beyond it. An existing store must have that capacity.
+    observation_space, action_space : gymnasium.spaces.Space
+        The (single-env) spaces; the store's schema is ``schema_from_spaces`` of them
+        (rewards float32).
+    device : torch.device or str
+        Where sampled tensors go.
+    n_envs : int
+        Environments of the vector env; one stream each.
+    optimize_memory_usage : bool
+        Must be False (``next_obs`` is stored per record, on disk).
+    handle_timeout_termination : bool
+        True (SB3's default): sampled ``dones`` are 1 only for terminations; False:
+        for truncations too. The store holds both flags either way.
+    url : str or os.PathLike
+        Where the store lives (created when absent); required.
+    commit_every : int
+        Commit once this many ``add`` calls (vector-env steps) are pending.
+    storage_options : mapping, optional
+        Passed to the storage backend (e.g. S3 options).
+
+    Attributes
+    ----------
+    stored_at_open : int
+        Transitions the store held when the buffer opened it.
+
+    Raises
+    ------
+    BufferArgumentError
+        No ``url``, ``optimize_memory_usage=True``, a bad ``commit_every``,
+        ``buffer_size`` or ``n_envs``, a ``buffer_size`` that does not match an
+        existing store's capacity, a nested or Tuple observation space.
+    SchemaMismatchError
+        An existing store whose fields do not hold these spaces' steps (the message
+        names the field).
+    UnsupportedSpaceError
+        A space without a column layout.
+
+    Notes
+    -----
+    Cost: ``add`` copies one step into RAM (~10 µs); a commit every ``commit_every``
+    steps appends and syncs (~2-15 ms on local disk); ``sample(256)`` is one gathered
+    read of the sampled rows.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
+                 commit_every: int = DEFAULT_COMMIT_EVERY, storage_options: Mapping[str, Any] | None = None) -> None:
+        if isinstance(observation_space, spaces.Dict):
+            raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
+                   storage_options)
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Keep one vector-env step (``n_envs`` transitions), as SB3's ``_store_transition`` gives it.
+
+        Parameters
+        ----------
+        obs, next_obs : numpy.ndarray
+            ``[n_envs, *obs_shape]``; ``next_obs`` already holds ``terminal_observation``
+            where an episode ended.
+        action : numpy.ndarray
+            ``[n_envs, ...]`` (the buffer action).
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env; ``"TimeLimit.truncated"`` marks a truncation.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces, a non-finite value where the field
+            refuses one, a Discrete action out of range; nothing of the step is kept.
+
+        Notes
+        -----
+        Cost: a copy into RAM and a comparison of ``obs`` with the last ``next_obs``
+        (episode continuity); a commit every ``commit_every`` calls.
+        """
+        self._add(obs, next_obs, action, reward, done, infos)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """``batch_size`` transitions drawn uniformly with replacement (``np.random``, as SB3 draws).
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions.
+        env : VecNormalize, optional
+            Normalises observations and rewards as SB3 does.
+
+        Returns
+        -------
+        ReplayBufferSamples
+            ``dones`` is ``terminated`` (with ``handle_timeout_termination``) or
+            ``terminated | truncated``; dtypes and shapes as SB3's own buffer.
+
+        Raises
+        ------
+        EmptyStoreError
+            Nothing to sample.
+
+        Notes
+        -----
+        Cost: one gathered read of the sampled committed rows plus a RAM gather of the
+        pending ones; no store refresh.
+        """
+        obs, action, next_obs, done, reward = self._parts(batch_size, env)
+        dev = self.device
+        return ReplayBufferSamples(th.as_tensor(obs, device=dev), action, th.as_tensor(next_obs, device=dev),
+                                   done, reward)
+
+
+class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
+    """SB3's ``DictReplayBuffer`` (Dict observations), with its transitions in a store.
+
+    The observation is stored as nested fields, one column per key (``obs__image``,
+    ``next_obs__image``; see ``schema_from_spaces``). Everything else is as
+    :class:`ReplayStoreBuffer`.
+
+    Parameters
+    ----------
+    buffer_size : int
+        Transitions kept: capacity ``max(buffer_size // n_envs, 1) * n_envs`` records.
+    observation_space : gymnasium.spaces.Dict
+        One level of Box/Discrete/MultiDiscrete/MultiBinary spaces.
+    action_space : gymnasium.spaces.Space
+        The action space.
+    device : torch.device or str
+        Where sampled tensors go.
+    n_envs : int
+        Environments; one stream each.
+    optimize_memory_usage : bool
+        Must be False.
+    handle_timeout_termination : bool
+        As :class:`ReplayStoreBuffer`.
+    url : str or os.PathLike
+        Where the store lives; required.
+    commit_every : int
+        Commit once this many ``add`` calls are pending.
+    storage_options : mapping, optional
+        Passed to the storage backend.
+
+    Attributes
+    ----------
+    stored_at_open : int
+        Transitions the store held when the buffer opened it.
+
+    Raises
+    ------
+    BufferArgumentError
+        As :class:`ReplayStoreBuffer`; also an observation space that is not a Dict.
+    SchemaMismatchError
+        An existing store whose fields do not hold these spaces' steps.
+
+    Notes
+    -----
+    Cost: as :class:`ReplayStoreBuffer`, one array per key.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
+                 commit_every: int = DEFAULT_COMMIT_EVERY, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(observation_space, spaces.Dict):
+            raise BufferArgumentError(f"observation_space: expected a Dict space, got "
+                                      f"{type(observation_space).__name__}; use ReplayStoreBuffer")
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
+                   storage_options)
+
+    def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray],  # type: ignore[override]
+            action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Keep one vector-env step (``n_envs`` transitions).
+
+        Parameters
+        ----------
+        obs, next_obs : dict of str to numpy.ndarray
+            Per key ``[n_envs, *shape]``.
+        action : numpy.ndarray
+            ``[n_envs, ...]``.
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces (a missing key included).
+
+        Notes
+        -----
+        Cost: as :meth:`ReplayStoreBuffer.add`, per key.
+        """
+        self._add(obs, next_obs, action, reward, done, infos)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> DictReplayBufferSamples:  # type: ignore[override]
+        """``batch_size`` transitions drawn uniformly with replacement.
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions.
+        env : VecNormalize, optional
+            Normalises observations and rewards as SB3 does.
+
+        Returns
+        -------
+        DictReplayBufferSamples
+            Observations as dicts of tensors.
+
+        Raises
+        ------
+        EmptyStoreError
+            Nothing to sample.
+        """
+        obs, action, next_obs, done, reward = self._parts(batch_size, env)
+        dev = self.device
+        return DictReplayBufferSamples({k: th.as_tensor(v, device=dev) for k, v in obs.items()}, action,
+                                       {k: th.as_tensor(v, device=dev) for k, v in next_obs.items()}, done, reward)
+
+
+def resume_learning_starts(model: Any) -> int:
+    """Lower ``model.learning_starts`` by the transitions its store-backed buffer already held.
+
+    A run restarted with ``DQN.load`` (whose ``num_timesteps`` starts again at 0 with
+    ``learn(reset_num_timesteps=True)``) then trains from its first step when the
+    store holds at least ``learning_starts`` transitions, instead of collecting them
+    again.
+
+    Parameters
+    ----------
+    model : stable_baselines3.common.off_policy_algorithm.OffPolicyAlgorithm
+        A model whose ``replay_buffer`` is a :class:`ReplayStoreBuffer` or
+        :class:`ReplayStoreDictBuffer`.
+
+    Returns
+    -------
+    int
+        The new ``learning_starts``.
+
+    Raises
+    ------
+    BufferArgumentError
+        The model's replay buffer is not store-backed.
+
+    Notes
+    -----
+    Cost: O(1).
+    """
+    buf = getattr(model, "replay_buffer", None)
+    if not isinstance(buf, _StoreBufferMixin):
+        raise BufferArgumentError(f"model.replay_buffer: expected a ReplayStoreBuffer or ReplayStoreDictBuffer, "
+                                  f"got {type(buf).__name__}")
+    model.learning_starts = max(0, int(model.learning_starts) - buf.stored_at_open)
+    return int(model.learning_starts)
