@@ -193,6 +193,7 @@ class _StoreBufferMixin:
         self._env_ids = np.arange(n_envs)
         self._prev_next = {c: np.zeros(shape, self._columns[c].dtype) for c, _, _, shape in self._obs_specs}
         self._has_prev = False
+        self._added = 0  # add() calls since the store was opened
         self._prev_done = np.ones(n_envs, dtype=bool)
         self._step = np.zeros(n_envs, dtype=np.int64)
         self._ep_first = np.zeros(n_envs, dtype=np.int64)
@@ -263,8 +264,9 @@ class _StoreBufferMixin:
     # -- SB3's interface ------------------------------------------------------------------
     @property  # type: ignore[override]
     def pos(self) -> int:
-        """Where SB3's own buffer would write next: ``size() % buffer_size`` (read only)."""
-        return self.size() % self.buffer_size if self.full else self.size()
+        """Where SB3's own buffer would write next (read only): the steps held, modulo ``buffer_size``."""
+        steps = -(-self.stored_at_open // self.n_envs) + self._added
+        return steps % self.buffer_size if self.full else self.size()
 
     @pos.setter
     def pos(self, value: int) -> None:
@@ -351,6 +353,7 @@ class _StoreBufferMixin:
         for obs_col, next_col, _, _ in self._obs_specs:
             np.copyto(self._prev_next[obs_col], a[next_col][rows])
         self._has_prev = True
+        self._added += 1
         log.n = i + n
         if log.n + n > log.rows:
             log.commit()
@@ -379,22 +382,34 @@ class _StoreBufferMixin:
     def _draw(self, batch_size: int) -> dict[str, np.ndarray]:
         """The flat columns of ``batch_size`` transitions drawn uniformly (with replacement)."""
         log = self._log
-        table = log.table
-        committed = len(table)
+        view = log.table.view()  # (its read keeps a nested field's leaves flat, under their column names)
+        committed = len(view)
         total = committed + log.n
         low = max(0, total - self.capacity)  # (the oldest positions come first: drop those past capacity)
         if total - low <= 0:
             raise EmptyStoreError(f"{self.url}: the replay holds no transition to sample")
         idx = np.random.randint(low, total, size=batch_size)
         if not log.n or int(idx.max()) < committed:
-            return table.read(table.rows_at(idx), self._read_columns)
+            return self._flat(view.read(view.rows_at(idx), self._read_columns))
         in_store = idx < committed
         tail = idx[~in_store] - committed
         if not in_store.any():
             return {name: arr[tail] for name, arr in log.arrays.items()}
         # (draws from the store first, then from RAM: the same i.i.d. uniform draws, grouped)
-        stored = table.read(table.rows_at(idx[in_store]), self._read_columns)
+        stored = self._flat(view.read(view.rows_at(idx[in_store]), self._read_columns))
         return {name: np.concatenate((stored[name], arr[tail])) for name, arr in log.arrays.items()}
+
+    def _flat(self, cols: dict[str, Any]) -> dict[str, np.ndarray]:
+        """``cols`` with a nested field's leaves under their column names (``obs__image``)."""
+        if self._leaves == [("", None)]:
+            return cols
+        out: dict[str, np.ndarray] = {}
+        for name, value in cols.items():
+            if isinstance(value, dict):
+                out.update({f"{name}{_SEP}{key}": leaf for key, leaf in value.items()})
+            else:
+                out[name] = value
+        return out
 
     def _obs_of(self, cols: dict[str, np.ndarray], base: str) -> Any:
         shape = self.obs_shape
