@@ -142,8 +142,8 @@ class _StoreBufferMixin:
     """The store-backed body shared by :class:`ReplayStoreBuffer` and :class:`ReplayStoreDictBuffer`."""
 
     # set by SB3's BaseBuffer.__init__ and by this class
-    observation_space: spaces.Space
-    action_space: spaces.Space
+    observation_space: Any
+    action_space: Any
     device: th.device
     n_envs: int
     buffer_size: int
@@ -194,6 +194,9 @@ class _StoreBufferMixin:
         self._prev_next = {c: np.zeros(shape, self._columns[c].dtype) for c, _, _, shape in self._obs_specs}
         self._has_prev = False
         self._added = 0  # add() calls since the store was opened
+        # sampled actions in SB3's dtype: the space's, float64 as float32
+        space_dtype = np.dtype(self.action_space.dtype)
+        self._action_dtype = np.dtype(np.float32) if space_dtype == np.float64 else space_dtype
         self._prev_done = np.ones(n_envs, dtype=bool)
         self._step = np.zeros(n_envs, dtype=np.int64)
         self._ep_first = np.zeros(n_envs, dtype=np.int64)
@@ -262,7 +265,7 @@ class _StoreBufferMixin:
                     f"for observation space {self.observation_space} and action space {self.action_space}")
 
     # -- SB3's interface ------------------------------------------------------------------
-    @property  # type: ignore[override]
+    @property
     def pos(self) -> int:
         """Where SB3's own buffer would write next (read only): the steps held, modulo ``buffer_size``."""
         steps = -(-self.stored_at_open // self.n_envs) + self._added
@@ -272,7 +275,7 @@ class _StoreBufferMixin:
     def pos(self, value: int) -> None:
         """Ignored (SB3's base class sets it to 0 on construction; the store is the position)."""
 
-    @property  # type: ignore[override]
+    @property
     def full(self) -> bool:
         """Whether the replay holds ``buffer_size * n_envs`` transitions (its capacity) or more."""
         return self._transitions() >= self.capacity
@@ -423,9 +426,8 @@ class _StoreBufferMixin:
         next_obs = self._normalize_obs(self._obs_of(cols, "next_obs"), env)  # type: ignore[attr-defined]
         done = cols["terminated"] if self.handle_timeout_termination else cols["terminated"] | cols["truncated"]
         action = cols["action"].reshape(-1, self.action_dim)
-        dtype = ReplayBuffer._maybe_cast_dtype(self.action_space.dtype)
-        if dtype is not None and action.dtype != dtype:
-            action = action.astype(dtype)
+        if action.dtype != self._action_dtype:
+            action = action.astype(self._action_dtype)
         reward = cols["reward"].reshape(-1, 1)
         if reward.dtype != np.float32:
             reward = reward.astype(np.float32)

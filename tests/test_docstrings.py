@@ -44,7 +44,7 @@ TOOLS = {
     "replaystore.tools.importer": ["import_store"],
 }
 # Modules whose ``__all__`` is checked only where their optional dependency is installed.
-OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data"]
+OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data", "replaystore.integrations.sb3"]
 
 
 def _exported() -> Iterator[tuple[str, Any]]:

@@ -424,3 +424,30 @@ def test_bad_arguments_get_typed_errors_and_leave_the_store(tmp_path: Path) -> N
     np.testing.assert_array_equal(ids, ids2)
     with open_store(url, mode="r") as s:
         assert len(s.writers) == 1  # no writer registered by the refused opens
+
+
+def test_pending_transitions_are_committed_when_the_process_exits(tmp_path: Path) -> None:
+    """A process that returns normally without close(): its pending transitions (fewer than commit_every)
+    are committed at interpreter exit; the same for a buffer that is garbage-collected."""
+    url = str(tmp_path / "r")
+    code = (
+        "import gc, sys, numpy as np, gymnasium as gym\n"
+        "from replaystore.integrations.sb3 import ReplayStoreBuffer\n"
+        "env = gym.make('CartPole-v1')\n"
+        "def fill(url, n):\n"
+        "    b = ReplayStoreBuffer(1000, env.observation_space, env.action_space, url=url)\n"
+        "    for t in range(n):\n"
+        "        b.add(np.full((1, 4), t, np.float32), np.full((1, 4), t + 1, np.float32), np.array([1]),\n"
+        "              np.array([1.0]), np.array([False]), [{}])\n"
+        "    return b\n"
+        "fill(sys.argv[1] + '-gc', 5)\n"
+        "gc.collect()\n"
+        "keep = fill(sys.argv[1], 7)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    for path, n in ((url + "-gc", 5), (url, 7)):
+        ids, cols, _ = stored(path)
+        assert len(ids) == n
+        np.testing.assert_array_equal(cols["obs"][:, 0], np.arange(n))
