@@ -104,7 +104,8 @@ def body(tmp: str, cfg: dict[str, Any], out: benchkit.Table) -> None:
 
     rates = benchkit.interleaved({"ours": (lambda: ours.sample(BATCH), 1), "sb3": (lambda: ref.sample(BATCH), 1)},
                                  cfg)
-    out.add(f"sample({BATCH}) from {n:,} CartPole transitions, all committed", rates["ours"], rates["sb3"], "batches/s", 0.5)
+    out.add(f"sample({BATCH}) from {n:,} CartPole transitions, all committed", rates["ours"], rates["sb3"],
+            "batches/s", 0.5)
     for t in range(500):  # 500 steps pending: a sample draws from the store and from RAM
         ours.add(obs[t], obs[t + 1], act[t], rew[t], done[t], infos)
     rates = benchkit.interleaved({"ours": (lambda: ours.sample(BATCH), 1), "sb3": (lambda: ref.sample(BATCH), 1)},

@@ -73,6 +73,7 @@ class _Log:
         self.writer: Writer | None = None
         self.keys: np.ndarray | None = None
         self.ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
+        self.appended = False  # records appended to the writer and not committed yet
         self.closed = False
 
     def stream_keys(self) -> np.ndarray:
@@ -88,17 +89,23 @@ class _Log:
 
         Cost: one concatenation-free append of the pending rows, one commit (file syncs).
         """
-        if self.closed or (not self.n and not self.ended["stream"]):
+        if self.closed:
             return
-        keys = self.stream_keys()
-        assert self.writer is not None
-        n = self.n
-        if n:
+        if self.n:
+            keys = self.stream_keys()
+            assert self.writer is not None
+            n = self.n
             self.writer.append({name: a[:n] for name, a in self.arrays.items()}, stream=keys[self.env[:n]],
                                reset=self.reset[:n])
+            self.n = 0  # (the writer holds them now: a failed commit below leaves them pending there)
+            self.appended = True
+        if not self.appended and not self.ended["stream"]:
+            return
+        self.stream_keys()
+        assert self.writer is not None
         ended = self.ended if self.ended["stream"] else None
         self.writer.commit(metadata={"episodes": ended} if ended is not None else None)
-        self.n = 0
+        self.appended = False
         self.ended = {k: [] for k in EPISODE_KEYS}
 
     def close(self) -> None:
@@ -313,6 +320,8 @@ class _StoreBufferMixin:
         if log.closed:
             raise StoreError(f"{self.url}: the buffer is closed")
         n = self.n_envs
+        if log.n + n > log.rows:  # (a commit that failed at the last add: try again before adding)
+            log.commit()
         i = log.n
         a = log.arrays
         rows = slice(i, i + n)
