@@ -170,8 +170,6 @@ class _StoreBufferMixin:
             raise BufferArgumentError("optimize_memory_usage: not supported (the store keeps next_obs per record "
                                       "on disk, so there is no RAM to save); pass optimize_memory_usage=False")
         commit_every = _positive_int("commit_every", commit_every)
-        _positive_int("buffer_size", buffer_size)
-        _positive_int("n_envs", n_envs)
         self.url = os.fspath(url)
         self.commit_every = commit_every
         self.handle_timeout_termination = bool(handle_timeout_termination)
@@ -542,7 +540,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
 
     Notes
     -----
-    Cost: ``add`` copies one step into RAM (~10 µs); a commit every ``commit_every``
+    Cost: ``add`` copies one step into RAM (~30 µs); a commit every ``commit_every``
     steps appends and syncs (~2-15 ms on local disk); ``sample(256)`` is one gathered
     read of the sampled rows.
     """
@@ -553,6 +551,8 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
                  commit_every: int = DEFAULT_COMMIT_EVERY, storage_options: Mapping[str, Any] | None = None) -> None:
         if isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
+        _positive_int("buffer_size", buffer_size)
+        _positive_int("n_envs", n_envs)
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
@@ -673,6 +673,8 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         if not isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError(f"observation_space: expected a Dict space, got "
                                       f"{type(observation_space).__name__}; use ReplayStoreBuffer")
+        _positive_int("buffer_size", buffer_size)
+        _positive_int("n_envs", n_envs)
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,

@@ -398,6 +398,10 @@ def test_bad_arguments_get_typed_errors_and_leave_the_store(tmp_path: Path) -> N
                           handle_timeout_termination=False, url=url)
     with pytest.raises(BufferArgumentError, match="commit_every"):
         ReplayStoreBuffer(100, env.observation_space, env.action_space, url=url, commit_every=0)
+    with pytest.raises(BufferArgumentError, match="n_envs"):
+        ReplayStoreBuffer(100, env.observation_space, env.action_space, n_envs=0, url=url)
+    with pytest.raises(BufferArgumentError, match="buffer_size"):
+        ReplayStoreBuffer(0, env.observation_space, env.action_space, url=url)
     assert not os.path.exists(url)
     buf = ReplayStoreBuffer(100, env.observation_space, env.action_space, url=url, commit_every=2)
     for _ in range(3):
