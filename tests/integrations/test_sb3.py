@@ -454,3 +454,40 @@ def test_pending_transitions_are_committed_when_the_process_exits(tmp_path: Path
         ids, cols, _ = stored(path)
         assert len(ids) == n
         np.testing.assert_array_equal(cols["obs"][:, 0], np.arange(n))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_failed_commit_is_retried_without_losing_or_repeating_transitions(tmp_path: Path) -> None:
+    """A commit that fails (writes past the file size limit fail with EFBIG, as on a full disk) raises from
+    ``add``; once writes work again, the next ``add`` and ``flush`` commit every transition exactly once."""
+    code = (
+        "import errno, resource, signal, sys, numpy as np, gymnasium as gym\n"
+        "from replaystore.integrations.sb3 import ReplayStoreBuffer\n"
+        "env = gym.make('CartPole-v1')\n"
+        "b = ReplayStoreBuffer(1000, env.observation_space, env.action_space, url=sys.argv[1], commit_every=5)\n"
+        "def add(t):\n"
+        "    b.add(np.full((1, 4), t, np.float32), np.full((1, 4), t + 1, np.float32), np.array([1]),\n"
+        "          np.array([1.0]), np.array([False]), [{}])\n"
+        "for t in range(5):\n"
+        "    add(t)\n"  # (the fifth add commits)
+        "add(5); add(6); add(7); add(8)\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))\n"
+        "try:\n"
+        "    add(9)\n"  # (the tail is full: its commit fails)
+        "    print('no error')\n"
+        "except OSError as exc:\n"
+        "    print('failed', errno.errorcode.get(exc.errno))\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))\n"
+        "add(10)\n"
+        "b.flush()\n"
+        "b.close()\n"
+    )
+    url = str(tmp_path / "r")
+    r = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["failed", "EFBIG"]
+    _, cols, (_, steps, _) = stored(url)
+    assert sorted(cols["obs"][:, 0].tolist()) == list(range(11))
+    assert sorted(steps.tolist()) == list(range(11))
