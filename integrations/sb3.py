@@ -13,6 +13,7 @@ Needs the optional dependency stable-baselines3: ``pip install "replaystore[sb3]
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -39,7 +40,11 @@ from replaystore.store import Store, Table, Writer, open_store
 __all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "resume_learning_starts"]
 
 DEFAULT_COMMIT_EVERY = 1000
-"""Environment steps (``add`` calls) between commits by default."""
+"""Environment steps (``add`` calls) between commits by default, fewer where they would not fit
+:data:`TAIL_BYTES`."""
+
+TAIL_BYTES = 64 << 20
+"""By default the pending (uncommitted) transitions kept in RAM hold at most about this many bytes."""
 
 EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated", "truncated")
 """The columns of the per-commit ``episodes`` metadata (as ``replaystore.gym``'s recorders write it)."""
@@ -160,7 +165,8 @@ class _StoreBufferMixin:
     handle_timeout_termination: bool
 
     def _open(self, url: Any, buffer_size: int, n_envs: int, handle_timeout_termination: bool,
-              optimize_memory_usage: bool, commit_every: int, storage_options: Mapping[str, Any] | None) -> None:
+              optimize_memory_usage: bool, commit_every: int | None,
+              storage_options: Mapping[str, Any] | None) -> None:
         if url is None:
             raise BufferArgumentError("url: expected the store's URL (a local path, file://, s3://, memory://) "
                                       "in replay_buffer_kwargs={'url': ...}, got none")
@@ -169,9 +175,9 @@ class _StoreBufferMixin:
         if optimize_memory_usage:
             raise BufferArgumentError("optimize_memory_usage: not supported (the store keeps next_obs per record "
                                       "on disk, so there is no RAM to save); pass optimize_memory_usage=False")
-        commit_every = _positive_int("commit_every", commit_every)
+        if commit_every is not None:
+            commit_every = _positive_int("commit_every", commit_every)
         self.url = os.fspath(url)
-        self.commit_every = commit_every
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.optimize_memory_usage = False
         self._init_args = {"buffer_size": buffer_size, "n_envs": n_envs, "commit_every": commit_every,
@@ -186,6 +192,10 @@ class _StoreBufferMixin:
         schema = store.schema
         self._columns = {f.name: f for f in schema.dense_fields}
         self._read_columns = list(self._columns)
+        if commit_every is None:  # the default: 1000 steps, fewer for large observations
+            step_bytes = n_envs * sum(f.dtype.itemsize * math.prod(f.shape) for f in self._columns.values())
+            commit_every = max(1, min(DEFAULT_COMMIT_EVERY, TAIL_BYTES // step_bytes))
+        self.commit_every: int = commit_every
         self._log = _Log(store, self._columns, commit_every * n_envs, n_envs)
         self._finalizer = weakref.finalize(self, self._log.close)
         self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: _commit_at_exit runs earlier)
@@ -516,8 +526,10 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         for truncations too. The store holds both flags either way.
     url : str or os.PathLike
         Where the store lives (created when absent); required.
-    commit_every : int
-        Commit once this many ``add`` calls (vector-env steps) are pending.
+    commit_every : int, optional
+        Commit once this many ``add`` calls (vector-env steps) are pending. Default: 1000, or
+        fewer so that the pending steps take at most ~64 MiB of RAM (e.g. 148 steps of 8 Atari
+        envs, 84x84x4 frames).
     storage_options : mapping, optional
         Passed to the storage backend (e.g. S3 options).
 
@@ -548,7 +560,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
-                 commit_every: int = DEFAULT_COMMIT_EVERY, storage_options: Mapping[str, Any] | None = None) -> None:
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         if isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
         _positive_int("buffer_size", buffer_size)
@@ -644,8 +656,8 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         As :class:`ReplayStoreBuffer`.
     url : str or os.PathLike
         Where the store lives; required.
-    commit_every : int
-        Commit once this many ``add`` calls are pending.
+    commit_every : int, optional
+        Commit once this many ``add`` calls are pending (default as :class:`ReplayStoreBuffer`).
     storage_options : mapping, optional
         Passed to the storage backend.
 
@@ -669,7 +681,7 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
-                 commit_every: int = DEFAULT_COMMIT_EVERY, storage_options: Mapping[str, Any] | None = None) -> None:
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError(f"observation_space: expected a Dict space, got "
                                       f"{type(observation_space).__name__}; use ReplayStoreBuffer")

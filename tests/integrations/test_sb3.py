@@ -491,3 +491,18 @@ def test_a_failed_commit_is_retried_without_losing_or_repeating_transitions(tmp_
     _, cols, (_, steps, _) = stored(url)
     assert sorted(cols["obs"][:, 0].tolist()) == list(range(11))
     assert sorted(steps.tolist()) == list(range(11))
+
+
+def test_default_commit_every_bounds_the_ram_of_pending_steps(tmp_path: Path) -> None:
+    """Default cadence: 1000 steps, fewer where they would exceed ~64 MiB (8 envs of 84x84x4 frames: 148)."""
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    b = ReplayStoreBuffer(10_000, frames, gym.spaces.Discrete(4), n_envs=8, url=str(tmp_path / "atari"))
+    small = ReplayStoreBuffer(10_000, gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                              url=str(tmp_path / "small"))
+    assert (b.commit_every, small.commit_every) == (148, 1000)
+    for _ in range(148):
+        b.add(np.zeros((8, 4, 84, 84), np.uint8), np.zeros((8, 4, 84, 84), np.uint8), np.zeros(8, np.int64),
+              np.zeros(8, np.float32), np.zeros(8, bool), [{}] * 8)
+    assert b.pending == 0 and b.size() == 148  # committed at the 148th step
+    b.close()
+    small.close()
