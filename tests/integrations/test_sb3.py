@@ -33,7 +33,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from replaystore.errors import BufferArgumentError, SchemaMismatchError
 from replaystore.gym import recorded_episodes
 from replaystore.integrations.sb3 import ReplayStoreBuffer, ReplayStoreDictBuffer, resume_learning_starts
-from replaystore.store import open_store
+from replaystore.store import open_store, verify_store
 from support.dictenv import DictObsEnv
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -363,6 +363,8 @@ def test_sigkill_mid_training_then_dqn_load_continues_with_the_replay(tmp_path: 
     rb.close()
     ids2, after, _ = stored(url)
     assert len(ids2) == len(ids) + added
+    with open_store(url, mode="r") as s:
+        assert verify_store(s) == []  # the killed writer left nothing damaged
     kept = np.isin(ids2, ids)
     assert kept.sum() == len(ids)
     for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
