@@ -33,6 +33,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from replaystore.errors import BufferArgumentError, SchemaMismatchError
 from replaystore.gym import recorded_episodes
 from replaystore.integrations.sb3 import ReplayStoreBuffer, ReplayStoreDictBuffer, resume_learning_starts
+from replaystore.loaders import iter_episodes
 from replaystore.store import open_store, verify_store
 from support.dictenv import DictObsEnv
 
@@ -193,6 +194,11 @@ def test_n_envs_streams_and_time_limit_truncations(tmp_path: Path) -> None:
     assert cols["truncated"].sum() > 0 and cols["terminated"].sum() > 0
     assert not (cols["truncated"] & cols["terminated"]).any()
     buf.close()
+    # the loaders' episode reader sees SB3's episodes: one per done, truncated where SB3 saw a timeout
+    with open_store(url, mode="r") as s:
+        eps = list(iter_episodes(s.default))
+    assert len(eps) == int(ref.dones[:100].sum())
+    assert sum(bool(e["truncated"]) for e in eps) == int((ref.dones[:100] * ref.timeouts[:100]).sum())
 
 
 def test_without_handle_timeout_termination_truncations_are_dones(tmp_path: Path) -> None:
