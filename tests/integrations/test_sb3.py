@@ -29,6 +29,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from stable_baselines3.common.vec_env import VecNormalize
 
 from replaystore.errors import BufferArgumentError, SchemaMismatchError
 from replaystore.gym import recorded_episodes
@@ -514,3 +515,23 @@ def test_default_commit_every_bounds_the_ram_of_pending_steps(tmp_path: Path) ->
     assert b.pending == 0 and b.size() == 148  # committed at the 148th step
     b.close()
     small.close()
+
+
+def test_sample_normalises_through_vec_normalize_as_sb3(tmp_path: Path) -> None:
+    """DQN on a VecNormalize env: the store keeps the original observations and rewards (as SB3's buffer
+    does), and ``sample(n, env)`` returns them normalised by ``env``."""
+    venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    model = DQN("MlpPolicy", venv, learning_starts=50, seed=0, device="cpu", policy_kwargs={"net_arch": [16]},
+                replay_buffer_class=Tee, replay_buffer_kwargs={"url": str(tmp_path / "r"), "commit_every": 40})
+    model.learn(200)
+    buf = model.replay_buffer
+    check_samples(buf, ref_transitions(buf.ref))  # (raw values, as SB3's buffer stores them)
+    np.random.seed(5)
+    raw = buf.sample(64)
+    np.random.seed(5)
+    normed = buf.sample(64, env=venv)
+    np.testing.assert_allclose(normed.observations.numpy(), venv.normalize_obs(raw.observations.numpy()))
+    np.testing.assert_allclose(normed.next_observations.numpy(), venv.normalize_obs(raw.next_observations.numpy()))
+    np.testing.assert_allclose(normed.rewards.numpy(), venv.normalize_reward(raw.rewards.numpy()))
+    assert not np.allclose(normed.observations.numpy(), raw.observations.numpy())
+    buf.close()
