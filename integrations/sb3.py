@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -33,9 +32,10 @@ import numpy as np
 
 from replaystore.errors import BufferArgumentError, SchemaMismatchError, StoreError, StoreNotFoundError
 from replaystore.gym import schema_from_spaces
+from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_at_exit
 from replaystore.loaders import EmptyStoreError
 from replaystore.schemas import Dense, Schema
-from replaystore.store import Store, Table, Writer, open_store
+from replaystore.store import Store, open_store
 
 __all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "resume_learning_starts"]
 
@@ -46,9 +46,6 @@ DEFAULT_COMMIT_EVERY = 1000
 TAIL_BYTES = 64 << 20
 """By default the pending (uncommitted) transitions kept in RAM hold at most about this many bytes."""
 
-EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated", "truncated")
-"""The columns of the per-commit ``episodes`` metadata (as ``replaystore.gym``'s recorders write it)."""
-
 _SEP = "__"
 
 
@@ -56,98 +53,6 @@ def _positive_int(name: str, value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < 1:
         raise BufferArgumentError(f"{name}: expected a positive int, got {value!r}")
     return int(value)
-
-
-class _Log:
-    """The pending (uncommitted) transitions of one buffer, in RAM, and the writer that commits them.
-
-    Rows are laid out step-major (``n_envs`` rows per ``add``); each column is a preallocated
-    array of ``rows`` records. Kept apart from the buffer object so that a finalizer can commit
-    the pending rows at exit without keeping the buffer alive.
-    """
-
-    def __init__(self, store: Store, columns: Mapping[str, Dense], rows: int, n_envs: int) -> None:
-        self.store = store
-        self.table: Table = store.default
-        self.rows = rows
-        self.n = 0
-        self.arrays = {name: np.zeros((rows, *f.shape), dtype=f.dtype) for name, f in columns.items()}
-        self.env = np.zeros(rows, dtype=np.int64)  # the env index (stream) of each pending row
-        self.reset = np.zeros(rows, dtype=bool)
-        self.n_envs = n_envs
-        self.writer: Writer | None = None
-        self.keys: np.ndarray | None = None
-        self.ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
-        self.appended = False  # records appended to the writer and not committed yet
-        self.closed = False
-
-    def stream_keys(self) -> np.ndarray:
-        """One stream key per env index, ``"w<writer>-<env>"`` (the recorders' convention)."""
-        if self.writer is None:
-            self.writer = self.store.writer()
-            self.keys = np.array([f"w{self.writer.id}-{j}" for j in range(self.n_envs)])
-        assert self.keys is not None
-        return self.keys
-
-    def commit(self) -> None:
-        """Append the pending rows and commit them with the episodes ended since the last commit.
-
-        Cost: one concatenation-free append of the pending rows, one commit (file syncs).
-        """
-        if self.closed:
-            return
-        if self.n:
-            keys = self.stream_keys()
-            assert self.writer is not None
-            n = self.n
-            self.writer.append({name: a[:n] for name, a in self.arrays.items()}, stream=keys[self.env[:n]],
-                               reset=self.reset[:n])
-            self.n = 0  # (the writer holds them now: a failed commit below leaves them pending there)
-            self.appended = True
-        if not self.appended and not self.ended["stream"]:
-            return
-        self.stream_keys()
-        assert self.writer is not None
-        ended = self.ended if self.ended["stream"] else None
-        self.writer.commit(metadata={"episodes": ended} if ended is not None else None)
-        self.appended = False
-        self.ended = {k: [] for k in EPISODE_KEYS}
-
-    def close(self) -> None:
-        """Commit what is pending and release the writer and the store (idempotent)."""
-        if self.closed:
-            return
-        try:
-            self.commit()
-        finally:
-            self.closed = True
-            try:
-                if self.writer is not None:
-                    self.writer.close()
-            finally:
-                self.store.close()
-
-
-def _commit_at_exit(log: _Log) -> None:
-    """Have ``log`` committed and closed when the interpreter exits normally.
-
-    Registered with ``threading``'s exit hooks, which run before the thread pools the writer
-    syncs with are shut down (``atexit`` runs after them). Holds ``log`` weakly.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - CPython has it since 3.9
-        return
-    ref = weakref.ref(log)
-
-    def close() -> None:
-        live = ref()
-        if live is not None:
-            live.close()
-
-    try:
-        register(close)
-    except RuntimeError:  # (the interpreter is already shutting down)
-        pass
 
 
 class _StoreBufferMixin:
@@ -196,10 +101,10 @@ class _StoreBufferMixin:
             step_bytes = n_envs * sum(f.dtype.itemsize * math.prod(f.shape) for f in self._columns.values())
             commit_every = max(1, min(DEFAULT_COMMIT_EVERY, TAIL_BYTES // step_bytes))
         self.commit_every: int = commit_every
-        self._log = _Log(store, self._columns, commit_every * n_envs, n_envs)
+        self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
         self._finalizer = weakref.finalize(self, self._log.close)
-        self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: _commit_at_exit runs earlier)
-        _commit_at_exit(self._log)
+        self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: commit_at_exit runs earlier)
+        commit_at_exit(self._log)
         self.stored_at_open = len(self._log.table)
         # per env: continuity and the episode in progress
         self._obs_specs = [(f"obs{sfx}", f"next_obs{sfx}", key, (n_envs, *self._columns[f"obs{sfx}"].shape))
