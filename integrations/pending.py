@@ -24,9 +24,9 @@ EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated"
 class PendingLog:
     """The pending (uncommitted) transitions of one buffer, in RAM, and the writer that commits them.
 
-    Rows are laid out step-major (``n_envs`` rows per ``add``); each column is a preallocated
-    array of ``rows`` records. Kept apart from the buffer object so that a finalizer can commit
-    the pending rows at exit without keeping the buffer alive.
+    Rows are laid out step-major (``n_envs`` rows per ``add``: row ``r`` is env ``r % n_envs``);
+    each column is a preallocated array of ``rows`` records. Kept apart from the buffer object so
+    that a finalizer can commit the pending rows at exit without keeping the buffer alive.
 
     Parameters
     ----------
@@ -50,7 +50,6 @@ class PendingLog:
         self.rows = rows
         self.n = 0
         self.arrays = {name: np.zeros((rows, *f.shape), dtype=f.dtype) for name, f in columns.items()}
-        self.env = np.zeros(rows, dtype=np.int64)  # the env index (stream) of each pending row
         self.reset = np.zeros(rows, dtype=bool)
         self.n_envs = n_envs
         self.writer: Writer | None = None
@@ -84,8 +83,8 @@ class PendingLog:
             keys = self.stream_keys()
             assert self.writer is not None
             n = self.n
-            self.writer.append({name: a[:n] for name, a in self.arrays.items()}, stream=keys[self.env[:n]],
-                               reset=self.reset[:n])
+            self.writer.append({name: a[:n] for name, a in self.arrays.items()},
+                               stream=keys[np.arange(n) % self.n_envs], reset=self.reset[:n])
             self.n = 0  # (the writer holds them now: a failed commit below leaves them pending there)
             self.appended = True
         if not self.appended and not self.ended["stream"]:

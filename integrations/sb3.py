@@ -240,30 +240,36 @@ class _StoreBufferMixin:
         rows = slice(i, i + n)
         try:
             for obs_col, next_col, key, shape in self._obs_specs:
-                a[obs_col][rows] = np.asarray(obs if key is None else obs[key]).reshape(shape)
-                a[next_col][rows] = np.asarray(next_obs if key is None else next_obs[key]).reshape(shape)
-            a["action"][rows] = np.asarray(action).reshape(self._action_rows)
-            a["reward"][rows] = np.asarray(reward).reshape(n)
-            done_ = np.asarray(done, dtype=bool).reshape(n)
-            timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
+                a[obs_col][rows] = np.reshape(obs if key is None else obs[key], shape)
+                a[next_col][rows] = np.reshape(next_obs if key is None else next_obs[key], shape)
+            a["action"][rows] = np.reshape(action, self._action_rows)
+            a["reward"][rows] = np.reshape(reward, n)
+            done_ = np.array(done, dtype=bool).reshape(n)  # (a copy: kept until the next add)
+            timeout = [bool(info.get("TimeLimit.truncated", False)) for info in infos]
+            if len(timeout) != n:
+                raise ValueError(f"{len(timeout)} infos for {n} envs")
         except (ValueError, TypeError, KeyError) as exc:
             raise BufferArgumentError(f"add: the transition does not fit the buffer's spaces "
                                       f"(n_envs {n}): {exc}") from None
         self._check_values(rows)
-        a["terminated"][rows] = done_ & ~timeout
-        a["truncated"][rows] = done_ & timeout
+        any_done = bool(done_.any())
+        if any_done:
+            trunc = done_ & np.array(timeout, dtype=bool)
+            a["terminated"][rows] = done_ & ~trunc
+            a["truncated"][rows] = trunc
+        else:
+            a["terminated"][rows] = False
+            a["truncated"][rows] = False
         # a new episode where the last one ended, or where obs does not continue the last next_obs
         begin = self._prev_done
-        if self._has_prev and not begin.all():
+        if self._has_prev and not begin.all() and not self._continues(rows):
             same = np.ones(n, dtype=bool)
             for obs_col, _, _, _ in self._obs_specs:
                 same &= (a[obs_col][rows] == self._prev_next[obs_col]).reshape(n, -1).all(axis=1)
-            if not same.all():
-                cut = ~same & ~begin
-                if cut.any():  # the env was reset mid-episode (e.g. a new learn()): the episode is abandoned
-                    self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
-                begin = begin | ~same
-        log.env[rows] = self._env_ids
+            cut = ~same & ~begin
+            if cut.any():  # the env was reset mid-episode (e.g. a new learn()): the episode is abandoned
+                self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
+            begin = begin | ~same
         log.reset[rows] = begin
         if begin.any():
             self._ep_first[begin] = self._step[begin]
@@ -272,7 +278,7 @@ class _StoreBufferMixin:
         self._step += 1
         self._ep_length += 1
         self._ep_return += a["reward"][rows]
-        if done_.any():
+        if any_done:
             self._end(done_, a["terminated"][rows], a["truncated"][rows])
         self._prev_done = done_
         for obs_col, next_col, _, _ in self._obs_specs:
@@ -283,15 +289,22 @@ class _StoreBufferMixin:
         if log.n + n > log.rows:
             log.commit()
 
+    def _continues(self, rows: slice) -> bool:
+        """Whether every env's ``obs`` is bytewise its last ``next_obs`` (the common case, checked cheaply)."""
+        a = self._log.arrays
+        return all(a[obs_col][rows].tobytes() == self._prev_next[obs_col].tobytes()
+                   for obs_col, _, _, _ in self._obs_specs)
+
     def _check_values(self, rows: slice) -> None:
         a = self._log.arrays
         for name in self._finite:
-            if not np.isfinite(a[name][rows]).all():
+            values = a[name][rows]
+            if not math.isfinite(values.sum()) and not np.isfinite(values).all():  # (a sum can overflow)
                 raise BufferArgumentError(f"add: {name!r} holds a NaN or infinite value")
         if self._n_actions is not None:
-            act = a["action"][rows]
-            if act.size and (int(act.min()) < 0 or int(act.max()) >= self._n_actions):
-                raise BufferArgumentError(f"add: 'action' outside Discrete({self._n_actions}): {act.tolist()}")
+            act = a["action"][rows].tolist()
+            if min(act) < 0 or max(act) >= self._n_actions:
+                raise BufferArgumentError(f"add: 'action' outside Discrete({self._n_actions}): {act}")
 
     def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
         keys = self._log.stream_keys()
