@@ -470,7 +470,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
 
     Notes
     -----
-    Cost: ``add`` copies one step into RAM (~30 µs); a commit every ``commit_every``
+    Cost: ``add`` copies one step into RAM (~20 µs); a commit every ``commit_every``
     steps appends and syncs (~2-15 ms on local disk); ``sample(256)`` is one gathered
     read of the sampled rows.
     """
