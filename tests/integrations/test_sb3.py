@@ -218,7 +218,7 @@ def test_without_handle_timeout_termination_truncations_are_dones(tmp_path: Path
 
 
 # -- reference model --------------------------------------------------------------------------
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n_envs=st.integers(1, 3), buffer_size=st.integers(3, 30), commit_every=st.integers(1, 6),
        handle=st.booleans(), steps=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 2)), min_size=1,
                                             max_size=40), seed=st.integers(0, 2**16))
