@@ -288,6 +288,7 @@ class StoreReplacedError(StoreError):
     The opener that lost wrote and deleted nothing.
     """
 
+
 class StepRangeError(StepOrderError):
     """A step lies outside the format's step range ``[0, MAX_STEP]`` (``field`` is ``"step"``).
 
@@ -500,3 +501,13 @@ class RateLimitTimeout(StoreError, TimeoutError):
         self.timeout = timeout
         super().__init__(f"{limiter}: waited {timeout:g} s for {waited_for}; counts: {inserts} inserts, "
                          f"{samples} samples, {size} records in the table")
+
+class BufferArgumentError(StoreError, ValueError):
+    """A trainer-facing replay buffer adapter got an argument or a value it cannot use.
+
+    Raised by ``replaystore.integrations.sb3``'s buffers: no ``url``, a
+    ``buffer_size`` that differs from the existing store's capacity, an unsupported
+    option (``optimize_memory_usage=True``), or an ``add`` whose values do not fit the
+    spaces. The message names the argument or field; the store is left as it was.
+    It is also a ``ValueError``.
+    """

@@ -44,7 +44,8 @@ TOOLS = {
     "replaystore.tools.importer": ["import_store"],
 }
 # Modules whose ``__all__`` is checked only where their optional dependency is installed.
-OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data", "replaystore.integrations.torchrl"]
+OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data", "replaystore.integrations.torchrl",
+                     "replaystore.integrations.sb3", "replaystore.integrations.pending"]
 
 
 def _exported() -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,698 @@
+"""Stable-Baselines3 replay buffers whose transitions live in a store.
+
+``ReplayStoreBuffer`` (Box/Discrete/MultiDiscrete/MultiBinary observations) and
+``ReplayStoreDictBuffer`` (Dict observations) subclass SB3's ``ReplayBuffer`` and
+``DictReplayBuffer``; pass them as ``replay_buffer_class`` with
+``replay_buffer_kwargs={"url": ...}`` to DQN, SAC, TD3 (any off-policy algorithm).
+The replay survives its process: ``DQN.load`` of a saved model reopens the same
+store (SB3 keeps ``replay_buffer_kwargs`` in its zip), and nothing of the replay is
+pickled.
+
+Needs the optional dependency stable-baselines3: ``pip install "replaystore[sb3]"``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+    from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+    from stable_baselines3.common.vec_env import VecNormalize
+except ImportError as exc:  # pragma: no cover - exercised only without stable-baselines3
+    raise ImportError('replaystore.integrations.sb3 needs stable-baselines3: pip install "replaystore[sb3]"') from exc
+
+import numpy as np
+
+from replaystore.errors import BufferArgumentError, SchemaMismatchError, StoreError, StoreNotFoundError
+from replaystore.gym import schema_from_spaces
+from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_at_exit
+from replaystore.loaders import EmptyStoreError
+from replaystore.schemas import Dense, Schema
+from replaystore.store import Store, open_store
+
+__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "resume_learning_starts"]
+
+DEFAULT_COMMIT_EVERY = 1000
+"""Environment steps (``add`` calls) between commits by default, fewer where they would not fit
+:data:`TAIL_BYTES`."""
+
+TAIL_BYTES = 64 << 20
+"""By default the pending (uncommitted) transitions kept in RAM hold at most about this many bytes."""
+
+_SEP = "__"
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < 1:
+        raise BufferArgumentError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+class _StoreBufferMixin:
+    """The store-backed body shared by :class:`ReplayStoreBuffer` and :class:`ReplayStoreDictBuffer`."""
+
+    # set by SB3's BaseBuffer.__init__ and by this class
+    observation_space: Any
+    action_space: Any
+    device: th.device
+    n_envs: int
+    buffer_size: int
+    action_dim: int
+    obs_shape: Any
+    optimize_memory_usage: bool
+    handle_timeout_termination: bool
+
+    def _open(self, url: Any, buffer_size: int, n_envs: int, handle_timeout_termination: bool,
+              optimize_memory_usage: bool, commit_every: int | None,
+              storage_options: Mapping[str, Any] | None) -> None:
+        if url is None:
+            raise BufferArgumentError("url: expected the store's URL (a local path, file://, s3://, memory://) "
+                                      "in replay_buffer_kwargs={'url': ...}, got none")
+        if not isinstance(url, (str, os.PathLike)):
+            raise BufferArgumentError(f"url: expected a str or path, got {type(url).__name__}")
+        if optimize_memory_usage:
+            raise BufferArgumentError("optimize_memory_usage: not supported (the store keeps next_obs per record "
+                                      "on disk, so there is no RAM to save); pass optimize_memory_usage=False")
+        if commit_every is not None:
+            commit_every = _positive_int("commit_every", commit_every)
+        self.url = os.fspath(url)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.optimize_memory_usage = False
+        self._init_args = {"buffer_size": buffer_size, "n_envs": n_envs, "commit_every": commit_every,
+                           "handle_timeout_termination": self.handle_timeout_termination,
+                           "storage_options": dict(storage_options) if storage_options is not None else None}
+        self.capacity = max(buffer_size // n_envs, 1) * n_envs  # records kept, as SB3's arrays would keep them
+        self._leaves = self._obs_leaves()
+        expected = schema_from_spaces(self.observation_space, self.action_space, name="sb3",
+                                      reward_dtype=np.float32,
+                                      metadata={"producer": "replaystore.integrations.sb3"})
+        store = self._open_store(expected, storage_options)
+        schema = store.schema
+        self._columns = {f.name: f for f in schema.dense_fields}
+        self._read_columns = list(self._columns)
+        if commit_every is None:  # the default: 1000 steps, fewer for large observations
+            step_bytes = n_envs * sum(f.dtype.itemsize * math.prod(f.shape) for f in self._columns.values())
+            commit_every = max(1, min(DEFAULT_COMMIT_EVERY, TAIL_BYTES // step_bytes))
+        self.commit_every: int = commit_every
+        self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
+        self._finalizer = weakref.finalize(self, self._log.close)
+        self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: commit_at_exit runs earlier)
+        commit_at_exit(self._log)
+        self.stored_at_open = len(self._log.table)
+        # per env: continuity and the episode in progress
+        self._obs_specs = [(f"obs{sfx}", f"next_obs{sfx}", key, (n_envs, *self._columns[f"obs{sfx}"].shape))
+                           for sfx, key in self._leaves]
+        self._action_rows = (n_envs, *self._columns["action"].shape)
+        self._env_ids = np.arange(n_envs)
+        self._prev_next = {c: np.zeros(shape, self._columns[c].dtype) for c, _, _, shape in self._obs_specs}
+        self._has_prev = False
+        self._added = 0  # add() calls since the store was opened
+        # sampled actions in SB3's dtype: the space's, float64 as float32
+        space_dtype = np.dtype(self.action_space.dtype)
+        self._action_dtype = np.dtype(np.float32) if space_dtype == np.float64 else space_dtype
+        self._prev_done = np.ones(n_envs, dtype=bool)
+        self._step = np.zeros(n_envs, dtype=np.int64)
+        self._ep_first = np.zeros(n_envs, dtype=np.int64)
+        self._ep_length = np.zeros(n_envs, dtype=np.int64)
+        self._ep_return = np.zeros(n_envs, dtype=np.float64)
+        self._finite = [name for name, f in self._columns.items() if f.dtype.kind == "f" and f.finite]
+        self._n_actions = (int(self.action_space.n) if isinstance(self.action_space, spaces.Discrete)
+                           and int(self.action_space.start) == 0 else None)
+
+    def _obs_leaves(self) -> list[tuple[str, str | None]]:
+        """``(column suffix, Dict key)`` per observation leaf: ``[("", None)]`` for a flat space."""
+        space = self.observation_space
+        if not isinstance(space, spaces.Dict):
+            if isinstance(space, spaces.Tuple):
+                raise BufferArgumentError("observation_space: a Tuple space is not supported by SB3's buffers; "
+                                          "use a Dict observation space")
+            return [("", None)]
+        out: list[tuple[str, str | None]] = []
+        for key, sub in space.spaces.items():
+            if isinstance(sub, (spaces.Dict, spaces.Tuple)):
+                raise BufferArgumentError(f"observation_space: key {key!r} is a nested {type(sub).__name__}; SB3's "
+                                          "Dict buffers take one level of Box/Discrete/MultiDiscrete/MultiBinary")
+            out.append((f"{_SEP}{key}", key))
+        return out
+
+    def _open_store(self, expected: Schema, storage_options: Mapping[str, Any] | None) -> Store:
+        """Open the store at ``self.url`` (created with ``expected`` if absent) and check it holds these steps."""
+        try:
+            store = open_store(self.url, mode="r+", storage_options=storage_options)
+        except StoreNotFoundError:
+            return open_store(self.url, expected, mode="a", capacity=self.capacity, storage_options=storage_options)
+        try:
+            self._check_store(store, expected)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _check_store(self, store: Store, expected: Schema) -> None:
+        if len(store.tables) != 1:
+            raise SchemaMismatchError(f"{self.url}: a replay buffer needs a store with one table, "
+                                      f"found tables {store.tables}")
+        if store.default.capacity != self.capacity:
+            raise BufferArgumentError(
+                f"buffer_size: the store at {self.url} keeps {store.default.capacity} records (capacity), this "
+                f"buffer would keep {self.capacity} (buffer_size {self._init_args['buffer_size']} with n_envs "
+                f"{self.n_envs}); pass the buffer_size it was created with, or another url")
+        schema = store.schema
+        got = {f.name: f for f in schema.fields if f.kind != "meta"}
+        want = {f.name: f for f in expected.dense_fields}
+        extra = sorted(set(got) - set(want))
+        if extra:
+            raise SchemaMismatchError(f"{self.url}: field {extra[0]!r} is in the store but not in the steps of "
+                                      f"these spaces (expected fields {sorted(want)})")
+        for name, f in want.items():
+            g = got.get(name)
+            if g is None:
+                raise SchemaMismatchError(f"{self.url}: field {name!r} is missing from the store's schema "
+                                          f"(expected {f.dtype} {f.shape} for these spaces)")
+            if not isinstance(g, Dense):
+                raise SchemaMismatchError(f"{self.url}: field {name!r} is {g.kind} in the store, expected dense")
+            dtype_ok = g.dtype == f.dtype or (name == "reward" and g.dtype.kind == "f")
+            if not dtype_ok or g.shape != f.shape:
+                raise SchemaMismatchError(
+                    f"{self.url}: field {name!r} is {g.dtype} {g.shape} in the store, expected {f.dtype} {f.shape} "
+                    f"for observation space {self.observation_space} and action space {self.action_space}")
+
+    # -- SB3's interface ------------------------------------------------------------------
+    @property
+    def pos(self) -> int:
+        """Where SB3's own buffer would write next (read only): the steps held, modulo ``buffer_size``."""
+        steps = -(-self.stored_at_open // self.n_envs) + self._added
+        return steps % self.buffer_size if self.full else self.size()
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        """Ignored (SB3's base class sets it to 0 on construction; the store is the position)."""
+
+    @property
+    def full(self) -> bool:
+        """Whether the replay holds ``buffer_size * n_envs`` transitions (its capacity) or more."""
+        return self._transitions() >= self.capacity
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        """Ignored (SB3's base class sets it to False on construction)."""
+
+    def _transitions(self) -> int:
+        return len(self._log.table) + self._log.n
+
+    def size(self) -> int:
+        """Transitions held, in SB3's unit: vector-env steps (transitions / ``n_envs``, rounded up).
+
+        Returns
+        -------
+        int
+            At most ``buffer_size``. Cost: O(1).
+        """
+        return min(self.buffer_size, -(-self._transitions() // self.n_envs))
+
+    def reset(self) -> None:
+        """Refused: the replay is persistent; delete the store or use another ``url`` to start afresh.
+
+        Raises
+        ------
+        StoreError
+            Always.
+        """
+        raise StoreError(f"{self.url}: a store-backed replay is not reset in place; use another url")
+
+    def _add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+             infos: list[dict[str, Any]]) -> None:
+        log = self._log
+        if log.closed:
+            raise StoreError(f"{self.url}: the buffer is closed")
+        n = self.n_envs
+        if log.n + n > log.rows:  # (a commit that failed at the last add: try again before adding)
+            log.commit()
+        i = log.n
+        a = log.arrays
+        rows = slice(i, i + n)
+        try:
+            for obs_col, next_col, key, shape in self._obs_specs:
+                a[obs_col][rows] = np.reshape(obs if key is None else obs[key], shape)
+                a[next_col][rows] = np.reshape(next_obs if key is None else next_obs[key], shape)
+            a["action"][rows] = np.reshape(action, self._action_rows)
+            a["reward"][rows] = np.reshape(reward, n)
+            done_ = np.array(done, dtype=bool).reshape(n)  # (a copy: kept until the next add)
+            timeout = [bool(info.get("TimeLimit.truncated", False)) for info in infos]
+            if len(timeout) != n:
+                raise ValueError(f"{len(timeout)} infos for {n} envs")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BufferArgumentError(f"add: the transition does not fit the buffer's spaces "
+                                      f"(n_envs {n}): {exc}") from None
+        self._check_values(rows)
+        any_done = bool(done_.any())
+        if any_done:
+            trunc = done_ & np.array(timeout, dtype=bool)
+            a["terminated"][rows] = done_ & ~trunc
+            a["truncated"][rows] = trunc
+        else:
+            a["terminated"][rows] = False
+            a["truncated"][rows] = False
+        # a new episode where the last one ended, or where obs does not continue the last next_obs
+        begin = self._prev_done
+        if self._has_prev and not begin.all() and not self._continues(rows):
+            same = np.ones(n, dtype=bool)
+            for obs_col, _, _, _ in self._obs_specs:
+                same &= (a[obs_col][rows] == self._prev_next[obs_col]).reshape(n, -1).all(axis=1)
+            cut = ~same & ~begin
+            if cut.any():  # the env was reset mid-episode (e.g. a new learn()): the episode is abandoned
+                self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
+            begin = begin | ~same
+        log.reset[rows] = begin
+        if begin.any():
+            self._ep_first[begin] = self._step[begin]
+            self._ep_length[begin] = 0
+            self._ep_return[begin] = 0.0
+        self._step += 1
+        self._ep_length += 1
+        self._ep_return += a["reward"][rows]
+        if any_done:
+            self._end(done_, a["terminated"][rows], a["truncated"][rows])
+        self._prev_done = done_
+        for obs_col, next_col, _, _ in self._obs_specs:
+            np.copyto(self._prev_next[obs_col], a[next_col][rows])
+        self._has_prev = True
+        self._added += 1
+        log.n = i + n
+        if log.n + n > log.rows:
+            log.commit()
+
+    def _continues(self, rows: slice) -> bool:
+        """Whether every env's ``obs`` is bytewise its last ``next_obs`` (the common case, checked cheaply)."""
+        a = self._log.arrays
+        return all(a[obs_col][rows].tobytes() == self._prev_next[obs_col].tobytes()
+                   for obs_col, _, _, _ in self._obs_specs)
+
+    def _check_values(self, rows: slice) -> None:
+        a = self._log.arrays
+        for name in self._finite:
+            values = a[name][rows]
+            if not math.isfinite(values.sum()) and not np.isfinite(values).all():  # (a sum can overflow)
+                raise BufferArgumentError(f"add: {name!r} holds a NaN or infinite value")
+        if self._n_actions is not None:
+            act = a["action"][rows].tolist()
+            if min(act) < 0 or max(act) >= self._n_actions:
+                raise BufferArgumentError(f"add: 'action' outside Discrete({self._n_actions}): {act}")
+
+    def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        keys = self._log.stream_keys()
+        for j in np.flatnonzero(mask).tolist():
+            if self._ep_length[j] <= 0:
+                continue
+            for key, value in zip(EPISODE_KEYS, (str(keys[j]), int(self._ep_first[j]), int(self._ep_length[j]),
+                                                 float(self._ep_return[j]), None, bool(terminated[j]),
+                                                 bool(truncated[j])), strict=True):
+                self._log.ended[key].append(value)
+            self._ep_length[j] = 0
+
+    def _draw(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The flat columns of ``batch_size`` transitions drawn uniformly (with replacement)."""
+        log = self._log
+        view = log.table.view()  # (its read keeps a nested field's leaves flat, under their column names)
+        committed = len(view)
+        total = committed + log.n
+        low = max(0, total - self.capacity)  # (the oldest positions come first: drop those past capacity)
+        if total - low <= 0:
+            raise EmptyStoreError(f"{self.url}: the replay holds no transition to sample")
+        idx = np.random.randint(low, total, size=batch_size)
+        if not log.n or int(idx.max()) < committed:
+            return self._flat(view.read(view.rows_at(idx), self._read_columns))
+        in_store = idx < committed
+        tail = idx[~in_store] - committed
+        if not in_store.any():
+            return {name: arr[tail] for name, arr in log.arrays.items()}
+        # (draws from the store first, then from RAM: the same i.i.d. uniform draws, grouped)
+        stored = self._flat(view.read(view.rows_at(idx[in_store]), self._read_columns))
+        return {name: np.concatenate((stored[name], arr[tail])) for name, arr in log.arrays.items()}
+
+    def _flat(self, cols: dict[str, Any]) -> dict[str, np.ndarray]:
+        """``cols`` with a nested field's leaves under their column names (``obs__image``)."""
+        if self._leaves == [("", None)]:
+            return cols
+        out: dict[str, np.ndarray] = {}
+        for name, value in cols.items():
+            if isinstance(value, dict):
+                out.update({f"{name}{_SEP}{key}": leaf for key, leaf in value.items()})
+            else:
+                out[name] = value
+        return out
+
+    def _obs_of(self, cols: dict[str, np.ndarray], base: str) -> Any:
+        shape = self.obs_shape
+        if self._leaves == [("", None)]:
+            return cols[base].reshape(-1, *shape)
+        return {key: cols[f"{base}{sfx}"].reshape(-1, *shape[key]) for sfx, key in self._leaves}
+
+    def _parts(self, batch_size: int, env: VecNormalize | None) -> tuple[Any, th.Tensor, Any, th.Tensor, th.Tensor]:
+        cols = self._draw(batch_size)
+        obs = self._normalize_obs(self._obs_of(cols, "obs"), env)  # type: ignore[attr-defined]
+        next_obs = self._normalize_obs(self._obs_of(cols, "next_obs"), env)  # type: ignore[attr-defined]
+        done = cols["terminated"] if self.handle_timeout_termination else cols["terminated"] | cols["truncated"]
+        action = cols["action"].reshape(-1, self.action_dim)
+        if action.dtype != self._action_dtype:
+            action = action.astype(self._action_dtype)
+        reward = cols["reward"].reshape(-1, 1)
+        if reward.dtype != np.float32:
+            reward = reward.astype(np.float32)
+        reward = self._normalize_reward(reward, env)  # type: ignore[attr-defined]
+        dev = self.device
+        return (obs, th.as_tensor(action, device=dev), next_obs,
+                th.as_tensor(done.astype(np.float32).reshape(-1, 1), device=dev), th.as_tensor(reward, device=dev))
+
+    # -- durability -------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Transitions added and not yet committed (kept in RAM, sampled from, lost by a crash)."""
+        return self._log.n
+
+    def flush(self) -> None:
+        """Commit the pending transitions now: durable, and visible to other readers of the store.
+
+        Cost: one append and one commit (file syncs, ~2-15 ms on local disk); nothing when
+        nothing is pending.
+        """
+        self._log.commit()
+
+    def close(self) -> None:
+        """Commit the pending transitions and release the store (also done at interpreter exit).
+
+        Cost: a commit, and waiting for the writer's background work.
+        """
+        self._finalizer()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps: the URL and the constructor arguments, never the transitions.
+
+        ``model.save_replay_buffer(path)`` therefore writes a small file (after committing the
+        pending transitions) and ``model.load_replay_buffer(path)`` reopens the same store.
+        """
+        self._log.commit()
+        return {"url": self.url, "observation_space": self.observation_space, "action_space": self.action_space,
+                "device": str(self.device), **self._init_args}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Reopen the store a pickled buffer names (see :meth:`__getstate__`)."""
+        self.__init__(**state)  # type: ignore[misc]
+
+
+class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
+    """SB3's ``ReplayBuffer``, with its transitions in a store instead of RAM arrays.
+
+    Use it as ``DQN("MlpPolicy", env, replay_buffer_class=ReplayStoreBuffer,
+    replay_buffer_kwargs={"url": path})`` (also SAC, TD3 and the other off-policy
+    algorithms). Each ``add`` is kept in RAM until it is committed (every
+    ``commit_every`` steps, at :meth:`flush`, :meth:`close`, pickling, and at
+    interpreter exit); ``sample`` draws uniformly from the committed transitions and
+    the pending ones alike, so the learner sees its newest transitions as SB3's own
+    buffer does. A process killed at any instant loses only the pending transitions:
+    reopening the same ``url`` (``DQN.load`` does, from the saved kwargs) continues
+    with the replay as committed. Each env index is a stream (``"w<writer>-<env>"``);
+    an episode start is a ``reset`` record; a time-limit truncation
+    (``infos[i]["TimeLimit.truncated"]``) is stored as ``truncated``, a termination as
+    ``terminated``, and the ended episodes go into each commit's metadata as
+    ``replaystore.gym``'s recorders write them.
+
+    Parameters
+    ----------
+    buffer_size : int
+        Transitions kept, as SB3 counts them: the store's capacity is
+        ``max(buffer_size // n_envs, 1) * n_envs`` records; the oldest are evicted
+        beyond it. An existing store must have that capacity.
+    observation_space, action_space : gymnasium.spaces.Space
+        The (single-env) spaces; the store's schema is ``schema_from_spaces`` of them
+        (rewards float32).
+    device : torch.device or str
+        Where sampled tensors go.
+    n_envs : int
+        Environments of the vector env; one stream each.
+    optimize_memory_usage : bool
+        Must be False (``next_obs`` is stored per record, on disk).
+    handle_timeout_termination : bool
+        True (SB3's default): sampled ``dones`` are 1 only for terminations; False:
+        for truncations too. The store holds both flags either way.
+    url : str or os.PathLike
+        Where the store lives (created when absent); required.
+    commit_every : int, optional
+        Commit once this many ``add`` calls (vector-env steps) are pending. Default: 1000, or
+        fewer so that the pending steps take at most ~64 MiB of RAM (e.g. 148 steps of 8 Atari
+        envs, 84x84x4 frames).
+    storage_options : mapping, optional
+        Passed to the storage backend (e.g. S3 options).
+
+    Attributes
+    ----------
+    stored_at_open : int
+        Transitions the store held when the buffer opened it.
+
+    Raises
+    ------
+    BufferArgumentError
+        No ``url``, ``optimize_memory_usage=True``, a bad ``commit_every``,
+        ``buffer_size`` or ``n_envs``, a ``buffer_size`` that does not match an
+        existing store's capacity, a nested or Tuple observation space.
+    SchemaMismatchError
+        An existing store whose fields do not hold these spaces' steps (the message
+        names the field).
+    UnsupportedSpaceError
+        A space without a column layout.
+
+    Notes
+    -----
+    Cost: ``add`` copies one step into RAM (~20 µs); a commit every ``commit_every``
+    steps appends and syncs (~2-15 ms on local disk); ``sample(256)`` is one gathered
+    read of the sampled rows.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
+        if isinstance(observation_space, spaces.Dict):
+            raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
+        _positive_int("buffer_size", buffer_size)
+        _positive_int("n_envs", n_envs)
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
+                   storage_options)
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Keep one vector-env step (``n_envs`` transitions), as SB3's ``_store_transition`` gives it.
+
+        Parameters
+        ----------
+        obs, next_obs : numpy.ndarray
+            ``[n_envs, *obs_shape]``; ``next_obs`` already holds ``terminal_observation``
+            where an episode ended.
+        action : numpy.ndarray
+            ``[n_envs, ...]`` (the buffer action).
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env; ``"TimeLimit.truncated"`` marks a truncation.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces, a non-finite value where the field
+            refuses one, a Discrete action out of range; nothing of the step is kept.
+
+        Notes
+        -----
+        Cost: a copy into RAM and a comparison of ``obs`` with the last ``next_obs``
+        (episode continuity); a commit every ``commit_every`` calls.
+        """
+        self._add(obs, next_obs, action, reward, done, infos)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """``batch_size`` transitions drawn uniformly with replacement (``np.random``, as SB3 draws).
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions.
+        env : VecNormalize, optional
+            Normalises observations and rewards as SB3 does.
+
+        Returns
+        -------
+        ReplayBufferSamples
+            ``dones`` is ``terminated`` (with ``handle_timeout_termination``) or
+            ``terminated | truncated``; dtypes and shapes as SB3's own buffer.
+
+        Raises
+        ------
+        EmptyStoreError
+            Nothing to sample.
+
+        Notes
+        -----
+        Cost: one gathered read of the sampled committed rows plus a RAM gather of the
+        pending ones; no store refresh.
+        """
+        obs, action, next_obs, done, reward = self._parts(batch_size, env)
+        dev = self.device
+        return ReplayBufferSamples(th.as_tensor(obs, device=dev), action, th.as_tensor(next_obs, device=dev),
+                                   done, reward)
+
+
+class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
+    """SB3's ``DictReplayBuffer`` (Dict observations), with its transitions in a store.
+
+    The observation is stored as nested fields, one column per key (``obs__image``,
+    ``next_obs__image``; see ``schema_from_spaces``). Everything else is as
+    :class:`ReplayStoreBuffer`.
+
+    Parameters
+    ----------
+    buffer_size : int
+        Transitions kept: capacity ``max(buffer_size // n_envs, 1) * n_envs`` records.
+    observation_space : gymnasium.spaces.Dict
+        One level of Box/Discrete/MultiDiscrete/MultiBinary spaces.
+    action_space : gymnasium.spaces.Space
+        The action space.
+    device : torch.device or str
+        Where sampled tensors go.
+    n_envs : int
+        Environments; one stream each.
+    optimize_memory_usage : bool
+        Must be False.
+    handle_timeout_termination : bool
+        As :class:`ReplayStoreBuffer`.
+    url : str or os.PathLike
+        Where the store lives; required.
+    commit_every : int, optional
+        Commit once this many ``add`` calls are pending (default as :class:`ReplayStoreBuffer`).
+    storage_options : mapping, optional
+        Passed to the storage backend.
+
+    Attributes
+    ----------
+    stored_at_open : int
+        Transitions the store held when the buffer opened it.
+
+    Raises
+    ------
+    BufferArgumentError
+        As :class:`ReplayStoreBuffer`; also an observation space that is not a Dict.
+    SchemaMismatchError
+        An existing store whose fields do not hold these spaces' steps.
+
+    Notes
+    -----
+    Cost: as :class:`ReplayStoreBuffer`, one array per key.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(observation_space, spaces.Dict):
+            raise BufferArgumentError(f"observation_space: expected a Dict space, got "
+                                      f"{type(observation_space).__name__}; use ReplayStoreBuffer")
+        _positive_int("buffer_size", buffer_size)
+        _positive_int("n_envs", n_envs)
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
+                   storage_options)
+
+    def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray],  # type: ignore[override]
+            action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Keep one vector-env step (``n_envs`` transitions).
+
+        Parameters
+        ----------
+        obs, next_obs : dict of str to numpy.ndarray
+            Per key ``[n_envs, *shape]``.
+        action : numpy.ndarray
+            ``[n_envs, ...]``.
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces (a missing key included).
+
+        Notes
+        -----
+        Cost: as :meth:`ReplayStoreBuffer.add`, per key.
+        """
+        self._add(obs, next_obs, action, reward, done, infos)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> DictReplayBufferSamples:  # type: ignore[override]
+        """``batch_size`` transitions drawn uniformly with replacement.
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions.
+        env : VecNormalize, optional
+            Normalises observations and rewards as SB3 does.
+
+        Returns
+        -------
+        DictReplayBufferSamples
+            Observations as dicts of tensors.
+
+        Raises
+        ------
+        EmptyStoreError
+            Nothing to sample.
+        """
+        obs, action, next_obs, done, reward = self._parts(batch_size, env)
+        dev = self.device
+        return DictReplayBufferSamples({k: th.as_tensor(v, device=dev) for k, v in obs.items()}, action,
+                                       {k: th.as_tensor(v, device=dev) for k, v in next_obs.items()}, done, reward)
+
+
+def resume_learning_starts(model: Any) -> int:
+    """Lower ``model.learning_starts`` by the transitions its store-backed buffer already held.
+
+    A run restarted with ``DQN.load`` (whose ``num_timesteps`` starts again at 0 with
+    ``learn(reset_num_timesteps=True)``) then trains from its first step when the
+    store holds at least ``learning_starts`` transitions, instead of collecting them
+    again.
+
+    Parameters
+    ----------
+    model : stable_baselines3.common.off_policy_algorithm.OffPolicyAlgorithm
+        A model whose ``replay_buffer`` is a :class:`ReplayStoreBuffer` or
+        :class:`ReplayStoreDictBuffer`.
+
+    Returns
+    -------
+    int
+        The new ``learning_starts``.
+
+    Raises
+    ------
+    BufferArgumentError
+        The model's replay buffer is not store-backed.
+
+    Notes
+    -----
+    Cost: O(1).
+    """
+    buf = getattr(model, "replay_buffer", None)
+    if not isinstance(buf, _StoreBufferMixin):
+        raise BufferArgumentError(f"model.replay_buffer: expected a ReplayStoreBuffer or ReplayStoreDictBuffer, "
+                                  f"got {type(buf).__name__}")
+    model.learning_starts = max(0, int(model.learning_starts) - buf.stored_at_open)
+    return int(model.learning_starts)
