@@ -413,7 +413,7 @@ class ReplayStoreStorage(StoreStorage):
             data = data.unsqueeze(0)
         if idx.numel() != data.shape[0]:
             raise ShapeError("batch_size", f"[{idx.numel()}] records, one per index", list(data.batch_size))
-        if idx.numel() > 1 and not bool(((idx[1:] - idx[:-1]) % self.max_size == 1).all()):
+        if idx.numel() > 1 and not bool(((idx[1:] - idx[:-1]) % self.max_size == 1 % self.max_size).all()):
             raise AppendOnlyError(f"{self.url}: indices {idx.tolist()[:8]}... are not one run of appends at the "
                                   "cursor; a store only appends")
         if self.store is None:
