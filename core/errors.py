@@ -457,10 +457,12 @@ class LoaderOutputError(StoreError, ValueError):
 
 
 class MissingDependencyError(ReplayStoreError, ImportError):
-    """An optional package a call needs is not installed.
+    """An optional package a call or module needs is not installed.
 
-    The message names the package and the extra that installs it (``replaystore[torchrl]``
-    for ``tensordict``). It is also an ``ImportError``.
+    Raised by ``make_loader(output="tensordict")`` and by importing
+    ``replaystore.integrations.torchrl`` or ``replaystore.integrations.sb3`` without their
+    trainer library. The message names the package and the extra that installs it
+    (``replaystore[torchrl]``, ``replaystore[sb3]``). It is also an ``ImportError``.
     """
 
 

@@ -19,18 +19,26 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import torch as th
+
+from replaystore.errors import (
+    BufferArgumentError,
+    MissingDependencyError,
+    SchemaMismatchError,
+    StoreError,
+    StoreNotFoundError,
+)
+
 try:
-    import torch as th
     from gymnasium import spaces
     from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
     from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecNormalize
-except ImportError as exc:  # pragma: no cover - exercised only without stable-baselines3
-    raise ImportError('replaystore.integrations.sb3 needs stable-baselines3: pip install "replaystore[sb3]"') from exc
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without stable-baselines3
+    raise MissingDependencyError('replaystore.integrations.sb3 needs stable-baselines3: '
+                                 'pip install "replaystore[sb3]"') from exc
 
-import numpy as np
-
-from replaystore.errors import BufferArgumentError, SchemaMismatchError, StoreError, StoreNotFoundError
 from replaystore.gym import schema_from_spaces
 from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_at_exit
 from replaystore.loaders import EmptyStoreError

@@ -17,13 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase  # type: ignore[import-untyped]
-from torchrl.data.replay_buffers.storages import StoreStorage  # type: ignore[import-untyped]
-from torchrl.data.replay_buffers.storages.base import Storage  # type: ignore[import-untyped]
 
 from replaystore.errors import (
     AppendOnlyError,
     DTypeError,
+    MissingDependencyError,
     MissingFieldError,
     ResumeMismatchError,
     ShapeError,
@@ -32,6 +30,14 @@ from replaystore.errors import (
 )
 from replaystore.schemas import Dense, Ragged, Schema, nested
 from replaystore.store import Store, Table, TableView, open_store
+
+try:
+    from tensordict import TensorDict, TensorDictBase  # type: ignore[import-untyped]
+    from torchrl.data.replay_buffers.storages import StoreStorage  # type: ignore[import-untyped]
+    from torchrl.data.replay_buffers.storages.base import Storage  # type: ignore[import-untyped]
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torchrl
+    raise MissingDependencyError('replaystore.integrations.torchrl needs torchrl and tensordict: '
+                                 'pip install "replaystore[torchrl]"') from exc
 
 Key = tuple[str, ...]
 """A TensorDict key as a tuple of strings (``("next", "observation")``)."""
