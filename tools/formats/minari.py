@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import StoreError
+from replaystore.errors import ImportSourceError, StoreError
 from replaystore.schemas import Dense, Schema, nested
 from replaystore.schemas import episode as episode_schema
 from replaystore.store import Store, open_store
@@ -115,13 +115,18 @@ def discrete_space(n: int) -> dict[str, Any]:
 
 
 def _parse_space(text: Any, what: str, nested: bool = False) -> dict[str, Any]:
-    doc = json.loads(text) if isinstance(text, str) else text
+    try:
+        doc = json.loads(text) if isinstance(text, str) else text
+    except ValueError as exc:
+        raise StoreError(f"Minari {what}: not a JSON space document ({exc})") from None
     if nested and isinstance(doc, dict) and doc.get("type") in mo.NESTED_TYPES:
         mo.check_space(doc, what)
         return doc
-    if not isinstance(doc, dict) or doc.get("type") not in ("Box", "Discrete"):
+    if not isinstance(doc, dict) or doc.get("type") not in mo.LEAF_TYPES:
         kind = doc.get("type") if isinstance(doc, dict) else type(doc).__name__
-        raise StoreError(f"Minari {what} of type {kind!r}: only Box and Discrete spaces can be imported")
+        raise StoreError(f"Minari {what} of type {kind!r}: only {', '.join(mo.LEAF_TYPES)} spaces can be "
+                         f"imported")
+    mo.leaf_layout(doc)  # a malformed document is a StoreError
     return doc
 
 
@@ -139,21 +144,20 @@ INFO_PREFIX, VALID_SUFFIX, RESET_SUFFIX = "info_", "_valid", "_reset"
 in imported stores, ``info_<key>_reset`` (the reset info, on an episode's first record)."""
 
 
-def _schema_space(schema: Schema, key: str, default: dict[str, Any]) -> str:
-    """The space ``key`` the schema metadata keeps (Minari's JSON), else ``default``.
+def _recorded_space(schema: Schema, key: str, name: str) -> tuple[dict[str, Any], str] | None:
+    """The space ``key`` the schema metadata keeps (Minari's JSON) and its text, when it describes field ``name``.
 
-    Only Box and Discrete documents are taken from the metadata (the layouts the writers here lay out).
+    It describes the field when its Dict/Tuple nesting and every leaf's dtype and shape are the field's
+    (:func:`~replaystore.tools.formats.minari_obs.space_fits`); otherwise (or when absent or malformed) None.
     """
     text = schema.metadata.get(key)
-    if isinstance(text, str):
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict) and doc.get("type") == default["type"] and (
-                doc["type"] != "Discrete" or int(doc.get("start", 0)) == 0):
-            return text
-    return json.dumps(default)
+    if not isinstance(text, str):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return (doc, text) if mo.space_fits(doc, schema, name) else None
 
 
 @dataclass(frozen=True)
@@ -276,9 +280,9 @@ def _pad(a: np.ndarray) -> np.ndarray:
 class _Episodes:
     """Turns exported episodes into Minari's per-episode arrays."""
 
-    def __init__(self, m: StepMapping, discrete: int | None) -> None:
+    def __init__(self, m: StepMapping, obs_space: dict[str, Any], action_space: dict[str, Any]) -> None:
         self.m = m
-        self.discrete = discrete  # the Discrete action count, or None
+        self.obs_space, self.action_space = obs_space, action_space
         self.warned = False
         self.next_obs_kept = False
         self.info = info_columns(m.schema)
@@ -306,12 +310,12 @@ class _Episodes:
                 infos["next_obs"] = _pad(nxt)
             self.next_obs_kept = True
         actions = ep.data[m.action]
-        if self.discrete is not None:
+        where = f"in stream {ep.stream!r}"
+        if self.action_space["type"] == "Discrete":
             actions = actions.astype(np.int64, copy=False)
-            bad = actions[(actions < 0) | (actions >= self.discrete)]
-            if len(bad):
-                raise StoreError(f"field {m.action!r}: action {int(bad[0])} in stream {ep.stream!r} is outside "
-                                 f"the action space Discrete({self.discrete})")
+        mo.check_in_space(self.action_space, actions, m.action, "action", where)
+        mo.check_in_space(self.obs_space, obs, m.obs, "observation", where)
+        mo.check_in_space(self.obs_space, nxt, m.next_obs, "observation", where)
         return {
             "observations": tree_concat([obs, mo.tree_map(lambda a: a[-1:], nxt)]),
             "actions": actions,
@@ -329,16 +333,20 @@ def _fixed(a: np.ndarray) -> pa.Array:
 
 
 class _ArrowWriter:
-    def __init__(self, data: Path, *_: Any) -> None:
-        self.data = data
+    """Episodes as Minari's ``ArrowStorage`` writes them.
+
+    Discrete: plain int64; Box, MultiDiscrete and MultiBinary: fixed-size lists of their dtype;
+    Dict/Tuple: structs.
+    """
+
+    def __init__(self, data: Path, obs_space: dict[str, Any], action_space: dict[str, Any]) -> None:
+        self.data, self.obs_space, self.action_space = data, obs_space, action_space
 
     def write(self, i: int, ep: dict[str, Any]) -> None:
         t = len(ep["rewards"])
-        acts = ep["actions"]
-        acts_col = pa.array(_pad(acts)) if acts.ndim == 1 and acts.dtype.kind in "iu" else _fixed(_pad(acts))
         cols = {
-            "observations": mo.encode_arrow(ep["observations"], _fixed),
-            "actions": acts_col,
+            "observations": mo.encode_arrow(self.obs_space, ep["observations"], _fixed),
+            "actions": mo.encode_arrow(self.action_space, _pad(ep["actions"]), _fixed),
             "rewards": pa.array(_pad(ep["rewards"])),
             "terminations": pa.array(_pad(ep["terminations"])),
             "truncations": pa.array(_pad(ep["truncations"])),
@@ -440,12 +448,20 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         raise StoreError(f"{dataset_dir}: a Minari dataset {dataset_id!r} already exists; "
                          f"choose another dataset id or version")
     rows = chunk_rows(t.schema, batch_rows)
-    obs_doc = mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape))
-    action_space, inferred = _action_space(m, t, rows)
-    conv = _Episodes(m, action_space["n"] if action_space["type"] == "Discrete" else None)
+    # the spaces the schema metadata keeps (recorded from the environment) where they describe the fields;
+    # else Box spaces of the fields' dtypes and shapes (a Discrete action space for a scalar int action)
+    recorded_obs = _recorded_space(t.schema, "observation_space", m.obs)
+    recorded_act = _recorded_space(t.schema, "action_space", m.action)
+    obs_doc = (recorded_obs[0] if recorded_obs is not None
+               else mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape)))
+    if recorded_act is not None:
+        action_space, inferred = recorded_act[0], False
+    else:
+        action_space, inferred = _action_space(m, t, rows)
+    conv = _Episodes(m, obs_doc, action_space)
     data = dataset_dir / "data"
     data.mkdir(parents=True)
-    writer = _HDF5Writer(data, h5py) if backend == "hdf5" else _ArrowWriter(data)
+    writer: Any = _HDF5Writer(data, h5py) if backend == "hdf5" else _ArrowWriter(data, obs_doc, action_space)
     episodes = steps = 0
     try:
         with progress_bar(len(t), f"export minari ({backend})", progress) as bar:
@@ -473,8 +489,8 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         "minari_version": MINARI_VERSION,
         "data_format": backend,
         "jpeg_encoding": False,
-        "observation_space": _schema_space(t.schema, "observation_space", obs_doc),
-        "action_space": _schema_space(t.schema, "action_space", action_space),
+        "observation_space": recorded_obs[1] if recorded_obs is not None else json.dumps(obs_doc),
+        "action_space": recorded_act[1] if recorded_act is not None else json.dumps(action_space),
         "total_episodes": episodes,
         "total_steps": steps,
         "dataset_size": round(size / 1e6, 1),
@@ -541,13 +557,20 @@ def _column(table: pa.Table, name: str) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def _decode(space: dict[str, Any], col: pa.Array) -> np.ndarray:
+def _decode(space: dict[str, Any], col: pa.Array, column: str = "observations") -> np.ndarray:
+    """A leaf column of Minari's Arrow layout as an array of its space's dtype and shape, checked first."""
+    dtype, shape = mo.leaf_layout(space)
     if space["type"] == "Discrete":
+        if not (pa.types.is_integer(col.type) and col.type.to_pandas_dtype() == dtype):
+            raise ImportSourceError(column, f"{dtype} (a Discrete space)", str(col.type))
         return col.to_numpy(zero_copy_only=False)
-    if not pa.types.is_fixed_size_list(col.type):
-        raise StoreError(f"Minari Box column of type {col.type}: expected a fixed-size list")
+    width = int(np.prod(shape, dtype=np.int64))
+    want = pa.list_(pa.from_numpy_dtype(dtype), width)
+    if not (pa.types.is_fixed_size_list(col.type) and col.type.list_size == width
+            and col.type.value_type == want.value_type):
+        raise ImportSourceError(column, f"{want} (a {space['type']} space of shape {shape})", str(col.type))
     values = col.flatten().to_numpy(zero_copy_only=False)
-    return values.reshape(len(col), *space["shape"]).astype(space["dtype"], copy=False)
+    return values.reshape(len(col), *shape)
 
 
 def _nested(key: str) -> bool:
@@ -592,7 +615,7 @@ class _ArrowReader:
         table = ds.dataset(str(folder), format=self.fmt, ignore_prefixes=["_", ".", "metadata.json"]).to_table()
         return {
             "observations": mo.decode_arrow(self.obs, _column(table, "observations"), _decode),
-            "actions": _decode(self.act, _column(table, "actions"))[:-1],
+            "actions": _decode(self.act, _column(table, "actions"), "actions")[:-1],
             "rewards": _column(table, "rewards").to_numpy(zero_copy_only=False)[:-1],
             "terminations": _column(table, "terminations").to_numpy(zero_copy_only=False)[:-1],
             "truncations": _column(table, "truncations").to_numpy(zero_copy_only=False)[:-1],
@@ -744,16 +767,12 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
     obs_dtype: Any
     if obs["type"] in mo.NESTED_TYPES:
         obs_shape, obs_dtype = (), np.float32  # replaced by nested fields below
-    elif obs["type"] == "Discrete":
-        obs_shape, obs_dtype = (), np.int64
     else:
-        obs_shape, obs_dtype = tuple(obs["shape"]), np.dtype(obs["dtype"])
+        obs_dtype, obs_shape = mo.leaf_layout(obs)
     count = None
+    action_dtype, action_shape = mo.leaf_layout(act)
     if act["type"] == "Discrete":
-        action_shape, action_dtype = (), np.int64
         count = int(act["n"]) if int(act.get("start", 0)) == 0 else None
-    else:
-        action_shape, action_dtype = tuple(act["shape"]), np.dtype(act["dtype"])
     reward_dtype = ep["rewards"].dtype if ep is not None and ep["rewards"].dtype.kind in "fiu" else np.float64
     extra: dict[str, Any] = {"minari_dataset_id": meta.get("dataset_id"), "source": "minari"}
     for key in ("observation_space", "action_space", "env_spec", "eval_env_spec"):
