@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import ImportSourceError, StoreError
+from replaystore.errors import DTypeError, ImportSourceError, ShapeError, StoreError
 from replaystore.schemas import Dense, Schema, map_tree
 from replaystore.schemas.nesting import SEP
 
@@ -32,17 +32,24 @@ def leaf_layout(space: dict[str, Any]) -> tuple[np.dtype, tuple[int, ...]]:
     kind = space.get("type") if isinstance(space, dict) else None
     try:
         if kind == "Box":
-            return np.dtype(space["dtype"]), tuple(int(d) for d in space["shape"])
+            return _numeric(np.dtype(space["dtype"]), space), tuple(int(d) for d in space["shape"])
         if kind == "Discrete":
             return np.dtype(np.int64), ()
         if kind == "MultiDiscrete":
-            return np.dtype(space.get("dtype", "int64")), tuple(int(d) for d in np.shape(space["nvec"]))
+            dtype = _numeric(np.dtype(space.get("dtype", "int64")), space)
+            return dtype, tuple(int(d) for d in np.shape(space["nvec"]))
         if kind == "MultiBinary":
             n = space["n"]
             return np.dtype(np.int8), ((int(n),) if isinstance(n, int) else tuple(int(d) for d in n))
     except (KeyError, TypeError, ValueError) as exc:
-        raise StoreError(f"Minari {kind} space document {space!r} is malformed ({exc})") from None
+        raise StoreError(f"Minari {kind} space document {str(space)[:200]} is malformed ({exc})") from None
     raise StoreError(f"Minari space of type {kind!r}: expected one of {', '.join(LEAF_TYPES)}")
+
+
+def _numeric(dtype: np.dtype, space: dict[str, Any]) -> np.dtype:
+    if dtype.kind not in "biuf" or dtype.fields is not None:  # complex values would lose their imaginary part
+        raise ImportSourceError(f"{space.get('type')} space", "a bool, integer or float dtype", str(dtype))
+    return dtype
 
 
 def leaf_bounds(space: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -100,13 +107,23 @@ def check_in_space(space: dict[str, Any], value: Any, name: str, label: str, whe
     ``label`` names the value in the message (``"action"``), ``where`` says where it is (``"in stream 0"``).
     """
     if space["type"] == "Dict":
+        keys = list(space["subspaces"])
+        if not isinstance(value, dict) or sorted(value) != sorted(keys):
+            found = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ImportSourceError(name, f"a Dict of {keys}", found)
         for k, sub in space["subspaces"].items():
             check_in_space(sub, value[k], f"{name}{SEP}{k}", label, where)
         return
     if space["type"] == "Tuple":
-        for i, sub in enumerate(space["subspaces"]):
+        subs = space["subspaces"]
+        if not isinstance(value, tuple) or len(value) != len(subs):
+            found = f"{len(value)} items" if isinstance(value, tuple) else type(value).__name__
+            raise ImportSourceError(name, f"a Tuple of {len(subs)} items", found)
+        for i, sub in enumerate(subs):
             check_in_space(sub, value[i], f"{name}{SEP}{i}", label, where)
         return
+    if isinstance(value, (dict, tuple)):
+        raise ImportSourceError(name, f"the values of a {space['type']} space", f"a {type(value).__name__}")
     bounds = leaf_bounds(space)
     if bounds is None or not len(value):
         return
@@ -262,12 +279,24 @@ def structure(space: dict[str, Any]) -> Any:
 
 
 def typed(schema: Schema, name: str, value: Any) -> Any:
-    """``value`` (an array, or a nested value for a nested field) in field ``name``'s dtypes."""
+    """``value`` (an array, or a nested value for a nested field) in field ``name``'s dtypes.
+
+    Only safe casts (the values unchanged): DTypeError naming the column otherwise (a complex or
+    float value into a float32 or int field), ShapeError for another per-step shape.
+    """
     if isinstance(value, (dict, tuple)):
         return _typed_tree(schema, name, value)
+    if name not in schema:
+        raise ImportSourceError(name, "a leaf of the space", "an unknown key")
     f = schema.field(name)
     assert isinstance(f, Dense)
-    return np.ascontiguousarray(value, dtype=f.dtype)
+    arr = np.asarray(value)
+    if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, "safe"):
+        raise DTypeError(name, f"values {f.dtype} holds unchanged", f"{arr.dtype} values",
+                         "the source's values do not fit the space's dtype; nothing is cast")
+    if arr.shape[1:] != f.shape:
+        raise ShapeError(name, f"per-step shape {f.shape}", f"shape {arr.shape[1:]}")
+    return np.ascontiguousarray(arr, dtype=f.dtype)
 
 
 def _typed_tree(schema: Schema, prefix: str, value: Any) -> Any:
