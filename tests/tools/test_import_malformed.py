@@ -377,3 +377,24 @@ def test_cli_import_of_a_malformed_source_is_one_line_and_exit_2(parquet_src, tm
     _d4rl(tmp_path / "complex.hdf5", observations=np.zeros((8, 3), np.complex64),
           next_observations=np.zeros((8, 3), np.complex64))
     _cli_refuses(str(tmp_path / "complex.hdf5"), "d4rl", tmp_path / "dst", "'observations': expected")
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_failure_after_the_store_is_created_removes_it(tmp_path, source, where):
+    """Steps that go backwards inside a stream are found while appending: the half-made store goes."""
+    from replaystore.store.storage import open_storage
+
+    from replaystore.tools.formats.d4rl import import_d4rl
+
+    export_store(source, str(tmp_path / "good.hdf5"), "d4rl")
+    with h5py.File(tmp_path / "good.hdf5", "a") as f:
+        steps = f["infos/step"][()]
+        steps[-1] = 0  # the last record of the last stream repeats its first step
+        f["infos/step"][...] = steps
+    dst = str(tmp_path / "dst") if where == "local" else f"memory://{tmp_path.name}-dst"
+    with pytest.raises(ReplayStoreError):
+        import_d4rl(str(tmp_path / "good.hdf5"), dst, batch_rows=4)  # (several appends before the bad one)
+    if where == "local":
+        assert not (tmp_path / "dst").exists()
+    else:
+        assert open_storage(dst).list("") == []
