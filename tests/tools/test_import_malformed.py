@@ -383,7 +383,6 @@ def test_cli_import_of_a_malformed_source_is_one_line_and_exit_2(parquet_src, tm
 def test_a_failure_after_the_store_is_created_removes_it(tmp_path, source, where):
     """Steps that go backwards inside a stream are found while appending: the half-made store goes."""
     from replaystore.store.storage import open_storage
-
     from replaystore.tools.formats.d4rl import import_d4rl
 
     export_store(source, str(tmp_path / "good.hdf5"), "d4rl")
