@@ -413,6 +413,41 @@ class UnsafeCastError(DTypeError):
     """
 
 
+class ImportSourceError(StoreError, ValueError):
+    """The source of an import is malformed; nothing was imported and no store was left behind.
+
+    Raised by ``import_store`` and the format importers (Parquet, Minari, D4RL) when a
+    source file cannot be read (truncated, garbage, a wrong kind of file), lacks a column
+    or dataset, or holds one whose type or shape differs from what the target schema
+    needs. The message names the column (or file) and what was expected and found.
+
+    Parameters
+    ----------
+    column : str
+        The source column, dataset or file that is wrong.
+    expected : Any
+        What the target schema (or the format) needs there.
+    found : Any
+        What the source holds.
+    source : str, optional
+        The source file or directory, prefixed to the message.
+
+    Attributes
+    ----------
+    column : str
+        As given.
+    expected : Any
+        As given.
+    found : Any
+        As given.
+    """
+
+    def __init__(self, column: str, expected: Any, found: Any, source: str = "") -> None:
+        self.column, self.expected, self.found = column, expected, found
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{column!r}: expected {expected}, found {found}")
+
+
 class RecordingError(StoreError):
     """A recording wrapper was used out of order, or the vector environment lacks an autoreset mode.
 

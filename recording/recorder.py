@@ -22,7 +22,7 @@ from replaystore.errors import RecordingError, SchemaMismatchError, ShapeError, 
 from replaystore.gym.cast import as_array, cast, check_bounds
 from replaystore.gym.episodes import EPISODE_KEYS
 from replaystore.gym.nestobs import Leaves, is_nested, leaf_layout, leaves, pick
-from replaystore.gym.spaces import InfoSpec, bounds, info_columns, schema_from_spaces
+from replaystore.gym.spaces import InfoSpec, SpaceBounds, bounds, info_columns, schema_from_spaces
 from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, Writer, open_store
 
@@ -99,6 +99,13 @@ class SlotRecorder:
         self._capacity = capacity
         self._storage_options = storage_options
         self._bounds = bounds(action_space)
+        # the integer ranges of the observation's Discrete/MultiDiscrete/MultiBinary leaves, by column suffix
+        self._obs_bounds: dict[str, SpaceBounds] = {}
+        for sfx, _, sub in (leaves(observation_space) if is_nested(observation_space)
+                            else [("", (), observation_space)]):
+            b = bounds(sub)
+            if b is not None:
+                self._obs_bounds[sfx] = b
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.schema: Schema | None = None
@@ -244,10 +251,25 @@ class SlotRecorder:
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
 
     def _obs_field(self, name: str, value: Any, mask: np.ndarray | slice) -> Any:
-        """Observations ``value`` of every slot cast to field ``name`` (per leaf for a Dict/Tuple space)."""
+        """Observations ``value`` of every slot cast to field ``name`` (per leaf for a Dict/Tuple space).
+
+        An integer leaf (Discrete, MultiDiscrete, MultiBinary) outside its space is an IdRangeError
+        naming the leaf's column (``obs``, ``next_obs__pos``).
+        """
         if self._leaves is None:
-            return self._field(name, value, mask)
-        return Leaves({sfx: self._field(f"{name}{sfx}", pick(value, path, name), mask) for sfx, path in self._leaves})
+            out = self._field(name, value, mask)
+            b = self._obs_bounds.get("")
+            if b is not None:
+                _check_in(name, out, b)
+            return out
+        arrays = {}
+        for sfx, path in self._leaves:
+            column = f"{name}{sfx}"
+            arrays[sfx] = leaf = self._field(column, pick(value, path, name), mask)
+            b = self._obs_bounds.get(sfx)
+            if b is not None:
+                _check_in(column, leaf, b)
+        return Leaves(arrays)
 
     def check_action(self, action: Any) -> np.ndarray:
         """The actions of every slot cast to the action field, or a typed error naming ``action``.
@@ -257,14 +279,8 @@ class SlotRecorder:
         """
         f = self._fields["action"]
         out = cast("action", action, f.dtype, (self.slots, *f.shape), finite=bool(f.finite))
-        b = self._bounds
-        if b is None:
-            return out
-        if isinstance(b.low, int) and isinstance(b.high, int):  # scalar bounds: two reductions, no temporaries
-            if out.size and (int(out.min()) < b.low or int(out.max()) >= b.high):
-                check_bounds("action", out, b.low, b.high)  # raises IdRangeError naming the values
-        else:
-            check_bounds("action", out, b.low, b.high)
+        if self._bounds is not None:
+            _check_in("action", out, self._bounds)
         return out
 
     # -- episodes -----------------------------------------------------------------------
@@ -467,6 +483,15 @@ class SlotRecorder:
                 self.writer.close()
             if self._owns_store and self.store is not None:
                 self.store.close()
+
+
+def _check_in(name: str, values: np.ndarray, b: SpaceBounds) -> None:
+    """IdRangeError naming ``name`` unless every value lies in ``[b.low, b.high)``."""
+    if isinstance(b.low, int) and isinstance(b.high, int):  # scalar bounds: two reductions, no temporaries
+        if values.size and (int(values.min()) < b.low or int(values.max()) >= b.high):
+            check_bounds(name, values, b.low, b.high)  # raises IdRangeError naming the values
+    else:
+        check_bounds(name, values, b.low, b.high)
 
 
 def _space_shape(space: Any) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
     src : str
         What to import (see the module's table).
     url : str
-        Where to create the store.
+        Where to create the store (new, or an empty directory).
     from_ : str
         The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"`` or ``"d4rl"``.
     dataset_id : str, optional
@@ -53,15 +53,22 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
 
     Raises
     ------
+    ImportSourceError
+        ``src`` is malformed: a file that cannot be read (garbage, truncated), a column or
+        dataset missing, or one whose type or shape differs from the target schema's
+        (nothing is cast or reinterpreted; complex values are refused). Names the column.
     StoreError
-        An unknown format, ``dataset_id`` for a format other than Minari, or a malformed
-        ``src`` (what the format's importer raises).
+        An unknown format, ``dataset_id`` for a format other than Minari, or what the
+        format's importer raises otherwise.
     StoreExistsError
-        A store already exists at ``url``.
+        ``url`` is not new or empty (a store, or anything else, is there); it is left as it was.
 
     Notes
     -----
-    Cost: one streaming read of ``src`` and the appends and commits of its records.
+    Cost: one streaming read of ``src`` (and of the files' footers, checked first) and the
+    appends and commits of its records. The source is checked before the store is created;
+    an import that fails later removes what it created, so a failed import leaves ``url``
+    as it was (absent, or an empty directory).
     """
     if from_ not in IMPORT_FORMATS:
         raise StoreError(f"unknown import format {from_!r}: expected one of {', '.join(IMPORT_FORMATS)}")

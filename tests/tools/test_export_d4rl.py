@@ -234,10 +234,10 @@ def test_d4rl_errors(tmp_path: Path, episode_store) -> None:
     with pytest.raises(StoreError, match="no such file"):
         import_store(str(tmp_path / "missing.hdf5"), str(tmp_path / "s"), "d4rl")
     (tmp_path / "text.hdf5").write_text("not hdf5")
-    with pytest.raises(StoreError, match="not an HDF5 file"):
+    with pytest.raises(StoreError, match="expected an HDF5 file"):
         import_store(str(tmp_path / "text.hdf5"), str(tmp_path / "s"), "d4rl")
     with h5py.File(tmp_path / "partial.hdf5", "w") as f:
         f["observations"] = np.zeros((2, 2), F32)
-    with pytest.raises(StoreError, match="no 'actions' dataset"):
+    with pytest.raises(StoreError, match="'actions': expected a dataset, found none"):
         import_store(str(tmp_path / "partial.hdf5"), str(tmp_path / "s"), "d4rl")
     assert not (tmp_path / "s").exists()

@@ -9,6 +9,8 @@ a whole table. See docs/EXPORT.md for the mapping each format uses.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import warnings
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from replaystore.errors import StoreError
+from replaystore.errors import ImportSourceError, StoreError, StoreExistsError
 from replaystore.schemas import Dense, Ragged, Schema, dense_mask, map_tree
 from replaystore.store import Table
 
@@ -596,3 +598,230 @@ def tree_concat(parts: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(tree_concat([p[i] for p in parts]) for i in range(len(first)))
     return np.concatenate(parts)
+
+
+# -- imports: a new destination, removed again if the import fails ------------------------------
+
+
+class ImportDestination:
+    """Where an import creates its store: refused unless new or empty, and left as it was if the import fails.
+
+    Use it as a context manager around everything from the source's validation to the last
+    commit; hand it the store once opened (:meth:`opened`). If the block raises, the store is
+    closed and everything under the destination is removed (the directory too, for a local
+    path that did not exist before), so a failed import leaves no half-made store.
+
+    Parameters
+    ----------
+    url : str
+        The new store's local path or URL.
+    storage_options : mapping, optional
+        The fsspec options of ``url``.
+
+    Raises
+    ------
+    StoreExistsError
+        Something (a store or any other object) is already at ``url``; nothing is touched.
+    """
+
+    def __init__(self, url: str, storage_options: Any = None) -> None:
+        from replaystore.store.storage import open_storage
+
+        self.url = url
+        self.local = None if "://" in url and not url.startswith("file://") else url.removeprefix("file://")
+        self.existed = self.local is not None and os.path.lexists(self.local)
+        if self.local is not None and self.existed and (os.path.islink(self.local)
+                                                         or not os.path.isdir(self.local)):
+            raise StoreExistsError(f"{url}: already exists and is not a directory; import needs a new "
+                                   f"(or empty) destination")
+        if self.local is not None and self.existed and os.listdir(self.local):
+            raise StoreExistsError(f"{url}: not empty; import needs a new (or empty) destination")
+        self._storage = None if self.local is not None else open_storage(url, storage_options)
+        if self._storage is not None and self._storage.list(""):
+            raise StoreExistsError(f"{url}: not empty; import needs a new (or empty) destination")
+        self.store: Any = None
+
+    def opened(self, store: Any) -> Any:
+        """Remember ``store`` (closed before a failed import's cleanup); returns it.
+
+        Parameters
+        ----------
+        store : Store
+            The store the import created.
+
+        Returns
+        -------
+        Store
+            ``store``.
+        """
+        self.store = store
+        return store
+
+    def __enter__(self) -> ImportDestination:
+        """Return self."""
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        """On an error: close the store and remove what the import made."""
+        if kind is None:
+            return
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 - the import's own error is the one to report
+                pass
+        if self.local is not None:
+            if not self.existed:
+                shutil.rmtree(self.local, ignore_errors=True)
+            elif os.path.isdir(self.local):
+                for name in os.listdir(self.local):
+                    path = os.path.join(self.local, name)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        os.unlink(path)
+        elif self._storage is not None:
+            for name in self._storage.list(""):
+                self._storage.delete(name)
+
+
+class SourceErrors:
+    """A context manager turning read errors of a source into ImportSourceError.
+
+    pyarrow's, h5py's and the filesystem's errors while reading ``path`` become
+    :class:`~replaystore.errors.ImportSourceError` naming it (a truncated or garbage file).
+
+    Parameters
+    ----------
+    path : str
+        The source file or directory read inside the block.
+    what : str, optional
+        What it should be, for the message.
+    """
+
+    def __init__(self, path: Any, what: str = "a readable file") -> None:
+        self.path, self.what = str(path), what
+
+    def __enter__(self) -> None:
+        """Start reading."""
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        """Re-raise a read error as ImportSourceError."""
+        import pyarrow as pa
+
+        if exc is not None and isinstance(exc, (pa.ArrowException, OSError, EOFError)) and not isinstance(
+                exc, ImportSourceError):
+            text = " ".join(str(exc).split())[:200]
+            raise ImportSourceError(self.path, self.what, f"an error ({type(exc).__name__}: {text})") from None
+
+
+def h5_dataset(group: Any, name: str, source: str) -> Any:
+    """Dataset ``name`` of an HDF5 group whose data is all in the file, or an ImportSourceError naming it.
+
+    A dataset created with a large shape but never written (chunks never allocated) would read
+    as zeros: the size it declares is not data, so it is refused before anything is read.
+
+    Parameters
+    ----------
+    group : h5py.Group
+        The group (or file).
+    name : str
+        The dataset's path in it.
+    source : str
+        The file, for messages.
+
+    Returns
+    -------
+    h5py.Dataset
+        The dataset.
+
+    Raises
+    ------
+    ImportSourceError
+        ``name`` is missing, is not a dataset, or declares more data than the file holds.
+    """
+    import h5py
+
+    try:
+        obj = group.get(name)
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise ImportSourceError(name, "a readable dataset", f"an unreadable object ({exc})", source) from None
+    if obj is None:
+        raise ImportSourceError(name, "a dataset", "none", source)
+    if not isinstance(obj, h5py.Dataset):
+        raise ImportSourceError(name, "a dataset", type(obj).__name__, source)
+    if obj.size:
+        try:
+            if obj.chunks is not None:
+                expected = 1
+                for n, c in zip(obj.shape, obj.chunks, strict=True):
+                    expected *= -(-n // c)
+                held = obj.id.get_num_chunks()
+                if held < expected:
+                    raise ImportSourceError(name, f"data for its declared shape {obj.shape}",
+                                            f"{held} of its {expected} chunks written", source)
+            elif obj.id.get_storage_size() < obj.nbytes and obj.compression is None:
+                raise ImportSourceError(name, f"data for its declared shape {obj.shape} ({obj.nbytes} bytes)",
+                                        f"{obj.id.get_storage_size()} bytes written", source)
+        except (OSError, RuntimeError) as exc:
+            raise ImportSourceError(name, "a readable dataset", f"unreadable storage ({exc})", source) from None
+    return obj
+
+
+def numeric_kind(name: str, dtype: Any, source: str, kinds: str = "biuf") -> None:
+    """ImportSourceError naming ``name`` unless ``dtype`` is bool, integer or float (as ``kinds`` allows).
+
+    Complex values are refused (a cast to real would drop their imaginary part), as are strings
+    and objects.
+
+    Parameters
+    ----------
+    name : str
+        The column or dataset.
+    dtype : numpy.dtype
+        Its dtype.
+    source : str
+        The source, for messages.
+    kinds : str, optional
+        The numpy kinds allowed.
+
+    Raises
+    ------
+    ImportSourceError
+        Another dtype.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind not in kinds or dtype.fields is not None:
+        names = {"b": "bool", "i": "integer", "u": "unsigned", "f": "float"}
+        raise ImportSourceError(name, " or ".join(names[k] for k in kinds) + " values", f"{dtype} values", source)
+
+
+def flags(name: str, values: np.ndarray, source: str) -> np.ndarray:
+    """Episode-end flags as bool: bool values, or numbers that are all 0 or 1 (else an ImportSourceError).
+
+    Parameters
+    ----------
+    name : str
+        The column or dataset.
+    values : numpy.ndarray
+        The values read.
+    source : str
+        The source, for messages.
+
+    Returns
+    -------
+    numpy.ndarray
+        Bool values.
+
+    Raises
+    ------
+    ImportSourceError
+        Not bool or numeric, or a number other than 0 and 1.
+    """
+    numeric_kind(name, values.dtype, source)
+    if values.dtype.kind != "b":
+        bad = (values != 0) & (values != 1)
+        if np.any(bad):
+            raise ImportSourceError(name, "flags (bool, or 0 and 1)", f"value {values[bad][0].item()!r}", source)
+    return values.astype(bool)

@@ -22,15 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError
+from replaystore.errors import ImportSourceError, StoreError
 from replaystore.schemas import Dense, Schema
 from replaystore.schemas import episode as episode_schema
 from replaystore.schemas import transitions as transitions_schema
 from replaystore.store import Store, open_store
 from replaystore.tools.formats.common import (
+    ImportDestination,
     StepMapping,
     chunk_rows,
+    flags,
+    h5_dataset,
     iter_chunks,
+    numeric_kind,
     pick_table,
     progress_bar,
     require_h5py,
@@ -195,19 +199,66 @@ def _actions_count(f: Any) -> int | None:
         return None
     try:
         actions = json.loads(doc).get("metadata", {}).get("actions")
-    except (ValueError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return None
     return actions if isinstance(actions, int) and not isinstance(actions, bool) and actions > 0 else None
 
 
-def _schema(f: Any) -> Schema:
-    obs, act, rew = f["observations"], f["actions"], f["rewards"]
-    if len(rew.shape) != 1 or len(obs) != len(rew) or len(act) != len(rew) or len(f["terminals"]) != len(rew):
-        raise StoreError(f"{f.filename}: observations, actions, rewards and terminals need one row per step")
+def _source(f: Any, src: str) -> dict[str, Any]:
+    """The datasets of a D4RL-style file, checked before anything is created.
+
+    Presence, dtypes, shapes, lengths, written data, and the stream-index attributes.
+    """
+    ds = {key: h5_dataset(f, key, src) for key in ("observations", "actions", "rewards", "terminals")}
+    for key in ("next_observations", "timeouts", "infos/stream", "infos/step", "infos/reset"):
+        if key in f:
+            ds[key] = h5_dataset(f, key, src)
+    for key in ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts", "infos/step",
+                "infos/reset"):
+        if key in ds:
+            numeric_kind(key, ds[key].dtype, src, "iu" if key == "infos/step" else "biuf")
+    rew = ds["rewards"]
+    if len(rew.shape) != 1:
+        raise ImportSourceError("rewards", "one value per step (shape (N,))", f"shape {rew.shape}", src)
+    n = rew.shape[0]
+    for key, d in ds.items():
+        if not d.shape or d.shape[0] != n:
+            raise ImportSourceError(key, f"{n} rows (one per step, as rewards)", f"shape {d.shape}", src)
+        if key in ("terminals", "timeouts", "infos/stream", "infos/step", "infos/reset") and len(d.shape) != 1:
+            raise ImportSourceError(key, f"one value per step (shape ({n},))", f"shape {d.shape}", src)
+    if "next_observations" in ds and (ds["next_observations"].shape, ds["next_observations"].dtype) != (
+            ds["observations"].shape, ds["observations"].dtype):
+        nxt, obs = ds["next_observations"], ds["observations"]
+        raise ImportSourceError("next_observations", f"{obs.dtype} {obs.shape} (as observations)",
+                                f"{nxt.dtype} {nxt.shape}", src)
+    if "infos/stream" in ds and ds["infos/stream"].dtype.kind not in "iuO":
+        raise ImportSourceError("infos/stream", "integer or string stream keys", f"{ds['infos/stream'].dtype}", src)
+    return ds
+
+
+def _schema(f: Any, ds: dict[str, Any]) -> Schema:
+    obs, act, rew = ds["observations"], ds["actions"], ds["rewards"]
     count = _actions_count(f) if act.dtype.kind in "iu" else None
-    factory = episode_schema if "timeouts" in f else transitions_schema
-    return factory(obs.shape[1:], act.shape[1:], act.dtype, obs_dtype=obs.dtype, reward_dtype=rew.dtype,
+    factory = episode_schema if "timeouts" in ds else transitions_schema
+    reward_dtype = rew.dtype if rew.dtype.kind == "f" else np.dtype(np.float64)
+    return factory(obs.shape[1:], act.shape[1:], act.dtype, obs_dtype=obs.dtype, reward_dtype=reward_dtype,
                    actions=count, metadata={"source": "d4rl"})
+
+
+def _stream_attrs(f: Any, src: str) -> tuple[str, set[int]]:
+    kind = f.attrs.get("replaystore.stream_type", "int")
+    if isinstance(kind, bytes):
+        kind = kind.decode(errors="replace")
+    if kind not in ("int", "str", "mixed"):
+        raise ImportSourceError("replaystore.stream_type", "'int', 'str' or 'mixed'", repr(kind), src)
+    raw = f.attrs.get("replaystore.int_streams", "[]")
+    try:
+        ints = json.loads(raw)
+    except (ValueError, TypeError):
+        ints = None
+    if not isinstance(ints, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in ints):
+        raise ImportSourceError("replaystore.int_streams", "a JSON list of ints", repr(raw)[:80], src)
+    return kind, set(ints)
 
 
 def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: Any = None,
@@ -218,15 +269,17 @@ def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: 
     store. A file written by :func:`export_d4rl` gets its streams, steps and
     resets back; without ``next_observations``, timeout steps whose successor is
     not in the file are left out, with a warning (as D4RL's
-    ``qlearning_dataset`` does). Reads a chunk of rows at a time and commits
-    every 64 MiB of appended data.
+    ``qlearning_dataset`` does). The file is checked before the store is
+    created (every dataset present, numeric, one row per step, its data written
+    in the file); reads a chunk of rows at a time and commits every 64 MiB of
+    appended data. A failed import leaves nothing at ``url``.
 
     Parameters
     ----------
     src : str
         A local path (or ``file://`` URL) of the HDF5 file.
     url : str
-        Where to create the store (it must not exist yet).
+        Where to create the store (new, or an empty directory).
     progress : bool, optional
         Show a progress bar on stderr (when it is a terminal).
     storage_options : mapping, optional
@@ -241,85 +294,109 @@ def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: 
 
     Raises
     ------
+    ImportSourceError
+        ``src`` is not an HDF5 file (or is truncated), lacks a D4RL dataset, or a
+        dataset has the wrong dtype (complex, strings), shape or length, declares
+        data it does not hold, or holds flags other than 0/1 or a malformed stream
+        index.
     StoreError
-        h5py is not installed, ``src`` is not a local HDF5 file or lacks a
-        D4RL dataset, or ``batch_rows`` is not a positive int.
+        h5py is not installed, ``src`` is not a local file, or ``batch_rows`` is
+        not a positive int.
     StoreExistsError
-        A store already exists at ``url``.
+        ``url`` is not new or empty.
     """
     h5py = require_h5py()
     path = _local(src)
     if not path.is_file():
         raise StoreError(f"{src}: no such file")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise StoreError(f"{src}: not an HDF5 file ({exc})") from None
-    with f:
-        for key in ("observations", "actions", "rewards", "terminals"):
-            if key not in f:
-                raise StoreError(f"{src}: no {key!r} dataset; not a D4RL-style file")
-        schema = _schema(f)
-        n = len(f["rewards"])
-        has_next = "next_observations" in f
-        has_timeouts = "timeouts" in f
-        indexed = all(k in f for k in ("infos/stream", "infos/step", "infos/reset"))
-        kind = f.attrs.get("replaystore.stream_type", "int")
-        int_streams = set(json.loads(f.attrs.get("replaystore.int_streams", "[]")))
-        rows = chunk_rows(schema, batch_rows)
-        st = open_store(url, schema, mode="w", storage_options=storage_options)
-        dropped = 0
-        with st.writer() as w, progress_bar(n, "import d4rl", progress) as bar:
-            pending = 0
-            prev_end = True  # the first row starts an episode
-            for lo in range(0, n, rows):
-                hi = min(lo + rows, n)
-                obs = f["observations"][lo:hi]
-                term = f["terminals"][lo:hi].astype(bool)
-                tout = f["timeouts"][lo:hi].astype(bool) if has_timeouts else np.zeros(hi - lo, bool)
-                keep = np.ones(hi - lo, dtype=bool)
-                if has_next:
-                    nxt = f["next_observations"][lo:hi]
-                else:  # D4RL's own derivation: the next row's observation, inside an episode only
-                    nxt = np.concatenate([obs[1:], f["observations"][hi:hi + 1]]) if hi < n else np.concatenate(
-                        [obs[1:], obs[-1:]])
-                    nxt[term] = obs[term]  # terminal: the successor's value is never used
-                    keep &= ~(tout & ~term)  # a timeout step's successor is not in the file
-                    if hi == n and not term[-1]:
-                        keep[-1] = False
-                ends = term | tout
-                starts = np.r_[prev_end, ends[:-1]]
-                prev_end = bool(ends[-1])
-                if indexed:
-                    stream_ds = f["infos/stream"]
-                    raw = stream_ds.asstr()[lo:hi] if stream_ds.dtype.kind == "O" else stream_ds[lo:hi]
-                    streams = [_key(k, kind, int_streams) for k in np.asarray(raw).tolist()]
-                    steps = f["infos/step"][lo:hi].astype(np.int64)
-                    resets = f["infos/reset"][lo:hi].astype(bool)
-                else:
-                    streams = [0] * (hi - lo)
-                    steps = np.arange(lo, hi, dtype=np.int64)
-                    resets = starts
-                if not keep.all():
-                    dropped += int(np.count_nonzero(~keep))
-                    streams = [s for s, k in zip(streams, keep, strict=True) if k]
-                    obs, nxt, term, tout, steps, resets = (a[keep] for a in (obs, nxt, term, tout, steps, resets))
-                if len(steps):
-                    batch = {"obs": obs, "action": f["actions"][lo:hi][keep], "reward": f["rewards"][lo:hi][keep],
-                             "next_obs": nxt, "terminated": term}
-                    if has_timeouts:
-                        batch["truncated"] = tout
-                    w.append(batch, stream=streams, step=steps, reset=resets)
-                    pending += sum(a.nbytes for a in batch.values())
-                    if pending >= COMMIT_BYTES:
-                        w.commit()
-                        pending = 0
-                bar.update(hi - lo)
+    with ImportDestination(url, storage_options) as dest:
+        try:
+            f = h5py.File(path, "r")
+        except OSError as exc:
+            raise ImportSourceError(str(src), "an HDF5 file", f"unreadable ({exc})") from None
+        with f:
+            ds = _source(f, src)
+            schema = _schema(f, ds)
+            kind, int_streams = _stream_attrs(f, src)
+            st = _import_rows(f, ds, schema, src, url, kind, int_streams, progress, storage_options, batch_rows,
+                              dest)
+    return st
+
+
+def _import_rows(f: Any, ds: dict[str, Any], schema: Schema, src: str, url: str, kind: str, int_streams: set[int],
+                 progress: bool, storage_options: Any, batch_rows: int | None, dest: ImportDestination) -> Store:
+    n = len(ds["rewards"])
+    has_next = "next_observations" in ds
+    has_timeouts = "timeouts" in ds
+    indexed = all(k in ds for k in ("infos/stream", "infos/step", "infos/reset"))
+    rows = chunk_rows(schema, batch_rows)
+
+    def read(key: str, lo: int, hi: int) -> np.ndarray:
+        try:
+            d = ds[key]
+            return np.asarray(d.asstr()[lo:hi] if d.dtype.kind == "O" else d[lo:hi])
+        except (OSError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
+            raise ImportSourceError(key, f"readable rows {lo}..{hi}", f"an error ({exc})", src) from None
+
+    st = dest.opened(open_store(url, schema, mode="w", storage_options=storage_options))
+    dropped = 0
+    with st.writer() as w, progress_bar(n, "import d4rl", progress) as bar:
+        pending = 0
+        prev_end = True  # the first row starts an episode
+        for lo in range(0, n, rows):
+            hi = min(lo + rows, n)
+            obs = read("observations", lo, hi)
+            term = flags("terminals", read("terminals", lo, hi), src)
+            tout = flags("timeouts", read("timeouts", lo, hi), src) if has_timeouts else np.zeros(hi - lo, bool)
+            keep = np.ones(hi - lo, dtype=bool)
+            if has_next:
+                nxt = read("next_observations", lo, hi)
+            else:  # D4RL's own derivation: the next row's observation, inside an episode only
+                nxt = np.concatenate([obs[1:], read("observations", hi, hi + 1)]) if hi < n else np.concatenate(
+                    [obs[1:], obs[-1:]])
+                nxt[term] = obs[term]  # terminal: the successor's value is never used
+                keep &= ~(tout & ~term)  # a timeout step's successor is not in the file
+                if hi == n and not term[-1]:
+                    keep[-1] = False
+            ends = term | tout
+            starts = np.r_[prev_end, ends[:-1]]
+            prev_end = bool(ends[-1])
+            if indexed:
+                raw = read("infos/stream", lo, hi)
+                try:
+                    streams = [_key(k, kind, int_streams) for k in raw.tolist()]
+                except (ValueError, TypeError):
+                    raise ImportSourceError("infos/stream", f"{kind} stream keys", f"values {raw[:3].tolist()}",
+                                            src) from None
+                steps = read("infos/step", lo, hi).astype(np.int64)
+                resets = flags("infos/reset", read("infos/reset", lo, hi), src)
+            else:
+                streams = [0] * (hi - lo)
+                steps = np.arange(lo, hi, dtype=np.int64)
+                resets = starts
+            if not keep.all():
+                dropped += int(np.count_nonzero(~keep))
+                streams = [s for s, k in zip(streams, keep, strict=True) if k]
+                obs, nxt, term, tout, steps, resets = (a[keep] for a in (obs, nxt, term, tout, steps, resets))
+            if len(steps):
+                reward = read("rewards", lo, hi)[keep]
+                if reward.dtype.kind != "f":  # (int or bool rewards: exact in the schema's float64)
+                    reward = reward.astype(np.float64)
+                batch = {"obs": obs, "action": read("actions", lo, hi)[keep], "reward": reward,
+                         "next_obs": nxt, "terminated": term}
+                if has_timeouts:
+                    batch["truncated"] = tout
+                w.append(batch, stream=streams, step=steps, reset=resets)
+                pending += sum(a.nbytes for a in batch.values())
+                if pending >= COMMIT_BYTES:
+                    w.commit()
+                    pending = 0
+            bar.update(hi - lo)
     if dropped:
         import warnings
 
         warnings.warn(f"D4RL import: {dropped} timeout step(s) left out: the file has no next_observations "
-                      f"and their successor is not in it (as D4RL's qlearning_dataset does)", stacklevel=3)
+                      f"and their successor is not in it (as D4RL's qlearning_dataset does)", stacklevel=4)
     st.refresh()
     return st
 

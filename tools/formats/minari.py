@@ -37,17 +37,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import StoreError
+from replaystore.errors import ImportSourceError, StoreError
 from replaystore.schemas import Dense, Schema, nested
 from replaystore.schemas import episode as episode_schema
 from replaystore.store import Store, open_store
 from replaystore.tools.formats import minari_obs as mo
 from replaystore.tools.formats.common import (
     Episode,
+    ImportDestination,
+    SourceErrors,
     StepMapping,
     chunk_rows,
+    flags,
+    h5_dataset,
     iter_chunks,
     iter_episodes,
+    numeric_kind,
     pick_table,
     progress_bar,
     require_h5py,
@@ -115,13 +120,18 @@ def discrete_space(n: int) -> dict[str, Any]:
 
 
 def _parse_space(text: Any, what: str, nested: bool = False) -> dict[str, Any]:
-    doc = json.loads(text) if isinstance(text, str) else text
+    try:
+        doc = json.loads(text) if isinstance(text, str) else text
+    except ValueError as exc:
+        raise StoreError(f"Minari {what}: not a JSON space document ({exc})") from None
     if nested and isinstance(doc, dict) and doc.get("type") in mo.NESTED_TYPES:
         mo.check_space(doc, what)
         return doc
-    if not isinstance(doc, dict) or doc.get("type") not in ("Box", "Discrete"):
+    if not isinstance(doc, dict) or doc.get("type") not in mo.LEAF_TYPES:
         kind = doc.get("type") if isinstance(doc, dict) else type(doc).__name__
-        raise StoreError(f"Minari {what} of type {kind!r}: only Box and Discrete spaces can be imported")
+        raise StoreError(f"Minari {what} of type {kind!r}: only {', '.join(mo.LEAF_TYPES)} spaces can be "
+                         f"imported")
+    mo.leaf_layout(doc)  # a malformed document is a StoreError
     return doc
 
 
@@ -139,21 +149,20 @@ INFO_PREFIX, VALID_SUFFIX, RESET_SUFFIX = "info_", "_valid", "_reset"
 in imported stores, ``info_<key>_reset`` (the reset info, on an episode's first record)."""
 
 
-def _schema_space(schema: Schema, key: str, default: dict[str, Any]) -> str:
-    """The space ``key`` the schema metadata keeps (Minari's JSON), else ``default``.
+def _recorded_space(schema: Schema, key: str, name: str) -> tuple[dict[str, Any], str] | None:
+    """The space ``key`` the schema metadata keeps (Minari's JSON) and its text, when it describes field ``name``.
 
-    Only Box and Discrete documents are taken from the metadata (the layouts the writers here lay out).
+    It describes the field when its Dict/Tuple nesting and every leaf's dtype and shape are the field's
+    (:func:`~replaystore.tools.formats.minari_obs.space_fits`); otherwise (or when absent or malformed) None.
     """
     text = schema.metadata.get(key)
-    if isinstance(text, str):
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict) and doc.get("type") == default["type"] and (
-                doc["type"] != "Discrete" or int(doc.get("start", 0)) == 0):
-            return text
-    return json.dumps(default)
+    if not isinstance(text, str):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return (doc, text) if mo.space_fits(doc, schema, name) else None
 
 
 @dataclass(frozen=True)
@@ -276,9 +285,9 @@ def _pad(a: np.ndarray) -> np.ndarray:
 class _Episodes:
     """Turns exported episodes into Minari's per-episode arrays."""
 
-    def __init__(self, m: StepMapping, discrete: int | None) -> None:
+    def __init__(self, m: StepMapping, obs_space: dict[str, Any], action_space: dict[str, Any]) -> None:
         self.m = m
-        self.discrete = discrete  # the Discrete action count, or None
+        self.obs_space, self.action_space = obs_space, action_space
         self.warned = False
         self.next_obs_kept = False
         self.info = info_columns(m.schema)
@@ -306,12 +315,12 @@ class _Episodes:
                 infos["next_obs"] = _pad(nxt)
             self.next_obs_kept = True
         actions = ep.data[m.action]
-        if self.discrete is not None:
+        where = f"in stream {ep.stream!r}"
+        if self.action_space["type"] == "Discrete":
             actions = actions.astype(np.int64, copy=False)
-            bad = actions[(actions < 0) | (actions >= self.discrete)]
-            if len(bad):
-                raise StoreError(f"field {m.action!r}: action {int(bad[0])} in stream {ep.stream!r} is outside "
-                                 f"the action space Discrete({self.discrete})")
+        mo.check_in_space(self.action_space, actions, m.action, "action", where)
+        mo.check_in_space(self.obs_space, obs, m.obs, "observation", where)
+        mo.check_in_space(self.obs_space, nxt, m.next_obs, "observation", where)
         return {
             "observations": tree_concat([obs, mo.tree_map(lambda a: a[-1:], nxt)]),
             "actions": actions,
@@ -329,16 +338,20 @@ def _fixed(a: np.ndarray) -> pa.Array:
 
 
 class _ArrowWriter:
-    def __init__(self, data: Path, *_: Any) -> None:
-        self.data = data
+    """Episodes as Minari's ``ArrowStorage`` writes them.
+
+    Discrete: plain int64; Box, MultiDiscrete and MultiBinary: fixed-size lists of their dtype;
+    Dict/Tuple: structs.
+    """
+
+    def __init__(self, data: Path, obs_space: dict[str, Any], action_space: dict[str, Any]) -> None:
+        self.data, self.obs_space, self.action_space = data, obs_space, action_space
 
     def write(self, i: int, ep: dict[str, Any]) -> None:
         t = len(ep["rewards"])
-        acts = ep["actions"]
-        acts_col = pa.array(_pad(acts)) if acts.ndim == 1 and acts.dtype.kind in "iu" else _fixed(_pad(acts))
         cols = {
-            "observations": mo.encode_arrow(ep["observations"], _fixed),
-            "actions": acts_col,
+            "observations": mo.encode_arrow(self.obs_space, ep["observations"], _fixed),
+            "actions": mo.encode_arrow(self.action_space, _pad(ep["actions"]), _fixed),
             "rewards": pa.array(_pad(ep["rewards"])),
             "terminations": pa.array(_pad(ep["terminations"])),
             "truncations": pa.array(_pad(ep["truncations"])),
@@ -440,12 +453,20 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         raise StoreError(f"{dataset_dir}: a Minari dataset {dataset_id!r} already exists; "
                          f"choose another dataset id or version")
     rows = chunk_rows(t.schema, batch_rows)
-    obs_doc = mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape))
-    action_space, inferred = _action_space(m, t, rows)
-    conv = _Episodes(m, action_space["n"] if action_space["type"] == "Discrete" else None)
+    # the spaces the schema metadata keeps (recorded from the environment) where they describe the fields;
+    # else Box spaces of the fields' dtypes and shapes (a Discrete action space for a scalar int action)
+    recorded_obs = _recorded_space(t.schema, "observation_space", m.obs)
+    recorded_act = _recorded_space(t.schema, "action_space", m.action)
+    obs_doc = (recorded_obs[0] if recorded_obs is not None
+               else mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape)))
+    if recorded_act is not None:
+        action_space, inferred = recorded_act[0], False
+    else:
+        action_space, inferred = _action_space(m, t, rows)
+    conv = _Episodes(m, obs_doc, action_space)
     data = dataset_dir / "data"
     data.mkdir(parents=True)
-    writer = _HDF5Writer(data, h5py) if backend == "hdf5" else _ArrowWriter(data)
+    writer: Any = _HDF5Writer(data, h5py) if backend == "hdf5" else _ArrowWriter(data, obs_doc, action_space)
     episodes = steps = 0
     try:
         with progress_bar(len(t), f"export minari ({backend})", progress) as bar:
@@ -473,8 +494,8 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         "minari_version": MINARI_VERSION,
         "data_format": backend,
         "jpeg_encoding": False,
-        "observation_space": _schema_space(t.schema, "observation_space", obs_doc),
-        "action_space": _schema_space(t.schema, "action_space", action_space),
+        "observation_space": recorded_obs[1] if recorded_obs is not None else json.dumps(obs_doc),
+        "action_space": recorded_act[1] if recorded_act is not None else json.dumps(action_space),
         "total_episodes": episodes,
         "total_steps": steps,
         "dataset_size": round(size / 1e6, 1),
@@ -541,13 +562,20 @@ def _column(table: pa.Table, name: str) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def _decode(space: dict[str, Any], col: pa.Array) -> np.ndarray:
+def _decode(space: dict[str, Any], col: pa.Array, column: str = "observations") -> np.ndarray:
+    """A leaf column of Minari's Arrow layout as an array of its space's dtype and shape, checked first."""
+    dtype, shape = mo.leaf_layout(space)
     if space["type"] == "Discrete":
+        if not (pa.types.is_integer(col.type) and col.type.to_pandas_dtype() == dtype):
+            raise ImportSourceError(column, f"{dtype} (a Discrete space)", str(col.type))
         return col.to_numpy(zero_copy_only=False)
-    if not pa.types.is_fixed_size_list(col.type):
-        raise StoreError(f"Minari Box column of type {col.type}: expected a fixed-size list")
+    width = int(np.prod(shape, dtype=np.int64))
+    want = pa.list_(pa.from_numpy_dtype(dtype), width)
+    if not (pa.types.is_fixed_size_list(col.type) and col.type.list_size == width
+            and col.type.value_type == want.value_type):
+        raise ImportSourceError(column, f"{want} (a {space['type']} space of shape {shape})", str(col.type))
     values = col.flatten().to_numpy(zero_copy_only=False)
-    return values.reshape(len(col), *space["shape"]).astype(space["dtype"], copy=False)
+    return values.reshape(len(col), *shape)
 
 
 def _nested(key: str) -> bool:
@@ -575,27 +603,63 @@ def _arrow_infos(col: pa.Array) -> dict[str, np.ndarray]:
     return out
 
 
+MAIN_COLUMNS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
+def _json_file(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object file of the dataset, or an ImportSourceError naming it."""
+    with SourceErrors(path, f"a readable {what}"):
+        raw = path.read_bytes()
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ImportSourceError(str(path), f"a JSON {what}", f"invalid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ImportSourceError(str(path), f"a JSON object ({what})", type(doc).__name__)
+    return doc
+
+
 class _ArrowReader:
     def __init__(self, data: Path, fmt: str, obs: dict[str, Any], act: dict[str, Any]) -> None:
         self.data, self.fmt, self.obs, self.act = data, fmt, obs, act
 
-    def meta(self, i: int) -> dict[str, Any]:
-        p = self.data / str(i) / "metadata.json"
-        return json.loads(p.read_text()) if p.is_file() else {}
+    def count(self) -> int:
+        with SourceErrors(self.data, "a readable dataset directory"):
+            return sum(1 for p in self.data.iterdir() if p.name.isdigit() and p.is_dir())
 
-    def episode(self, i: int) -> dict[str, np.ndarray]:
+    def _dataset(self, i: int) -> Any:
         import pyarrow.dataset as ds
 
         folder = self.data / str(i)
         if not folder.is_dir():
-            raise StoreError(f"{folder}: episode {i} is missing")
-        table = ds.dataset(str(folder), format=self.fmt, ignore_prefixes=["_", ".", "metadata.json"]).to_table()
+            raise ImportSourceError(str(folder), f"episode {i}'s directory", "none")
+        with SourceErrors(folder, f"readable {self.fmt} files"):
+            dataset = ds.dataset(str(folder), format=self.fmt, ignore_prefixes=["_", ".", "metadata.json"])
+            names = dataset.schema.names
+        for column in MAIN_COLUMNS:
+            if column not in names:
+                raise ImportSourceError(column, "a column", "none", str(folder))
+        return dataset
+
+    def check(self, total: int) -> None:
+        for i in range(total):  # each episode's file schemas (footers only)
+            self._dataset(i)
+
+    def meta(self, i: int) -> dict[str, Any]:
+        p = self.data / str(i) / "metadata.json"
+        return _json_file(p, "episode metadata") if p.is_file() else {}
+
+    def episode(self, i: int) -> dict[str, np.ndarray]:
+        dataset = self._dataset(i)
+        with SourceErrors(self.data / str(i), f"readable {self.fmt} files"):
+            table = dataset.to_table()
+        where = str(self.data / str(i))
         return {
             "observations": mo.decode_arrow(self.obs, _column(table, "observations"), _decode),
-            "actions": _decode(self.act, _column(table, "actions"))[:-1],
-            "rewards": _column(table, "rewards").to_numpy(zero_copy_only=False)[:-1],
-            "terminations": _column(table, "terminations").to_numpy(zero_copy_only=False)[:-1],
-            "truncations": _column(table, "truncations").to_numpy(zero_copy_only=False)[:-1],
+            "actions": _decode(self.act, _column(table, "actions"), "actions")[:-1],
+            "rewards": _numbers(table, "rewards", where)[:-1],
+            "terminations": flags("terminations", _numbers(table, "terminations", where), where)[:-1],
+            "truncations": flags("truncations", _numbers(table, "truncations", where), where)[:-1],
             "infos": _arrow_infos(_column(table, "infos")) if "infos" in table.column_names else {},
         }
 
@@ -603,32 +667,83 @@ class _ArrowReader:
         pass
 
 
+def _numbers(table: pa.Table, name: str, where: str) -> np.ndarray:
+    col = _column(table, name)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+        raise ImportSourceError(name, "bool, integer or float values", str(col.type), where)
+    return col.to_numpy(zero_copy_only=False)
+
+
 class _HDF5Reader:
     def __init__(self, data: Path, h5py: Any) -> None:
-        self.file = h5py.File(data / HDF5_FILE, "r")
+        self.h5py = h5py
+        self.path = data / HDF5_FILE
+        if not self.path.is_file():
+            raise ImportSourceError(str(self.path), "the dataset's HDF5 file", "none")
+        try:
+            self.file = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise ImportSourceError(str(self.path), "an HDF5 file", f"unreadable ({exc})") from None
+
+    def count(self) -> int:
+        with SourceErrors(self.path, "a readable HDF5 file"):
+            return sum(1 for k in self.file.keys() if k.startswith("episode_") and k[8:].isdigit())
 
     def _group(self, i: int) -> Any:
         name = f"episode_{i}"
-        if name not in self.file:
-            raise StoreError(f"{self.file.filename}: episode {i} is missing")
-        return self.file[name]
+        with SourceErrors(self.path, "a readable HDF5 file"):
+            g = self.file.get(name)
+        if not isinstance(g, self.h5py.Group):
+            raise ImportSourceError(name, f"episode {i}'s group", "none" if g is None else type(g).__name__,
+                                    str(self.path))
+        return g
+
+    def _tree(self, g: Any, name: str) -> Any:
+        """The datasets under ``g[name]`` (a group for Dict/Tuple), each checked to hold its data."""
+        with SourceErrors(self.path, "a readable HDF5 file"):
+            obj = g.get(name)
+        if isinstance(obj, self.h5py.Group):
+            return {k: self._tree(obj, k) for k in obj.keys()}
+        return h5_dataset(g, name, f"{self.path} {g.name}")
+
+    def check(self, total: int) -> None:
+        for i in range(total):  # each episode's datasets: present, and holding the data they declare
+            g = self._group(i)
+            for k in MAIN_COLUMNS:
+                self._tree(g, k)
 
     def meta(self, i: int) -> dict[str, Any]:
-        return {k: v.item() if isinstance(v, np.generic) else v for k, v in self._group(i).attrs.items()}
+        with SourceErrors(self.path, "a readable HDF5 file"):
+            return {k: v.item() if isinstance(v, np.generic) else v for k, v in self._group(i).attrs.items()}
 
     def episode(self, i: int) -> dict[str, np.ndarray]:
         g = self._group(i)
-        ep = {k: mo.read_hdf5(g[k]) for k in ("observations", "actions", "rewards", "terminations", "truncations")}
-        ep["infos"] = {}
-        for k, v in (g["infos"].items() if "infos" in g else ()):
-            if hasattr(v, "keys"):  # a group: a nested info dict
-                _nested(k)
-            else:
-                ep["infos"][k] = v[()]
+        where = f"{self.path} {g.name}"
+        with SourceErrors(self.path, "a readable HDF5 file"):
+            ep = {k: _read_tree(self._tree(g, k)) for k in MAIN_COLUMNS}
+            ep["infos"] = {}
+            for k, v in (g["infos"].items() if "infos" in g else ()):
+                if hasattr(v, "keys"):  # a group: a nested info dict
+                    _nested(k)
+                else:
+                    ep["infos"][k] = h5_dataset(g["infos"], k, where)[()]
+        numeric_kind("rewards", ep["rewards"].dtype, where)
+        ep["terminations"] = flags("terminations", ep["terminations"], where)
+        ep["truncations"] = flags("truncations", ep["truncations"], where)
         return ep
 
     def close(self) -> None:
         self.file.close()
+
+
+def _read_tree(tree: Any) -> Any:
+    """The arrays of a tree of datasets (``_index_<i>`` keys: a tuple, as Minari writes Tuple spaces)."""
+    if not isinstance(tree, dict):
+        return tree[()]
+    keys = list(tree)
+    if keys and all(k.startswith("_index_") and k[7:].isdigit() for k in keys):
+        return tuple(_read_tree(tree.get(f"_index_{i}", {})) for i in range(len(keys)))
+    return {k: _read_tree(v) for k, v in tree.items()}
 
 
 def _stream_plan(metas: list[dict[str, Any]], lengths: list[int]) -> list[tuple[Any, int]]:
@@ -685,56 +800,71 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
         A store already exists at ``url``.
     """
     data = resolve_data_dir(src, dataset_id)
-    meta = json.loads((data / "metadata.json").read_text())
+    meta = _json_file(data / "metadata.json", "dataset metadata")
     fmt = meta.get("data_format", "hdf5")
     if "observation_space" not in meta or "action_space" not in meta:
         raise StoreError(f"{data}: metadata.json has no observation_space/action_space (env_spec-only "
                          f"datasets need the environment installed; not supported)")
     obs = _parse_space(meta["observation_space"], "observation space", nested=True)
     act = _parse_space(meta["action_space"], "action space")
-    if bool(meta.get("jpeg_encoding", True)) and any(_is_image(leaf) for leaf in mo.leaf_spaces(obs)):
+    try:
+        jpeg = any(_is_image(leaf) for leaf in mo.leaf_spaces(obs))
+    except (KeyError, TypeError, ValueError):
+        raise ImportSourceError("observation_space", "a space document", "a malformed Box", str(data)) from None
+    if bool(meta.get("jpeg_encoding", True)) and jpeg:
         raise StoreError(f"{data}: JPEG-encoded image observations are not supported; "
                          f"create the dataset with jpeg_encoding=False")
+    total = meta.get("total_episodes", 0)
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        raise ImportSourceError("total_episodes", "a count of episodes", repr(total)[:80], str(data / "metadata.json"))
     if fmt in ("arrow", "parquet"):
         reader: Any = _ArrowReader(data, fmt, obs, act)
     elif fmt == "hdf5":
         reader = _HDF5Reader(data, require_h5py())
     else:
         raise StoreError(f"{data}: unknown Minari data_format {fmt!r}")
-    try:
-        total = int(meta.get("total_episodes", 0))
-        metas = [reader.meta(i) for i in range(total)]
-        lengths = [int(mt.get("total_steps", -1)) for mt in metas]
-        plan = _stream_plan(metas, lengths) if all(n >= 0 for n in lengths) else [(i, 0) for i in range(total)]
-        schema: Schema | None = None
-        st: Store | None = None
-        with progress_bar(total, "import minari", progress, unit="ep") as bar:
-            pending = 0
-            w = None
-            for i, (stream, first) in enumerate(plan):
-                ep = reader.episode(i)
-                if schema is None:
-                    schema = _schema_for(meta, obs, act, ep)
-                    st = open_store(url, schema, mode="w", storage_options=storage_options)
-                    w = st.writer()
-                assert w is not None
-                batch = _records(schema, ep, i)
-                n = len(batch["reward"])
-                reset = np.zeros(n, dtype=bool)
-                reset[:1] = True
-                w.append(batch, stream=stream, step=np.arange(first, first + n, dtype=np.int64), reset=reset)
-                pending += sum(mo.tree_nbytes(a) for a in batch.values())
-                if pending >= COMMIT_BYTES:
-                    w.commit()
-                    pending = 0
-                bar.update(1)
-            if w is not None:
-                w.close()
-    finally:
-        reader.close()
-    if st is None:  # no episodes: an empty store of the spaces' shapes
-        st = open_store(url, _schema_for(meta, obs, act, None), mode="w", storage_options=storage_options)
-    st.refresh()
+    with ImportDestination(url, storage_options) as dest:
+        try:
+            present = reader.count()
+            if total > present:
+                raise ImportSourceError("total_episodes", f"at most {present} (the episodes the dataset holds)",
+                                        total, str(data / "metadata.json"))
+            reader.check(total)  # every episode's files and columns, before the store is created
+            metas = [reader.meta(i) for i in range(total)]
+            lengths = [mt.get("total_steps", -1) for mt in metas]
+            lengths = [n if isinstance(n, int) and not isinstance(n, bool) else -1 for n in lengths]
+            plan = _stream_plan(metas, lengths) if all(n >= 0 for n in lengths) else [(i, 0) for i in range(total)]
+            schema: Schema | None = None
+            st: Store | None = None
+            with progress_bar(total, "import minari", progress, unit="ep") as bar:
+                pending = 0
+                w = None
+                for i, (stream, first) in enumerate(plan):
+                    ep = reader.episode(i)
+                    if schema is None:
+                        schema = _schema_for(meta, obs, act, ep)
+                        _records(schema, ep, i, obs, act)  # the first episode, checked before the store exists
+                        st = dest.opened(open_store(url, schema, mode="w", storage_options=storage_options))
+                        w = st.writer()
+                    assert w is not None
+                    batch = _records(schema, ep, i, obs, act)
+                    n = len(batch["reward"])
+                    reset = np.zeros(n, dtype=bool)
+                    reset[:1] = True
+                    w.append(batch, stream=stream, step=np.arange(first, first + n, dtype=np.int64), reset=reset)
+                    pending += sum(mo.tree_nbytes(a) for a in batch.values())
+                    if pending >= COMMIT_BYTES:
+                        w.commit()
+                        pending = 0
+                    bar.update(1)
+                if w is not None:
+                    w.close()
+        finally:
+            reader.close()
+        if st is None:  # no episodes: an empty store of the spaces' shapes
+            st = dest.opened(open_store(url, _schema_for(meta, obs, act, None), mode="w",
+                                        storage_options=storage_options))
+        st.refresh()
     return st
 
 
@@ -744,16 +874,12 @@ def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
     obs_dtype: Any
     if obs["type"] in mo.NESTED_TYPES:
         obs_shape, obs_dtype = (), np.float32  # replaced by nested fields below
-    elif obs["type"] == "Discrete":
-        obs_shape, obs_dtype = (), np.int64
     else:
-        obs_shape, obs_dtype = tuple(obs["shape"]), np.dtype(obs["dtype"])
+        obs_dtype, obs_shape = mo.leaf_layout(obs)
     count = None
+    action_dtype, action_shape = mo.leaf_layout(act)
     if act["type"] == "Discrete":
-        action_shape, action_dtype = (), np.int64
         count = int(act["n"]) if int(act.get("start", 0)) == 0 else None
-    else:
-        action_shape, action_dtype = tuple(act["shape"]), np.dtype(act["dtype"])
     reward_dtype = ep["rewards"].dtype if ep is not None and ep["rewards"].dtype.kind in "fiu" else np.float64
     extra: dict[str, Any] = {"minari_dataset_id": meta.get("dataset_id"), "source": "minari"}
     for key in ("observation_space", "action_space", "env_spec", "eval_env_spec"):
@@ -819,13 +945,25 @@ def _reset_known(ep: dict[str, Any] | None, key: str) -> bool:
     return mask is None or bool(np.asarray(mask)[:1].all())
 
 
-def _records(schema: Schema, ep: dict[str, Any], i: int) -> dict[str, np.ndarray]:
+def _records(schema: Schema, ep: dict[str, Any], i: int, obs_space: dict[str, Any] | None = None,
+             act_space: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     obs = ep["observations"]
+    for name in ("rewards", "terminations", "truncations", "actions"):
+        if np.ndim(ep[name]) < 1:
+            raise ImportSourceError(name, f"one row per step of episode {i}", f"shape {np.shape(ep[name])}")
     n = len(ep["rewards"])
-    n_obs = len(mo.leaves_of(obs)[0])
-    if n_obs != n + 1 or len(ep["actions"]) != n:
-        raise StoreError(f"Minari episode {i}: {n_obs} observations and {len(ep['actions'])} actions "
-                         f"for {n} rewards (expected T + 1 and T)")
+    leaves = mo.leaves_of(obs)
+    if any(np.ndim(a) < 1 for a in leaves):
+        raise ImportSourceError("observations", f"one row per observation of episode {i}", "a scalar")
+    n_obs = {len(a) for a in leaves}
+    if n_obs != {n + 1} or len(ep["actions"]) != n or {len(ep["terminations"]), len(ep["truncations"])} != {n}:
+        raise ImportSourceError(f"episode {i}", f"T + 1 observations and T actions, terminations and "
+                                f"truncations for T = {n} rewards",
+                                f"{sorted(n_obs)} observations, {len(ep['actions'])} actions, "
+                                f"{len(ep['terminations'])} terminations, {len(ep['truncations'])} truncations")
+    if obs_space is not None and act_space is not None:
+        mo.check_in_space(obs_space, obs, "obs", "observation", f"in episode {i}")
+        mo.check_in_space(act_space, np.asarray(ep["actions"]), "action", "action", f"in episode {i}")
 
     def typed(name: str, value: Any) -> Any:
         return mo.typed(schema, name, value)

@@ -27,12 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from replaystore.errors import StoreError
+from replaystore.errors import ImportSourceError, SchemaError, StoreError
 from replaystore.schemas import BatchMeta, Schema
-from replaystore.schemas.arrow import columns_from_arrow
+from replaystore.schemas.arrow import columns_from_arrow, schema_to_arrow
 from replaystore.schemas.nestarrow import flat_batch, struct_batch, struct_schema
 from replaystore.store import DEFAULT_TABLE, Store, open_store
-from replaystore.tools.formats.common import chunk_rows, progress_bar
+from replaystore.tools.formats.common import ImportDestination, SourceErrors, chunk_rows, progress_bar
 
 FORMAT = "replaystore.parquet/1"
 MANIFEST = "_replaystore.json"
@@ -280,14 +280,40 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
 # -- import ----------------------------------------------------------------------------------------------
 
 
+def _reading(path: str, what: str = "a Parquet file") -> SourceErrors:
+    """Read errors of source ``path`` as ImportSourceError (see :class:`SourceErrors`)."""
+    return SourceErrors(path, f"readable {what}")
+
+
 def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
     path = f"{root}/{MANIFEST}"
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
-    with fs.open_input_stream(path) as f:
-        doc = json.loads(f.read())
-    if doc.get("format") != FORMAT:
-        raise StoreError(f"{path}: not a replaystore Parquet export manifest (format {doc.get('format')!r})")
+    with _reading(path, "a manifest"), fs.open_input_stream(path) as f:
+        raw = f.read()
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ImportSourceError(MANIFEST, "a JSON document", f"invalid JSON ({exc})", root) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise StoreError(f"{path}: not a replaystore Parquet export manifest (format {found!r})")
+    tables = doc.get("tables")
+    if not isinstance(tables, dict) or not tables:
+        raise ImportSourceError(f"{MANIFEST} tables", "an object of tables", repr(tables)[:80], root)
+    for name, info in tables.items():
+        where = f"{MANIFEST} tables[{name!r}]"
+        if not isinstance(info, dict) or not isinstance(info.get("schema"), dict):
+            raise ImportSourceError(where, "an object with a schema", repr(info)[:80], root)
+        sub = info.get("path", "")
+        if sub not in ("", name) or not isinstance(sub, str) or sub in (".", "..") or "/" in sub or "\\" in sub:
+            raise ImportSourceError(f"{where} path", f"'' or the table's name {name!r}", repr(sub), root)
+        records = info.get("records", 0)
+        if not isinstance(records, int) or isinstance(records, bool) or records < 0:
+            raise ImportSourceError(f"{where} records", "a count", repr(records), root)
+    capacity = doc.get("capacity")
+    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+        raise ImportSourceError(f"{MANIFEST} capacity", "a positive int or null", repr(capacity), root)
     return doc
 
 
@@ -338,7 +364,7 @@ def _partitions(fs: pafs.FileSystem, base: str, parse: Any) -> list[tuple[Any, l
 
 
 def _file_schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
-    with fs.open_input_file(path) as f:
+    with _reading(path), fs.open_input_file(path) as f:
         return pq.read_schema(f)
 
 
@@ -346,8 +372,17 @@ def _table_plan(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None,
                 ) -> dict[str, tuple[Schema, str, dict[str, Any] | None]]:
     """``{table: (schema, dataset directory, export document)}``."""
     if manifest is not None:
-        return {name: (Schema.from_dict(info["schema"]), f"{root}/{info['path']}".rstrip("/"), info)
-                for name, info in manifest["tables"].items()}
+        plan = {}
+        for name, info in manifest["tables"].items():
+            try:
+                schema = Schema.from_dict(info["schema"])
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                if isinstance(exc, SchemaError):
+                    raise
+                raise ImportSourceError(f"{MANIFEST} tables[{name!r}] schema", "a schema document",
+                                        f"a malformed one ({type(exc).__name__}: {exc})", root) from None
+            plan[name] = (schema, f"{root}/{info.get('path', '')}".rstrip("/"), info)
+        return plan
     files = _parquet_files(fs, root) or [p for d in _children(fs, root)
                                          if d.type == pafs.FileType.Directory
                                          for p in _parquet_files(fs, d.path)]
@@ -355,7 +390,12 @@ def _table_plan(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None,
         raise StoreError(f"{root}: no Parquet files and no {MANIFEST}; not a Parquet export")
     arrow_schema = _file_schema(fs, files[0])
     doc_raw = (arrow_schema.metadata or {}).get(EXPORT_KEY)
-    doc = json.loads(doc_raw) if doc_raw else None
+    try:
+        doc = json.loads(doc_raw) if doc_raw else None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ImportSourceError(EXPORT_KEY.decode(), "a JSON document", f"invalid JSON ({exc})", files[0]) from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ImportSourceError(EXPORT_KEY.decode(), "a JSON object", type(doc).__name__, files[0])
     keep = [f for f in arrow_schema if f.name not in ("stream", *INDEX_COLUMNS)]
     schema = Schema.from_arrow(pa.schema(keep, metadata=arrow_schema.metadata), name="imported")
     return {(doc or {}).get("table", DEFAULT_TABLE): (schema, root, doc)}
@@ -365,7 +405,7 @@ def _sorted_check(fs: pafs.FileSystem, files: list[str]) -> bool:
     """Whether the files' ``step`` column is strictly increasing (reads that column only)."""
     last = None
     for path in files:
-        with fs.open_input_file(path) as f:
+        with _reading(path), fs.open_input_file(path) as f:
             pf = pq.ParquetFile(f)
             if "step" not in pf.schema_arrow.names:
                 return True
@@ -382,12 +422,12 @@ def _batches(fs: pafs.FileSystem, files: list[str], columns: list[str], rows: in
     if not ordered:  # steps out of order across files (several writers on one stream): sort this stream
         tables = []
         for path in files:
-            with fs.open_input_file(path) as f:
+            with _reading(path), fs.open_input_file(path) as f:
                 tables.append(pq.read_table(f, columns=columns))
         yield from pa.concat_tables(tables).sort_by("step").combine_chunks().to_batches(max_chunksize=rows)
         return
     for path in files:  # a row group at a time: iter_batches' read-ahead held up to the whole file
-        with fs.open_input_file(path) as f:
+        with _reading(path), fs.open_input_file(path) as f:
             pf = pq.ParquetFile(f)
             for group in range(pf.num_row_groups):
                 yield from pf.read_row_group(group, columns=columns).to_batches(max_chunksize=rows)
@@ -411,15 +451,18 @@ def import_parquet(src: str, url: str, *, progress: bool = False, storage_option
     """Create the store at ``url`` from a Parquet export at ``src`` (schema, streams, steps, resets).
 
     A foreign Parquet dataset (no manifest) is imported with a schema inferred
-    from its Arrow types, hive partitions as streams. Reads one row group at a
-    time and commits every 64 MiB of appended data.
+    from its Arrow types, hive partitions as streams. Every file's footer is
+    checked against the schema before the store is created (each column present
+    with the schema's Arrow type: nothing is reinterpreted). Reads one row group
+    at a time and commits every 64 MiB of appended data. A failed import leaves
+    nothing at ``url``.
 
     Parameters
     ----------
     src : str
         A local directory or fsspec URL.
     url : str
-        Where to create the store (it must not exist yet).
+        Where to create the store (new, or an empty directory).
     progress : bool, optional
         Show a progress bar on stderr (when it is a terminal).
     storage_options : mapping, optional
@@ -434,36 +477,38 @@ def import_parquet(src: str, url: str, *, progress: bool = False, storage_option
 
     Raises
     ------
+    ImportSourceError
+        A manifest or file that cannot be read (garbage, truncated), a column
+        missing or of another type or width than the schema's, a malformed
+        manifest entry or stream partition.
     StoreError
-        ``src`` is not a directory, or its manifest or files are malformed.
+        ``src`` is not a directory or not a replaystore export.
     SchemaError
         A column type has no replaystore equivalent.
     ValidationError
-        A batch does not conform to the table's schema.
+        A batch does not conform to the table's schema (nulls, steps out of order, ...).
     StoreExistsError
-        A store already exists at ``url``.
+        ``url`` is not new or empty.
     """
     fs, root = filesystem(src, storage_options)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
+    with _reading(src, "a directory"):
+        is_dir = fs.get_file_info(root).type == pafs.FileType.Directory
+    if not is_dir:
         raise StoreError(f"{src}: no such directory")
-    manifest = _read_manifest(fs, root)
-    plan = _table_plan(fs, root, manifest)
-    schemas = {name: schema for name, (schema, _, _) in plan.items()}
-    capacity = manifest.get("capacity") if manifest else None
-    st = open_store(url, schemas[DEFAULT_TABLE] if list(schemas) == [DEFAULT_TABLE] else schemas, mode="w",
-                    capacity=capacity, storage_options=storage_options)
-    total = sum(int(info.get("records", 0)) for _, _, info in plan.values() if info) or None
-    with st.writer() as w, progress_bar(total, "import parquet", progress) as bar:
-        pending = 0
-        for name, (schema, base, doc) in plan.items():
-            parse = _key_parser(doc)
-            fields = [f.name for f in schema.fields if not isinstance(f, BatchMeta)]
-            rows = chunk_rows(schema, batch_rows)
-            for key, files in _partitions(fs, base, parse):
-                if not files:
-                    continue
-                present = set(_file_schema(fs, files[0]).names)
-                columns = [c for c in ("step", "reset") if c in present] + _stored_columns(schema, fields)
+    with ImportDestination(url, storage_options) as dest:
+        manifest = _read_manifest(fs, root)
+        plan = _table_plan(fs, root, manifest)
+        work = _check_source(fs, plan)  # every file's columns and types, before anything is created
+        schemas = {name: schema for name, (schema, _, _) in plan.items()}
+        capacity = manifest.get("capacity") if manifest else None
+        st = dest.opened(open_store(url, schemas[DEFAULT_TABLE] if list(schemas) == [DEFAULT_TABLE] else schemas,
+                                    mode="w", capacity=capacity, storage_options=storage_options))
+        total = sum(int(info.get("records", 0)) for _, _, info in plan.values() if info) or None
+        with st.writer() as w, progress_bar(total, "import parquet", progress) as bar:
+            pending = 0
+            for name, key, files, columns, present in work:
+                schema = schemas[name]
+                rows = chunk_rows(schema, batch_rows)
                 for batch in _batches(fs, files, columns, rows, _sorted_check(fs, files)):
                     if not batch.num_rows:
                         continue
@@ -479,5 +524,69 @@ def import_parquet(src: str, url: str, *, progress: bool = False, storage_option
                     if pending >= COMMIT_BYTES:
                         w.commit()
                         pending = 0
-    st.refresh()
+        st.refresh()
     return st
+
+
+def _same_type(want: pa.DataType, got: pa.DataType) -> bool:
+    """Whether a column of type ``got`` holds what a column of type ``want`` does.
+
+    Nullability aside; a ragged ``large_list`` may be read from a ``list``.
+    """
+    if pa.types.is_struct(want):
+        return (pa.types.is_struct(got) and [f.name for f in want] == [f.name for f in got]
+                and all(_same_type(a.type, b.type) for a, b in zip(want, got, strict=True)))
+    if pa.types.is_fixed_size_list(want):
+        return (pa.types.is_fixed_size_list(got) and got.list_size == want.list_size
+                and _same_type(want.value_type, got.value_type))
+    if pa.types.is_large_list(want) or pa.types.is_list(want):
+        return (pa.types.is_large_list(got) or pa.types.is_list(got)) and _same_type(want.value_type, got.value_type)
+    return bool(want.equals(got))
+
+
+def _check_source(fs: pafs.FileSystem, plan: dict[str, tuple[Schema, str, dict[str, Any] | None]],
+                  ) -> list[tuple[str, Any, list[str], list[str], set[str]]]:
+    """``[(table, stream key, files, columns, index columns present)]`` of every stream to import.
+
+    Reads each file's footer: every file must hold each column the table's schema needs, with the
+    Arrow type the schema gives it (a string, list, struct or wrong-width column is refused, never
+    reinterpreted), ``step`` as integers and ``reset`` as bools, the same index columns in every
+    file of a stream. Raises ImportSourceError naming the file and column.
+    """
+    work = []
+    for name, (schema, base, doc) in plan.items():
+        parse = _key_parser(doc)
+        fields = [f.name for f in schema.fields if not isinstance(f, BatchMeta)]
+        stored = _stored_columns(schema, fields)
+        want = schema_to_arrow(schema)
+        if schema.nesting is not None:
+            want = struct_schema(want, schema.nesting)
+        try:
+            partitions = _partitions(fs, base, parse)
+        except ValueError as exc:
+            raise ImportSourceError(f"{base}/stream=...", f"{(doc or {}).get('stream_type')} stream keys",
+                                    f"a partition that is not one ({exc})") from None
+        for key, files in partitions:
+            if not files:
+                continue
+            present: set[str] | None = None
+            for path in files:
+                got = _file_schema(fs, path)
+                index = {c for c in ("step", "reset") if c in got.names}
+                if present is not None and index != present:
+                    raise ImportSourceError("step/reset", f"columns {sorted(present)} as in {files[0]}",
+                                            f"columns {sorted(index)}", path)
+                present = index
+                if "step" in index and not pa.types.is_integer(got.field("step").type):
+                    raise ImportSourceError("step", "integer steps", str(got.field("step").type), path)
+                if "reset" in index and not pa.types.is_boolean(got.field("reset").type):
+                    raise ImportSourceError("reset", "bool", str(got.field("reset").type), path)
+                for c in stored:
+                    if c not in got.names:
+                        raise ImportSourceError(c, f"a column of {want.field(c).type}", "none", path)
+                    if not _same_type(want.field(c).type, got.field(c).type):
+                        raise ImportSourceError(c, str(want.field(c).type), str(got.field(c).type), path)
+            assert present is not None
+            columns = [c for c in ("step", "reset") if c in present] + stored
+            work.append((name, key, files, columns, present))
+    return work
