@@ -145,7 +145,8 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
         ``dst_url`` holds anything, or a store was created there during the copy.
     StoreError
         The copy does not verify: a writer or vacuum of the source deleted data
-        while it was copied (copy again, or stop them).
+        while it was copied (copy again, or stop them). Its manifest is removed
+        again: no store is left at ``dst_url``.
     CorruptObjectError
         A damaged source object: not a regular file (a FIFO, a directory: refused
         unread, nothing waits on it), damaged as ``verify`` finds it when the copy
@@ -180,6 +181,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
     problems = verify_store(copied)
     if problems:
+        dst.delete(layout.MANIFEST)  # a copy that does not verify is no store
         damaged = verify_store(src)  # (only when the copy fails: a damaged source is named as such)
         if damaged:
             raise CorruptObjectError(damaged[0].path, f"the source store is damaged: {damaged[0].problem} "
