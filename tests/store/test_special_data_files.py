@@ -204,3 +204,14 @@ def test_a_fifo_in_the_chunk_cache_is_refused_promptly(tmp_path: Path) -> None:
     os.unlink(cached[0])  # removed: fetched again
     assert np.array_equal(open_store(url, mode="r", cache=ChunkCache(cache)).read(reader.row_ids())["obs"], want)
     shutil.rmtree(cache)
+
+
+@pytest.mark.parametrize("record", [layout.MANIFEST, layout.commit_record(0, 0)])
+def test_a_directory_in_place_of_a_record_is_named_not_a_descriptor_number(tmp_path: Path, record: str) -> None:
+    url, _ = _store(tmp_path / "st", "fragment")
+    _replace(url, record, "directory")
+    if record != layout.MANIFEST:  # (no manifest: no store to open)
+        _refused(_bounded(lambda: open_store(url, mode="r")), record)
+    result = _cli("verify", url)
+    assert "Is a directory" not in result.stdout + result.stderr and "Traceback" not in result.stderr, result
+    assert record in result.stdout + result.stderr, result
