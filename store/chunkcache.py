@@ -24,6 +24,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 import time
 import uuid
 import warnings
@@ -318,13 +319,15 @@ class StoreCache:
         Raises
         ------
         CorruptObjectError
-            ``check`` found the download damaged; it is not kept.
+            ``check`` found the download damaged (it is not kept), or the cache holds
+            something other than a regular file for the object (a FIFO: refused, never
+            waited on).
         OSError
             The download failed for another reason than a full disk.
         """
         local = os.path.join(self.root, *path.split("/"))
         with contextlib.suppress(OSError):  # absent (or the directory unusable: found out below)
-            f: IO[bytes] = open(local, "rb")  # noqa: SIM115 (returned open)
+            f: IO[bytes] = _open_regular(path, local)
             if size is None or os.fstat(f.fileno()).st_size == size:
                 with contextlib.suppress(OSError):  # a read-only cache still serves
                     os.utime(f.fileno())
@@ -367,6 +370,23 @@ class StoreCache:
         data = storage.read(path)
         _refuse_damaged(path, check(data) if check is not None else None)
         return data
+
+
+def _open_regular(path: str, local: str) -> IO[bytes]:
+    """The cached file ``local`` of object ``path``, open for reading; refused unless a regular file.
+
+    Opened non-blocking and checked with ``fstat`` before use: a FIFO, a device or a
+    directory put in a cache is refused at once, never waited on.
+    """
+    fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptObjectError(path, f"its chunk cache file {local} is not a regular file: remove it")
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _refuse_damaged(path: str, problem: str | None) -> None:

@@ -12,13 +12,14 @@ it wants; zarr-python reads the same arrays unchanged.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import google_crc32c
 import numcodecs  # type: ignore[import-untyped]
 import numpy as np
 
-from replaystore.errors import CorruptObjectError
+from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.storage import ObjectStream, Storage
 from replaystore.store.zarrio import chunk_path, missing_chunk, open_cached, raw_bytes
 
@@ -198,49 +199,132 @@ class ShardWriter:
         self.stream = None
 
 
-def shard_problem(data: Any, rows: int) -> str | None:
-    """What is wrong with a shard of ``rows`` records, if anything (index and block checksums).
+def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...],
+                  codec: str) -> str | None:
+    """What is wrong with a compressed array's shard, if anything; every block is decoded.
 
-    Cost: one CRC32C over the shard.
+    The shard's size is checked against what its records can take before anything is
+    read; then its index (checksum, blocks tiling the data), and each block in turn
+    (checksum, declared size, decoding) into one block's buffer: memory stays bounded
+    by one block (plus the shard itself on object storage, read whole).
 
     Parameters
     ----------
-    data : Buffer
-        The shard's bytes.
-    rows : int
-        The array's records.
+    storage : Storage
+        The store's storage.
+    array_path : str
+        The array's directory.
+    dtype : numpy.dtype
+        The field's dtype.
+    shape : tuple of int
+        ``(rows, *record shape)``.
+    codec : str
+        The field's normalised codec (as the schema says).
 
     Returns
     -------
     str or None
         None for an intact shard, else the problem.
+
+    Raises
+    ------
+    FileNotFoundError
+        The shard is absent.
     """
-    raw = np.frombuffer(data, dtype=np.uint8)
+    shard = CompressedArray(storage, array_path, dtype, shape, codec, cached=False)
     try:
-        index = _index(raw, rows, "")
+        size = storage.size(shard.path)
+        if size > shard.max_bytes:
+            return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
+                    f"({shard.max_bytes}): refused unread")
+        shard.check()
     except CorruptObjectError as exc:
-        return exc.args[-1] if exc.args else str(exc)
-    for off, n in index.tolist():
-        block = raw[off:off + n]
-        if google_crc32c.value(block[:-_CRC].tobytes()) != int(block[-_CRC:].view("<u4")[0]):
-            return f"crc32c checksum mismatch in the block at byte {off}"
+        return str(exc).split(": ", 1)[-1]
+    except StaleReadError:  # (how a read names a missing chunk)
+        raise FileNotFoundError(shard.path) from None
     return None
 
 
+def max_shard_bytes(rows: int, record_bytes: int) -> int:
+    """The most bytes a shard of ``rows`` records of ``record_bytes`` each can take.
+
+    Each block at most its raw bytes plus what zstd or LZ4 add to incompressible data
+    (under 1/128 of them plus a few hundred bytes), and its checksum; then the index.
+
+    Parameters
+    ----------
+    rows : int
+        The array's records.
+    record_bytes : int
+        Bytes of one record.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    blocks = max(1, math.ceil(rows / BLOCK))
+    raw = BLOCK * record_bytes
+    return blocks * (raw + raw // 128 + 1024 + _CRC + _INDEX_ENTRY) + _CRC
+
+
 def _index(raw: np.ndarray, rows: int, path: str) -> np.ndarray:
-    """The shard index ``(blocks, 2)`` of ``raw``, checked (CRC32C, bounds)."""
+    """The shard index ``(blocks, 2)`` of ``raw``, checked: CRC32C, and the blocks tile the data in order.
+
+    Block 0 starts at byte 0, each next one where the previous ends, the last where the
+    index starts (docs/FORMAT.md, "Compressed fields"): no entry overlaps another, lies
+    outside the shard or overflows. Cost: O(blocks).
+    """
     blocks = max(1, math.ceil(rows / BLOCK))
     size = blocks * _INDEX_ENTRY
     if len(raw) < size + _CRC:
-        raise CorruptObjectError(path, f"shard of {len(raw)} bytes, shorter than its index")
+        raise CorruptObjectError(path, f"shard of {len(raw)} bytes, shorter than its index ({size + _CRC} bytes)")
     tail = raw[len(raw) - size - _CRC:]
     if google_crc32c.value(tail[:-_CRC].tobytes()) != int(tail[-_CRC:].view("<u4")[0]):
         raise CorruptObjectError(path, "shard index crc32c checksum mismatch")
-    index = tail[:-_CRC].view("<u8").reshape(blocks, 2).astype(np.int64)
-    ends = index[:, 0] + index[:, 1]
-    if np.any(index < 0) or np.any(index[:, 1] <= _CRC) or np.any(ends > len(raw) - size - _CRC):
-        raise CorruptObjectError(path, "shard index points outside the shard")
-    return index
+    entries = tail[:-_CRC].view("<u8").reshape(blocks, 2)
+    data_end = len(raw) - size - _CRC
+    offsets, lengths = entries[:, 0], entries[:, 1]
+    # compared as uint64, each term at most the shard's size: no sum below can wrap
+    bad = np.flatnonzero((offsets > data_end) | (lengths > data_end) | (lengths <= _CRC))
+    if not len(bad):
+        ends = offsets + lengths
+        starts = np.concatenate(([np.uint64(0)], ends[:-1]))
+        bad = np.flatnonzero((offsets != starts) | (ends > data_end))
+        if not len(bad) and int(ends[-1]) != data_end:
+            raise CorruptObjectError(path, f"shard index: the blocks end at byte {int(ends[-1])}, the index "
+                                           f"starts at byte {data_end}")
+    if len(bad):
+        k = int(bad[0])
+        raise CorruptObjectError(path, f"shard index: block {k} at [{int(offsets[k])}, +{int(lengths[k])}) is not "
+                                       f"where the blocks before it end (overlapping, outside the shard "
+                                       f"or overflowing)")
+    return entries.astype(np.int64)
+
+
+def _declared_size(name: str, data: np.ndarray) -> int | None:
+    """The decoded size a compressed block's header declares (None: none it can be trusted for).
+
+    zstd: the frame header's content size (a frame without one is refused); numcodecs' LZ4:
+    its 4-byte little-endian prefix.
+    """
+    head = data[:18].tobytes()
+    if name == "lz4":
+        return int.from_bytes(head[:4], "little") if len(head) >= 4 else None
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = head[4]
+    fcs_flag, single, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    if descriptor & 0x08:  # reserved bit
+        return None
+    fcs = (single, 2, 4, 8)[fcs_flag]
+    if not fcs:
+        return None
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    if len(head) < pos + fcs:
+        return None
+    value = int.from_bytes(head[pos:pos + fcs], "little")
+    return value + 256 if fcs == 2 else value
 
 
 class CompressedArray:
@@ -279,7 +363,9 @@ class CompressedArray:
         self.ndim = len(shape)
         self.path = chunk_path(array_path, len(shape))
         self._codec = compressor(codec)
+        self._codec_name = codec.partition(":")[0]
         self._cached = cached
+        self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])))
         self._raw: np.ndarray | None = None
         self._index: np.ndarray | None = None
 
@@ -292,9 +378,13 @@ class CompressedArray:
             st = self.storage
             try:
                 raw: np.ndarray
-                local = st.local_path(self.path)
-                if local is not None:
-                    raw = np.memmap(local, dtype=np.uint8, mode="r")
+                fd = st.open_local(self.path)  # (a regular file, or refused: never a FIFO waited on)
+                if fd is not None:
+                    with open(fd, "rb", closefd=True) as f:
+                        size = os.fstat(fd).st_size
+                        self._check_size(size)
+                        # (mapped: nothing is allocated from the size; a 0-byte file cannot be mapped)
+                        raw = np.memmap(f, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
                 elif st.cache is not None and self._cached:
                     got = open_cached(st, self.path, np.dtype(np.uint8), (0,), checksum=False)
                     if isinstance(got, bytes):
@@ -306,20 +396,56 @@ class CompressedArray:
                     raw = np.frombuffer(st.read(self.path), dtype=np.uint8)
             except FileNotFoundError:
                 raise missing_chunk(self.path) from None
+            self._check_size(len(raw))
             self._index = _index(raw, self.shape[0], self.path)
             self._raw = np.asarray(raw)  # (a plain ndarray: np.memmap's slicing costs microseconds)
         assert self._index is not None
         return self._raw, self._index
 
+    def _check_size(self, size: int) -> None:
+        if size > self.max_bytes:
+            raise CorruptObjectError(self.path, f"size {size} bytes, more than a shard of {self.shape[0]} records "
+                                                f"can take ({self.max_bytes})")
+
     def _decode(self, block: int, out: np.ndarray) -> None:
-        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous)."""
+        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked.
+
+        Its CRC32C, then the decoded size its header declares (exactly ``out``'s bytes:
+        a shorter block would leave part of ``out`` as it was), then the decoder's own
+        checks; any failure is a CorruptObjectError naming the shard and the block.
+        """
         raw, index = self._load()
         off, n = int(index[block, 0]), int(index[block, 1])
         data = raw[off:off + n - _CRC]
         if google_crc32c.value(data) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
             raise CorruptObjectError(self.path, f"crc32c checksum mismatch in block {block}")
-        self._codec.decode(data, out=out.view(np.uint8).reshape(-1))
+        dest = out.view(np.uint8).reshape(-1)
+        declared = _declared_size(self._codec_name, data)
+        if declared != dest.size:
+            got = "no size" if declared is None else f"{declared} bytes"
+            raise CorruptObjectError(self.path, f"block {block} declares {got} decoded, expected {dest.size} "
+                                                f"({self._codec_name}; run replaystore verify)")
+        try:
+            self._codec.decode(data, out=dest)
+        except (RuntimeError, ValueError, TypeError, MemoryError) as exc:  # numcodecs' decoding errors
+            raise CorruptObjectError(self.path, f"block {block} does not decode as {self._codec_name} "
+                                                f"({exc})") from None
         CompressedArray.blocks_decoded += 1
+
+    def check(self) -> None:
+        """Decode every block, one at a time into one block's buffer (what ``verify`` runs).
+
+        Raises
+        ------
+        CorruptObjectError
+            The shard's index or a block is damaged (the first found).
+        StaleReadError
+            The shard is gone.
+        """
+        _, index = self._load()
+        buf = np.empty((BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
+        for block in range(len(index)):
+            self._decode(block, buf)
 
     def take(self, indices: Any, axis: int = 0, out: np.ndarray | None = None, mode: str = "raise") -> np.ndarray:
         """Rows ``indices`` (like ``numpy.take`` along axis 0), decoding each block touched once.

@@ -41,7 +41,7 @@ def hold(storage: Storage, writer: int) -> int | None:
     path = storage.local_path(layout.writer_record(writer))
     if path is None:
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (never waits on a FIFO)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
@@ -57,7 +57,7 @@ def is_dead(storage: Storage, writer: int) -> bool:
         return False
     try:
         doc = records.decode(layout.writer_record(writer), records.read(storage, layout.writer_record(writer)))
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (never waits on a FIFO)
     except (OSError, CorruptObjectError):
         return False
     try:

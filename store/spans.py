@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import errno
 import math
+import os
 
 import numpy as np
 
@@ -250,9 +251,12 @@ class Layout:
         cpath = chunk_path(f"{frag.path}/{name}", 1 + len(spec.trailing_shape))
         offset = self._base[k] * rb
         try:
-            path = self.storage.local_path(cpath)
-            if path is not None:
-                self._range(name).map_file(offset, path, nbytes)
+            fd = self.storage.open_local(cpath)  # (a regular file, or refused: never a FIFO waited on)
+            if fd is not None:
+                try:
+                    self._range(name).map_file(offset, fd, nbytes)
+                finally:
+                    os.close(fd)
             else:  # object storage: the chunk cache's file (layouts need local files or a cache)
                 shape = (nbytes // rb, *spec.trailing_shape)
                 got = open_cached(self.storage, cpath, np.dtype(spec.dtype), shape, checksum=frag.segment is None)

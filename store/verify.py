@@ -17,7 +17,7 @@ from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
-from replaystore.store.zarrio import chunk_path, verify_chunk
+from replaystore.store.zarrio import CRC_BYTES, chunk_path, verify_chunk
 
 
 @dataclass(frozen=True)
@@ -230,14 +230,25 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
             continue
         cpath = chunk_path(base, len(shape))
         try:
-            data = storage.read(cpath)
+            if name in schema.compressed:  # size-checked, then each block decoded in turn
+                issue = shard_problem(storage, base, dtype, shape, schema.compressed[name])
+                data = None
+            else:  # size-checked before it is read (mapped where local)
+                size, expected = storage.size(cpath), int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
+                if size != expected:
+                    problems.append(Problem(cpath, f"size {size} bytes, expected {expected}"))
+                    continue
+                data = storage.read_array(cpath, np.dtype(np.uint8), (size,))
+                issue = verify_chunk(data, dtype, shape)
         except FileNotFoundError:
             problems.append(Problem(cpath, "missing"))
             continue
-        issue = shard_problem(data, shape[0]) if name in schema.compressed else verify_chunk(data, dtype, shape)
+        except CorruptObjectError as exc:  # not a regular file, say
+            problems.append(Problem(exc.path, str(exc).split(": ", 1)[-1]))
+            continue
         if issue:
             problems.append(Problem(cpath, issue))
-        elif name in schema.offsets_groups:
+        elif data is not None and name in schema.offsets_groups:
             offsets = np.frombuffer(data, dtype=np.int64, count=shape[0])
             if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != frag.nnz[name]:
                 problems.append(Problem(cpath, "CSR offsets are not 0-based, non-decreasing and ending at nnz"))

@@ -120,7 +120,8 @@ class AddressRange:
         """
         if offset % PAGE or offset < 0 or offset + nbytes > self.length:
             raise ValueError(f"mapping [{offset}, {offset + nbytes}) is not a page-aligned part of the range")
-        fd = os.open(path, os.O_RDONLY) if isinstance(path, str) else os.dup(path)
+        # (non-blocking: a FIFO in place of the file is found short below, never waited on)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) if isinstance(path, str) else os.dup(path)
         try:
             size = os.fstat(fd).st_size
             if size < nbytes:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError, StoreExistsError
+from replaystore.errors import CorruptObjectError, StoreError, StoreExistsError
 from replaystore.store import Store, layout, open_store, records, verify_store
 from replaystore.store.storage import Storage, open_storage
 
@@ -45,14 +45,14 @@ class CopyReport:
     written: int = 0
 
 
-def _copy_sparse(src: str, dst: str) -> int:
-    """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data.
+def _copy_sparse(src: int, dst: str) -> int:
+    """Copy the open local file ``src`` (a descriptor, closed here) to new file ``dst`` with the same size.
 
-    Data ranges by ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole
-    file is data. Returns the bytes written. The file is fsynced.
+    Writes only its data: ranges by ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not
+    supported the whole file is data. Returns the bytes written. The file is fsynced.
     """
     written = 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    with open(src, "rb", closefd=True) as fin, open(dst, "xb") as fout:
         size = os.fstat(fin.fileno()).st_size
         os.ftruncate(fout.fileno(), size)
         pos = 0
@@ -75,10 +75,16 @@ def _copy_sparse(src: str, dst: str) -> int:
 
 
 def _copy_object(src: Storage, dst: Storage, path: str, report: CopyReport) -> None:
-    local_src, local_dst = src.local_path(path), dst.local_path(path)
-    if local_src is not None and local_dst is not None:
-        os.makedirs(os.path.dirname(local_dst), exist_ok=True)
-        report.written += _copy_sparse(local_src, local_dst)
+    local_dst = dst.local_path(path)
+    # a regular file, or refused (CorruptObjectError naming the object): never a FIFO waited on
+    fd = src.open_local(path) if local_dst is not None else None
+    if fd is not None and local_dst is not None:
+        try:
+            os.makedirs(os.path.dirname(local_dst), exist_ok=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        report.written += _copy_sparse(fd, local_dst)
         report.bytes += os.path.getsize(local_dst)
     else:
         data = src.read(path)
@@ -139,9 +145,13 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
         ``dst_url`` holds anything, or a store was created there during the copy.
     StoreError
         The copy does not verify: a writer or vacuum of the source deleted data
-        while it was copied (copy again, or stop them).
+        while it was copied (copy again, or stop them). Its manifest is removed
+        again: no store is left at ``dst_url``.
     CorruptObjectError
-        A damaged source object (UnsafeNameError: a name that is not the format's).
+        A damaged source object: not a regular file (a FIFO, a directory: refused
+        unread, nothing waits on it), damaged as ``verify`` finds it when the copy
+        does not verify, or (UnsafeNameError) a name that is not the format's. The
+        destination then holds no store (no manifest), only the objects copied before.
     """
     src = open_store(src_url, mode="r", storage_options=src_options)
     dst = open_storage(dst_url, dst_options)
@@ -171,6 +181,11 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
     problems = verify_store(copied)
     if problems:
+        dst.delete(layout.MANIFEST)  # a copy that does not verify is no store
+        damaged = verify_store(src)  # (only when the copy fails: a damaged source is named as such)
+        if damaged:
+            raise CorruptObjectError(damaged[0].path, f"the source store is damaged: {damaged[0].problem} "
+                                                      f"({len(damaged)} problem(s); run replaystore verify)")
         raise StoreError(f"{dst.url}: the copy does not verify ({len(problems)} problem(s), e.g. {problems[0]}); "
                          "the source changed while it was copied? stop its writers and vacuum, and copy again")
     for table, rows in snapshot.items():

@@ -417,6 +417,32 @@ class Storage(abc.ABC):
         """
         return None
 
+    def open_local(self, path: str) -> int | None:
+        """A read-only descriptor of ``path``'s local file (checked to be a regular file), when the backend has one.
+
+        For memory-mapping or reading a data object in place; the caller closes the
+        descriptor. Backends with local files refuse, without blocking or reading,
+        anything but a regular file (a FIFO, a device, a directory).
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        int or None
+            An open descriptor, or None for backends without local files.
+
+        Raises
+        ------
+        CorruptObjectError
+            ``path`` is not a regular file (refused unread).
+        FileNotFoundError
+            The object is absent.
+        """
+        return None
+
     def check_create(self) -> None:  # noqa: B027 (an optional hook; the default does nothing)
         """Refuse a storage that does not honour create-if-absent.
 
@@ -510,6 +536,8 @@ class Storage(abc.ABC):
 
         Raises
         ------
+        CorruptObjectError
+            The object's local file is not a regular file (refused unread).
         FileNotFoundError
             The object is absent.
         ValueError
@@ -518,9 +546,10 @@ class Storage(abc.ABC):
         count = int(np.prod(shape))
         if count == 0:
             return np.zeros(shape, dtype=dtype)
-        local = self.local_path(path)
-        if local is not None:
-            return np.memmap(local, dtype=dtype, mode="r", shape=shape, offset=offset)
+        fd = self.open_local(path)
+        if fd is not None:
+            with open(fd, "rb", closefd=True) as f:  # (the map holds a descriptor of its own)
+                return np.memmap(f, dtype=dtype, mode="r", shape=shape, offset=offset)
         data = self.read(path)
         return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -188,14 +189,57 @@ class LocalStorage(Storage):
             ``path`` is not a relative path inside the store, or leads outside its root
             through a symbolic link.
         """
-        fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = self.open_local(path)
         with open(fd, "rb", closefd=True) as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptObjectError(path, f"not a regular file ({_file_kind(st.st_mode)}): refused unread")
-            if limit is not None and st.st_size > limit:
-                raise _too_large(path, st.st_size, limit)
+            size = os.fstat(fd).st_size
+            if limit is not None and size > limit:
+                raise _too_large(path, size, limit)
             return f.read()
+
+    def open_local(self, path: str) -> int:
+        """A read-only descriptor of ``path``'s file, checked to be a regular file; the caller closes it.
+
+        Opened non-blocking and checked with ``fstat`` before anything reads or maps
+        it, so a FIFO, a socket, a device or a directory in place of an object is
+        refused at once (never waited on, never read); the check is on the opened
+        file itself, so nothing can swap the file between check and use. A symbolic
+        link is followed only where it stays inside the store root.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+
+        Returns
+        -------
+        int
+            An open descriptor (close-on-exec) of a regular file.
+
+        Raises
+        ------
+        CorruptObjectError
+            ``path`` is not a regular file (refused unread).
+        FileNotFoundError
+            The object is absent.
+        UnsafeNameError
+            ``path`` is not a relative path inside the store, or leads outside its root
+            through a symbolic link.
+        """
+        try:
+            fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ELOOP, errno.ENODEV, errno.EISDIR):
+                # a socket or a device without a driver (ENXIO, ENODEV), a loop of symbolic links
+                raise CorruptObjectError(path, f"not a regular file ({exc.strerror}): refused unread") from None
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise CorruptObjectError(path, f"not a regular file ({_file_kind(mode)}): refused unread")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _fsync_dir(self, directory: str) -> None:
         fd = os.open(directory, os.O_RDONLY)
@@ -690,13 +734,18 @@ class LocalStorage(Storage):
 
         Raises
         ------
+        CorruptObjectError
+            ``path`` is not a regular file (a FIFO, a directory: no object's size).
         FileNotFoundError
             The object is absent.
         UnsafeNameError
             ``path`` is not a relative path inside the store, or leads outside its root
             through a symbolic link.
         """
-        return os.path.getsize(self._p(path))
+        st = os.stat(self._p(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptObjectError(path, f"not a regular file ({_file_kind(st.st_mode)})")
+        return st.st_size
 
     def total_size(self, prefix: str = "") -> int:
         """Bytes the files under ``prefix`` occupy on disk.
