@@ -320,10 +320,10 @@ class StoreLoader(DataLoader):
     # (a generator over DataLoader's iterator; torch types __iter__ as its private iterator class)
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """Yield minibatches as mappings of tensors (or TensorDicts)."""
-        sampler = self.batch_sampler
-        capped = isinstance(sampler, StoreSampler) and sampler.store.capacity is not None
-        if capped:  # before the DataLoader's iterator draws (workers prefetch at its start)
-            sampler.store.refresh()
+        store = self.batch_sampler.store if isinstance(self.batch_sampler, StoreSampler) else None
+        capped = store is not None and store.capacity is not None
+        if store is not None and capped:  # before the DataLoader's iterator draws (workers prefetch at its start)
+            store.refresh()
         batches = super().__iter__()
         while True:
             try:

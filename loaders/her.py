@@ -399,7 +399,8 @@ class HER:
         info: Mapping[str, Any] = {n: np.asarray(_get(batch, n))[mask] for n in self.info_fields}
         reward = np.array(_get(batch, f.reward), copy=True)
         out = self.compute_reward(np.asarray(_get(batch, f.next_achieved))[mask], goals, info)
-        reward[mask] = self._rewards(out, reward[mask].shape, reward.dtype, table.schema.field(f.reward).finite)
+        finite = getattr(table.schema.field(f.reward), "finite", False)
+        reward[mask] = self._rewards(out, reward[mask].shape, reward.dtype, finite)
         _put(batch, f.reward, reward)
         return batch
 

@@ -169,7 +169,8 @@ def slot_count(doc: dict[str, Any], table: str) -> int:
     n = doc.get("samples")
     if doc.get("table") != table or not _is_count(n):
         return 0
-    return int(n)
+    assert isinstance(n, int)
+    return n
 
 
 def _number(value: Any) -> bool:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
