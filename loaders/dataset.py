@@ -308,10 +308,11 @@ class StoreLoader(DataLoader):
     (:func:`make_loader`), as TensorDicts. Takes DataLoader's arguments.
 
     Over a capped store each iteration first refreshes the sampler's store, so that
-    the first minibatch is drawn from a fresh view; a minibatch whose rows were
-    evicted and reclaimed before they were gathered (:class:`StaleReadError`, in the
-    main process or a worker) is drawn again once, after a refresh, and gathered in
-    the main process; a second :class:`StaleReadError` is raised.
+    the first minibatch is drawn from a fresh view. A minibatch whose rows were
+    reclaimed before they were gathered (:class:`StaleReadError`, in the main process
+    or a worker; eviction, or compaction) is drawn again once, after a refresh of the
+    sampler's store, and gathered in the main process; a second
+    :class:`StaleReadError` is raised.
     """
 
     output = "dict"
@@ -321,8 +322,7 @@ class StoreLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """Yield minibatches as mappings of tensors (or TensorDicts)."""
         store = self.batch_sampler.store if isinstance(self.batch_sampler, StoreSampler) else None
-        capped = store is not None and store.capacity is not None
-        if store is not None and capped:  # before the DataLoader's iterator draws (workers prefetch at its start)
+        if store is not None and store.capacity is not None:  # before the DataLoader draws (workers prefetch)
             store.refresh()
         batches = super().__iter__()
         while True:
@@ -331,8 +331,6 @@ class StoreLoader(DataLoader):
             except StopIteration:
                 return
             except StaleReadError:  # the rows went between the draw and the gather: once, from a fresh view
-                if not capped:
-                    raise
                 batch = self._redraw()
             out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
             if self.output == "tensordict" and self.schema is not None:
@@ -410,6 +408,13 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         An unknown ``output``.
     MissingDependencyError
         ``output="tensordict"`` without the ``tensordict`` package.
+
+    Notes
+    -----
+    Over a capped store, each iteration refreshes the sampler's store before its first
+    minibatch; a minibatch whose rows were reclaimed before the gather is drawn again
+    once from a fresh view (see :class:`StoreLoader`): while iterating, ``StaleReadError``
+    comes only from a second failure of the same minibatch.
     """
     check_output(output)
     if num_workers and store.url.startswith("memory://"):
