@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,12 +73,13 @@ class Request:
 class StoreSampler(Sampler[Request]):
     """Base class: yields :class:`Request` minibatches (a torch batch sampler) from one table.
 
-    ``refresh_every`` and/or ``refresh_every_s`` make iteration call
-    ``store.refresh()`` by itself before a minibatch when that many minibatches
-    were drawn, or that many seconds passed, since the last refresh it made; the
-    sampler then follows the new commits (and evictions) as after an explicit
-    refresh. Cost of a refresh: reading the log records committed since the last
-    one.
+    ``refresh_every`` and/or ``refresh_every_s`` make :meth:`sample` (so iteration,
+    ``make_loader`` and direct calls alike) call ``store.refresh()`` by itself before
+    a minibatch when that many minibatches were drawn, or that many seconds passed,
+    since the last refresh it made; the sampler then follows the new commits (and
+    evictions) as after an explicit refresh. Cost of a refresh: reading the log
+    records committed since the last one; without either, :meth:`sample` costs
+    nothing more.
 
     Parameters
     ----------
@@ -194,6 +196,8 @@ class StoreSampler(Sampler[Request]):
         if rate_limiter is not None:
             self.rate_limit = rate_limiter.bind(self)
             self.sample = self.rate_limit.wrap(self.sample)  # type: ignore[method-assign]
+        if refresh_every is not None or refresh_every_s is not None:  # outermost: a refresh, then the gate
+            self.sample = self._refreshing(self.sample)  # type: ignore[method-assign]
         if resume:
             self.restore(override=override)
 
@@ -216,19 +220,30 @@ class StoreSampler(Sampler[Request]):
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Request]:
-        """Yield :meth:`sample` requests, :meth:`auto_refresh` before each, up to ``num_batches``."""
+        """Yield :meth:`sample` requests (each refreshing when due, :meth:`auto_refresh`), up to ``num_batches``."""
         drawn = 0
         while self.num_batches is None or drawn < self.num_batches:
-            self.auto_refresh()
             yield self.sample()
             drawn += 1
+
+    def _refreshing(self, draw: Callable[[], Request]) -> Callable[[], Request]:
+        """``draw`` (the sampler's ``sample``) preceded by :meth:`auto_refresh`, counting each minibatch."""
+        @functools.wraps(draw)
+        def sample() -> Request:
+            self.auto_refresh()
+            request = draw()
+            self._since_refresh += 1
+            return request
+
+        return sample
 
     def auto_refresh(self) -> bool:
         """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went by.
 
-        Counted since this sampler last refreshed. Iteration calls this before each
-        minibatch; call it before :meth:`sample` when drawing by hand. Cost: nothing
-        unless due; then one ``store.refresh()``.
+        Counted since this sampler last refreshed (or was made). :meth:`sample` calls this
+        before each minibatch by itself; calling it by hand as well refreshes at most
+        once (a refresh restarts the count). Cost: nothing unless due; then one
+        ``store.refresh()``.
 
         Returns
         -------
@@ -240,11 +255,10 @@ class StoreSampler(Sampler[Request]):
         due = self.refresh_every is not None and self._since_refresh >= self.refresh_every
         if self.refresh_every_s is not None and time.monotonic() - self._refreshed_at >= self.refresh_every_s:
             due = True
-        self._since_refresh += 1
         if not due:
             return False
         self.store.refresh()
-        self._since_refresh = 1
+        self._since_refresh = 0
         self._refreshed_at = time.monotonic()
         return True
 

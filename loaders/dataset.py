@@ -306,6 +306,13 @@ class StoreLoader(DataLoader):
     Batches that workers sent as :class:`WorkerBatch` come out as mappings of
     tensors, like those gathered in the main process; with ``output="tensordict"``
     (:func:`make_loader`), as TensorDicts. Takes DataLoader's arguments.
+
+    Over a capped store each iteration first refreshes the sampler's store, so that
+    the first minibatch is drawn from a fresh view. A minibatch whose rows were
+    reclaimed before they were gathered (:class:`StaleReadError`, in the main process
+    or a worker; eviction, or compaction) is drawn again once, after a refresh of the
+    sampler's store, and gathered in the main process; a second
+    :class:`StaleReadError` is raised.
     """
 
     output = "dict"
@@ -314,11 +321,32 @@ class StoreLoader(DataLoader):
     # (a generator over DataLoader's iterator; torch types __iter__ as its private iterator class)
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """Yield minibatches as mappings of tensors (or TensorDicts)."""
-        for batch in super().__iter__():
+        store = self.batch_sampler.store if isinstance(self.batch_sampler, StoreSampler) else None
+        if store is not None and store.capacity is not None:  # before the DataLoader draws (workers prefetch)
+            store.refresh()
+        batches = super().__iter__()
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except StaleReadError:  # the rows went between the draw and the gather: once, from a fresh view
+                batch = self._redraw()
             out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
             if self.output == "tensordict" and self.schema is not None:
                 out = to_tensordict(out, self.schema)
             yield out
+
+    def _redraw(self) -> dict[str, Any]:
+        """A minibatch drawn after a refresh of the sampler's store and gathered in this process."""
+        sampler = self.batch_sampler
+        assert isinstance(sampler, StoreSampler) and isinstance(self.dataset, StoreDataset)
+        sampler.store.refresh()
+        batch = self.dataset.__getitems__(sampler.sample())  # (main process: tensors)
+        assert isinstance(batch, dict)
+        if self.pin_memory:
+            batch = WorkerBatch(batch).pin_memory()
+        return batch
 
 
 def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_memory: bool = False,
@@ -380,6 +408,13 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         An unknown ``output``.
     MissingDependencyError
         ``output="tensordict"`` without the ``tensordict`` package.
+
+    Notes
+    -----
+    Over a capped store, each iteration refreshes the sampler's store before its first
+    minibatch; a minibatch whose rows were reclaimed before the gather is drawn again
+    once from a fresh view (see :class:`StoreLoader`): while iterating, ``StaleReadError``
+    comes only from a second failure of the same minibatch.
     """
     check_output(output)
     if num_workers and store.url.startswith("memory://"):

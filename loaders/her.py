@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import SamplerParameterError, StoreError
+from replaystore.errors import SamplerParameterError, StoreError, TransformError
 from replaystore.schemas import Schema
 from replaystore.schemas.nesting import SEP
 from replaystore.store import Table
@@ -380,6 +380,11 @@ class HER:
             A goal row is not visible to this handle.
         StaleReadError
             A goal row was reclaimed since this handle's view.
+        TransformError
+            ``compute_reward`` returned rewards of another shape (not one per relabelled
+            record), of a dtype that does not cast to the reward field's within its kind,
+            or non-finite ones for a finite reward field; it names the function and the
+            expected and returned shapes or dtypes.
         """
         goal_rows = np.asarray(batch["her_goal_rows"], dtype=np.int64)
         mask = goal_rows >= 0
@@ -393,10 +398,37 @@ class HER:
             _put(batch, name, arr)
         info: Mapping[str, Any] = {n: np.asarray(_get(batch, n))[mask] for n in self.info_fields}
         reward = np.array(_get(batch, f.reward), copy=True)
-        reward[mask] = np.asarray(self.compute_reward(np.asarray(_get(batch, f.next_achieved))[mask], goals, info),
-                                  dtype=reward.dtype).reshape(reward[mask].shape)
+        out = self.compute_reward(np.asarray(_get(batch, f.next_achieved))[mask], goals, info)
+        finite = getattr(table.schema.field(f.reward), "finite", False)
+        reward[mask] = self._rewards(out, reward[mask].shape, reward.dtype, finite)
         _put(batch, f.reward, reward)
         return batch
+
+    def _rewards(self, out: Any, shape: tuple[int, ...], dtype: np.dtype, finite: bool | None) -> np.ndarray:
+        """``compute_reward``'s result as rewards of ``shape`` and ``dtype``, or a TransformError saying why not.
+
+        Taken: any array of ``shape`` (or of its size, ``shape[0]`` first: ``(m, 1)`` for
+        ``(m,)``) whose dtype casts to ``dtype`` within its kind (numpy's ``same_kind``:
+        float64 to float32, ints or bools to floats); finite where the reward field is.
+        """
+        fn = getattr(self.compute_reward, "__qualname__", None) or repr(self.compute_reward)
+        where = f"HER compute_reward {fn!r} (reward field {self.fields.reward!r})"
+        try:
+            arr = np.asarray(out)
+        except Exception as exc:  # ragged nested sequences and the like
+            raise TransformError(f"{where}: returned {type(out).__name__} that is not an array ({exc})") from exc
+        m = shape[0] if shape else 1
+        if arr.shape != shape and (arr.size != int(np.prod(shape)) or arr.ndim == 0 or arr.shape[0] != m):
+            raise TransformError(f"{where}: returned shape {arr.shape}, expected {shape} (one reward per "
+                                 f"relabelled record: {m})")
+        if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+            raise TransformError(f"{where}: returned dtype {arr.dtype}, which does not cast safely to the reward "
+                                 f"field's {dtype}")
+        rewards = arr.astype(dtype, copy=False).reshape(shape)
+        if finite and rewards.dtype.kind in "fc" and not np.isfinite(rewards).all():
+            bad = rewards[~np.isfinite(rewards)].ravel()[:4].tolist()
+            raise TransformError(f"{where}: returned non-finite rewards {bad} (the reward field is finite)")
+        return rewards
 
     # -- resumable state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

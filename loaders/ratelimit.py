@@ -30,7 +30,103 @@ MAX_BACKOFF_S = 0.2
 """The longest pause between two checks of a waiting minibatch."""
 
 
-def published_samples(store: Store, name: str, table: str, skip: str | None = None) -> int:
+MAX_SLOT_SAMPLES = 2**53
+"""No slot's sample count is taken above this (float arithmetic is exact below it)."""
+SLOT_SLACK = 2**20
+"""Samples a slot may hold beyond what the limiter could have admitted (see :meth:`RateLimiter.sample_limit`)."""
+
+
+class SlotCountWarning(RuntimeWarning):
+    """A rate-limiter state slot holds no sample count a sampler could have published: it is ignored.
+
+    Issued (once per slot and value) when a slot of the limiter's table holds something
+    other than an int in ``[0, RateLimiter.sample_limit(inserts)]``: a forged or damaged
+    slot, which the limiter counts as 0 samples rather than let it stall or crash every
+    learner (docs/GUIDE.md, "Rate limiting", "Slots that cannot be right").
+    """
+
+
+def _show(value: Any) -> str:
+    """``value`` for a message, huge ints by their size."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_count(value: Any) -> bool:
+    """An int (not a bool) in ``[0, MAX_SLOT_SAMPLES]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SLOT_SAMPLES
+
+
+def slot_values(store: Store, name: str, table: str, skip: str | None = None) -> dict[str, Any]:
+    """What each slot of limiter ``name`` for ``table`` holds as its sample count, unchecked.
+
+    Parameters
+    ----------
+    store : Store
+        The store holding the slots.
+    name : str
+        The limiter's name.
+    table : str
+        The table counted (slots of another table are left out).
+    skip : str, optional
+        A slot left out (the caller's own).
+
+    Returns
+    -------
+    dict of str to Any
+        Slot name to the document's ``samples`` value (None where it has none). Cost: a
+        listing of ``state/`` and one small record per matching slot.
+    """
+    prefix, out = f"{SLOT_PREFIX}{name}.", {}
+    for slot in store.storage.list(layout.STATE):
+        if slot.startswith(prefix) and slot != skip and layout.name_problem("state slot", slot) is None:
+            saved = store.load_state(slot)
+            if saved is not None and saved[0].get("table") == table:
+                out[slot] = saved[0].get("samples")
+    return out
+
+
+def checked_count(slot: str, value: Any, limit: int, warned: dict[str, Any] | None = None) -> int:
+    """``value`` as a slot's sample count: itself if an int in ``[0, limit]``, else 0 with a warning.
+
+    Parameters
+    ----------
+    slot : str
+        The slot, named in the warning.
+    value : Any
+        What it holds.
+    limit : int
+        The largest count taken (:meth:`RateLimiter.sample_limit`).
+    warned : dict, optional
+        Slot to the value last warned about: a value is warned about once (updated here).
+
+    Returns
+    -------
+    int
+        The count. Cost: O(1).
+
+    Warns
+    -----
+    SlotCountWarning
+        The value is not a count, or above ``limit``.
+    """
+    if _is_count(value) and value <= limit:
+        return int(value)
+    if warned is None or slot not in warned or warned[slot] != value:
+        why = f"above {limit}, more than the limiter could have admitted" if _is_count(value) else \
+            f"not an int in [0, {MAX_SLOT_SAMPLES}]"
+        warnings.warn(SlotCountWarning(f"rate-limiter state slot {slot!r}: sample count {_show(value)} is {why}; "
+                                       "ignored (counted as 0): a forged or damaged slot? delete it or save "
+                                       "from its sampler"), stacklevel=3)
+        if warned is not None:
+            warned[slot] = value
+    return 0
+
+
+def published_samples(store: Store, name: str, table: str, skip: str | None = None,
+                      limit: int = MAX_SLOT_SAMPLES) -> int:
     """The sum of the sample counts the samplers of limiter ``name`` published for ``table``.
 
     Parameters
@@ -43,19 +139,16 @@ def published_samples(store: Store, name: str, table: str, skip: str | None = No
         The table counted.
     skip : str, optional
         A slot left out (the caller's own).
+    limit : int, optional
+        The largest count a slot may hold; a slot holding anything else counts 0, with a
+        :class:`SlotCountWarning` (see :func:`checked_count`).
 
     Returns
     -------
     int
         The sum. Cost: a listing of ``state/`` and one small record per matching slot.
     """
-    prefix, total = f"{SLOT_PREFIX}{name}.", 0
-    for slot in store.storage.list(layout.STATE):
-        if slot.startswith(prefix) and slot != skip and layout.name_problem("state slot", slot) is None:
-            saved = store.load_state(slot)
-            if saved is not None:
-                total += slot_count(saved[0], table)
-    return total
+    return sum(checked_count(slot, value, limit) for slot, value in slot_values(store, name, table, skip).items())
 
 
 def slot_count(doc: dict[str, Any], table: str) -> int:
@@ -71,11 +164,12 @@ def slot_count(doc: dict[str, Any], table: str) -> int:
     Returns
     -------
     int
-        The count. Cost: O(1).
+        The count (0 unless an int in ``[0, MAX_SLOT_SAMPLES]``). Cost: O(1).
     """
     n = doc.get("samples")
-    if doc.get("table") != table or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if doc.get("table") != table or not _is_count(n):
         return 0
+    assert isinstance(n, int)
     return n
 
 
@@ -255,6 +349,29 @@ class RateLimiter:
         """
         return max(0, math.ceil((self.min_diff + samples + n) / self.samples_per_insert - 1e-9))
 
+    def sample_limit(self, inserts: int) -> int:
+        """The largest sample count a state slot of this limiter is taken to hold, for ``inserts`` inserts.
+
+        Four times what the rule could have admitted, plus :data:`SLOT_SLACK`:
+        ``4 * (inserts * max(1, samples_per_insert) + |min_diff| + |max_diff|) + SLOT_SLACK``,
+        at most :data:`MAX_SLOT_SAMPLES`. A larger count (forged, or from a limiter with
+        a much larger ``samples_per_insert`` under the same name) is ignored with a
+        :class:`SlotCountWarning`, so no slot can stall a learner for longer than about
+        ``3 * inserts + SLOT_SLACK / samples_per_insert`` more inserts.
+
+        Parameters
+        ----------
+        inserts : int
+            Records ever committed to the table.
+
+        Returns
+        -------
+        int
+            The limit. Cost: O(1).
+        """
+        bound = 4 * (inserts * max(1.0, self.samples_per_insert) + abs(self.min_diff) + abs(self.max_diff))
+        return int(min(bound + SLOT_SLACK, MAX_SLOT_SAMPLES))
+
     def admit_inserts(self, store: Store, counts: Mapping[str, int]) -> None:
         """Return once ``counts`` records may be committed to each table; what ``Writer(rate_limiter=)`` calls.
 
@@ -287,7 +404,8 @@ class RateLimiter:
 
             def check(t: Table = t, n: int = n, name: str = name) -> tuple[bool, int, int, int]:
                 store.refresh()
-                inserts, samples, size = t.total_committed(), published_samples(store, name, t.name), len(t)
+                inserts, size = t.total_committed(), len(t)
+                samples = published_samples(store, name, t.name, limit=self.sample_limit(inserts))
                 return self.can_insert(inserts, samples, size, n), inserts, samples, size
 
             def what(inserts: int, samples: int, size: int, t: Table = t, n: int = n) -> tuple[str, str]:
@@ -386,9 +504,11 @@ class SampleGate:
         self.name = limiter.name or self.table.name
         self.prefix = f"{SLOT_PREFIX}{self.name}."
         self.slot = layout.given_name("state slot", self.prefix + sampler.name, "rate-limiter slot")
+        self._warned: dict[str, Any] = {}  # slot -> the bad value last warned about
         saved = store.load_state(self.slot)
-        self.own = slot_count(saved[0], self.table.name) if saved is not None else 0
-        self.published = self.own
+        own = saved[0].get("samples") if saved is not None and saved[0].get("table") == self.table.name else 0
+        self.own = self.check(self.slot, own)
+        self.published = self.own if own == self.own else -1  # a bad slot is overwritten at the next sync
         self.others = 0
         self._synced = time.monotonic()
         self.read_others()
@@ -416,9 +536,41 @@ class SampleGate:
                                               "sampler": self.sampler.name, "samples": self.own}, keep_last=1)
             self.published = self.own
 
+    def check(self, slot: str, value: Any) -> int:
+        """``value``, read from ``slot``, as a sample count (:func:`checked_count`).
+
+        A count above :meth:`RateLimiter.sample_limit` of this handle's inserts may only
+        mean that this handle's view lags the sampler that published it: the store is
+        refreshed once and the count checked again before it is ignored (once per slot
+        and value).
+
+        Parameters
+        ----------
+        slot : str
+            The slot read.
+        value : Any
+            What it holds.
+
+        Returns
+        -------
+        int
+            The count, 0 for an invalid one. Cost: O(1); a refresh for a count over the limit.
+
+        Warns
+        -----
+        SlotCountWarning
+            ``value`` is not a count, or is one over the limit after the refresh.
+        """
+        limit = self.limiter.sample_limit(self.table.total_committed())
+        if _is_count(value) and value > limit and self._warned.get(slot, -1) != value:
+            self.store.refresh()
+            limit = self.limiter.sample_limit(self.table.total_committed())
+        return checked_count(slot, value, limit, self._warned)
+
     def read_others(self) -> None:
         """Read the counts the other samplers of this limiter and table published. Cost: see the class."""
-        self.others = published_samples(self.store, self.name, self.table.name, skip=self.slot)
+        values = slot_values(self.store, self.name, self.table.name, skip=self.slot)
+        self.others = sum(self.check(slot, value) for slot, value in values.items())
 
     def sync(self) -> None:
         """Publish this sampler's count and read the others'. Cost: see the class."""
@@ -432,9 +584,9 @@ class SampleGate:
         Parameters
         ----------
         samples : int
-            The count the sampler state holds.
+            The count the sampler state holds (checked as a slot's count is, :meth:`check`).
         """
-        self.own = max(self.own, int(samples))
+        self.own = max(self.own, self.check(self.sampler.name, samples))
 
     # -- drawing ----------------------------------------------------------------------------
     def admit(self, n: int) -> None:

@@ -250,7 +250,6 @@ class EpochSampler(StoreSampler):
             self._next_pass()
         drawn = 0
         while not self._exhausted() and (self.num_batches is None or drawn < self.num_batches):
-            self.auto_refresh()
             yield self.sample()
             drawn += 1
 

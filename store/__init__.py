@@ -12,7 +12,7 @@ modules and every underscore name are internals that may change.
 
 from typing import Any
 
-from replaystore.store import layout, records
+from replaystore.store import bodies, layout, records
 from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.index import StreamIndex
 from replaystore.store.layout import ROW_BITS
@@ -54,6 +54,41 @@ def read_manifest(storage: Storage) -> dict[str, Any] | None:
     return _read_manifest(storage)
 
 
+def read_state_record(storage: Storage, slot: str, version: int) -> dict[str, Any]:
+    """State record ``version`` of ``slot``, checked as ``Store.load_state`` checks it.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    slot : str
+        The state slot (its name checked against the format's grammar).
+    version : int
+        The version.
+
+    Returns
+    -------
+    dict
+        The record's body: ``slot``, ``version``, ``time_ns``, ``doc`` and ``arrays``
+        (array name to its payload's path in this slot).
+
+    Raises
+    ------
+    CorruptObjectError
+        The record is damaged: not a record, a missing or malformed field, a payload
+        path that is not this slot's (UnsafeNameError), larger than a record may be,
+        or not a regular file.
+    FileNotFoundError
+        The record is absent.
+
+    Notes
+    -----
+    Cost: one read of the record.
+    """
+    path = layout.state_record(slot, version)
+    return bodies.state(path, records.decode(path, records.read(storage, path)), slot, version)
+
+
 __all__ = [
     "DEFAULT_TABLE",
     "ROW_BITS",
@@ -74,6 +109,7 @@ __all__ = [
     "layout",
     "open_store",
     "read_manifest",
+    "read_state_record",
     "records",
     "scan_fragment",
     "scan_projection",

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, StoreError, StoreExistsError
-from replaystore.store import Store, layout, open_store, records, verify_store
+from replaystore.store import Store, layout, open_store, read_state_record, verify_store
 from replaystore.store.storage import Storage, open_storage
 
 
@@ -105,11 +105,11 @@ def _state_objects(st: Store) -> list[str]:
     for slot, info in st.state_slots().items():
         for version in info["versions"]:
             path = layout.state_record(slot, version)
-            try:
-                body = records.decode(path, st.storage.read(path))
+            try:  # checked as load_state checks it: a damaged record is a CorruptObjectError naming it
+                body = read_state_record(st.storage, slot, version)
             except FileNotFoundError:  # superseded by a save meanwhile
                 continue
-            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items())]
+            out += [path, *body["arrays"].values()]
     return out
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from replaystore.errors import ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.errors import ResumeMismatchError, SamplerParameterError, StoreError, TransformError
 from replaystore.loaders import HER, GoalFields, PrioritizedSampler, UniformSampler, make_loader
 from replaystore.loaders.dataset import gather_arrays
 from replaystore.loaders.her import episode_bounds
@@ -331,3 +331,60 @@ def test_bit_flipping_is_learnt_with_her_and_not_without() -> None:
         torch.set_num_threads(threads)
     assert with_her >= 0.3, with_her
     assert without <= 0.15, without
+
+
+def _half(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    return distance_reward(achieved, desired, info)[: len(achieved) // 2]
+
+
+def _scalar(achieved: np.ndarray, desired: np.ndarray, info: Any) -> float:
+    return 1.0
+
+
+def _words(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    return np.array(["near"] * len(achieved))
+
+
+def _complex(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    return distance_reward(achieved, desired, info).astype(np.complex128)
+
+
+def _nan(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    return np.full(len(achieved), np.nan)
+
+
+def _column(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    return distance_reward(achieved, desired, info).astype(np.float64)[:, None]
+
+
+@pytest.mark.parametrize(("fn", "match"), [
+    (_half, r"'_half'.*returned shape \(\d+,\), expected \(\d+,\)"),
+    (_scalar, r"'_scalar'.*returned shape \(\), expected \(\d+,\)"),
+    (_words, r"'_words'.*dtype <U4.*float32"),
+    (_complex, r"'_complex'.*dtype complex128.*float32"),
+    (_nan, r"'_nan'.*non-finite rewards \[nan"),
+])
+def test_compute_reward_returning_rewards_that_do_not_fit_is_a_typed_error(
+        new_url: Callable[[], str], fn: Callable[..., Any], match: str) -> None:
+    """Wrong shape, a dtype that does not cast within its kind, non-finite rewards for a finite reward field:
+    TransformError naming the function and what it returned against what was expected (before: a raw
+    ValueError, or rewards silently cast)."""
+    st, _ = goal_store(new_url(), seed=4)
+    sampler = UniformSampler(st, batch_size=64, seed=0, her=HER("episode", 4, fn))
+    with pytest.raises(TransformError, match=match):
+        draw(sampler, 1)
+    # the same from a DataLoader worker, re-raised in the main process
+    sampler = UniformSampler(st, batch_size=64, seed=0, num_batches=1, her=HER("episode", 4, fn))
+    with pytest.raises(TransformError, match=match):
+        list(make_loader(st, sampler, num_workers=1, multiprocessing_context="fork"))
+
+
+def test_compute_reward_may_return_a_column_of_another_float_dtype(new_url: Callable[[], str]) -> None:
+    """(m, 1) float64 for (m,) float32 rewards: one reward per record, cast within its kind."""
+    st, _ = goal_store(new_url(), seed=4)
+    sampler = UniformSampler(st, batch_size=64, seed=0, her=HER("episode", 4, _column))
+    b = draw(sampler, 1)[0]
+    mask = b["her_goal_rows"] >= 0
+    assert mask.any() and b["reward"].dtype == np.float32
+    np.testing.assert_array_equal(b["reward"][mask],
+                                  distance_reward(b["next_achieved_goal"][mask], b["desired_goal"][mask], None))

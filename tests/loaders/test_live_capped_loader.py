@@ -7,11 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
-from replaystore.loaders import UniformSampler, make_loader
+from replaystore.errors import StaleReadError
+from replaystore.loaders import PrioritizedSampler, UniformSampler, make_loader
 from replaystore.schemas import transitions
 from replaystore.store import open_store
 from replaystore.store.layout import ROW_BITS
@@ -101,3 +104,100 @@ def test_loader_with_workers_over_a_store_a_writer_process_appends_to(tmp_path: 
         if writer.poll() is None:
             writer.kill()
             writer.wait()
+
+
+# -- a store turned over by another process: before the first batch, and between a draw and its gather --------
+
+TURNOVER = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [sys.argv[2]]
+    from test_live_capped_loader import CAP, numbered
+    from replaystore.store import open_store
+    st = open_store(sys.argv[1])
+    with st.writer() as w:
+        for i in range(4):  # 4 * CAP newer records: everything older lies beyond the grace margin, reclaimed
+            w.append(numbered(i * CAP, CAP), stream="turnover")
+            w.commit()
+    print("committed", 4 * CAP, flush=True)
+""")
+
+
+def _turn_over(url: str) -> None:
+    """Another process commits 4 * CAP records and exits (returns once they are committed)."""
+    here = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", TURNOVER, url, here], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["committed", str(4 * CAP)], out.stderr
+
+
+SAMPLERS = {"uniform": UniformSampler, "prioritized": PrioritizedSampler}
+
+
+def _loader(st: Any, sampler: Any, workers: int) -> Any:
+    kw = {"multiprocessing_context": "fork", "timeout": 60} if workers else {}
+    return make_loader(st, sampler, num_workers=workers, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+def test_a_store_turned_over_before_the_first_batch_reads_from_a_fresh_view(tmp_path: Any, kind: str,
+                                                                          workers: int) -> None:
+    url = str(tmp_path / "st")
+    _filled(url)
+    st = open_store(url, mode="r")
+    sampler = SAMPLERS[kind](st, batch_size=32, seed=0, num_batches=3)  # its view: the first 64, reclaimed below
+    _turn_over(url)
+    batches = list(_loader(st, sampler, workers))  # before: StaleReadError at the first batch
+    assert len(batches) == 3
+    for b in batches:
+        _check(b)
+    assert sampler.batches_drawn == 3  # every minibatch drawn once: the first from a view refreshed at the start
+    first_writer = open_store(url, mode="r").row_ids().min() >> ROW_BITS
+    assert all((b["indices"].numpy() >> ROW_BITS == first_writer).all() for b in batches)  # the turnover's rows
+
+
+def _racing(cls: type, url: str, plan: list[tuple[bool, bool]]) -> type:
+    """``cls`` whose ``i``-th draw follows ``plan[i] = (before, after)``: with ``before``, another process turns
+    the store over and the sampler refreshes before drawing; with ``after``, another process turns it over
+    after the draw, before the rows are gathered (a read that races eviction)."""
+
+    class Racing(cls):  # type: ignore[misc, valid-type]
+        calls = 0
+
+        def sample(self) -> Any:
+            before, after = plan[self.calls] if self.calls < len(plan) else (False, False)
+            self.calls += 1
+            if before:
+                _turn_over(url)
+                self.store.refresh()
+            request = super().sample()
+            if after:
+                _turn_over(url)
+            return request
+
+    return Racing
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+def test_a_read_that_races_eviction_is_drawn_again_once_from_a_fresh_view(tmp_path: Any, kind: str,
+                                                                          workers: int) -> None:
+    url = str(tmp_path / "st")
+    _filled(url)
+    st = open_store(url, mode="r")
+    sampler = _racing(SAMPLERS[kind], url, [(False, True)])(st, batch_size=32, seed=0, num_batches=3)
+    batches = list(_loader(st, sampler, workers))
+    assert len(batches) == 3
+    for b in batches:
+        _check(b)
+    assert sampler.batches_drawn > 3  # the minibatches drawn before the turnover were drawn again
+
+
+def test_a_read_that_races_eviction_twice_raises_stale_read_error(tmp_path: Any) -> None:
+    url = str(tmp_path / "st")
+    _filled(url)
+    st = open_store(url, mode="r")
+    # the second draw, from a view newer than the gathering handle's, races eviction too
+    sampler = _racing(UniformSampler, url, [(False, True), (True, True)])(st, batch_size=32, seed=0, num_batches=3)
+    with pytest.raises(StaleReadError):
+        list(_loader(st, sampler, 0))
+    assert sampler.batches_drawn == 2  # drawn, and drawn again once: no third try

@@ -4,6 +4,7 @@ that wait on them with the counts kept in the store, across processes and restar
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from replaystore.loaders import (
     UniformSampler,
     make_loader,
 )
+from replaystore.loaders.ratelimit import SlotCountWarning
 from replaystore.store import Store, open_store
 from support.ratelimitprocs import Child, batch, schema
 
@@ -340,3 +342,80 @@ def test_a_throttled_commit_that_times_out_writes_nothing_and_keeps_its_appends(
     result = w.commit()
     assert result is not None and st.default.total_committed() == 25
     w.close()
+
+
+# -- counts read from other processes' slots ---------------------------------------------------------------
+
+FORGED = [10**400, 10**31, 2**52, -5, 3.5, "many", True, None]
+
+
+@pytest.mark.parametrize("forged", FORGED, ids=["1e400", "1e31", "2**52", "-5", "3.5", "str", "bool", "None"])
+def test_a_forged_slot_is_ignored_with_a_warning_never_an_overflow_or_a_stall(
+        forged: Any, new_url: Callable[[], str]) -> None:
+    st = _store(new_url(), 20)
+    st.save_state("ratelimit.records.evil", {"limiter": "records", "table": "records", "samples": forged})
+    lim = RateLimiter(1.0, 10, (0.0, 10.0), timeout=0.0)  # admits while inserts - samples - 4 >= 0
+    with pytest.warns(SlotCountWarning, match="'ratelimit.records.evil'") as seen:
+        sampler = UniformSampler(st, 4, rate_limiter=lim)
+        drawn = [sampler.sample() for _ in range(5)]  # as without the slot: 5 minibatches, then the timeout
+    assert len(seen) == 1  # once per slot and value, however often it is read
+    assert len(drawn) == 5
+    with pytest.raises(RateLimitTimeout) as info:
+        sampler.sample()
+    assert (info.value.inserts, info.value.samples) == (20, 20)
+    # a throttled writer reads the same slots: it counts the forged one as 0 too
+    with pytest.warns(SlotCountWarning), st.writer(rate_limiter=RateLimiter(1.0, 10, 10.0, timeout=0.0)) as w:
+        w.append(batch(5, 1), stream="s2")
+        assert w.commit() is not None  # 25 * 1 - 20 <= max_diff 20
+
+
+def test_a_count_over_the_limit_is_checked_again_after_a_refresh(new_url: Callable[[], str]) -> None:
+    """A count over the limit for this handle's inserts may be a newer view's: refreshed, it is taken."""
+    url = new_url()
+    st = _store(url, 20)
+    lim = RateLimiter(1.0, 10, (0.0, 10.0), timeout=0.0)
+    other = open_store(url, mode="a")
+    with other.writer() as w:  # committed after st's last refresh: st's view has 20 inserts
+        w.append(batch(20_000, 1), stream="big")
+        w.commit()
+    assert lim.sample_limit(20) < 1_100_000 <= lim.sample_limit(20_020)
+    other.save_state("ratelimit.records.busy", {"limiter": "records", "table": "records", "samples": 1_100_000})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlotCountWarning)
+        sampler = UniformSampler(st, 4, rate_limiter=lim)  # no warning: the refresh shows 20,020 inserts
+    assert sampler.rate_limit is not None and sampler.rate_limit.others == 1_100_000
+
+
+def test_a_forged_count_in_the_sampler_state_is_ignored(new_url: Callable[[], str]) -> None:
+    st = _store(new_url(), 20)
+    lim = RateLimiter(1.0, 10, (0.0, 10.0), timeout=0.0)
+    a = UniformSampler(st, 4, name="learner", rate_limiter=lim)
+    a.sample()
+    a.save()
+    doc, arrays = st.load_state("learner")  # type: ignore[misc]
+    st.save_state("learner", {**doc, "rate_limit_samples": 10**400}, arrays)
+    with pytest.warns(SlotCountWarning, match="'learner'"):
+        b = UniformSampler(st, 4, name="learner", rate_limiter=lim, resume=True)
+    assert b.rate_limit is not None and b.rate_limit.own == 4  # the slot's count, not the forged one
+    assert len(b.sample().rows) == 4
+
+
+@pytest.mark.parametrize("forged", [10**400, 10**31], ids=["1e400", "1e31"])
+def test_a_learner_process_without_timeout_is_not_stalled_by_a_slot_another_process_forged(
+        forged: int, new_url: Callable[[], str]) -> None:
+    url = new_url()
+    _store(url, 40)
+    forger = Child("forger", url=url, slot="ratelimit.records.evil", samples=forged)
+    try:
+        assert forger.result(60) == {"forged": "ratelimit.records.evil"}
+    finally:
+        forger.kill()
+    # timeout=None waits for ever: before, 1e31 stalled it and 1e400 raised OverflowError
+    limiter = {"spi": 1.0, "min_size": 10, "error_buffer": (0.0, 10.0), "timeout": None}
+    learner = Child("learner", url=url, limiter=limiter, batch_size=4, name="learner", max_batches=5)
+    try:
+        assert learner.line(60) == {"ready": 0, "batches_drawn": 0}
+        out = learner.result(60)
+    finally:
+        learner.kill()
+    assert out["batches"] == 5 and out["own"] == 20 and out["worst"] <= 0

@@ -7,6 +7,8 @@ JSON lines on stdout, flushed at once. Roles:
   pausing ``pace`` seconds between commits (a slow environment, not a synchronisation), then
   prints ``{"committed": n}``. With ``throttle``, each commit first waits on the limiter's
   ``admit_insert`` and it prints the counts it saw at each admission.
+- ``forger``: saves state slot ``slot`` of the store's default table holding ``samples`` (any JSON
+  value: a forged or damaged sample count), then prints ``{"forged": slot}``.
 - ``learner``: builds a sampler with a :class:`~replaystore.loaders.RateLimiter`, prints
   ``{"ready": own count}``, then draws minibatches until the limiter times out (or
   ``max_batches``), checking the rule after each draw, and prints a summary.
@@ -69,6 +71,15 @@ def collector(url: str, records: int, commits: int, pace: float, seed: int = 0,
             time.sleep(pace)  # the pace of a slow environment
     w.close()
     _say({"committed": total})
+
+
+def forger(url: str, slot: str, samples: Any) -> None:
+    from replaystore.store import open_store
+
+    st = open_store(url, mode="a")
+    st.save_state(slot, {"limiter": slot.split(".")[1], "table": st.default.name, "sampler": "forged",
+                         "samples": samples}, keep_last=1)
+    _say({"forged": slot})
 
 
 def _limiter(args: dict[str, Any]) -> Any:
@@ -158,7 +169,7 @@ class Child:
         self.err.close()
 
 
-ROLES = {"collector": collector, "learner": learner}
+ROLES = {"collector": collector, "forger": forger, "learner": learner}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](**json.loads(sys.argv[2]))

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replaystore.errors import StoreExistsError, StoreNotFoundError
+from replaystore.errors import CorruptObjectError, StoreExistsError, StoreNotFoundError
 from replaystore.schemas import dqn
-from replaystore.store import layout, open_store
+from replaystore.store import layout, open_store, records
 from replaystore.store.verify import verify
 from replaystore.tools.copy import copy_store
 from support.batches import dqn_batch
@@ -112,3 +112,31 @@ def test_info_shows_allocated_and_apparent_sizes_and_state_slots(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     assert "allocated" in r.stdout and "apparent" in r.stdout
     assert "'sampler': 2 version(s) 1..2" in r.stdout and "'other': 1 version(s) 0..0" in r.stdout
+
+
+@pytest.mark.parametrize("damage", ["no arrays", "arrays not a mapping", "payload of another slot", "no doc"])
+def test_copy_refuses_a_damaged_state_record_as_open_does(tmp_path: Path, damage: str) -> None:
+    """A checksum-valid state record that load_state would skip as damaged: copy raises CorruptObjectError naming
+    it (the CLI: one line, exit 4), never a KeyError (exit 70), and writes no store at the destination."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    st = _store(src)
+    path = layout.state_record("other", 0)
+    body = records.decode(path, st.storage.read(path))
+    if damage == "no arrays":
+        del body["arrays"]
+    elif damage == "arrays not a mapping":
+        body["arrays"] = ["x"]
+    elif damage == "payload of another slot":
+        body["arrays"] = {"prio.npy": layout.state_payload("sampler", "ab12", "prio.npy")}
+    else:
+        del body["doc"]
+    (src / path).write_bytes(records.encode(body))
+    with pytest.warns(UserWarning, match="damaged"):
+        assert open_store(str(src), mode="r").load_state("other") is None  # what open does with it
+    with pytest.raises(CorruptObjectError) as err:
+        copy_store(str(src), str(dst))
+    assert err.value.path == path
+    assert not (dst / layout.MANIFEST).exists()
+    r = cli("copy", str(src), str(tmp_path / "dst2"))
+    assert r.returncode == 4, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and path in r.stderr and "Traceback" not in r.stderr
