@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -41,17 +42,62 @@ class QueryError(StoreError):
     """
 
 
+class BatchScan:
+    """One scan of a table, as DuckDB consumes it: :meth:`to_reader`, pulled on DuckDB's own threads.
+
+    A ``pyarrow.dataset.Scanner`` built from a Python iterator reads it ahead on an
+    Arrow I/O thread that runs on after DuckDB stops early (``LIMIT``), running Python
+    code while the interpreter shuts down (a fatal ``PyGILState_Release``). This reader
+    has no thread of its own: each batch is read, filtered and projected when DuckDB
+    asks for it, inside the query, and nothing more once it stops asking.
+
+    Parameters
+    ----------
+    batches : iterator of pyarrow.RecordBatch
+        Batches holding the ``needed`` columns.
+    schema : pyarrow.Schema
+        The schema DuckDB sees for the ``wanted`` columns.
+    wanted : list of str
+        The columns to return, in order.
+    filter : pyarrow.compute.Expression, optional
+        Rows to keep (null counts as false, as in a pyarrow scanner).
+    """
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, wanted: list[str],
+                 filter: Any = None) -> None:
+        self.batches = batches
+        self.schema = schema
+        self.wanted = wanted
+        self.filter = filter
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        for b in self.batches:
+            if self.filter is not None:
+                b = b.filter(self.filter)
+            yield b.select(self.wanted)
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        """The scan as a reader that reads a batch only when asked for one.
+
+        Returns
+        -------
+        pyarrow.RecordBatchReader
+            The ``wanted`` columns of the rows the filter keeps.
+        """
+        return pa.RecordBatchReader.from_batches(self.schema, self._batches())
+
+
 class TableDataset(ds.InMemoryDataset):
     """A pyarrow dataset DuckDB can scan with projection and filter pushdown.
 
     DuckDB calls :meth:`scanner` with the columns it needs and the filter it
     pushes down; we stream record batches reading only those columns (plus any
-    the filter names) from the store, and let pyarrow apply the filter.
+    the filter names) from the store, and apply the filter with pyarrow.
 
     Parameters
     ----------
-    reader : TableReader
-        The table's reader (synced here).
+    table : Table
+        The table to scan.
     """
 
     def __init__(self, table: Table) -> None:
@@ -62,11 +108,12 @@ class TableDataset(ds.InMemoryDataset):
         super().__init__(sql_schema(self.stored).empty_table())
         self.source = table
 
-    def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
-        """A scanner streaming the table's record batches, reading only the columns needed.
+    def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None,
+                **kwargs: Any) -> BatchScan:
+        """A scan of the table's record batches, reading only the columns needed.
 
-        Cost: reading the needed columns of every visible record, a batch at a
-        time, as the scanner is consumed.
+        Cost: reading the needed columns of the visible records, a batch at a
+        time, as DuckDB asks for them (nothing is read ahead).
 
         Parameters
         ----------
@@ -75,14 +122,14 @@ class TableDataset(ds.InMemoryDataset):
         columns : list of str, optional
             The columns wanted (default: all).
         filter : pyarrow.compute.Expression, optional
-            A filter pyarrow applies to the batches.
+            A filter applied to the batches.
         **kwargs
             Ignored.
 
         Returns
         -------
-        pyarrow.dataset.Scanner
-            The scanner.
+        BatchScan
+            The scan (DuckDB calls its ``to_reader``).
         """
         full = self.schema
         wanted = list(full.names) if columns is None else list(columns)
@@ -90,6 +137,7 @@ class TableDataset(ds.InMemoryDataset):
         if filter is not None:
             text = str(filter)
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
+        batches: Iterator[pa.RecordBatch]
         if self.nesting is None:
             batches = self.source.scan(needed)
         else:
@@ -99,7 +147,7 @@ class TableDataset(ds.InMemoryDataset):
         schema = pa.schema([full.field(n) for n in needed])
         if schema != pa.schema([self.stored.field(n) for n in needed]):
             batches = (b.cast(schema) for b in batches)
-        return ds.Scanner.from_batches(batches, schema=schema, columns=wanted, filter=filter)
+        return BatchScan(batches, pa.schema([full.field(n) for n in wanted]), wanted, filter)
 
 
 def _sql_type(t: pa.DataType) -> pa.DataType:
