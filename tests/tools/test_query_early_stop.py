@@ -245,6 +245,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_large_synthetic_compressed_store_stops_early_cleanly(tmp_path: Path) -> None:
     n = 12_000
     rng = np.random.default_rng(3)
