@@ -17,14 +17,18 @@ from replaystore.schemas.builtin import (
 from replaystore.schemas.columns import Columns
 from replaystore.schemas.containers import episode_columns, rollout_columns
 from replaystore.schemas.csr import dense_mask, gather_csr
-from replaystore.schemas.fields import BatchMeta, Dense, Field, Ragged
+from replaystore.schemas.fields import FIELD_NAME_BYTES, BatchMeta, Dense, Field, Ragged
 from replaystore.schemas.layout import ArraySpec
-from replaystore.schemas.nesting import Nested, Nesting, map_tree, nested
-from replaystore.schemas.schema import Schema
+from replaystore.schemas.nesting import NESTED_NODES_LIMIT, NESTING_DEPTH_LIMIT, Nested, Nesting, map_tree, nested
+from replaystore.schemas.schema import FIELDS_LIMIT, Schema
 from replaystore.schemas.tables import validate_tables
 
 __all__ = [
     "BUILTINS",
+    "FIELDS_LIMIT",
+    "FIELD_NAME_BYTES",
+    "NESTED_NODES_LIMIT",
+    "NESTING_DEPTH_LIMIT",
     "ArraySpec",
     "BatchMeta",
     "Columns",

@@ -12,12 +12,40 @@ from replaystore.errors import SchemaError
 
 _KINDS = "biuf"  # bool, signed int, unsigned int, float: fixed-width numeric only
 
+FIELD_NAME_BYTES = 200
+"""The longest field name (a nested leaf's whole path, ``obs__image``) or offsets name, in UTF-8
+bytes: each is one path component of a stored fragment (docs/FORMAT.md, "Schema limits")."""
+
+
+def shown_name(name: object, limit: int = 512) -> str:
+    """``repr(name)``, cut to its first ``limit`` characters (and its length) when longer.
+
+    Parameters
+    ----------
+    name : object
+        A name, as given or read.
+    limit : int, optional
+        The most characters shown.
+
+    Returns
+    -------
+    str
+        The name for an error message.
+    """
+    if isinstance(name, str) and len(name) > limit:
+        return f"{name[:limit]!r}... ({len(name)} characters)"
+    return repr(name)
+
 
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise SchemaError(f"field name {name!r}: expected a Python identifier")
+        raise SchemaError(f"field name {shown_name(name)}: expected a Python identifier")
     if name.startswith("_"):
-        raise SchemaError(f"field name {name!r}: names starting with '_' are reserved")
+        raise SchemaError(f"field name {shown_name(name)}: names starting with '_' are reserved")
+    size = len(name.encode())
+    if size > FIELD_NAME_BYTES:
+        raise SchemaError(f"field name {shown_name(name)}: {size} bytes in UTF-8, over the limit of "
+                          f"{FIELD_NAME_BYTES} bytes")
 
 
 def _check_dtype(name: str, dtype: Any) -> np.dtype:
@@ -76,7 +104,8 @@ class Dense:
     Parameters
     ----------
     name : str
-        Field name: a Python identifier not starting with ``_``.
+        Field name: a Python identifier not starting with ``_``, at most ``FIELD_NAME_BYTES``
+        (200) bytes in UTF-8.
     dtype : numpy.dtype or str or type
         A fixed-width numeric or bool dtype; big-endian dtypes are stored as native.
     shape : tuple of int, optional
@@ -138,7 +167,8 @@ class Ragged:
     Parameters
     ----------
     name : str
-        Field name: a Python identifier not starting with ``_``.
+        Field name: a Python identifier not starting with ``_``, at most ``FIELD_NAME_BYTES``
+        (200) bytes in UTF-8.
     dtype : numpy.dtype or str or type
         Dtype of the values: fixed-width numeric or bool.
     offsets : str
@@ -187,7 +217,8 @@ class BatchMeta:
     Parameters
     ----------
     name : str
-        Field name: a Python identifier not starting with ``_``.
+        Field name: a Python identifier not starting with ``_``, at most ``FIELD_NAME_BYTES``
+        (200) bytes in UTF-8.
     description : str, optional
         Free text kept in the schema document.
 

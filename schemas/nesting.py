@@ -15,12 +15,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from replaystore.errors import SchemaError
-from replaystore.schemas.fields import Dense, Field, Ragged
+from replaystore.schemas.fields import FIELD_NAME_BYTES, Dense, Field, Ragged, shown_name
 
 SEP = "__"
 """What joins a nested leaf's path into its column name (``obs__image``)."""
 
 NODE_KINDS = ("dict", "tuple")
+
+NESTING_DEPTH_LIMIT = 32
+"""The deepest a nested field goes: keys in a leaf's path below its top-level name (``obs__image``
+is 1 deep, ``obs__pos__x`` 2) (docs/FORMAT.md, "Schema limits")."""
+NESTED_NODES_LIMIT = 10_000
+"""The most inner (Dict/Tuple) nodes of a schema's nested fields together (docs/FORMAT.md, "Schema limits")."""
+
+
+def _depth_problem(node: str, depth: int) -> SchemaError:
+    return SchemaError(f"nested node {shown_name(node)}: its keys are {depth} levels deep, over the limit of "
+                       f"{NESTING_DEPTH_LIMIT}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,9 @@ def nested(name: str, structure: Mapping[str, Any] | Sequence[Any]) -> Nested:
     Raises
     ------
     SchemaError
-        A bad name or key, an empty node, or a value that is neither a field nor a node.
+        A bad name or key, an empty node, a value that is neither a field nor a node, a
+        leaf deeper than ``NESTING_DEPTH_LIMIT`` (32) keys, more than ``NESTED_NODES_LIMIT``
+        (10,000) inner nodes, or a leaf path longer than ``FIELD_NAME_BYTES`` (200) bytes.
 
     Examples
     --------
@@ -90,10 +103,14 @@ def nested(name: str, structure: Mapping[str, Any] | Sequence[Any]) -> Nested:
     leaves: list[Dense | Ragged] = []
     nodes: dict[str, str] = {}
 
-    def walk(prefix: str, node: Any) -> None:
+    def walk(prefix: str, node: Any, depth: int) -> None:
         if isinstance(node, (Dense, Ragged)):
             leaves.append(dataclasses.replace(node, name=prefix))
             return
+        if depth >= NESTING_DEPTH_LIMIT:  # (its children would be deeper than the limit)
+            raise _depth_problem(prefix, depth + 1)
+        if len(nodes) >= NESTED_NODES_LIMIT:
+            raise SchemaError(f"nested field {name!r}: more than {NESTED_NODES_LIMIT} inner nodes (the limit)")
         if isinstance(node, Mapping):
             items = [(_key(k, prefix), v) for k, v in node.items()]
             nodes[prefix] = "dict"
@@ -106,11 +123,11 @@ def nested(name: str, structure: Mapping[str, Any] | Sequence[Any]) -> Nested:
         if not items:
             raise SchemaError(f"nested field {prefix!r}: an empty {nodes[prefix]} has no column to store")
         for k, v in items:
-            walk(f"{prefix}{SEP}{k}", v)
+            walk(f"{prefix}{SEP}{k}", v, depth + 1)
 
     if isinstance(structure, (Dense, Ragged)) or not isinstance(structure, (Mapping, tuple, list)):
         raise SchemaError(f"nested field {name!r}: expected a mapping or a tuple of fields")
-    walk(name, structure)
+    walk(name, structure, 0)
     return Nested(name, tuple(leaves), nodes)
 
 
@@ -127,21 +144,39 @@ class Nesting:
     Raises
     ------
     SchemaError
-        A node kind that is not ``dict``/``tuple``, a node with no leaf, a tuple node whose
-        keys are not ``0..n-1``, or a field named like a node.
+        More than ``NESTED_NODES_LIMIT`` nodes, a node name that is not a string or is
+        longer than ``FIELD_NAME_BYTES``, a node whose children would be deeper than
+        ``NESTING_DEPTH_LIMIT``, a node kind that is not ``dict``/``tuple``, a node with no leaf,
+        a tuple node whose keys are not ``0..n-1``, or a field named like a node.
+
+    Notes
+    -----
+    Cost: linear in the number of names and nodes (whatever they hold: the limits are
+    checked before anything is built).
     """
 
     def __init__(self, names: Sequence[str], nodes: Mapping[str, str]) -> None:
+        if len(nodes) > NESTED_NODES_LIMIT:
+            raise SchemaError(f"nested nodes: {len(nodes)}, over the limit of {NESTED_NODES_LIMIT}")
         self.nodes = dict(nodes)
-        self.children: dict[str, list[str]] = {p: [] for p in self.nodes}
+        fields = set(names)
         for p, kind in self.nodes.items():
+            if not isinstance(p, str):
+                raise SchemaError(f"nested node {shown_name(p)}: expected a string")
+            size = len(p.encode("utf-8", "surrogatepass"))
+            if size > FIELD_NAME_BYTES:
+                raise SchemaError(f"nested node {shown_name(p)}: {size} bytes in UTF-8, over the limit of "
+                                  f"{FIELD_NAME_BYTES} bytes")
+            if p.count(SEP) >= NESTING_DEPTH_LIMIT:  # (its children are one level deeper)
+                raise _depth_problem(p, p.count(SEP) + 1)
             if kind not in NODE_KINDS:
-                raise SchemaError(f"nested node {p!r}: kind {kind!r} is not one of {NODE_KINDS}")
-            if p in names:
+                raise SchemaError(f"nested node {shown_name(p)}: kind {shown_name(kind)} is not one of {NODE_KINDS}")
+            if p in fields:
                 raise SchemaError(f"nested node {p!r}: a field has the same name")
             parent = p.rpartition(SEP)[0]
             if SEP in p and parent not in self.nodes:
                 raise SchemaError(f"nested node {p!r}: its parent {parent!r} is not a node")
+        self.children: dict[str, list[str]] = {p: [] for p in self.nodes}
         self.leaves: dict[str, list[str]] = {}
         seen: set[str] = set()
         for n in names:  # children in the order of their first leaf

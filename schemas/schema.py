@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from replaystore.errors import SchemaError
-from replaystore.schemas.fields import OFFSETS_DTYPE, BatchMeta, Dense, Field, Ragged
-from replaystore.schemas.nesting import Nested, Nesting, expand
+from replaystore.schemas.fields import OFFSETS_DTYPE, BatchMeta, Dense, Field, Ragged, shown_name
+from replaystore.schemas.nesting import NESTED_NODES_LIMIT, Nested, Nesting, expand
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from replaystore.schemas.layout import ArraySpec
 
 JSON_FORMAT = "replaystore.schema/1"
+
+FIELDS_LIMIT = 10_000
+"""The most fields of a schema, each leaf of a nested field counted as one (docs/FORMAT.md, "Schema limits")."""
 
 
 def _json_safe(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -40,8 +43,12 @@ class Schema:
 
         Schema("pong", [Dense("obs", np.float32, (84, 84)), Dense("action", np.int64)])
 
-    Construction is linear in the number of fields. A schema is compared by value
-    (``==``) and is not hashable.
+    Construction is linear in the number of fields and nested nodes. A schema is
+    compared by value (``==``) and is not hashable. Limits (docs/FORMAT.md, "Schema
+    limits"): at most ``FIELDS_LIMIT`` (10,000) fields, nested leaves counted one each;
+    field and offsets names of at most ``FIELD_NAME_BYTES`` (200) bytes in UTF-8; nested
+    fields at most ``NESTING_DEPTH_LIMIT`` (32) keys deep with at most
+    ``NESTED_NODES_LIMIT`` (10,000) inner nodes in all.
 
     Parameters
     ----------
@@ -80,7 +87,9 @@ class Schema:
     SchemaError
         An empty name, a version that is not a positive int, metadata that is not a
         JSON-serialisable mapping, an object that is not a field, a field defined
-        twice, an offsets name that clashes with a field, or no dense or ragged field.
+        twice, an offsets name that clashes with a field, no dense or ragged field, or
+        a limit passed (more fields or nested nodes, a longer name or a deeper nested
+        field than the limits above; the error names the field and the limit).
 
     Examples
     --------
@@ -104,6 +113,11 @@ class Schema:
         nested: Mapping[str, str] | None = None,
     ) -> None:
         fields, nodes = expand(fields)
+        if len(fields) > FIELDS_LIMIT:
+            raise SchemaError(f"schema {shown_name(name)}: {len(fields)} fields, over the limit of {FIELDS_LIMIT}")
+        if nested is not None and not isinstance(nested, Mapping):
+            raise SchemaError(f"schema {shown_name(name)}: nested nodes: expected a mapping, got "
+                              f"{type(nested).__name__}")
         nodes.update(nested or {})
         if not isinstance(name, str) or not name:
             raise SchemaError(f"schema name: expected a non-empty string, got {name!r}")
@@ -120,11 +134,12 @@ class Schema:
             if f.name in self._by_name:
                 raise SchemaError(f"schema {name!r}: field {f.name!r} defined twice")
             self._by_name[f.name] = f
-        self.offsets_groups: dict[str, tuple[str, ...]] = {}
+        groups: dict[str, list[str]] = {}
         for f in self.ragged_fields:
             if f.offsets in self._by_name:
                 raise SchemaError(f"schema {name!r}: offsets {f.offsets!r} clashes with a field name")
-            self.offsets_groups[f.offsets] = self.offsets_groups.get(f.offsets, ()) + (f.name,)
+            groups.setdefault(f.offsets, []).append(f.name)
+        self.offsets_groups: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in groups.items()}
         if not self.dense_fields and not self.ragged_fields:
             raise SchemaError(f"schema {name!r}: needs at least one dense or ragged field")
         self.nesting: Nesting | None = Nesting(self.input_names, nodes) if nodes else None
@@ -296,13 +311,24 @@ class Schema:
         ------
         SchemaError
             ``d`` is not a replaystore schema document, is missing keys, names an
-            unknown field kind, or describes an invalid schema or field.
+            unknown field kind, describes an invalid schema or field, or passes a
+            limit (see :class:`Schema`; checked before the fields are built).
         """
         if not isinstance(d, Mapping) or d.get("format") != JSON_FORMAT:
             raise SchemaError(f"not a replaystore schema document (expected format {JSON_FORMAT!r})")
         try:
+            docs, nodes = d["fields"], d.get("nested")
+            if not isinstance(docs, (list, tuple)):
+                raise SchemaError(f"schema document: 'fields' must be a list, got {type(docs).__name__}")
+            if len(docs) > FIELDS_LIMIT:
+                raise SchemaError(f"schema document: {len(docs)} fields, over the limit of {FIELDS_LIMIT}")
+            if nodes is not None and not isinstance(nodes, Mapping):
+                raise SchemaError(f"schema document: 'nested' must be a mapping, got {type(nodes).__name__}")
+            if nodes is not None and len(nodes) > NESTED_NODES_LIMIT:
+                raise SchemaError(f"schema document: {len(nodes)} nested nodes, over the limit of "
+                                  f"{NESTED_NODES_LIMIT}")
             fields: list[Field] = []
-            for fd in d["fields"]:
+            for fd in docs:
                 kind = fd["kind"]
                 if kind == "dense":
                     fields.append(Dense(fd["name"], np.dtype(fd["dtype"]), tuple(fd["shape"]),
@@ -315,7 +341,7 @@ class Schema:
                     fields.append(BatchMeta(fd["name"], fd.get("description", "")))
                 else:
                     raise SchemaError(f"field {fd.get('name')!r}: unknown kind {kind!r}")
-            return cls(d["name"], fields, version=d["version"], metadata=d.get("metadata"), nested=d.get("nested"))
+            return cls(d["name"], fields, version=d["version"], metadata=d.get("metadata"), nested=nodes)
         except (KeyError, TypeError) as exc:
             raise SchemaError(f"malformed schema document: {exc!r}") from exc
 
@@ -431,4 +457,4 @@ class Schema:
         return validate(self, batch)
 
 
-__all__ = ["Schema", "OFFSETS_DTYPE"]
+__all__ = ["Schema", "OFFSETS_DTYPE", "FIELDS_LIMIT"]

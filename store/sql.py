@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from replaystore.errors import StoreError
+from replaystore.errors import ReplayStoreError, StoreError
 from replaystore.schemas.nestarrow import struct_batch, struct_schema
 
 if TYPE_CHECKING:
@@ -41,17 +42,70 @@ class QueryError(StoreError):
     """
 
 
+class BatchScan:
+    """One scan of a table, as DuckDB consumes it: :meth:`to_reader`, pulled on DuckDB's own threads.
+
+    A ``pyarrow.dataset.Scanner`` built from a Python iterator reads it ahead on an
+    Arrow I/O thread that runs on after DuckDB stops early (``LIMIT``), running Python
+    code while the interpreter shuts down (a fatal ``PyGILState_Release``). This reader
+    has no thread of its own: each batch is read, filtered and projected when DuckDB
+    asks for it, inside the query, and nothing more once it stops asking.
+
+    Parameters
+    ----------
+    batches : iterator of pyarrow.RecordBatch
+        Batches holding the ``needed`` columns.
+    schema : pyarrow.Schema
+        The schema DuckDB sees for the ``wanted`` columns.
+    wanted : list of str
+        The columns to return, in order.
+    filter : pyarrow.compute.Expression, optional
+        Rows to keep (null counts as false, as in a pyarrow scanner).
+    failed : list of BaseException, optional
+        Where a store error (``ReplayStoreError``, ``OSError``) raised while reading is
+        kept, for :func:`query` to raise in place of DuckDB's message.
+    """
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, wanted: list[str],
+                 filter: Any = None, failed: list[BaseException] | None = None) -> None:
+        self.batches = batches
+        self.schema = schema
+        self.wanted = wanted
+        self.filter = filter
+        self.failed = [] if failed is None else failed
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        try:
+            for b in self.batches:
+                if self.filter is not None:
+                    b = b.filter(self.filter)
+                yield b.select(self.wanted)
+        except (ReplayStoreError, OSError) as exc:  # kept, so that the query raises it, not DuckDB's text
+            self.failed.append(exc)
+            raise
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        """The scan as a reader that reads a batch only when asked for one.
+
+        Returns
+        -------
+        pyarrow.RecordBatchReader
+            The ``wanted`` columns of the rows the filter keeps.
+        """
+        return pa.RecordBatchReader.from_batches(self.schema, self._batches())
+
+
 class TableDataset(ds.InMemoryDataset):
     """A pyarrow dataset DuckDB can scan with projection and filter pushdown.
 
     DuckDB calls :meth:`scanner` with the columns it needs and the filter it
     pushes down; we stream record batches reading only those columns (plus any
-    the filter names) from the store, and let pyarrow apply the filter.
+    the filter names) from the store, and apply the filter with pyarrow.
 
     Parameters
     ----------
-    reader : TableReader
-        The table's reader (synced here).
+    table : Table
+        The table to scan.
     """
 
     def __init__(self, table: Table) -> None:
@@ -61,12 +115,14 @@ class TableDataset(ds.InMemoryDataset):
             self.stored = struct_schema(self.stored, self.nesting)
         super().__init__(sql_schema(self.stored).empty_table())
         self.source = table
+        self.failed: list[BaseException] = []
 
-    def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None, **kwargs: Any) -> ds.Scanner:
-        """A scanner streaming the table's record batches, reading only the columns needed.
+    def scanner(self, *args: Any, columns: list[str] | None = None, filter: Any = None,
+                **kwargs: Any) -> BatchScan:
+        """A scan of the table's record batches, reading only the columns needed.
 
-        Cost: reading the needed columns of every visible record, a batch at a
-        time, as the scanner is consumed.
+        Cost: reading the needed columns of the visible records, a batch at a
+        time, as DuckDB asks for them (nothing is read ahead).
 
         Parameters
         ----------
@@ -75,14 +131,14 @@ class TableDataset(ds.InMemoryDataset):
         columns : list of str, optional
             The columns wanted (default: all).
         filter : pyarrow.compute.Expression, optional
-            A filter pyarrow applies to the batches.
+            A filter applied to the batches.
         **kwargs
             Ignored.
 
         Returns
         -------
-        pyarrow.dataset.Scanner
-            The scanner.
+        BatchScan
+            The scan (DuckDB calls its ``to_reader``).
         """
         full = self.schema
         wanted = list(full.names) if columns is None else list(columns)
@@ -90,6 +146,7 @@ class TableDataset(ds.InMemoryDataset):
         if filter is not None:
             text = str(filter)
             needed += [n for n in full.names if n not in needed and re.search(rf"\b{re.escape(n)}\b", text)]
+        batches: Iterator[pa.RecordBatch]
         if self.nesting is None:
             batches = self.source.scan(needed)
         else:
@@ -99,7 +156,7 @@ class TableDataset(ds.InMemoryDataset):
         schema = pa.schema([full.field(n) for n in needed])
         if schema != pa.schema([self.stored.field(n) for n in needed]):
             batches = (b.cast(schema) for b in batches)
-        return ds.Scanner.from_batches(batches, schema=schema, columns=wanted, filter=filter)
+        return BatchScan(batches, pa.schema([full.field(n) for n in wanted]), wanted, filter, self.failed)
 
 
 def _sql_type(t: pa.DataType) -> pa.DataType:
@@ -173,6 +230,29 @@ def _commit_tables(store: Store) -> tuple[pa.Table, pa.Table]:
     return pa.table(commits, schema=commit_schema), pa.table(appends, schema=append_schema)
 
 
+def _connect(store: Store, connection: duckdb.DuckDBPyConnection | None,
+             unsafe: bool) -> tuple[duckdb.DuckDBPyConnection, list[TableDataset]]:
+    if connection is not None:
+        con = connection
+    elif unsafe:
+        con = duckdb.connect()
+    else:
+        con = duckdb.connect(config=dict(SAFE_CONFIG))
+    store.refresh()
+    datasets = []
+    for name in store.tables:
+        if name in RESERVED_VIEWS:
+            raise StoreError(f"table name {name!r} clashes with the built-in {name!r} view")
+        datasets.append(TableDataset(store.table(name)))
+        con.register(name, datasets[-1])
+    commits, appends = _commit_tables(store)
+    con.register("commits", commits)
+    con.register("appends", appends)
+    if connection is None and not unsafe:
+        con.execute("SET lock_configuration = true")
+    return con, datasets
+
+
 def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
             unsafe: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with every table of ``store`` registered under its name.
@@ -203,23 +283,7 @@ def connect(store: Store, connection: duckdb.DuckDBPyConnection | None = None,
     StoreError
         A table name clashes with a built-in view (``commits``, ``appends``).
     """
-    if connection is not None:
-        con = connection
-    elif unsafe:
-        con = duckdb.connect()
-    else:
-        con = duckdb.connect(config=dict(SAFE_CONFIG))
-    store.refresh()
-    for name in store.tables:
-        if name in RESERVED_VIEWS:
-            raise StoreError(f"table name {name!r} clashes with the built-in {name!r} view")
-        con.register(name, TableDataset(store.table(name)))
-    commits, appends = _commit_tables(store)
-    con.register("commits", commits)
-    con.register("appends", appends)
-    if connection is None and not unsafe:
-        con.execute("SET lock_configuration = true")
-    return con
+    return _connect(store, connection, unsafe)[0]
 
 
 def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
@@ -270,16 +334,23 @@ def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
         ``unsafe``.
     StoreError
         A table name clashes with a built-in view.
+    ReplayStoreError
+        Reading the store failed while the query ran: the store's own typed error
+        (``CorruptObjectError`` naming the object, ``StaleReadError``, ...), not DuckDB's
+        text; an ``OSError`` from the storage likewise.
     """
     if not isinstance(sql, str):
         raise QueryError(f"query: expected SQL text, got {type(sql).__name__}")
-    con = connect(store, unsafe=unsafe)
+    con, datasets = _connect(store, None, unsafe)
     try:
         if not con.extract_statements(sql):
             raise QueryError("query: expected an SQL statement, got an empty query")
         relation = con.sql(sql)
         return pa.table({}) if relation is None else to_arrow(relation)
     except duckdb.Error as exc:
+        failed = [e for d in datasets for e in d.failed]
+        if failed:
+            raise failed[0].with_traceback(None) from None
         raise QueryError(str(exc).splitlines()[0]) from None
     finally:
         con.close()

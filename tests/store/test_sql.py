@@ -200,3 +200,51 @@ def test_file_access_is_an_explicit_opt_in(ppo_store, tmp_path):
     st.sql(f"COPY (SELECT row FROM records) TO '{out}' (FORMAT parquet)", unsafe=True)
     t = st.sql(f"SELECT count(*) AS n FROM read_parquet('{out}')", unsafe=True)
     assert t.column("n").to_pylist() == [200]
+
+
+def _ten_fragments(tmp_path):
+    """Ten commits of 100 records with a zstd field (its blocks are checksummed when decoded)."""
+    from replaystore.schemas import Dense, Schema
+
+    st = open_store(str(tmp_path / "d"), Schema("s", [Dense("obs", np.float32, (16,), codec="zstd"),
+                                                      Dense("rewards", np.float32)]))
+    rng = np.random.default_rng(4)
+    with st.writer() as w:
+        for _ in range(10):
+            w.append({"obs": rng.standard_normal((100, 16)).astype(np.float32),
+                      "rewards": rng.standard_normal(100).astype(np.float32)}, stream=0)
+            w.commit()
+    return st
+
+
+def test_a_query_that_stops_early_reads_no_further(tmp_path):
+    """A scan reads a batch only when DuckDB asks for it: nothing is read ahead, during or after the query."""
+    st = _ten_fragments(tmp_path)
+    fragments, records = len(st.default.view().fragments), len(st.row_ids())
+    assert fragments > 1
+    reader = st.default.reader
+    for sql in ("SELECT obs FROM records LIMIT 1", "SELECT obs FROM records WHERE step >= 0 LIMIT 3"):
+        reader._data.clear()
+        assert st.sql(sql).num_rows in (1, 3)
+        assert sum("obs" in d._arrays for d in reader._data.values()) == 1, sql
+    reader._data.clear()
+    got = st.sql("SELECT count(*) AS n FROM records WHERE list_max(obs) > -1e9").column("n").to_pylist()
+    assert got == [records]
+    assert sum("obs" in d._arrays for d in reader._data.values()) == fragments
+
+
+def test_a_damaged_chunk_met_by_a_query_is_the_stores_typed_error(tmp_path):
+    from replaystore.errors import CorruptObjectError
+    from replaystore.tools.cli import EXIT_CORRUPT
+    from replaystore.tools.cli import main as cli_main
+
+    st = _ten_fragments(tmp_path)
+    chunk = max(p for p in (tmp_path / "d").rglob("*") if p.is_file() and "/obs/" in str(p) and p.name != "zarr.json")
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(CorruptObjectError) as exc:
+        st.sql("SELECT sum(list_sum(obs)) FROM records")
+    assert "/obs/" in exc.value.path and str(chunk).endswith(exc.value.path)
+    assert st.sql("SELECT rewards FROM records LIMIT 1").num_rows == 1  # other columns still read
+    assert cli_main(["query", str(tmp_path / "d"), "SELECT max(list_max(obs)) FROM records"]) == EXIT_CORRUPT
