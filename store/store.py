@@ -30,6 +30,7 @@ from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
+from replaystore.store.view import row_array
 from replaystore.store.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
@@ -372,7 +373,7 @@ class Table:
             A row id that is not visible.
         """
         self.reader.sync()
-        return self.reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return self.reader.index_arrays(row_array(rows).reshape(-1))
 
 
 class Store:

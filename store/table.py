@@ -22,7 +22,7 @@ from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
 from replaystore.store.streamkeys import StreamKey
-from replaystore.store.view import TableView
+from replaystore.store.view import TableView, row_array
 from replaystore.store.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.vmap import available as contiguous_views_available
 
@@ -293,7 +293,7 @@ class TableReader:
             A position out of range.
         """
         v = self.view if view is None else view
-        positions = np.asarray(positions, dtype=np.int64)
+        positions = row_array(positions, "positions")
         # one reduction checks both bounds: a negative position is huge as unsigned
         n = int(v.cum[-1])
         if positions.size and _max(positions.view(np.uint64), axis=None) >= n:
@@ -322,7 +322,7 @@ class TableReader:
             A row id that is not visible in ``view``.
         """
         v = self.view if view is None else view
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = row_array(rows)
         if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
             local = rows - int(v.first_ids[0])
             if local.min() >= v.visible_from[0] and local.max() < v.ends[0] - v.first_ids[0]:
@@ -437,7 +437,7 @@ class TableReader:
         dense, ragged = self._dense, self._ragged
         if columns is not None:
             dense, ragged = self.plan(columns)
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        rows = row_array(rows).reshape(-1)
         if not len(rows):
             return self._empty(dense, ragged)
         # (a column subset on object storage reads per fragment: mapping a fragment maps every array)
