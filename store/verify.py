@@ -17,6 +17,7 @@ from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
+from replaystore.store.table import TableReader
 from replaystore.store.zarrio import chunk_path, verify_chunk
 
 
@@ -244,17 +245,20 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
-def _replay(store: Store) -> None:
+def _replay(store: Store) -> dict[str, list[Fragment]]:
     """Apply every commit record from the first, as a reader opening without a checkpoint does.
 
-    Then order each table's live fragments, whatever ``store`` has applied already:
+    Then view each table as a new reader would, whatever ``store`` has applied already:
     raises on a log that no reader can apply (records of another writer, overlapping
-    live fragments). Cost: every commit record read once more.
+    live fragments, row counts the data does not hold). Cost: every commit record read once
+    more, a ``stat`` per live fragment.
+
+    Returns the visible fragments of each table.
     """
     log = CommitLog(store.storage, store.schemas, checkpoints=False)
     log.refresh()
-    for table in store.tables:
-        log.fragments(table)
+    return {table: list(TableReader(store.storage, log, table, store.schemas[table], store.capacity,
+                                    contiguous=False).fragments) for table in store.tables}
 
 
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
@@ -312,7 +316,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         problems += _check_checkpoint(store, number, counts)
     try:
         store.refresh()
-        _replay(store)
+        replayed = _replay(store)
     except ReplayStoreError as exc:
         problems.append(Problem(getattr(exc, "path", store.url), str(exc).split(": ", 1)[-1]))
         return problems
@@ -330,8 +334,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
                     problems.append(p)
     checked = 0
     for table in store.tables:
-        reader = store.table(table).reader
-        for frag in reader.fragments:  # the live ones; wholly evicted fragments may be reclaimed
+        for frag in replayed[table]:  # the visible ones; wholly evicted fragments may be reclaimed
             try:
                 problems += _check_fragment(store, frag)
             except CorruptObjectError as exc:  # a name that is no path (layout.stored_name), say
