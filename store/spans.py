@@ -28,7 +28,7 @@ from replaystore.schemas.layout import ArraySpec
 from replaystore.store.fragment import Fragment, shape_of
 from replaystore.store.storage import Storage
 from replaystore.store.vmap import PAGE, AddressRange
-from replaystore.store.zarrio import chunk_path, missing_chunk, open_cached
+from replaystore.store.zarrio import CRC_BYTES, check_chunk_size, chunk_path, missing_chunk, open_cached
 
 UnitKey = tuple[int, str]
 """A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it
@@ -252,6 +252,7 @@ class Layout:
         try:
             path = self.storage.local_path(cpath)
             if path is not None:
+                check_chunk_size(self.storage, cpath, nbytes + (CRC_BYTES if frag.segment is None else 0))
                 self._range(name).map_file(offset, path, nbytes)
             else:  # object storage: the chunk cache's file (layouts need local files or a cache)
                 shape = (nbytes // rb, *spec.trailing_shape)

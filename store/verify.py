@@ -10,7 +10,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from replaystore.errors import CorruptObjectError, ReplayStoreError
+from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadError
 from replaystore.schemas.fields import Ragged
 from replaystore.store import bodies, layout, records
 from replaystore.store.codecs import shard_problem
@@ -18,7 +18,7 @@ from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.store import Store
 from replaystore.store.table import TableReader
-from replaystore.store.zarrio import chunk_path, verify_chunk
+from replaystore.store.zarrio import CRC_BYTES, check_chunk_size, chunk_path, verify_chunk
 
 
 @dataclass(frozen=True)
@@ -231,9 +231,14 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
             continue
         cpath = chunk_path(base, len(shape))
         try:
+            if name not in schema.compressed:  # (its size is known: never read a chunk of another size whole)
+                check_chunk_size(storage, cpath, int(np.prod(shape)) * dtype.itemsize + CRC_BYTES)
             data = storage.read(cpath)
-        except FileNotFoundError:
+        except (FileNotFoundError, StaleReadError):
             problems.append(Problem(cpath, "missing"))
+            continue
+        except CorruptObjectError as exc:
+            problems.append(Problem(exc.path, str(exc).split(": ", 1)[-1]))
             continue
         issue = shard_problem(data, shape[0]) if name in schema.compressed else verify_chunk(data, dtype, shape)
         if issue:
