@@ -15,13 +15,14 @@ result is verified before the copy returns.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError, StoreExistsError
+from replaystore.errors import CorruptObjectError, StoreError, StoreExistsError
 from replaystore.store import Store, layout, open_store, records, verify_store
 from replaystore.store.storage import Storage, open_storage
 
@@ -45,14 +46,22 @@ class CopyReport:
     written: int = 0
 
 
-def _copy_sparse(src: str, dst: str) -> int:
+def _copy_sparse(src: str, dst: str, name: str) -> int:
     """Copy the local file ``src`` to new file ``dst`` with the same size, writing only its data.
 
     Data ranges by ``SEEK_DATA`` / ``SEEK_HOLE``; where those are not supported the whole
-    file is data. Returns the bytes written. The file is fsynced.
+    file is data. Returns the bytes written. The file is fsynced. ``src`` must be a regular
+    file (CorruptObjectError naming the object ``name`` otherwise, ``src`` unread).
     """
     written = 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: never blocks)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptObjectError(name, "not a regular file: refused unread")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as fin, open(dst, "xb") as fout:
         size = os.fstat(fin.fileno()).st_size
         os.ftruncate(fout.fileno(), size)
         pos = 0
@@ -78,7 +87,7 @@ def _copy_object(src: Storage, dst: Storage, path: str, report: CopyReport) -> N
     local_src, local_dst = src.local_path(path), dst.local_path(path)
     if local_src is not None and local_dst is not None:
         os.makedirs(os.path.dirname(local_dst), exist_ok=True)
-        report.written += _copy_sparse(local_src, local_dst)
+        report.written += _copy_sparse(local_src, local_dst, path)
         report.bytes += os.path.getsize(local_dst)
     else:
         data = src.read(path)
@@ -103,7 +112,10 @@ def _state_objects(st: Store) -> list[str]:
                 body = records.decode(path, st.storage.read(path))
             except FileNotFoundError:  # superseded by a save meanwhile
                 continue
-            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in body["arrays"].items())]
+            arrays = body.get("arrays")
+            if not isinstance(arrays, dict):  # (as load_state would: a record whose payloads cannot be named)
+                raise CorruptObjectError(path, f"field 'arrays': expected a JSON object, got {type(arrays).__name__}")
+            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in arrays.items())]
     return out
 
 

@@ -189,12 +189,16 @@ class LocalStorage(Storage):
             through a symbolic link.
         """
         fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb", closefd=True) as f:
-            st = os.fstat(fd)
+        try:
+            st = os.fstat(fd)  # (before open(): it refuses a directory with a raw IsADirectoryError)
             if not stat.S_ISREG(st.st_mode):
                 raise CorruptObjectError(path, f"not a regular file ({_file_kind(st.st_mode)}): refused unread")
             if limit is not None and st.st_size > limit:
                 raise _too_large(path, st.st_size, limit)
+        except BaseException:
+            os.close(fd)
+            raise
+        with open(fd, "rb", closefd=True) as f:
             return f.read()
 
     def _fsync_dir(self, directory: str) -> None:
