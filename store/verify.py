@@ -16,7 +16,7 @@ from replaystore.store import bodies, layout, records
 from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
-from replaystore.store.store import Store
+from replaystore.store.store import Store, load_npy
 from replaystore.store.table import TableReader
 from replaystore.store.zarrio import CRC_BYTES, check_chunk_size, chunk_path, verify_chunk
 
@@ -41,9 +41,27 @@ class Problem:
         return f"{self.path}: {self.problem}"
 
 
-def _state_check(path: str, slot: str, version: int) -> Callable[[dict[str, Any]], object]:
-    """The body check of state record ``version`` of ``slot``, stored at ``path``."""
-    return lambda b: bodies.state(path, b, slot, version)
+def _state_check(path: str, slot: str, version: int, arrays: dict[str, str]) -> Callable[[dict[str, Any]], object]:
+    """The body check of state record ``version`` of ``slot``, stored at ``path``.
+
+    Once the body passes, ``arrays`` holds its payload paths by array name.
+    """
+    def check(b: dict[str, Any]) -> None:
+        arrays.update(bodies.state(path, b, slot, version)["arrays"])
+    return check
+
+
+def _check_payloads(store: Store, arrays: dict[str, str]) -> list[Problem]:
+    """Each payload a state record names reads back as the ``.npy`` array its header describes."""
+    problems = []
+    for p in arrays.values():
+        try:
+            load_npy(p, store.storage.read(p))
+        except FileNotFoundError:
+            problems.append(Problem(p, "missing"))
+        except CorruptObjectError as exc:
+            problems.append(Problem(exc.path, str(exc).split(": ", 1)[-1]))
+    return problems
 
 
 def _check_record(store: Store, path: str,
@@ -333,10 +351,12 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         for name in store.storage.list(layout.state_dir(slot)):
             if name.endswith(".json"):
                 path = f"{layout.state_dir(slot)}/{name}"
-                check = _state_check(path, slot, int(name[:-5])) if name[:-5].isdigit() else None
+                arrays: dict[str, str] = {}
+                check = _state_check(path, slot, int(name[:-5]), arrays) if name[:-5].isdigit() else None
                 p = _check_record(store, path, check)
                 if p:
                     problems.append(p)
+                problems += _check_payloads(store, arrays)
     checked = 0
     for table in store.tables:
         for frag in replayed[table]:  # the visible ones; wholly evicted fragments may be reclaimed

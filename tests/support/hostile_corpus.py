@@ -66,13 +66,19 @@ SLOT = "slot"
 FAR = 64 << 30  # a sparse size far past any data
 
 
+def scratch_dir() -> str | None:
+    """Where stores are made: a tmpfs if there is one (fsyncs cost nothing there), else the default."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 # -- the base store ------------------------------------------------------------------------------
 def build_base(root: str) -> None:
     """Write the honest store every case copies (local disk, about 1 MB, a few seconds).
 
     Two tables: ``records`` (DQN: dense and ragged fields, written into segments of 64 rows)
     and ``frames`` (a zstd-compressed field beside a raw one: plain fragments with a shard),
-    four commits of 20 records to each by one writer that then closes, log checkpoints, and a
+    three commits of 20 records to each by one writer that then closes, log checkpoints, and a
     state slot with two versions.
     """
     from replaystore.schemas import Dense, Schema, dqn
@@ -86,7 +92,7 @@ def build_base(root: str) -> None:
         st = open_store(root, {"records": dqn(8, 2, actions=5), "frames": frames}, mode="w")
         rng = np.random.default_rng(7)
         with st.writer() as w:
-            for i in range(4):
+            for i in range(3):
                 w.append(dqn_batch(rng, 20, observation_size=8, actions=5, extra=0), stream=i % 2, table="records")
                 frame = np.zeros((20, 6, 5), np.uint8)
                 frame[:, :2] = rng.integers(0, 256, (20, 2, 5), dtype=np.uint8)
@@ -560,7 +566,7 @@ def worker(base: str, ids: list[str], emit: Callable[[dict[str, Any]], None]) ->
     signal.signal(signal.SIGALRM, _alarm)
     for case_id in ids:
         case = by_id[case_id]
-        scratch = Path(tempfile.mkdtemp(prefix="case-"))
+        scratch = Path(tempfile.mkdtemp(prefix="hostile-case-", dir=scratch_dir()))
         try:
             root = scratch / "st"
             shutil.copytree(base, root, symlinks=True)
@@ -583,9 +589,7 @@ def worker(base: str, ids: list[str], emit: Callable[[dict[str, Any]], None]) ->
         finally:
             with contextlib.suppress(OSError):
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            shutil.rmtree(scratch, ignore_errors=True)
-            for outside in scratch.parent.glob("outside-*"):
-                shutil.rmtree(outside, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)  # (the store, its copies, what a damage moved outside it)
         emit({"case": case_id, "done": True})
     return 0
 
@@ -695,7 +699,7 @@ def bad(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def base_store() -> Iterator[str]:
     """A temporary base store (built in a subprocess-free way here), removed afterwards."""
-    top = tempfile.mkdtemp(prefix="hostile-corpus-")
+    top = tempfile.mkdtemp(prefix="hostile-corpus-", dir=scratch_dir())
     try:
         root = os.path.join(top, "base")
         build_base(root)
