@@ -66,6 +66,8 @@ def test_row_ids_that_are_not_integers_are_refused_everywhere(rows: Any) -> None
         with pytest.raises(RowIdTypeError) as err:
             call()
         assert isinstance(err.value, TypeError)
+    with pytest.raises(RowIdTypeError, match="steps"):
+        table.lookup("s", [0.5])
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64])
