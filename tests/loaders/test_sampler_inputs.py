@@ -250,3 +250,17 @@ def test_replay_buffer_sample_bounds_its_batch_size(tmp_path: Any) -> None:
         buf.sample(10**12)
     assert err.value.field == "batch_size"
     assert len(buf.sample(4)["indices"]) == 4
+
+
+def test_prioritized_update_refuses_row_ids_that_are_not_integers(shared: Store) -> None:
+    from replaystore.errors import RowIdTypeError
+
+    s = PrioritizedSampler(shared, 4)
+    rows = shared.row_ids()
+    for bad in (rows.astype(np.float64) + 0.5, np.ones(len(rows), dtype=bool)):
+        with pytest.raises(RowIdTypeError):
+            s.update(bad, np.ones(len(rows)))
+        with pytest.raises(RowIdTypeError):
+            s.priorities(bad)
+    s.update(rows.astype(np.int32), np.ones(len(rows)))
+    assert np.allclose(s.priorities(rows.astype(np.uint16)), 1.0 + s.eps)
