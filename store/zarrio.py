@@ -333,6 +333,44 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
         raise missing_chunk(cpath) from None
 
 
+def chunk_size(storage: Storage, cpath: str) -> int | None:
+    """The size of chunk ``cpath`` in bytes, without opening it; None on object storage.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    cpath : str
+        The chunk's path.
+
+    Returns
+    -------
+    int or None
+        Its size (local storage and ``memory://``: one ``stat``); None where storage is remote.
+
+    Raises
+    ------
+    StaleReadError
+        The chunk is gone.
+    CorruptObjectError
+        It is not a regular file (a FIFO, a directory: refused unopened).
+    UnsafeNameError
+        Its path leads outside the store through a symbolic link.
+    """
+    if storage.remote:
+        return None
+    local = storage.local_path(cpath)
+    try:
+        if local is None:
+            return storage.size(cpath)
+        st = os.stat(local)
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing_chunk(cpath) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptObjectError(cpath, "not a regular file: refused unread")
+    return st.st_size
+
+
 def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
     """Refuse chunk ``cpath`` unless it is a regular file of exactly ``expected`` bytes.
 
@@ -360,20 +398,8 @@ def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
     UnsafeNameError
         Its path leads outside the store through a symbolic link.
     """
-    if storage.remote:
-        return
-    local = storage.local_path(cpath)
-    try:
-        if local is None:
-            size = storage.size(cpath)
-        else:
-            st = os.stat(local)
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptObjectError(cpath, "not a regular file: refused unread")
-            size = st.st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise missing_chunk(cpath) from None
-    if size != expected:
+    size = chunk_size(storage, cpath)
+    if size is not None and size != expected:
         raise CorruptObjectError(cpath, f"{size} bytes, but its commit record declares {expected} (run replaystore "
                                         "verify)")
 
