@@ -223,6 +223,7 @@ def test_refresh_every_s_follows_another_writers_commits(tmp_path: Any) -> None:
     (lambda st: UniformSampler(st, batch_size=(1 << 24) + 1), "batch_size"),
     (lambda st: PrioritizedSampler(st, 10**12), "batch_size"),
     (lambda st: ReservoirSampler(st, capacity=8, batch_size=10**12), "batch_size"),
+    (lambda st: ReservoirSampler(st, capacity=1 << 41, batch_size=4), "capacity"),
     (lambda st: SequenceSampler(st, length=10**12), "length"),
     (lambda st: SequenceSampler(st, length=4, burn_in=10**12), "burn_in"),
     (lambda st: SequenceSampler(st, length=2.5), "length"),

@@ -58,7 +58,7 @@ OP_TIMEOUT_S = 15.0
 """The alarm of one operation: an honest one takes well under a second on the base store."""
 MEMORY_HEADROOM = 2 << 30
 """Address space a worker may add to what it holds after its imports (RLIMIT_AS)."""
-SILENCE_S = 60.0
+SILENCE_S = 120.0
 """A worker that prints nothing for this long is killed (its operation counts as a hang)."""
 
 WRITER = "writers/000000"
