@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import os
-import stat
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -27,7 +25,7 @@ from replaystore.store.streamkeys import StreamKey
 from replaystore.store.view import TableView, row_array
 from replaystore.store.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.vmap import available as contiguous_views_available
-from replaystore.store.zarrio import CRC_BYTES, chunk_path
+from replaystore.store.zarrio import CRC_BYTES, chunk_path, chunk_size
 
 
 class TableReader:
@@ -199,8 +197,11 @@ class TableReader:
             cpath = chunk_path(f"{frag.path}/_reset", 1)
             size = self._seg_sizes.get(frag.group) if seg is not None else None
             if size is None:
-                size = self._chunk_size(cpath)
-                if size is None:  # gone: reclaimed since the log was read (a read raises StaleReadError)
+                try:
+                    size = chunk_size(self.storage, cpath)
+                except StaleReadError:  # gone: reclaimed since the log was read (a read raises it again)
+                    continue
+                if size is None:  # (object storage)
                     continue
                 if seg is not None:
                     self._seg_sizes[frag.group] = size
@@ -210,19 +211,6 @@ class TableReader:
                 raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
                                                 "do not exist (run replaystore verify)")
             sized.add(key)
-
-    def _chunk_size(self, cpath: str) -> int | None:
-        """The size of chunk ``cpath`` (None if absent); CorruptObjectError if it is no regular file."""
-        local = self.storage.local_path(cpath)
-        try:
-            if local is None:
-                return self.storage.size(cpath)
-            st = os.stat(local)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptObjectError(cpath, "not a regular file: refused unread")
-        return st.st_size
 
     def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
         """The view of the live fragments ``frags``, computed afresh; the caches moved to it.
