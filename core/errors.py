@@ -226,6 +226,34 @@ class RowError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class RowIdTypeError(StoreError, TypeError):
+    """Row ids (or positions) given to a read are not integers.
+
+    Raised by ``read``, ``read_columns``, ``index_of``, ``locate`` and ``rows_at`` of
+    stores, tables and table views for floats (``1.5`` would read row 1), booleans (a
+    mask would read rows 0 and 1), strings and other non-integer values, and for
+    unsigned ids past the int64 range. Integer arrays of any integer dtype are accepted.
+    Nothing was read. It is also a ``TypeError``.
+
+    Parameters
+    ----------
+    argument : str
+        What was given (``"rows"`` or ``"positions"``).
+    actual : Any
+        A description of what was given (its dtype).
+
+    Attributes
+    ----------
+    argument : str
+        As given.
+    """
+
+    def __init__(self, argument: str, actual: Any) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: expected integer row ids (an int, a sequence of ints or an integer "
+                         f"array), got {actual}")
+
+
 class StaleReadError(StoreError):
     """Rows this reader still saw were evicted and reclaimed; call ``refresh()``.
 

@@ -14,6 +14,7 @@ from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
 from replaystore.loaders.her import HER
+from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
 from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
@@ -86,7 +87,7 @@ class StoreSampler(Sampler[Request]):
     store : Store
         The opened store to draw from.
     batch_size : int
-        Records (or windows) per minibatch; a positive int.
+        Records (or windows) per minibatch; an int in ``[1, MAX_BATCH_SIZE]`` (2**24).
     seed : int, optional
         Seed of the sampler's RNG.
     table : str, optional
@@ -152,8 +153,7 @@ class StoreSampler(Sampler[Request]):
                  refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
                  stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99,
                  rate_limiter: RateLimiter | None = None) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise SamplerParameterError("batch_size", "a positive int", repr(batch_size))
+        batch_size = check_size("batch_size", batch_size, MAX_BATCH_SIZE)
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
                                           or refresh_every <= 0):
             raise SamplerParameterError("refresh_every", "None or a positive int (minibatches)", repr(refresh_every))

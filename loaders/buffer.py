@@ -7,6 +7,7 @@ from typing import Any
 
 from replaystore.errors import StoreError
 from replaystore.loaders.dataset import gather
+from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
 from replaystore.loaders.uniform import UniformSampler
 from replaystore.schemas import Schema
 from replaystore.store import Writer, open_store
@@ -133,7 +134,10 @@ class ReplayBuffer:
         ------
         EmptyStoreError
             No record is committed yet.
+        SamplerParameterError
+            ``batch_size`` is not an int in ``[1, 2**24]``.
         """
+        batch_size = check_size("batch_size", batch_size, MAX_BATCH_SIZE)
         self.store.refresh()
         if self._pending and self._pending >= len(self.store):
             self.flush()

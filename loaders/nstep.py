@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import RowError, SamplerParameterError
+from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.schemas import Schema
 from replaystore.store import Table
 
@@ -67,8 +68,7 @@ def check_nstep(schema: Schema, n_step: Any, gamma: Any) -> tuple[int, float]:
         ``n_step`` is not an int >= 1, ``gamma`` not a real in [0, 1] (each named), or the
         schema lacks ``reward``/``terminated`` (named ``n_step``).
     """
-    if isinstance(n_step, bool) or not isinstance(n_step, (int, np.integer)) or n_step < 1:
-        raise SamplerParameterError("n_step", "an int >= 1", repr(n_step))
+    n_step = check_size("n_step", n_step, MAX_WINDOW)
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.integer, np.floating)) \
             or not math.isfinite(float(gamma)) or not 0.0 <= float(gamma) <= 1.0:
         raise SamplerParameterError("gamma", "a real number in [0, 1]", repr(gamma))

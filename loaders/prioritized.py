@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import SamplerParameterError, StoreError
+from replaystore.errors import RowIdTypeError, SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.her import HER, attach_her, her_outputs
 from replaystore.loaders.sumtree import SumTree
@@ -64,6 +64,16 @@ def leaf_values(priorities: np.ndarray, alpha: float) -> np.ndarray:
                                     f"(priority ** alpha <= 2**960 with alpha={alpha})", repr(bad))
     np.maximum(values, MIN_LEAF, out=values)
     return values
+
+
+def _row_ids(values: Any) -> np.ndarray:
+    """``values`` (array-like or tensor) as int64 row ids; RowIdTypeError unless they are integers."""
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    a = np.asarray(values)
+    if a.size and a.dtype.kind not in "iu":  # (1.5 is no row id, a mask no list of them)
+        raise RowIdTypeError("indices", f"values of dtype {a.dtype}")
+    return a.astype(np.int64, copy=False).reshape(-1)
 
 
 def _numpy(values: Any, dtype: Any) -> np.ndarray:
@@ -246,8 +256,10 @@ class PrioritizedSampler(StoreSampler):
             :data:`MAX_LEAF` (``field`` ``"priorities"``); nothing changes.
         StoreError
             ``indices`` and ``priorities`` differ in length.
+        RowIdTypeError
+            ``indices`` are not integers (floats, booleans).
         """
-        rows = _numpy(indices, np.int64)
+        rows = _row_ids(indices)
         prios = np.abs(_numpy(priorities, np.float64)) + self.eps
         if len(rows) != len(prios):
             raise StoreError(f"update: {len(rows)} indices but {len(prios)} priorities")
@@ -283,7 +295,7 @@ class PrioritizedSampler(StoreSampler):
             float64 priorities (``leaf ** (1 / alpha)``; 1 where ``alpha`` is 0).
         """
         self._sync()
-        slots, found = self.slots.lookup(_numpy(rows, np.int64))
+        slots, found = self.slots.lookup(_row_ids(rows))
         vals = self.tree.leaves()[slots] ** (1.0 / self.alpha) if self.alpha else np.ones(len(slots))
         return np.where(found, vals, np.nan)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.limits import check_size
 from replaystore.loaders.tracking import inside
 from replaystore.store import ROW_BITS
 
@@ -43,17 +43,14 @@ class ReservoirSampler(StoreSampler):
 
     Raises
     ------
-    StoreError
-        ``capacity`` is not a positive int.
     SamplerParameterError
-        See :class:`StoreSampler`.
+        ``capacity`` is not an int in ``[1, 2**40]``; see also :class:`StoreSampler`.
     """
 
     kind = "reservoir"
 
     def __init__(self, store: Any, capacity: int, batch_size: int, seed: int = 0, **kwargs: Any) -> None:
-        if not isinstance(capacity, int) or capacity <= 0:
-            raise StoreError(f"capacity: expected a positive int, got {capacity!r}")
+        capacity = check_size("capacity", capacity, 1 << ROW_BITS)
         self.capacity = capacity
         self.members = np.zeros(0, dtype=np.int64)
         self.seen = 0

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.store import Segments, StreamIndex, grown
 
 
@@ -300,20 +300,17 @@ class SequenceSampler(StoreSampler):
 
     Raises
     ------
-    StoreError
-        ``length`` is not a positive int, or ``burn_in`` not an int >= 0.
     SamplerParameterError
-        See :class:`StoreSampler`.
+        ``length`` is not an int in ``[1, MAX_WINDOW]`` (2**16), ``burn_in`` not an int
+        >= 0 with ``burn_in + length`` at most ``MAX_WINDOW``; see also :class:`StoreSampler`.
     """
 
     kind = "sequence"
 
     def __init__(self, store: Any, length: int, burn_in: int = 0, batch_size: int = 32, seed: int = 0,
                  **kwargs: Any) -> None:
-        if not isinstance(length, int) or length <= 0:
-            raise StoreError(f"length: expected a positive int, got {length!r}")
-        if not isinstance(burn_in, int) or burn_in < 0:
-            raise StoreError(f"burn_in: expected an int >= 0, got {burn_in!r}")
+        length = check_size("length", length, MAX_WINDOW)
+        burn_in = check_size("burn_in", burn_in, MAX_WINDOW - length, lo=0)
         self.length = length
         self.burn_in = burn_in
         self._windows: StreamWindows | None = None

@@ -17,6 +17,7 @@ import numpy as np
 
 from replaystore.errors import SamplerParameterError
 from replaystore.loaders.base import Request
+from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.store import StreamIndex, Table
 
 PADDINGS = ("reset", "zero")
@@ -151,8 +152,7 @@ class Stacker:
     """
 
     def __init__(self, table: Table, stack: int, padding: str, field: str) -> None:
-        if not isinstance(stack, int) or isinstance(stack, bool) or stack <= 0:
-            raise SamplerParameterError("stack", "None or a positive int (frames per stack)", repr(stack))
+        stack = check_size("stack", stack, MAX_WINDOW)
         if padding not in PADDINGS:
             raise SamplerParameterError("stack_padding", f"one of {PADDINGS}", repr(padding))
         if field not in {f.name for f in table.schema.dense_fields}:

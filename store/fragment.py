@@ -19,7 +19,7 @@ from replaystore.store import layout
 from replaystore.store.codecs import CompressedArray
 from replaystore.store.storage import Storage
 from replaystore.store.streamkeys import STREAM_CODE, StreamKey
-from replaystore.store.zarrio import read_array
+from replaystore.store.zarrio import CRC_BYTES, check_chunk_size, chunk_path, read_array
 
 STEP = np.dtype(np.int64)
 RESET = np.dtype(np.bool_)
@@ -331,6 +331,10 @@ class FragmentData:
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
             codec = self.schema.compressed.get(name)
+            if codec is None and (seg is not None or shape[0]):  # (an empty array has no chunk)
+                # the exact size its descriptor implies (see check_chunk_size)
+                check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),
+                                 self.chunk_bytes(name, dtype, shape))
             if codec is not None:  # a shard of compressed blocks, decoded as rows are read
                 shard: Any = CompressedArray(self.storage, f"{self.frag.path}/{name}", dtype, shape, codec,
                                              cached=self.cached)
@@ -345,6 +349,35 @@ class FragmentData:
                                             checksum=False))
             self._arrays[name] = arr
         return arr
+
+    def chunk_bytes(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> int:
+        """The size of array ``name``'s chunk object, as the fragment's descriptor implies.
+
+        A fragment's own chunk holds its ``shape`` and a CRC32C; a segment's holds the
+        segment's capacity of rows (one more for offsets) or of values, without one.
+
+        Parameters
+        ----------
+        name : str
+            The array.
+        dtype : numpy.dtype
+            Its dtype.
+        shape : tuple of int
+            The fragment's shape of it (``shape_of``; index arrays ``(rows,)``).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
+        seg = self.frag.segment
+        item = int(np.prod(shape[1:])) * dtype.itemsize
+        if seg is None:
+            return shape[0] * item + CRC_BYTES
+        if name in self._values:
+            return seg.value_capacity[self._values[name]] * item
+        spec = self._specs.get(name)
+        return (seg.capacity + (spec is not None and spec.role == "offsets")) * item
 
     def columns(self, start: int = 0, stop: int | None = None) -> Columns:
         """Records ``[start, stop)`` as Columns (ragged values sliced, offsets rebased).

@@ -17,6 +17,7 @@ import numpy as np
 
 from replaystore.store.segments import Segments, grown
 from replaystore.store.streamkeys import StreamKey
+from replaystore.store.view import row_array
 
 _TOUCHED_KEPT = 64  # changes whose touched streams the index remembers for followers
 
@@ -437,9 +438,14 @@ class StreamIndex:
         -------
         numpy.ndarray
             int64 row ids, shaped like ``steps``.
+
+        Raises
+        ------
+        RowIdTypeError
+            ``steps`` are not integers (floats, booleans).
         """
         rows, s = self.stream_rows(stream)
-        want = np.asarray(steps, dtype=np.int64)
+        want = row_array(steps, "steps")
         if not len(s):
             return np.full(want.shape, -1, dtype=np.int64)
         pos = np.searchsorted(s, want)

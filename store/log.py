@@ -90,6 +90,7 @@ class WriterLog:
                     raise CorruptObjectError(layout.commits_dir(self.writer),
                                              f"live fragments {a.name!r} and {b.name!r} of table {table!r} overlap "
                                              f"(rows [{a.row_start}, {a.row_start + a.rows}) and from {b.row_start})")
+            _check_segment_ranges(self.writer, table, out)
             self._ordered[table] = out
         return out
 
@@ -103,6 +104,34 @@ class WriterLog:
         """
         return self.next_seq, self.closed, {t: sorted((f.to_dict() for f in frags.values()), key=lambda d: d["name"])
                                             for t, frags in self.fragments.items() if frags}
+
+
+def _check_segment_ranges(writer: int, table: str, frags: list[Fragment]) -> None:
+    """Refuse live fragments of one segment whose rows (or values) in it overlap.
+
+    A writer fills a segment front to back, so its fragments of one segment, in row-id order,
+    lie at increasing, disjoint rows and values of it; two that share a segment row would read
+    the same record under two row ids. Cost: one pass over ``frags`` (in row-id order).
+    """
+    last: dict[str, Fragment] = {}
+    for b in frags:
+        sb = b.segment
+        if sb is None or not b.rows:
+            continue
+        a = last.get(sb.name)
+        last[sb.name] = b
+        if a is None:
+            continue
+        sa = a.segment
+        assert sa is not None
+        bad = [k for k in sb.values if sa.values.get(k, 0) + a.nnz.get(k, 0) > sb.values[k]]
+        if sa.row + a.rows > sb.row or bad:
+            what = (f"rows [{sa.row}, {sa.row + a.rows}) and from {sb.row}" if not bad else
+                    f"values of {bad[0]!r} [{sa.values[bad[0]]}, {sa.values[bad[0]] + a.nnz[bad[0]]}) and from "
+                    f"{sb.values[bad[0]]}")
+            raise CorruptObjectError(layout.commits_dir(writer),
+                                     f"live fragments {a.name!r} and {b.name!r} of table {table!r} overlap in "
+                                     f"segment {sb.name!r} ({what}): one record would show under two row ids")
 
 
 @dataclass

@@ -29,7 +29,7 @@ from replaystore.schemas.layout import ArraySpec
 from replaystore.store.fragment import Fragment, shape_of
 from replaystore.store.storage import Storage
 from replaystore.store.vmap import PAGE, AddressRange
-from replaystore.store.zarrio import chunk_path, missing_chunk, open_cached
+from replaystore.store.zarrio import CRC_BYTES, check_chunk_size, chunk_path, missing_chunk, open_cached
 
 UnitKey = tuple[int, str]
 """A mapped unit: ``(writer, name)`` of a fragment's own group, or of the segment holding it
@@ -251,6 +251,7 @@ class Layout:
         cpath = chunk_path(f"{frag.path}/{name}", 1 + len(spec.trailing_shape))
         offset = self._base[k] * rb
         try:
+            check_chunk_size(self.storage, cpath, nbytes + (CRC_BYTES if frag.segment is None else 0))
             fd = self.storage.open_local(cpath)  # (a regular file, or refused: never a FIFO waited on)
             if fd is not None:
                 try:

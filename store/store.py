@@ -30,6 +30,7 @@ from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
+from replaystore.store.view import row_array
 from replaystore.store.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
@@ -372,7 +373,7 @@ class Table:
             A row id that is not visible.
         """
         self.reader.sync()
-        return self.reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1))
+        return self.reader.index_arrays(row_array(rows).reshape(-1))
 
 
 class Store:
@@ -949,8 +950,7 @@ class Store:
                 path = layout.state_record(slot, version)
                 try:
                     body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
-                    arrays = {name: np.load(io.BytesIO(self.storage.read(p)), allow_pickle=False)
-                              for name, p in body["arrays"].items()}
+                    arrays = {name: load_npy(p, self.storage.read(p)) for name, p in body["arrays"].items()}
                 except FileNotFoundError as exc:
                     if version not in self._state_versions(slot):
                         continue  # superseded and deleted meanwhile by a save (keep_last)
@@ -1066,6 +1066,57 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
+
+
+def load_npy(path: str, data: bytes) -> np.ndarray:
+    """The array a state payload ``.npy`` object holds, checked before anything is allocated from it.
+
+    The header's shape and dtype must describe exactly the bytes that follow it: a header that
+    claims more (or fewer) is damage, never an allocation of its claimed size; object dtypes
+    (pickles) are refused. Cost: one copy of the data.
+
+    Parameters
+    ----------
+    path : str
+        The object's path, named in errors.
+    data : bytes
+        Its bytes.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new, writable array.
+
+    Raises
+    ------
+    CorruptObjectError
+        Not a ``.npy`` document, an object dtype, or a header whose shape and dtype do not
+        match the data's size.
+    """
+    from numpy.lib import format as npy
+
+    f = io.BytesIO(data)
+    try:
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(f, max_header_size=1 << 16)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npy.read_array_header_2_0(f, max_header_size=1 << 16)
+        else:
+            raise ValueError(f"unknown .npy version {version}")
+    except (ValueError, TypeError, SyntaxError, EOFError) as exc:
+        raise CorruptObjectError(path, f"not a .npy array ({exc})") from None
+    if dtype.hasobject:
+        raise CorruptObjectError(path, f"dtype {dtype}: holds Python objects (a pickle), refused")
+    count = 1
+    for n in shape:
+        count *= int(n)
+    nbytes = count * dtype.itemsize
+    if nbytes != len(data) - f.tell():
+        raise CorruptObjectError(path, f"its header claims shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
+                                       f"{len(data) - f.tell()} bytes follow it")
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=f.tell())
+    return arr.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def _check_keep_last(keep_last: int) -> None:

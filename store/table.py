@@ -22,9 +22,10 @@ from replaystore.store.log import CommitLog
 from replaystore.store.spans import Layout
 from replaystore.store.storage import Storage
 from replaystore.store.streamkeys import StreamKey
-from replaystore.store.view import TableView
+from replaystore.store.view import TableView, row_array
 from replaystore.store.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.vmap import available as contiguous_views_available
+from replaystore.store.zarrio import CRC_BYTES, chunk_path, chunk_size
 
 
 class TableReader:
@@ -70,6 +71,10 @@ class TableReader:
         ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
         self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
         self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
+        # fragments whose claimed rows were checked against their data (check_sizes), and the
+        # size of each segment's ``_reset`` chunk
+        self._sized: set[tuple[int, str]] = set()
+        self._seg_sizes: dict[tuple[int, str], int] = {}
         # the compiled CSR index (store/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
         self._csr: ModuleType | None | object = _UNASKED
@@ -132,17 +137,80 @@ class TableReader:
         """
         if self._version == self.log.version:
             return
-        version = self._version = self.log.version
+        version = self.log.version
         old = self.view
-        if self._index is not None and self._index_view is None:
-            self._index_view = (old, self._data)
         frags = self.log.fragments(self.name)
         ids = identities(frags)
         vis_all = (retention.visible_from(frags, self.capacity) if self.capacity is not None
                    else np.zeros(len(frags), dtype=np.int64))
+        # (checked before anything changes: a damaged fragment leaves the reader as it was, and the
+        # next sync checks again)
         new = None if len(frags) <= _REDO_UP_TO else self._follow(old, frags, ids, vis_all, version)
+        if new is None:
+            self.check_sizes(frags)
+        if self._index is not None and self._index_view is None:
+            self._index_view = (old, self._data)
+        self._version = version
         self.view = new if new is not None else self._fresh(frags, ids, vis_all, version)
         self._views = None
+
+    def check_sizes(self, frags: Sequence[Fragment]) -> None:
+        """Check the row count each of ``frags`` claims against its data's real size (once per fragment).
+
+        A commit record's ``rows`` (and a segment's ``capacity``) is what ``len``, ``row_ids``,
+        samplers and the contiguous views size themselves by; a checksum-valid record claiming
+        more rows than the data holds would make them allocate for, and draw, records that do
+        not exist. The ``_reset`` index array takes one byte per record, so its chunk's size is
+        the fragment's real row count: it must hold exactly ``rows`` bytes and its CRC32C (a
+        segment's: exactly ``capacity`` bytes). Cost: one ``stat`` per fragment (per segment)
+        not checked before, on local storage and ``memory://``; on object storage nothing here
+        (a chunk downloaded through the chunk cache is checked against its declared size).
+
+        Parameters
+        ----------
+        frags : sequence of Fragment
+            Live fragments of the table.
+
+        Raises
+        ------
+        CorruptObjectError
+            A fragment's ``_reset`` chunk is not a regular file of the size its row count
+            implies (names the chunk and the fragment).
+        UnsafeNameError
+            The chunk's path leads outside the store through a symbolic link.
+        """
+        if self.storage.remote:
+            return
+        sized = self._sized
+        for frag in frags:
+            key = (frag.writer, frag.name)
+            if key in sized:
+                continue
+            seg = frag.segment
+            if seg is None:
+                claimed, expected = frag.rows, frag.rows + CRC_BYTES
+            else:
+                claimed, expected = seg.capacity, seg.capacity
+            if not claimed:
+                sized.add(key)
+                continue
+            cpath = chunk_path(f"{frag.path}/_reset", 1)
+            size = self._seg_sizes.get(frag.group) if seg is not None else None
+            if size is None:
+                try:
+                    size = chunk_size(self.storage, cpath)
+                except StaleReadError:  # gone: reclaimed since the log was read (a read raises it again)
+                    continue
+                if size is None:  # (object storage)
+                    continue
+                if seg is not None:
+                    self._seg_sizes[frag.group] = size
+            if size != expected:
+                what = (f"segment {seg.name!r} of {claimed} rows (commit record of fragment {frag.name!r})"
+                        if seg is not None else f"fragment {frag.name!r} of {claimed} rows (its commit record)")
+                raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
+                                                "do not exist (run replaystore verify)")
+            sized.add(key)
 
     def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
         """The view of the live fragments ``frags``, computed afresh; the caches moved to it.
@@ -157,6 +225,9 @@ class TableReader:
         first_ids = np.array([f.first_id for f in visible], dtype=np.int64)
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
+        self._sized &= live
+        groups = {f.group for f in frags}
+        self._seg_sizes = {k: v for k, v in self._seg_sizes.items() if k in groups}
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         bases = {key: lay.place(visible) for key, lay in self._layouts.items()}
         self._unmapped = (np.ones(len(visible), dtype=bool)
@@ -184,6 +255,7 @@ class TableReader:
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return None
+        self.check_sizes(added)  # (before anything changes)
         keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
         gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
         came = [new[i] for i in np.flatnonzero(keep & ~kept)]
@@ -209,6 +281,7 @@ class TableReader:
         first_ids = splice(o.first_ids, [f.first_id for f in came])
         ends = splice(o.ends, [f.first_id + f.rows for f in came])
         left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
+        self._sized -= left
         if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
             self._data = {k: v for k, v in self._data.items() if k not in left}
         relaid = False
@@ -293,7 +366,7 @@ class TableReader:
             A position out of range.
         """
         v = self.view if view is None else view
-        positions = np.asarray(positions, dtype=np.int64)
+        positions = row_array(positions, "positions")
         # one reduction checks both bounds: a negative position is huge as unsigned
         n = int(v.cum[-1])
         if positions.size and _max(positions.view(np.uint64), axis=None) >= n:
@@ -322,7 +395,7 @@ class TableReader:
             A row id that is not visible in ``view``.
         """
         v = self.view if view is None else view
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = row_array(rows)
         if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
             local = rows - int(v.first_ids[0])
             if local.min() >= v.visible_from[0] and local.max() < v.ends[0] - v.first_ids[0]:
@@ -437,7 +510,7 @@ class TableReader:
         dense, ragged = self._dense, self._ragged
         if columns is not None:
             dense, ragged = self.plan(columns)
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        rows = row_array(rows).reshape(-1)
         if not len(rows):
             return self._empty(dense, ragged)
         # (a column subset on object storage reads per fragment: mapping a fragment maps every array)

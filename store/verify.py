@@ -10,13 +10,14 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from replaystore.errors import CorruptObjectError, ReplayStoreError
+from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadError
 from replaystore.schemas.fields import Ragged
 from replaystore.store import bodies, layout, records
 from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
-from replaystore.store.store import Store
+from replaystore.store.store import Store, load_npy
+from replaystore.store.table import TableReader
 from replaystore.store.zarrio import CRC_BYTES, chunk_path, verify_chunk
 
 
@@ -40,9 +41,27 @@ class Problem:
         return f"{self.path}: {self.problem}"
 
 
-def _state_check(path: str, slot: str, version: int) -> Callable[[dict[str, Any]], object]:
-    """The body check of state record ``version`` of ``slot``, stored at ``path``."""
-    return lambda b: bodies.state(path, b, slot, version)
+def _state_check(path: str, slot: str, version: int, arrays: dict[str, str]) -> Callable[[dict[str, Any]], object]:
+    """The body check of state record ``version`` of ``slot``, stored at ``path``.
+
+    Once the body passes, ``arrays`` holds its payload paths by array name.
+    """
+    def check(b: dict[str, Any]) -> None:
+        arrays.update(bodies.state(path, b, slot, version)["arrays"])
+    return check
+
+
+def _check_payloads(store: Store, arrays: dict[str, str]) -> list[Problem]:
+    """Each payload a state record names reads back as the ``.npy`` array its header describes."""
+    problems = []
+    for p in arrays.values():
+        try:
+            load_npy(p, store.storage.read(p))
+        except FileNotFoundError:
+            problems.append(Problem(p, "missing"))
+        except CorruptObjectError as exc:
+            problems.append(Problem(exc.path, str(exc).split(": ", 1)[-1]))
+    return problems
 
 
 def _check_record(store: Store, path: str,
@@ -240,7 +259,7 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
                     continue
                 data = storage.read_array(cpath, np.dtype(np.uint8), (size,))
                 issue = verify_chunk(data, dtype, shape)
-        except FileNotFoundError:
+        except (FileNotFoundError, StaleReadError):
             problems.append(Problem(cpath, "missing"))
             continue
         except CorruptObjectError as exc:  # not a regular file, say
@@ -255,17 +274,20 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
-def _replay(store: Store) -> None:
+def _replay(store: Store) -> dict[str, list[Fragment]]:
     """Apply every commit record from the first, as a reader opening without a checkpoint does.
 
-    Then order each table's live fragments, whatever ``store`` has applied already:
+    Then view each table as a new reader would, whatever ``store`` has applied already:
     raises on a log that no reader can apply (records of another writer, overlapping
-    live fragments). Cost: every commit record read once more.
+    live fragments, row counts the data does not hold). Cost: every commit record read once
+    more, a ``stat`` per live fragment.
+
+    Returns the visible fragments of each table.
     """
     log = CommitLog(store.storage, store.schemas, checkpoints=False)
     log.refresh()
-    for table in store.tables:
-        log.fragments(table)
+    return {table: list(TableReader(store.storage, log, table, store.schemas[table], store.capacity,
+                                    contiguous=False).fragments) for table in store.tables}
 
 
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
@@ -323,7 +345,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         problems += _check_checkpoint(store, number, counts)
     try:
         store.refresh()
-        _replay(store)
+        replayed = _replay(store)
     except ReplayStoreError as exc:
         problems.append(Problem(getattr(exc, "path", store.url), str(exc).split(": ", 1)[-1]))
         return problems
@@ -335,14 +357,15 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
         for name in store.storage.list(layout.state_dir(slot)):
             if name.endswith(".json"):
                 path = f"{layout.state_dir(slot)}/{name}"
-                check = _state_check(path, slot, int(name[:-5])) if name[:-5].isdigit() else None
+                arrays: dict[str, str] = {}
+                check = _state_check(path, slot, int(name[:-5]), arrays) if name[:-5].isdigit() else None
                 p = _check_record(store, path, check)
                 if p:
                     problems.append(p)
+                problems += _check_payloads(store, arrays)
     checked = 0
     for table in store.tables:
-        reader = store.table(table).reader
-        for frag in reader.fragments:  # the live ones; wholly evicted fragments may be reclaimed
+        for frag in replayed[table]:  # the visible ones; wholly evicted fragments may be reclaimed
             try:
                 problems += _check_fragment(store, frag)
             except CorruptObjectError as exc:  # a name that is no path (layout.stored_name), say

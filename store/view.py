@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.errors import StaleReadError
+from replaystore.errors import RowIdTypeError, StaleReadError
 from replaystore.schemas import Columns, Schema
 from replaystore.store.fragment import Fragment
 from replaystore.store.streamkeys import StreamKey
@@ -26,6 +26,48 @@ if TYPE_CHECKING:
 
     from replaystore.store.index import StreamIndex
     from replaystore.store.table import TableReader
+
+_INT64 = np.dtype(np.int64)
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def row_array(values: Any, argument: str = "rows") -> np.ndarray:
+    """``values`` as an int64 array of row ids (or positions), refusing anything but integers.
+
+    Cost: none for an int64 array; one conversion for other integer dtypes.
+
+    Parameters
+    ----------
+    values : array_like of int
+        An int, a sequence of ints, or an array of any integer dtype.
+    argument : str, optional
+        What ``values`` are, named in the error.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 (the input itself where it already is an int64 array).
+
+    Raises
+    ------
+    RowIdTypeError
+        Floats (``1.5`` is no row id), booleans (a mask is no list of ids), strings, objects,
+        or unsigned values past the int64 range. An empty sequence is accepted.
+    """
+    a = values if isinstance(values, np.ndarray) else np.asarray(values)
+    dtype = a.dtype
+    if dtype == _INT64:
+        return a
+    if dtype.kind in "iu":
+        if dtype.kind == "u" and dtype.itemsize == 8 and a.size and int(a.max()) > _INT64_MAX:
+            raise RowIdTypeError(argument, f"unsigned values past the int64 range (up to {int(a.max())})")
+        return a.astype(np.int64)
+    if a.size == 0:  # (``[]`` becomes float64: no id, nothing to refuse)
+        return np.zeros(a.shape, dtype=np.int64)
+    what = "booleans (a mask: pass np.flatnonzero(mask) for the ids it selects)" if dtype.kind == "b" else \
+        f"values of dtype {dtype}"
+    raise RowIdTypeError(argument, what)
+
 
 _NONE = np.zeros((0, 2), dtype=np.int64)
 _ZERO = np.zeros(1, dtype=np.int64)
@@ -363,7 +405,7 @@ class TableView:
         RowError
             A row id that is not visible in this view.
         """
-        return self._reader.locate(np.asarray(rows, dtype=np.int64), self)
+        return self._reader.locate(rows, self)
 
     # -- reading --------------------------------------------------------------------
     def read(self, rows: Any, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -441,7 +483,7 @@ class TableView:
         RowError
             A row id that is not visible in this view.
         """
-        return self._reader.index_arrays(np.asarray(rows, dtype=np.int64).reshape(-1), self)
+        return self._reader.index_arrays(row_array(rows).reshape(-1), self)
 
     def stream_index(self) -> StreamIndex:
         """The (stream, step) index of the visible rows.

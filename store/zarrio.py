@@ -10,6 +10,8 @@ zarr-python reads the same arrays unchanged.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import IO
 
 import google_crc32c
@@ -329,6 +331,77 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
                                   (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
     except FileNotFoundError:
         raise missing_chunk(cpath) from None
+
+
+def chunk_size(storage: Storage, cpath: str) -> int | None:
+    """The size of chunk ``cpath`` in bytes, without opening it; None on object storage.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    cpath : str
+        The chunk's path.
+
+    Returns
+    -------
+    int or None
+        Its size (local storage and ``memory://``: one ``stat``); None where storage is remote.
+
+    Raises
+    ------
+    StaleReadError
+        The chunk is gone.
+    CorruptObjectError
+        It is not a regular file (a FIFO, a directory: refused unopened).
+    UnsafeNameError
+        Its path leads outside the store through a symbolic link.
+    """
+    if storage.remote:
+        return None
+    local = storage.local_path(cpath)
+    try:
+        if local is None:
+            return storage.size(cpath)
+        st = os.stat(local)
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing_chunk(cpath) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptObjectError(cpath, "not a regular file: refused unread")
+    return st.st_size
+
+
+def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
+    """Refuse chunk ``cpath`` unless it is a regular file of exactly ``expected`` bytes.
+
+    What a commit record declares of a fragment (its rows, a segment's capacity) fixes the size
+    of each of its chunks: a chunk of another size (truncated, extended, another array's bytes)
+    is damage, and is refused before it is mapped or read rather than read as rows it does not
+    hold. On local storage and ``memory://``; on object storage nothing here (a download through
+    the chunk cache is checked against the same size). Cost: one ``stat``.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    cpath : str
+        The chunk's path.
+    expected : int
+        Its size in bytes: the data and, for a fragment's chunk, its 4-byte CRC32C.
+
+    Raises
+    ------
+    StaleReadError
+        The chunk is gone.
+    CorruptObjectError
+        It is not a regular file, or not of ``expected`` bytes.
+    UnsafeNameError
+        Its path leads outside the store through a symbolic link.
+    """
+    size = chunk_size(storage, cpath)
+    if size is not None and size != expected:
+        raise CorruptObjectError(cpath, f"{size} bytes, but its commit record declares {expected} (run replaystore "
+                                        "verify)")
 
 
 def missing_chunk(cpath: str) -> StaleReadError:

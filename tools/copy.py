@@ -109,7 +109,10 @@ def _state_objects(st: Store) -> list[str]:
                 body = read_state_record(st.storage, slot, version)
             except FileNotFoundError:  # superseded by a save meanwhile
                 continue
-            out += [path, *body["arrays"].values()]
+            arrays = body.get("arrays")
+            if not isinstance(arrays, dict):  # (as load_state would: a record whose payloads cannot be named)
+                raise CorruptObjectError(path, f"field 'arrays': expected a JSON object, got {type(arrays).__name__}")
+            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in arrays.items())]
     return out
 
 

@@ -215,3 +215,53 @@ def test_refresh_every_s_follows_another_writers_commits(tmp_path: Any) -> None:
     with open_store(url).writer() as w:
         w.append(transitions_batch(np.random.default_rng(2), 4), stream="late")
     assert len({int(r) for r in next(it).rows}) == 8  # the interval has passed: refreshed first
+
+
+# -- size-like parameters: refused before anything is allocated from them ------------------------
+@pytest.mark.parametrize(("make", "field"), [
+    (lambda st: UniformSampler(st, batch_size=10**12), "batch_size"),
+    (lambda st: UniformSampler(st, batch_size=(1 << 24) + 1), "batch_size"),
+    (lambda st: PrioritizedSampler(st, 10**12), "batch_size"),
+    (lambda st: ReservoirSampler(st, capacity=8, batch_size=10**12), "batch_size"),
+    (lambda st: ReservoirSampler(st, capacity=1 << 41, batch_size=4), "capacity"),
+    (lambda st: SequenceSampler(st, length=10**12), "length"),
+    (lambda st: SequenceSampler(st, length=4, burn_in=10**12), "burn_in"),
+    (lambda st: SequenceSampler(st, length=2.5), "length"),
+    (lambda st: UniformSampler(st, batch_size=4, stack=10**9, stack_field="obs"), "stack"),
+    (lambda st: UniformSampler(st, batch_size=4, n_step=10**9), "n_step"),
+])
+def test_size_parameters_beyond_their_bound_are_typed_errors(shared: Store, make: Callable[[Store], Any],
+                                                             field: str) -> None:
+    with pytest.raises(SamplerParameterError) as err:
+        make(shared)
+    assert err.value.field == field
+
+
+def test_the_largest_batch_size_is_accepted_and_numpy_ints_too(shared: Store) -> None:
+    assert UniformSampler(shared, batch_size=np.int64(1 << 24)).batch_size == 1 << 24
+    assert SequenceSampler(shared, length=np.int32(3), burn_in=np.int64(1)).window == 4
+
+
+def test_replay_buffer_sample_bounds_its_batch_size(tmp_path: Any) -> None:
+    from replaystore.loaders import ReplayBuffer
+
+    buf = ReplayBuffer(str(tmp_path / "rb"), transitions(4), capacity=100)
+    buf.add(transitions_batch(np.random.default_rng(0), 8))
+    with pytest.raises(SamplerParameterError) as err:
+        buf.sample(10**12)
+    assert err.value.field == "batch_size"
+    assert len(buf.sample(4)["indices"]) == 4
+
+
+def test_prioritized_update_refuses_row_ids_that_are_not_integers(shared: Store) -> None:
+    from replaystore.errors import RowIdTypeError
+
+    s = PrioritizedSampler(shared, 4)
+    rows = shared.row_ids()
+    for bad in (rows.astype(np.float64) + 0.5, np.ones(len(rows), dtype=bool)):
+        with pytest.raises(RowIdTypeError):
+            s.update(bad, np.ones(len(rows)))
+        with pytest.raises(RowIdTypeError):
+            s.priorities(bad)
+    s.update(rows.astype(np.int32), np.ones(len(rows)))
+    assert np.allclose(s.priorities(rows.astype(np.uint16)), 1.0 + s.eps)

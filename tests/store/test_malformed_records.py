@@ -225,8 +225,10 @@ def test_a_segment_descriptor_out_of_range_is_refused(tmp_path: Path) -> None:
 
 def test_rows_beyond_the_data_are_refused_when_read(url: str) -> None:
     """A descriptor consistent with itself (rows and parts edited together) but claiming more rows
-    than its objects hold: the first read of them is a typed error, never a huge allocation."""
+    than its objects hold: opening checks the claim against the data's real size, so ``len``,
+    ``row_ids`` and samplers never see (nor allocate for) records that do not exist."""
     st = _fill(url)
+    early = open_store(url, mode="r")  # (has applied every record)
     last = layout.commit_record(0, 2)  # (its fragment is the writer's last: no other overlaps it)
     body = _body(st.storage, last)
     frag = body["tables"]["records"]["add"][0]
@@ -234,11 +236,11 @@ def test_rows_beyond_the_data_are_refused_when_read(url: str) -> None:
     if "segment" in frag:
         frag["segment"]["capacity"]["rows"] = frag["segment"]["row"] + (1 << 31)
     _forge(st.storage, last, body)
-    reader = open_store(url, mode="r")  # (opening reads no data)
-    assert len(reader) == 8 + (1 << 31)
-    err = _typed(reader.info)
-    assert isinstance(err, CorruptObjectError) and "shorter than" in str(err), err
-    assert verify(reader)
+    err = _typed(lambda: open_store(url, mode="r"))
+    assert isinstance(err, CorruptObjectError) and "_reset" in err.path and "do not exist" in str(err), err
+    assert (frag["segment"]["name"] if "segment" in frag else frag["name"]) in str(err), err
+    assert len(early) == 12  # (a handle that applied the honest record keeps it)
+    assert verify(early)
 
 
 def test_overlapping_live_fragments_are_refused(url: str) -> None:
