@@ -480,9 +480,10 @@ class ReplayStoreStorage(StoreStorage):
         """
         if end == self._cursor:
             return False
-        for entity in getattr(self, "_attached_entities", ()):
+        for entity in getattr(self, "_attached_entities", ()):  # (TorchRL's buffers attach themselves)
             writer = getattr(entity, "_writer", None)
-            if isinstance(writer, RoundRobinWriter) and int(writer._cursor) % self.max_size == end:
+            cursor = getattr(writer, "_cursor", None) if isinstance(writer, RoundRobinWriter) else None
+            if cursor is not None and int(cursor) % self.max_size == end:
                 return True
         return False
 
