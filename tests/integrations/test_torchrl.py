@@ -38,7 +38,7 @@ from replaystore.integrations.torchrl import UNBOUNDED, ReplayStoreStorage
 from replaystore.loaders import SequenceSampler, UniformSampler, make_loader
 from replaystore.schemas import Dense, Ragged, Schema, nested, transitions
 from replaystore.store import open_store
-from support.torchrl_procs import check_records, collect, sample_all, sample_url, transition_batch
+from support.torchrl_procs import check_records, collect, extend_buffer, sample_all, sample_url, transition_batch
 
 SPAWN = mp.get_context("spawn")
 
@@ -364,6 +364,22 @@ def test_a_restored_or_new_writer_continues_appending(tmp_path: Path) -> None:
     with pytest.raises(AppendOnlyError, match="is not an append"):  # the writer did not issue it
         fresh.storage.set((stale + 2) % 8, transition_batch(40, 1)[0])
     assert sorted(fresh.storage[:]["observation"][:, 0].round().long().tolist()) == [12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def test_one_buffer_extended_from_several_processes_appends_from_each(tmp_path: Path) -> None:
+    """A TorchRL buffer pickled to a spawned process shares its writer's cursor: the child's extend moves it,
+    and the parent's next extend (a run starting past this storage's own cursor) is still the writer's append."""
+    url = str(tmp_path / "shared")
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url, capacity=25), sampler=RandomSampler(), batch_size=4)
+    rb.extend(transition_batch(0, 10))
+    proc = SPAWN.Process(target=extend_buffer, args=(rb, 10, 10))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    rb.extend(transition_batch(20, 10))
+    rb.storage.refresh()
+    assert sorted(rb.storage[:]["observation"][:, 0].round().long().tolist()) == list(range(5, 30))
+    check_records(rb.storage[:])
 
 
 def test_capped_store_keeps_the_newest_records(tmp_path: Path) -> None:
