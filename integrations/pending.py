@@ -126,6 +126,19 @@ _flusher: threading.Thread | None = None
 _hooked = False
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with none of the parent's logs, its own lock and queue, and no flusher yet."""
+    global _state, _orphans, _live, _flusher
+    _state = threading.Lock()
+    _orphans = queue.SimpleQueue()
+    _live = weakref.WeakSet()
+    _flusher = None
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def track(log: PendingLog) -> None:
     """Have ``log``'s pending rows committed when its buffer is collected and at interpreter exit.
 

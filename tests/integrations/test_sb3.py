@@ -639,3 +639,23 @@ def test_sigterm_with_the_documented_handler_commits_the_pending_steps(tmp_path:
         ids, cols, _ = stored(url)
         assert len(ids) == kept
         np.testing.assert_array_equal(cols["obs"][:, 0], np.arange(kept))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_commits_only_its_own_buffers(tmp_path: Path) -> None:
+    """A child forked with pending steps in the parent's buffer, exiting normally, commits its own buffer's steps
+    and never the parent's copy of the parent's (which the parent commits once at its own exit)."""
+    url = str(tmp_path / "r")
+    code = _FILL + (
+        "keep = fill(sys.argv[1], 3)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    child = fill(sys.argv[1] + '-child', 2)\n"
+        "    sys.exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+    )
+    r = _run_child(code, url)
+    assert r.returncode == 0, r.stderr
+    for path, n in ((url, 3), (url + "-child", 2)):
+        ids, cols, _ = stored(path)
+        np.testing.assert_array_equal(np.sort(cols["obs"][:, 0]), np.arange(n))
