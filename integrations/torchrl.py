@@ -230,10 +230,10 @@ class ReplayStoreStorage(StoreStorage):
       ``max_size``) starting at the cursor is an append, the cursor wrapping onto the oldest
       record included; so is a first write at 0 through this storage in a process (a new
       writer), and a run the buffer's ``RoundRobinWriter`` has just moved its own cursor past
-      (restored, or shared by several processes). Any other write (explicit indices, ``storage.set(i, td)`` elsewhere,
-      ``TensorDictMaxValueWriter`` replacing its lowest-ranked record) raises
-      :class:`~replaystore.errors.AppendOnlyError` naming the index and the cursor, and
-      writes nothing: use TorchRL's default ``RoundRobinWriter``.
+      (restored, or shared by several processes). Any other write (explicit indices,
+      ``storage.set(i, td)`` elsewhere, ``TensorDictMaxValueWriter`` replacing its
+      lowest-ranked record) raises :class:`~replaystore.errors.AppendOnlyError` naming the
+      index and the cursor, and writes nothing: use TorchRL's default ``RoundRobinWriter``.
     - **Following other writers**: ``len`` and reads use the view of the last refresh.
       Commits of other processes become visible at :meth:`refresh` (e.g. once per
       training iteration), never in the middle of a ``sample()``, so the positions a
@@ -247,8 +247,8 @@ class ReplayStoreStorage(StoreStorage):
       ``("next", "reward")`` ...; scalar reward/terminated/truncated shown as ``(B, 1)``,
       and ``("next", "done")`` = terminated | truncated added) unless ``keys`` says otherwise.
     - **State**: ``state_dict`` / ``dumps`` hold only the store's URL and table (and the
-      append cursor); the store is the state. Pickling (spawned processes) carries the URL, and each process
-      opens the store itself.
+      append cursor); the store is the state. Pickling (spawned processes) carries the URL,
+      and each process opens the store itself.
 
     Parameters
     ----------
@@ -407,9 +407,9 @@ class ReplayStoreStorage(StoreStorage):
         through this storage in a process may also start at 0, where a new TorchRL writer
         starts (a resumed run, a spawned collector); and a run that a ``RoundRobinWriter`` of
         a buffer over this storage has just moved its cursor past is its append (its cursor
-        restored from a checkpoint, or shared with other processes). Anything else, e.g. the single-index
-        overwrites of ``TensorDictMaxValueWriter`` or ``storage.set(i, td)`` elsewhere, would
-        overwrite a record in place, which a store cannot do: it is refused.
+        restored from a checkpoint, or shared with other processes). Anything else, e.g. the
+        single-index overwrites of ``TensorDictMaxValueWriter`` or ``storage.set(i, td)``
+        elsewhere, would overwrite a record in place, which a store cannot do: it is refused.
 
         Parameters
         ----------
