@@ -6,7 +6,11 @@ needs no trainer library.
 
 from __future__ import annotations
 
+import os
+import queue
+import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +20,7 @@ import numpy as np
 from replaystore.schemas import Dense
 from replaystore.store import Store, Table, Writer
 
-__all__ = ["EPISODE_KEYS", "PendingLog", "commit_at_exit"]
+__all__ = ["EPISODE_KEYS", "PendingLog", "commit_collected", "orphan", "track"]
 
 EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated", "truncated")
 """The columns of the per-commit ``episodes`` metadata (as ``replaystore.gym``'s recorders write it)."""
@@ -26,7 +30,8 @@ class PendingLog:
 
     Rows are laid out step-major (``n_envs`` rows per ``add``: row ``r`` is env ``r % n_envs``);
     each column is a preallocated array of ``rows`` records. Kept apart from the buffer object so
-    that a finalizer can commit the pending rows at exit without keeping the buffer alive.
+    that the pending rows can be committed after the buffer is collected, and at exit, without
+    keeping the buffer alive (see :func:`track`, :func:`orphan`).
 
     Parameters
     ----------
@@ -57,6 +62,7 @@ class PendingLog:
         self.ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
         self.appended = False  # records appended to the writer and not committed yet
         self.closed = False
+        self.pid = os.getpid()
 
     def stream_keys(self) -> np.ndarray:
         """One stream key per env index, ``"w<writer>-<env>"`` (the recorders' convention).
@@ -111,11 +117,36 @@ class PendingLog:
                 self.store.close()
 
 
-def commit_at_exit(log: PendingLog) -> None:
-    """Have ``log`` committed and closed when the interpreter exits normally.
+_STOP = object()  # tells the flusher thread to finish
 
-    Registered with ``threading``'s exit hooks, which run before the thread pools the writer
-    syncs with are shut down (``atexit`` runs after them). Holds ``log`` weakly.
+_state = threading.Lock()  # guards _flusher and _hooked (taken only in ordinary code, never in a finalizer)
+_orphans: queue.SimpleQueue[Any] = queue.SimpleQueue()  # logs of collected buffers; Events; _STOP
+_live: weakref.WeakSet[PendingLog] = weakref.WeakSet()  # every tracked log, for the exit hook
+_flusher: threading.Thread | None = None
+_hooked = False
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with none of the parent's logs, its own lock and queue, and no flusher yet."""
+    global _state, _orphans, _live, _flusher
+    _state = threading.Lock()
+    _orphans = queue.SimpleQueue()
+    _live = weakref.WeakSet()
+    _flusher = None
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def track(log: PendingLog) -> None:
+    """Have ``log``'s pending rows committed when its buffer is collected and at interpreter exit.
+
+    Starts the flusher thread (once per process) that commits the logs :func:`orphan` hands
+    over, and registers one exit hook with ``threading``'s exit hooks, which run before the
+    thread pools the writer syncs with are shut down (``atexit`` runs after them). Holds
+    ``log`` weakly. Call it from ordinary code (it takes a lock and may start a thread),
+    never from a finalizer.
 
     Parameters
     ----------
@@ -124,19 +155,112 @@ def commit_at_exit(log: PendingLog) -> None:
 
     Notes
     -----
-    Cost: one registration; at exit, :meth:`PendingLog.close`.
+    Cost: a set insertion; a thread start and a hook registration the first time.
     """
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - CPython has it since 3.9
+    global _flusher, _hooked
+    with _state:
+        _live.add(log)
+        if _flusher is None or not _flusher.is_alive():  # (a forked child has no flusher thread)
+            _flusher = threading.Thread(target=_flush_orphans, name="replaystore-pending-flush", daemon=True)
+            _flusher.start()
+        if not _hooked:
+            register = getattr(threading, "_register_atexit", None)
+            if register is not None:  # (CPython has it since 3.9)
+                try:
+                    register(_at_exit)
+                    _hooked = True
+                except RuntimeError:  # (the interpreter is already shutting down)
+                    pass
+
+
+def orphan(log: PendingLog) -> None:
+    """Hand the log of a garbage-collected buffer to the flusher thread: the buffer's finalizer.
+
+    Does no I/O and takes no lock, so it is safe at any allocation, which is where the cyclic
+    garbage collector runs finalizers: committing there, on a thread that may be inside
+    ``ThreadPoolExecutor.submit`` (holding its non-reentrant locks), would wait forever on
+    those locks. The flusher thread commits and closes ``log`` soon after; at interpreter
+    exit, the exit hook does what the flusher has not.
+
+    Parameters
+    ----------
+    log : PendingLog
+        The collected buffer's pending rows.
+
+    Notes
+    -----
+    Cost: one ``queue.SimpleQueue.put`` (reentrant-safe, lock-free for the caller).
+    """
+    _orphans.put(log)
+
+
+def commit_collected(timeout: float | None = None) -> bool:
+    """Wait until the pending rows of every buffer collected so far are committed (or failed).
+
+    Store-backed buffers that are garbage-collected with pending rows hand them to a
+    background thread (see :func:`orphan`); this waits for that thread to finish what was
+    handed over before the call. Buffers call it before opening a store, so a buffer
+    reopening a URL (``DQN.load``) sees the rows of an earlier buffer that was collected.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Seconds to wait at most; None: until done.
+
+    Returns
+    -------
+    bool
+        True if everything handed over before the call is done.
+
+    Notes
+    -----
+    Cost: a round trip to the flusher thread (microseconds) plus the commits still queued.
+    """
+    flusher = _flusher
+    if flusher is None or not flusher.is_alive() or flusher is threading.current_thread():
+        return _orphans.empty()
+    done = threading.Event()
+    _orphans.put(done)
+    return done.wait(timeout)
+
+
+def _close_reporting(log: PendingLog) -> None:
+    """Close ``log`` (in the process that made it); a failure is reported on stderr, not raised."""
+    if log.pid != os.getpid():  # (a forked child: the parent commits its own rows)
         return
-    ref = weakref.ref(log)
-
-    def close() -> None:
-        live = ref()
-        if live is not None:
-            live.close()
-
     try:
-        register(close)
-    except RuntimeError:  # (the interpreter is already shutting down)
-        pass
+        log.close()
+    except Exception:
+        sys.stderr.write(f"replaystore: committing the pending transitions of a buffer of {log.store.url} "
+                         f"failed; they are lost:\n{traceback.format_exc()}")
+
+
+def _flush_orphans() -> None:
+    """The flusher thread: commit and close the logs of collected buffers, in order."""
+    while True:
+        item = _orphans.get()
+        if item is _STOP:
+            return
+        if isinstance(item, threading.Event):
+            item.set()
+        else:
+            _close_reporting(item)
+
+
+def _at_exit() -> None:
+    """Exit hook: stop the flusher, then commit and close every log still open."""
+    flusher = _flusher
+    if flusher is not None and flusher.is_alive():
+        _orphans.put(_STOP)
+        flusher.join()
+    while True:
+        try:
+            item = _orphans.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(item, threading.Event):
+            item.set()
+        elif item is not _STOP:
+            _close_reporting(item)
+    for log in list(_live):
+        _close_reporting(log)

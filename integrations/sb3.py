@@ -40,12 +40,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
                                  'pip install "replaystore[sb3]"') from exc
 
 from replaystore.gym import schema_from_spaces
-from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_at_exit
+from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_collected, orphan, track
 from replaystore.loaders import EmptyStoreError
 from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, open_store
 
-__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "resume_learning_starts"]
+__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "commit_collected", "resume_learning_starts"]
 
 DEFAULT_COMMIT_EVERY = 1000
 """Environment steps (``add`` calls) between commits by default, fewer where they would not fit
@@ -101,6 +101,7 @@ class _StoreBufferMixin:
         expected = schema_from_spaces(self.observation_space, self.action_space, name="sb3",
                                       reward_dtype=np.float32,
                                       metadata={"producer": "replaystore.integrations.sb3"})
+        commit_collected()  # (the pending steps of collected buffers first: a reopened url holds them)
         store = self._open_store(expected, storage_options)
         schema = store.schema
         self._columns = {f.name: f for f in schema.dense_fields}
@@ -110,9 +111,11 @@ class _StoreBufferMixin:
             commit_every = max(1, min(DEFAULT_COMMIT_EVERY, TAIL_BYTES // step_bytes))
         self.commit_every: int = commit_every
         self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
-        self._finalizer = weakref.finalize(self, self._log.close)
-        self._finalizer.atexit = False  # (at exit the writer's thread pools are gone: commit_at_exit runs earlier)
-        commit_at_exit(self._log)
+        # collected (SB3 models are reference cycles: at any allocation of any thread): the finalizer only
+        # hands the log to the flusher thread, since no store I/O may run inside the garbage collector
+        self._finalizer = weakref.finalize(self, orphan, self._log)
+        self._finalizer.atexit = False  # (track's exit hook commits what is left, before the thread pools stop)
+        track(self._log)
         self.stored_at_open = len(self._log.table)
         # per env: continuity and the episode in progress
         self._obs_specs = [(f"obs{sfx}", f"next_obs{sfx}", key, (n_envs, *self._columns[f"obs{sfx}"].shape))
@@ -396,9 +399,14 @@ class _StoreBufferMixin:
     def close(self) -> None:
         """Commit the pending transitions and release the store (also done at interpreter exit).
 
+        A buffer that is garbage-collected unclosed has its pending transitions committed by a
+        background thread soon after (never inside the garbage collector), or at interpreter
+        exit.
+
         Cost: a commit, and waiting for the writer's background work.
         """
-        self._finalizer()
+        self._finalizer.detach()
+        self._log.close()
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickling keeps: the URL and the constructor arguments, never the transitions.

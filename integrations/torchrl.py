@@ -35,6 +35,7 @@ try:
     from tensordict import TensorDict, TensorDictBase  # type: ignore[import-untyped]
     from torchrl.data.replay_buffers.storages import StoreStorage  # type: ignore[import-untyped]
     from torchrl.data.replay_buffers.storages.base import Storage  # type: ignore[import-untyped]
+    from torchrl.data.replay_buffers.writers import RoundRobinWriter  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torchrl
     raise MissingDependencyError('replaystore.integrations.torchrl needs torchrl and tensordict: '
                                  'pip install "replaystore[torchrl]"') from exc
@@ -223,9 +224,16 @@ class ReplayStoreStorage(StoreStorage):
       store is left as it was.
     - **Indices**: TorchRL's samplers draw positions ``0 <= i < len(storage)``; position
       ``i`` is the i-th visible record in row-id order (oldest first for one writer). A
-      write at explicit indices other than an append at the cursor raises
-      :class:`~replaystore.errors.AppendOnlyError`: a store only appends, and a capped
-      store drops its oldest records itself (``max_size`` is its capacity).
+      store only appends, and a capped store drops its oldest records itself (``max_size``
+      is its capacity). The storage keeps the append cursor a ``RoundRobinWriter`` keeps
+      (``state_dict`` saves it): a write whose indices are one consecutive run (modulo
+      ``max_size``) starting at the cursor is an append, the cursor wrapping onto the oldest
+      record included; so is a first write at 0 through this storage in a process (a new
+      writer), and a run the buffer's ``RoundRobinWriter`` has just moved its own cursor past
+      (restored, or shared by several processes). Any other write (explicit indices,
+      ``storage.set(i, td)`` elsewhere, ``TensorDictMaxValueWriter`` replacing its
+      lowest-ranked record) raises :class:`~replaystore.errors.AppendOnlyError` naming the
+      index and the cursor, and writes nothing: use TorchRL's default ``RoundRobinWriter``.
     - **Following other writers**: ``len`` and reads use the view of the last refresh.
       Commits of other processes become visible at :meth:`refresh` (e.g. once per
       training iteration), never in the middle of a ``sample()``, so the positions a
@@ -238,9 +246,9 @@ class ReplayStoreStorage(StoreStorage):
       fields gets :data:`TRANSITION_KEYS` (``obs`` -> ``observation``, ``reward`` ->
       ``("next", "reward")`` ...; scalar reward/terminated/truncated shown as ``(B, 1)``,
       and ``("next", "done")`` = terminated | truncated added) unless ``keys`` says otherwise.
-    - **State**: ``state_dict`` / ``dumps`` hold only the store's URL and table; the
-      store is the state. Pickling (spawned processes) carries the URL, and each process
-      opens the store itself.
+    - **State**: ``state_dict`` / ``dumps`` hold only the store's URL and table (and the
+      append cursor); the store is the state. Pickling (spawned processes) carries the URL,
+      and each process opens the store itself.
 
     Parameters
     ----------
@@ -297,6 +305,8 @@ class ReplayStoreStorage(StoreStorage):
         self._plan: list[_Leaf] | None = None
         self._whole: tuple[TableView, TensorDictBase] | None = None  # the last whole-view read, kept per view
         self._done = False
+        self._cursor = 0  # the index (mod max_size) where the next append goes: the TorchRL writer's cursor
+        self._cursor_pid = -1  # the process that last wrote through this handle (-1: none yet)
         if self._store is None:
             self._open()
         cap = self._table().capacity if self._store is not None else capacity
@@ -387,41 +397,68 @@ class ReplayStoreStorage(StoreStorage):
         return n - 1 if n else None
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        """Append ``data`` (a TorchRL writer's ``extend``/``add`` at ``cursor``) and commit.
+        """Append ``data`` (a TorchRL writer's ``extend``/``add`` at its cursor) and commit.
+
+        The storage keeps the append cursor a ``RoundRobinWriter`` keeps: the index (modulo
+        ``max_size``) where the next append goes, moved past each write it accepts. A write is
+        an append, and accepted, when its indices are consecutive (modulo ``max_size``) and start
+        at that cursor; the cursor wrapping at ``max_size`` onto the oldest record is an append
+        too (a capped store drops that record, as a ring would overwrite it). The first write
+        through this storage in a process may also start at 0, where a new TorchRL writer
+        starts (a resumed run, a spawned collector); and a run that a ``RoundRobinWriter`` of
+        a buffer over this storage has just moved its cursor past is its append (its cursor
+        restored from a checkpoint, or shared with other processes). Anything else, e.g. the
+        single-index overwrites of ``TensorDictMaxValueWriter`` or ``storage.set(i, td)``
+        elsewhere, would overwrite a record in place, which a store cannot do: it is refused.
 
         Parameters
         ----------
-        cursor : int or torch.Tensor
+        cursor : int, slice or torch.Tensor
             The writer's indices: consecutive (modulo ``max_size``), one per record.
         data : TensorDictBase
             The records, batch size ``[len(cursor)]`` (``[]`` for one record at an int cursor).
         set_cursor : bool, optional
-            False for a write at explicit indices (``storage[i] = data``), which is refused.
+            False for a write at explicit indices (``storage[i] = data``, ``write_at``), which
+            is refused.
 
         Raises
         ------
         AppendOnlyError
-            ``set_cursor=False``, or indices that are not consecutive: an overwrite.
+            ``set_cursor=False``, or indices that are not one run starting at the append
+            cursor (the message names both); nothing is written and the cursor stays.
         ShapeError, DTypeError, MissingFieldError, UnknownFieldError, ValidationError
-            ``data`` does not match the store's schema (nothing written).
+            ``data`` does not match the store's schema (nothing written; the cursor moves past
+            the indices, as the TorchRL writer's did before it called ``set``).
 
         Notes
         -----
         Cost: validation, an append and a commit.
         """
+        if isinstance(cursor, slice):
+            idx = torch.arange(*cursor.indices(self.max_size))
+        else:
+            idx = torch.as_tensor(cursor).reshape(-1)
         if not set_cursor:
-            raise AppendOnlyError(f"{self.url}: a store only appends; writing at explicit indices "
-                                  f"({cursor!r}) would overwrite records")
+            raise AppendOnlyError(self._not_an_append(idx, "a write at explicit indices (storage[i] = data, "
+                                                           "write_at) would overwrite records in place"))
         if not isinstance(data, TensorDictBase):
             raise DTypeError("data", "a TensorDict", type(data).__name__)
-        idx = torch.as_tensor(cursor).reshape(-1)
         if data.batch_dims == 0:
             data = data.unsqueeze(0)
         if idx.numel() != data.shape[0]:
             raise ShapeError("batch_size", f"[{idx.numel()}] records, one per index", list(data.batch_size))
-        if idx.numel() > 1 and not bool(((idx[1:] - idx[:-1]) % self.max_size == 1 % self.max_size).all()):
-            raise AppendOnlyError(f"{self.url}: indices {idx.tolist()[:8]}... are not one run of appends at the "
-                                  "cursor; a store only appends")
+        first_here = self._cursor_pid != os.getpid()
+        if idx.numel():
+            start = int(idx[0]) % self.max_size
+            run = bool(((idx[1:] - idx[:-1]) % self.max_size == 1 % self.max_size).all())
+            end = (start + idx.numel()) % self.max_size
+            if not run or (start != self._cursor and not (first_here and start == 0)
+                           and not self._round_robin_append(end)):
+                raise AppendOnlyError(self._not_an_append(idx, "it would overwrite records in place" if run
+                                                          else "its indices are not one consecutive run"))
+            # (moved before the data is checked, as the TorchRL writer moved its own before calling set)
+            self._cursor = end
+            self._cursor_pid = os.getpid()
         if self.store is None:
             self._open(schema_from_tensordict(data))
         table = self._table()
@@ -432,6 +469,32 @@ class ReplayStoreStorage(StoreStorage):
         stream = self._stream if self._stream is not None else f"torchrl-{self._writer.id}"
         self._writer.append(batch, stream=stream, table=table.name)
         self._writer.commit()
+
+    def _round_robin_append(self, end: int) -> bool:
+        """Whether a round-robin writer of a buffer over this storage has just moved its cursor to ``end``.
+
+        Such a writer moves its cursor past a run before it calls :meth:`set` with it: the run is
+        its append, from a cursor this storage did not see move (restored from a checkpoint, or
+        shared with other processes writing the same buffer). A run ending where this storage's
+        own cursor stands would rewrite its newest records: never an append.
+        """
+        if end == self._cursor:
+            return False
+        for entity in getattr(self, "_attached_entities", ()):  # (TorchRL's buffers attach themselves)
+            writer = getattr(entity, "_writer", None)
+            cursor = getattr(writer, "_cursor", None) if isinstance(writer, RoundRobinWriter) else None
+            if cursor is not None and int(cursor) % self.max_size == end:
+                return True
+        return False
+
+    def _not_an_append(self, idx: torch.Tensor, why: str) -> str:
+        shown = idx.tolist()
+        text = f"index {shown[0]}" if len(shown) == 1 else f"indices {shown[:8]}{'...' if len(shown) > 8 else ''}"
+        where = (f"{self._cursor}" if self._cursor_pid == os.getpid() or self._cursor == 0
+                 else f"{self._cursor} (or 0, for a new writer)")
+        return (f"{self.url}: a write at {text} is not an append ({why}); the next append goes at index {where}. "
+                "A store only appends: use TorchRL's RoundRobinWriter (the default writer of its replay buffers), "
+                "not a writer that overwrites chosen indices (TensorDictMaxValueWriter)")
 
     def _columns(self, table: Table, data: TensorDictBase) -> dict[str, np.ndarray]:
         """``data``'s leaves as the store's flat columns; checks the key set first."""
@@ -563,29 +626,37 @@ class ReplayStoreStorage(StoreStorage):
         Returns
         -------
         dict
-            ``url``, ``table`` and ``records`` (the visible count, for information).
+            ``url``, ``table``, ``records`` (the visible count, for information) and ``cursor``
+            (the append cursor, which the buffer's writer saves alongside as its own).
         """
         return {"url": self.url, "table": self._table().name if self.store is not None else self._table_name,
-                "records": len(self)}
+                "records": len(self), "cursor": self._cursor}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Check ``state_dict`` names this storage's store, and refresh.
+        """Check ``state_dict`` names this storage's store, take its append cursor, and refresh.
 
         Parameters
         ----------
         state_dict : dict
-            From :meth:`state_dict`.
+            From :meth:`state_dict` (the restored writer continues at its saved cursor, and
+            so does this storage).
 
         Raises
         ------
         ResumeMismatchError
-            It names another store or table.
+            It names another store or table, or its cursor is not an index below ``max_size``.
         """
         mine = self.state_dict()
         differ = {k: (state_dict.get(k), mine[k]) for k in ("url", "table")
                   if state_dict.get(k) is not None and state_dict.get(k) != mine[k]}
+        cursor = state_dict.get("cursor")
+        if cursor is not None and (not isinstance(cursor, int) or isinstance(cursor, bool)
+                                   or not 0 <= cursor < self.max_size):
+            differ["cursor"] = (cursor, f"an int in [0, {self.max_size})")
         if differ:
             raise ResumeMismatchError("torchrl storage", differ, "a storage state names the store it was taken from")
+        if cursor is not None:
+            self._cursor = cursor
         self.refresh()
 
     def dumps(self, path: Any) -> None:

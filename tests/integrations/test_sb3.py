@@ -535,3 +535,127 @@ def test_sample_normalises_through_vec_normalize_as_sb3(tmp_path: Path) -> None:
     np.testing.assert_allclose(normed.rewards.numpy(), venv.normalize_reward(raw.rewards.numpy()))
     assert not np.allclose(normed.observations.numpy(), raw.observations.numpy())
     buf.close()
+
+
+# -- garbage collection, exit and SIGTERM ----------------------------------------------------------
+_FILL = (
+    "import concurrent.futures.thread as cft, gc, os, signal, sys, time, numpy as np, gymnasium as gym\n"
+    "from replaystore.integrations import sb3\n"
+    "from replaystore.store import open_store\n"
+    "env = gym.make('CartPole-v1')\n"
+    "def fill(url, n):\n"
+    "    b = sb3.ReplayStoreBuffer(1000, env.observation_space, env.action_space, url=url)\n"
+    "    for t in range(n):\n"
+    "        b.add(np.full((1, 4), t, np.float32), np.full((1, 4), t + 1, np.float32), np.array([1]),\n"
+    "              np.array([1.0]), np.array([False]), [{}])\n"
+    "    return b\n"
+)
+
+
+def _run_child(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a child Python; a child that does not finish in ``timeout`` s (a hang) fails the test."""
+    try:
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child hung (killed after {timeout} s): {exc.stdout!r} {exc.stderr!r}")
+
+
+def test_a_buffer_collected_inside_the_executors_lock_does_not_hang(tmp_path: Path) -> None:
+    """The cyclic GC may free a buffer at any allocation, e.g. while this thread is inside
+    ``ThreadPoolExecutor.submit`` holding its (non-reentrant) locks. Collecting a buffer with pending steps there
+    returns at once; its steps are committed by the flusher thread as soon as the lock is free."""
+    url = str(tmp_path / "r")
+    code = _FILL + (
+        "b = fill(sys.argv[1], 5)\n"
+        "b.cycle = b\n"  # (a reference cycle, as an SB3 model is: only the cyclic GC frees it)
+        "del b\n"
+        "with cft._global_shutdown_lock:\n"  # (what ThreadPoolExecutor.submit holds, the writer's commit takes)
+        "    gc.collect()\n"
+        "    print('collected', flush=True)\n"
+        "assert sb3.commit_collected(timeout=60)\n"
+        "with open_store(sys.argv[1], mode='r') as s:\n"
+        "    print(len(s.default), flush=True)\n"
+        "os._exit(0)\n"  # (no exit hooks: the rows were committed before)
+    )
+    r = _run_child(code, url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["collected", "5"]
+    ids, cols, _ = stored(url)
+    np.testing.assert_array_equal(cols["obs"][:, 0], np.arange(5))
+
+
+def test_dqn_save_del_collect_load_keeps_the_pending_steps(tmp_path: Path) -> None:
+    """SB3's save/load cycle (its own ``test_save_load``) with our buffer and pending steps: ``del model``, a garbage
+    collection while the executor's lock is held, ``DQN.load``. Nothing hangs; the reloaded buffer holds the first
+    model's steps; the second model's pending steps reach the store at exit."""
+    url, path = str(tmp_path / "replay"), str(tmp_path / "model.zip")
+    code = (
+        "import concurrent.futures.thread as cft, gc, sys, gymnasium as gym\n"
+        "from stable_baselines3 import DQN\n"
+        "from replaystore.integrations.sb3 import ReplayStoreBuffer\n"
+        "url, path = sys.argv[1:]\n"
+        "model = DQN('MlpPolicy', gym.make('CartPole-v1'), learning_starts=50, policy_kwargs={'net_arch': [16]},\n"
+        "            seed=0, device='cpu', replay_buffer_class=ReplayStoreBuffer,\n"
+        "            replay_buffer_kwargs={'url': url, 'commit_every': 10_000})\n"
+        "model.learn(120)\n"
+        "print(model.replay_buffer.pending, flush=True)\n"
+        "model.save(path)\n"
+        "del model\n"
+        "with cft._global_shutdown_lock:\n"
+        "    gc.collect()\n"
+        "model = DQN.load(path, env=gym.make('CartPole-v1'), device='cpu')\n"
+        "print(model.replay_buffer.stored_at_open, flush=True)\n"
+        "model.learn(80)\n"
+        "print(model.replay_buffer.pending, flush=True)\n"
+    )
+    r = _run_child(code, url, path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["120", "120", "80"]
+    ids, cols, (streams, _, _) = stored(url)
+    assert len(ids) == 200 and len(set(streams.tolist())) == 2  # two writers, every step once
+
+
+def test_sigterm_with_the_documented_handler_commits_the_pending_steps(tmp_path: Path) -> None:
+    """Python's default SIGTERM kills the process without exit hooks (the pending steps are lost, as in a crash);
+    with the handler docs/GUIDE.md gives (``sys.exit`` from a SIGTERM handler) they are committed."""
+    for handler, kept in ((False, 0), (True, 7)):
+        url = str(tmp_path / f"r{int(handler)}")
+        code = _FILL + (
+            "if sys.argv[2] == '1':\n"
+            "    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))\n"
+            "b = fill(sys.argv[1], 7)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code, url, str(int(handler))], stdout=subprocess.PIPE)
+        try:
+            assert _read_line(proc, [b""], time.monotonic() + 120) == "ready"
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait(timeout=60)
+        assert proc.returncode == (128 + signal.SIGTERM if handler else -signal.SIGTERM)
+        ids, cols, _ = stored(url)
+        assert len(ids) == kept
+        np.testing.assert_array_equal(cols["obs"][:, 0], np.arange(kept))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_commits_only_its_own_buffers(tmp_path: Path) -> None:
+    """A child forked with pending steps in the parent's buffer, exiting normally, commits its own buffer's steps
+    and never the parent's copy of the parent's (which the parent commits once at its own exit)."""
+    url = str(tmp_path / "r")
+    code = _FILL + (
+        "keep = fill(sys.argv[1], 3)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    child = fill(sys.argv[1] + '-child', 2)\n"
+        "    sys.exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+    )
+    r = _run_child(code, url)
+    assert r.returncode == 0, r.stderr
+    for path, n in ((url, 3), (url + "-child", 2)):
+        ids, cols, _ = stored(path)
+        np.testing.assert_array_equal(np.sort(cols["obs"][:, 0]), np.arange(n))

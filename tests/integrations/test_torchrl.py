@@ -38,7 +38,7 @@ from replaystore.integrations.torchrl import UNBOUNDED, ReplayStoreStorage
 from replaystore.loaders import SequenceSampler, UniformSampler, make_loader
 from replaystore.schemas import Dense, Ragged, Schema, nested, transitions
 from replaystore.store import open_store
-from support.torchrl_procs import check_records, collect, sample_all, sample_url, transition_batch
+from support.torchrl_procs import check_records, collect, extend_buffer, sample_all, sample_url, transition_batch
 
 SPAWN = mp.get_context("spawn")
 
@@ -262,6 +262,124 @@ def test_overwrites_and_empty_are_refused(tmp_path: Path) -> None:
     with pytest.raises(AppendOnlyError):
         rb.empty()
     assert len(rb) == 10
+
+
+def _keyed(keys: list[int]) -> TensorDict:
+    """Records ranked by their key (TensorDictMaxValueWriter's default rank key is ``("next", "reward")``)."""
+    k = torch.tensor(keys)
+    return TensorDict({"key": k, "next": {"reward": k.float()[:, None]}}, batch_size=[len(keys)])
+
+
+def test_max_value_writer_overwrites_are_refused_and_leave_the_store(tmp_path: Path) -> None:
+    """TensorDictMaxValueWriter replaces the lowest-ranked record in place. Over a store that is refused (it
+    would evict the oldest record instead: keys [1, 2, 10] where LazyTensorStorage keeps [3, 10, 2]); what is
+    accepted (the appends while it fills, a replacement that lands on the ring's next slot) keeps the records
+    LazyTensorStorage keeps."""
+    from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter
+
+    def pair(url: str) -> list[TensorDictReplayBuffer]:
+        return [TensorDictReplayBuffer(storage=storage, writer=TensorDictMaxValueWriter(), batch_size=2)
+                for storage in (LazyTensorStorage(3), ReplayStoreStorage(url, capacity=3))]
+
+    peer, ours = pair(str(tmp_path / "mv"))
+    for rb in (peer, ours):
+        rb.extend(_keyed([3, 1, 2]))
+    assert ours.storage[:]["key"].tolist() == peer.storage[:]["key"].tolist() == [3, 1, 2]
+    peer.extend(_keyed([10]))
+    assert peer.storage[:]["key"].tolist() == [3, 10, 2]
+    st = open_store(str(tmp_path / "mv"), mode="r")
+    commits = len(st.commits())
+    with pytest.raises(AppendOnlyError, match=r"index 1 .*next append goes at index 0.*RoundRobinWriter"):
+        ours.extend(_keyed([10]))
+    with pytest.raises(AppendOnlyError, match="is not an append"):  # (the writer's ranking moved on: index 2)
+        ours.add(_keyed([10])[0])
+    st.refresh()
+    assert len(st.commits()) == commits and st.default.read(st.default.row_ids())["key"].tolist() == [3, 1, 2]
+    assert ours.storage[:]["key"].tolist() == [3, 1, 2]
+
+    peer, ours = pair(str(tmp_path / "mv2"))  # the lowest is the oldest, at the ring's next slot: an append
+    for rb in (peer, ours):
+        rb.extend(_keyed([1, 3, 2]))
+        rb.extend(_keyed([10]))
+    assert peer.storage[:]["key"].tolist() == [10, 3, 2]
+    assert ours.storage[:]["key"].tolist() == [3, 2, 10]  # the same records; positions count from the oldest
+
+
+def test_set_elsewhere_than_the_append_cursor_is_refused(tmp_path: Path) -> None:
+    """``storage.set(i, td)`` appends only at the cursor (as TorchRL's LazyTensorStorage grows by a write there);
+    any other index, a non-consecutive run, or a first write that is not at 0 raises AppendOnlyError naming the
+    index and the cursor, and writes nothing."""
+    url = str(tmp_path / "set")
+    ours, peer = ReplayStoreStorage(url), LazyTensorStorage(100)
+    with pytest.raises(AppendOnlyError, match="index 7 .*at index 0"):
+        ours.set(7, transition_batch(7, 1)[0])
+    assert ours.store is None  # (not even created)
+    for storage in (ours, peer):
+        storage.set(torch.arange(10), transition_batch(0, 10))
+    for index, match in ((3, "index 3 .*at index 10"), (11, "index 11 .*at index 10"),
+                         (torch.tensor([10, 12]), r"indices \[10, 12\] .*consecutive")):
+        with pytest.raises(AppendOnlyError, match=match):
+            ours.set(index, transition_batch(40, 1 if isinstance(index, int) else 2).squeeze(0))
+    assert len(ours) == 10
+    for storage in (ours, peer):
+        storage.set(10, transition_batch(10, 1)[0])  # at the cursor: an append
+        storage.set(torch.arange(11, 14), transition_batch(11, 3))
+    _assert_same(ours[:], peer[:])
+
+    ring = ReplayStoreStorage(str(tmp_path / "ring"), capacity=4)
+    ring.set(torch.arange(4), transition_batch(0, 4))
+    with pytest.raises(AppendOnlyError, match="index 2 .*at index 0"):
+        ring.set(2, transition_batch(9, 1)[0])
+    ring.set(0, transition_batch(4, 1)[0])  # the cursor wrapped onto the oldest record: it is evicted
+    ring.set(torch.tensor([1, 2]), transition_batch(5, 2))
+    assert ring[:]["observation"][:, 0].round().long().tolist() == [3, 4, 5, 6]
+
+
+def test_a_restored_or_new_writer_continues_appending(tmp_path: Path) -> None:
+    """A buffer restored with ``loads`` continues at its saved cursor (kept in the storage's state too); a new
+    buffer over the same store starts at 0; both append after the records the store holds."""
+    url = str(tmp_path / "resume")
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url, capacity=8), batch_size=4)
+    rb.extend(transition_batch(0, 13))
+    rb.dumps(tmp_path / "ckpt")
+    assert rb.storage.state_dict()["cursor"] == 5
+    again = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), batch_size=4)
+    again.loads(tmp_path / "ckpt")
+    again.extend(transition_batch(13, 2))
+    fresh = TensorDictReplayBuffer(storage=ReplayStoreStorage(url), batch_size=4)
+    fresh.extend(transition_batch(15, 3))
+    fresh.storage.refresh()
+    assert fresh.storage[:]["observation"][:, 0].round().long().tolist() == list(range(10, 18))
+    with pytest.raises(ResumeMismatchError, match="cursor"):
+        fresh.storage.load_state_dict({"url": url, "cursor": 8})
+
+    # the buffer's writer cursor moved on without this storage (other processes sharing the buffer wrote 4 records)
+    cursor = fresh.storage.state_dict()["cursor"]
+    fresh._writer._cursor = (cursor + 4) % 8
+    fresh.extend(transition_batch(18, 2))  # the writer's own append: accepted
+    stale = fresh.storage.state_dict()["cursor"]
+    assert stale == (cursor + 6) % 8 == fresh._writer._cursor
+    with pytest.raises(AppendOnlyError, match="is not an append"):  # ends at the cursor: rewrites the newest
+        fresh.storage.set((stale - 1) % 8, transition_batch(40, 1)[0])
+    with pytest.raises(AppendOnlyError, match="is not an append"):  # the writer did not issue it
+        fresh.storage.set((stale + 2) % 8, transition_batch(40, 1)[0])
+    assert sorted(fresh.storage[:]["observation"][:, 0].round().long().tolist()) == [12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def test_one_buffer_extended_from_several_processes_appends_from_each(tmp_path: Path) -> None:
+    """A TorchRL buffer pickled to a spawned process shares its writer's cursor: the child's extend moves it,
+    and the parent's next extend (a run starting past this storage's own cursor) is still the writer's append."""
+    url = str(tmp_path / "shared")
+    rb = TensorDictReplayBuffer(storage=ReplayStoreStorage(url, capacity=25), sampler=RandomSampler(), batch_size=4)
+    rb.extend(transition_batch(0, 10))
+    proc = SPAWN.Process(target=extend_buffer, args=(rb, 10, 10))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    rb.extend(transition_batch(20, 10))
+    rb.storage.refresh()
+    assert sorted(rb.storage[:]["observation"][:, 0].round().long().tolist()) == list(range(5, 30))
+    check_records(rb.storage[:])
 
 
 def test_capped_store_keeps_the_newest_records(tmp_path: Path) -> None:

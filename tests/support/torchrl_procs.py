@@ -67,3 +67,8 @@ def collect(url: str, first: int, batches: int, n: int) -> int:
         rb.extend(transition_batch(b * n, n))
     storage.close()
     return batches * n
+
+
+def extend_buffer(rb: Any, start: int, n: int) -> None:
+    """Child: extend a whole TorchRL buffer pickled across spawn (its writer's cursor shared) with ids ``start ..``."""
+    rb.extend(transition_batch(start, n))
