@@ -413,18 +413,6 @@ def cases() -> list[Case]:
     return out
 
 
-_SHARDS = ("shard damage (decoded sizes, 0-byte shards, index ranges, non-regular shard files) is checked by "
-           "separate work")
-AWAITING: dict[str, str] = {
-    "shard / emptied": _SHARDS,
-    "shard / fifo": _SHARDS,
-    "shard / directory": _SHARDS,
-    "shard / claimed size": _SHARDS,
-    "shard index / overlapping ranges": _SHARDS,
-}
-"""Case id -> why it is known to fail until other work lands: the test reports these cases but does
-not fail on them; remove an entry once its case passes (the test names those that do)."""
-
 
 # -- the worker: runs cases, one JSON line per operation -----------------------------------------------
 class _Hang(BaseException):
@@ -707,8 +695,7 @@ def matrix(results: list[dict[str, Any]]) -> str:
     width = max(len(i) for i in ids) + 2
     lines = ["case".ljust(width) + "  ".join(op.split()[-1][:6].ljust(6) for op in OPS)]
     for i in ids:
-        lines.append(i.ljust(width) + "  ".join(got.get((i, op), "-").ljust(6) for op in OPS)
-                     + ("   (awaiting: " + AWAITING[i] + ")" if i in AWAITING else ""))
+        lines.append(i.ljust(width) + "  ".join(got.get((i, op), "-").ljust(6) for op in OPS))
     return "\n".join(lines)
 
 
