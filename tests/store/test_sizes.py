@@ -282,3 +282,17 @@ def test_any_closed_store_reads_the_same_and_is_right_sized(tmp_path_factory: An
     data = Path(url) / layout.writer_dir(0) / "data" / "records"
     assert set(os.listdir(data)) == set(runs)  # nothing else stays once vacuum ran
 
+
+
+def test_a_capped_store_leaves_its_segments_to_reclamation(tmp_path: Path) -> None:
+    """A capped store reclaims segments whole with their records; a copy at close would leave its
+    original to vacuum, and collectors that restart often would pile those up: no right-sizing."""
+    url = str(tmp_path / "st")
+    st = open_store(url, CARTPOLE, mode="w", capacity=100_000)
+    with st.writer() as w:
+        w.append(transitions_batch(np.random.default_rng(7), 300, 4, 2), stream=0)
+        w.commit()
+        kept = _segments(st)
+        assert w.compact() == 0
+    assert _segments(st) == kept
+    assert st.vacuum(older_than_s=0, dry_run=True).deleted == []
