@@ -127,9 +127,9 @@ def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
                 segment = segment_of.get((c.writer, t, name))
                 if segment is not None:
                     removed[layout.fragment_dir(c.writer, t, segment)] = record
-            for added in change.get("add", []):
-                if isinstance(added, dict) and isinstance(added.get("segment"), dict):
-                    segment_of[(c.writer, t, added.get("name"))] = added["segment"].get("name")
+            for added in change.get("add", []):  # (records the log applied: checked by store/bodies.py)
+                if "segment" in added:
+                    segment_of[(c.writer, t, added["name"])] = added["segment"]["name"]
     return live, removed
 
 

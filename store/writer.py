@@ -340,7 +340,7 @@ class Writer:
         background policy leaves about 8 fragments per size tier. Call this when a dataset
         is finished or before a read-heavy phase. Pending appends stay pending. Segments
         that appends no longer go to and that are less than half full are copied into
-        right-sized ones (docs/GUIDE.md, "Sizes on disk"); ``close`` does that for all of them.
+        right-sized ones (docs/GUIDE.md, "Size on disk"); ``close`` does that for all of them.
 
         Returns
         -------

@@ -1,4 +1,4 @@
-"""Sizes a user can trust (docs/GUIDE.md, "Sizes on disk"; docs/FORMAT.md, "Right-sizing a segment").
+"""Sizes a user can trust (docs/GUIDE.md, "Size on disk"; docs/FORMAT.md, "Right-sizing a segment").
 
 A segment is created at its full capacity as sparse files; a writer that closes (or ``compact()``
 for segments appends have left) copies each under-filled one into a right-sized segment and
@@ -55,7 +55,7 @@ def _segments(st: Store) -> set[str]:
 def _digest(st: Store) -> str:
     rows = st.row_ids()
     h = hashlib.sha256(rows.tobytes())
-    for name, values in sorted(st.read(rows).items()):
+    for _, values in sorted(st.read(rows).items()):
         h.update(np.ascontiguousarray(values).tobytes())
     return h.hexdigest()
 
