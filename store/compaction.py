@@ -218,7 +218,7 @@ def right_capacity(run: list[Fragment]) -> tuple[int, dict[str, int]]:
     """The capacity that holds exactly the committed rows and values of the segment backing ``run``.
 
     Rows from the segment's first to the end of the last live fragment; values likewise (at
-    least one per CSR group, so no array is empty).
+    least one row and one value per CSR group, so no array is empty).
 
     Parameters
     ----------
@@ -232,7 +232,7 @@ def right_capacity(run: list[Fragment]) -> tuple[int, dict[str, int]]:
     """
     seg = run[0].segment
     assert seg is not None
-    rows = max(f.segment.row + f.rows for f in run)  # type: ignore[union-attr]
+    rows = max(1, max(f.segment.row + f.rows for f in run))  # type: ignore[union-attr]
     values = {k: max(1, max(f.value_end(k) for f in run)) for k in seg.value_capacity}
     return rows, values
 

@@ -175,7 +175,7 @@ class Compactor:
                     if strict:
                         raise
                     warnings.warn(f"writer {self.writer}: {run[0].path} was left at its full size ({exc})",
-                                  stacklevel=4)
+                                  stacklevel=3)  # (the caller of Writer.close)
                     continue
                 done += copied is not None and self._publish(table, run, *copied)
         if done:

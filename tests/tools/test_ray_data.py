@@ -172,13 +172,14 @@ def test_a_read_task_is_a_descriptor_not_data(tmp_path: Path) -> None:
         batch = dqn_batch(np.random.default_rng(n), n, observation_size=8, heads=2, actions=9, extra=0)
         w.append(batch, stream="s")
         w.commit()
-    w.close()
+    # (read while the writer is open: its close right-sizes the segment into one fragment, test_sizes.py)
     tasks = ReplayStoreDatasource(url).get_read_tasks(parallelism=8)
     assert [t.metadata.num_rows for t in tasks] == [1, 30_000]
     small, big = (len(pickle.dumps(t)) for t in tasks)
     assert tasks[1].metadata.size_bytes > 3_000_000  # ~100 bytes a record + legal ids
     assert abs(big - small) < 64 and big < 16_384, (small, big)
     assert sum(len(pa.concat_tables(list(t()))) for t in tasks) == 30_001
+    w.close()
 
 
 def test_map_batches_aggregate_matches_sql(ray_cluster: None, local_store: tuple[str, int]) -> None:
