@@ -7,12 +7,14 @@ ranges alone; the writer's compactor (store/compactor.py) runs the merges and pu
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 from replaystore.errors import StaleReadError
 from replaystore.schemas import Schema
 from replaystore.store import layout
-from replaystore.store.fragment import Fragment, FragmentData
+from replaystore.store.fragment import Fragment, FragmentData, SegmentRef, coalesce
+from replaystore.store.segment import Segment, segment_bytes
 from replaystore.store.staging import StagedFragment
 from replaystore.store.storage import Storage
 
@@ -190,3 +192,131 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
         raise
     staged.close()
     return merged, staged.path
+
+
+def segment_runs(frags: list[Fragment]) -> dict[str, list[Fragment]]:
+    """A writer's segment-backed fragments, grouped by segment (each group in row order).
+
+    Parameters
+    ----------
+    frags : list of Fragment
+        A writer's live fragments of one table, in row order.
+
+    Returns
+    -------
+    dict of str to list of Fragment
+        Segment name to the live fragments it backs.
+    """
+    out: dict[str, list[Fragment]] = {}
+    for f in frags:
+        if f.segment is not None:
+            out.setdefault(f.segment.name, []).append(f)
+    return out
+
+
+def right_capacity(run: list[Fragment]) -> tuple[int, dict[str, int]]:
+    """The capacity that holds exactly the committed rows and values of the segment backing ``run``.
+
+    Rows from the segment's first to the end of the last live fragment; values likewise (at
+    least one row and one value per CSR group, so no array is empty).
+
+    Parameters
+    ----------
+    run : list of Fragment
+        Every live fragment one segment backs.
+
+    Returns
+    -------
+    tuple of (int, dict of str to int)
+        Rows, and values per CSR group.
+    """
+    seg = run[0].segment
+    assert seg is not None
+    rows = max(1, max(f.segment.row + f.rows for f in run))  # type: ignore[union-attr]
+    values = {k: max(1, max(f.value_end(k) for f in run)) for k in seg.value_capacity}
+    return rows, values
+
+
+def underfilled(schema: Schema, run: list[Fragment]) -> bool:
+    """Whether the segment backing ``run`` is less than half full, by the bytes of its files.
+
+    Such a segment's files are more than twice the size of what was written to them (the
+    rest is a sparse hole): it is worth copying into a right-sized one once nothing more will
+    be added to it (docs/FORMAT.md, "Right-sizing a segment").
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    run : list of Fragment
+        Every live fragment the segment backs.
+
+    Returns
+    -------
+    bool
+        True when its committed bytes are less than half its files' sizes.
+    """
+    seg = run[0].segment
+    assert seg is not None
+    rows, values = right_capacity(run)
+    return 2 * segment_bytes(schema, rows, values) < segment_bytes(schema, seg.capacity, seg.value_capacity)
+
+
+def rightsize(storage: Storage, schema: Schema, writer: int, table: str, name: str, segment: str,
+              run: list[Fragment]) -> tuple[Fragment, str] | None:
+    """Copy the committed bytes of the segment backing ``run`` into a new, right-sized segment.
+
+    The new segment ``segment`` has the capacity of :func:`right_capacity`, and its files hold
+    the old one's first bytes, so every record keeps its row and values position and every
+    part its checksums; the returned fragment ``name`` describes ``run`` (coalesced) in it. It
+    is durable but not yet referenced by any commit record. The old segment's files are only
+    read (readers may map them).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage (local).
+    schema : Schema
+        The table's schema.
+    writer : int
+        The writer's id.
+    table : str
+        The table's name.
+    name : str
+        The new fragment's name.
+    segment : str
+        The new segment's name.
+    run : list of Fragment
+        Every live fragment the old segment backs, adjacent, in row order.
+
+    Returns
+    -------
+    tuple of (Fragment, str) or None
+        The new fragment and the new segment's directory, or None (and nothing left behind)
+        if ``run`` is not one adjacent run of one segment, or the old segment's files were
+        deleted meanwhile (reclaimed).
+
+    Raises
+    ------
+    CorruptObjectError
+        An old segment file is not a regular file or is shorter than its records.
+    OSError
+        The storage failed (a full disk, for instance); nothing is left behind.
+    """
+    merged = coalesce(run, name)
+    if merged is None or merged.segment is None:  # (not one adjacent run: left as it is)
+        return None
+    rows, values = right_capacity(run)
+    seg = Segment(storage, schema, writer, table, segment, rows, values)  # type: ignore[arg-type]
+    try:
+        seg.copy_from(run[0].path)
+    except BaseException as exc:
+        seg.close()
+        storage.delete(seg.path)
+        if isinstance(exc, FileNotFoundError):
+            return None
+        raise
+    seg.close()
+    old = merged.segment
+    ref = SegmentRef(segment, old.row, dict(old.values), rows, values, old.crc32c)
+    return dataclasses.replace(merged, segment=ref), seg.path

@@ -9,13 +9,14 @@ publishes each with a ``compact`` commit record through the writer's committer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from replaystore.store import layout
 from replaystore.store.committer import Committer
-from replaystore.store.compaction import due_run, full_runs, rewrite
+from replaystore.store.compaction import due_run, full_runs, rewrite, rightsize, segment_runs, underfilled
 from replaystore.store.fragment import Fragment, coalesce
 from replaystore.store.reclaimer import Reclaimer
 from replaystore.store.sizing import max_fragment_rows
@@ -83,13 +84,20 @@ class Compactor:
                     return table, run
         return None
 
-    def compact(self) -> int:
+    def compact(self, in_use: Collection[str] = ()) -> int:
         """Merge this writer's committed fragments into as few as the fragment size cap allows, now.
+
+        Then right-size the under-filled segments not in ``in_use`` (:meth:`rightsize`).
+
+        Parameters
+        ----------
+        in_use : collection of str
+            Names of the segments appends may still go to (left as they are).
 
         Returns
         -------
         int
-            The number of merges published.
+            The number of merges published (right-sizings included).
 
         Raises
         ------
@@ -112,7 +120,67 @@ class Compactor:
             for run in full_runs(frags, visible, max_rows):
                 merges += self.merge(table, run)
         self._committer.refresh_view()
-        return merges
+        return merges + self.rightsize(in_use)
+
+    def rightsize(self, in_use: Collection[str] = (), strict: bool = True) -> int:
+        """Copy each under-filled segment of this writer into a right-sized one and publish it.
+
+        In a store without capacity (a capped store reclaims segments with their records). A
+        segment appends will not go to any more (not in ``in_use``) whose committed bytes
+        are less than half its files' sizes (store/compaction.py, ``underfilled``) is copied
+        into a new segment of exactly its committed rows and values, published by a
+        ``compact`` record that replaces its fragments by one in the new segment
+        (docs/FORMAT.md, "Right-sizing a segment"). The old segment goes to the trash (deleted
+        after the grace time by a later reclaim, or by vacuum): it is never truncated, since
+        readers may map its files.
+
+        Parameters
+        ----------
+        in_use : collection of str
+            Names of the segments appends may still go to.
+        strict : bool
+            Raise a copy's error; else warn and leave that segment as it is (at close: the
+            records are committed, a full disk must not fail the close).
+
+        Returns
+        -------
+        int
+            Segments right-sized.
+
+        Raises
+        ------
+        StoreError, OSError
+            If a record cannot be created, or (``strict``) a copy fails.
+
+        Cost: copies the committed bytes of each such segment (in the kernel where it can),
+        less than half of each one's size.
+        """
+        if self.store.capacity is not None:
+            # a capped store reclaims segments with their records, and the copy would leave the
+            # original to vacuum: a collector fleet restarting often would pile them up
+            return 0
+        done = 0
+        self._committer.refresh_view()
+        for table, schema in self.store.schemas.items():
+            visible = self._fully_visible(table)
+            with self._committer.lock:
+                frags = list(self._fragments[table])
+            for seg, run in segment_runs(frags).items():
+                if seg in in_use or not all(f.name in visible for f in run) or not underfilled(schema, run):
+                    continue
+                try:
+                    copied = rightsize(self.storage, schema, self.writer, table, self._new_name(),
+                                       layout.segment_name(next(self._names)), run)
+                except OSError as exc:  # (CorruptObjectError is a StoreError: always raised)
+                    if strict:
+                        raise
+                    warnings.warn(f"writer {self.writer}: {run[0].path} was left at its full size ({exc})",
+                                  stacklevel=3)  # (the caller of Writer.close)
+                    continue
+                done += copied is not None and self._publish(table, run, *copied)
+        if done:
+            self._committer.refresh_view()
+        return done
 
     def schedule(self) -> None:
         """Start the next due merge on the compaction thread.

@@ -13,17 +13,19 @@ and a segment never needs compaction. Appends start the write-back of what they 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import queue
+import stat
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
 
-from replaystore.errors import StoreError
+from replaystore.errors import CorruptObjectError, StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store import layout
@@ -121,9 +123,121 @@ class _Array:
             self.written_back = pos
 
 
+COPY_BYTES = 8 << 20
+"""The buffer of a copy where the system has no ``copy_file_range``."""
+
+
+def copy_prefix(local: str, path: str, dst: int, nbytes: int) -> None:
+    """Copy the first ``nbytes`` of the file ``local`` to the start of descriptor ``dst``.
+
+    The source is opened without following a final link and without blocking, and must be a
+    regular file of at least ``nbytes``.
+
+    Parameters
+    ----------
+    local : str
+        The source file (filesystem path).
+    path : str
+        Its store path (named in errors).
+    dst : int
+        The destination, open for writing.
+    nbytes : int
+        Bytes to copy.
+
+    Raises
+    ------
+    FileNotFoundError
+        The source is gone.
+    CorruptObjectError
+        The source is not a regular file, or shorter than ``nbytes``.
+    OSError
+        Reading or writing failed.
+    """
+    fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptObjectError(path, "not a regular file")
+        if st.st_size < nbytes:
+            raise CorruptObjectError(path, f"{st.st_size} bytes, expected at least {nbytes} (its segment's "
+                                     "committed records)")
+        done = 0
+        fast = hasattr(os, "copy_file_range")
+        while done < nbytes:
+            n = 0
+            if fast:
+                try:
+                    n = os.copy_file_range(fd, dst, nbytes - done, done, done)
+                except OSError as exc:  # not between these filesystems, or not on this kernel: copy by hand
+                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                        raise
+                    fast = False
+            if not fast:
+                piece = os.pread(fd, min(COPY_BYTES, nbytes - done), done)
+                n = os.pwrite(dst, piece, done) if piece else 0
+            if n <= 0:
+                raise CorruptObjectError(path, f"ended at byte {done}, expected at least {nbytes}")
+            done += n
+    finally:
+        os.close(fd)
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
+
+
+def segment_shapes(schema: Schema, capacity: int,
+                   value_capacity: Mapping[str, int]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The dtype and shape of each array of a segment of this capacity (docs/FORMAT.md, "Segments").
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    capacity : int
+        The segment's rows.
+    value_capacity : mapping of str to int
+        Its values per CSR group (offsets array name).
+
+    Returns
+    -------
+    dict of str to tuple of (numpy.dtype, tuple of int)
+        Per array (the schema's, then the index arrays), its dtype and shape.
+    """
+    shapes: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for spec in schema.zarr_layout():
+        dtype = np.dtype(spec.dtype)
+        if spec.role == "dense":
+            shapes[spec.name] = dtype, (capacity, *spec.trailing_shape)
+        elif spec.role == "offsets":
+            shapes[spec.name] = dtype, (capacity + 1,)
+        else:
+            shapes[spec.name] = dtype, (value_capacity[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
+    for name_, dtype in INDEX_DTYPES.items():
+        shapes[name_] = dtype, (capacity,)
+    return shapes
+
+
+def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, int]) -> int:
+    """The bytes of a segment's chunk files (their sizes) at this capacity.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+    capacity : int
+        The segment's rows.
+    value_capacity : mapping of str to int
+        Its values per CSR group (offsets array name).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    return sum(int(np.prod(shape)) * dtype.itemsize
+               for dtype, shape in segment_shapes(schema, capacity, value_capacity).values())
 
 
 def fixed_row_bytes(schema: Schema) -> int:
@@ -190,25 +304,15 @@ class Segment:
         self.sealed = False  # no more records go here
         self._specs = schema.zarr_layout()
         self._arrays: dict[str, _Array] = {}
-        shapes: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-        for spec in self._specs:
-            dtype = np.dtype(spec.dtype)
-            if spec.role == "dense":
-                shapes[spec.name] = dtype, (capacity, *spec.trailing_shape)
-            elif spec.role == "offsets":
-                shapes[spec.name] = dtype, (capacity + 1,)
-            else:
-                shapes[spec.name] = dtype, (value_capacity[schema.field(spec.name).offsets],)  # type: ignore[union-attr]
-        for name_, dtype in INDEX_DTYPES.items():
-            shapes[name_] = dtype, (capacity,)
+        shapes = segment_shapes(schema, capacity, value_capacity)
         objects = group_object(self.path, {"replaystore": {"segment": name, "writer": writer, "table": table}})
         for array, (dtype, shape) in shapes.items():
             objects.update(array_object(f"{self.path}/{array}", dtype, shape, checksum=False))
         chunks = {array: chunk_path(f"{self.path}/{array}", len(shape)) for array, (_, shape) in shapes.items()}
+        self._chunks = {a: (chunks[a], int(np.prod(shape)) * dtype.itemsize) for a, (dtype, shape) in shapes.items()}
         self._closer: weakref.finalize | None = None
         try:
-            fds = storage.create_sized({chunks[a]: int(np.prod(shape)) * dtype.itemsize
-                                        for a, (dtype, shape) in shapes.items()})
+            fds = storage.create_sized(dict(self._chunks.values()))
             # the descriptors close with the segment, or when it is collected unclosed (a writer
             # dropped without close(): like a crash, but the process lives on)
             self._closer = weakref.finalize(self, _close_all, list(fds.values()))
@@ -403,6 +507,37 @@ class Segment:
         self._committed_streams = len(self.streams)
         for arr in self._arrays.values():
             arr.committed, arr.crc, arr.written_back = arr.end, 0, arr.end
+
+    def copy_from(self, source: str) -> None:
+        """Fill this new segment with the first bytes of each array of segment ``source``, durably.
+
+        Each chunk file gets as many bytes as it holds, from the start of the same array's
+        chunk file in ``source`` (a segment of this table with at least this capacity): the
+        committed prefix of a larger segment, rows and values at the same places. In-kernel
+        copies (``copy_file_range``) where the system has them, else through a bounded buffer;
+        then ``fdatasync``. ``source``'s files are only read.
+
+        Parameters
+        ----------
+        source : str
+            The other segment's directory (store path).
+
+        Raises
+        ------
+        FileNotFoundError
+            A file of ``source`` is gone (deleted by a reclaim meanwhile).
+        CorruptObjectError
+            A file of ``source`` is not a regular file, or shorter than what is copied.
+        OSError
+            Reading or writing failed (a full disk, for instance).
+        """
+        for name, (cpath, nbytes) in self._chunks.items():
+            src = source + cpath[len(self.path):]
+            local = self.storage.local_path(src)
+            assert local is not None  # (local storage)
+            copy_prefix(local, src, self._arrays[name].fd, nbytes)
+        for arr in self._arrays.values():
+            os.fdatasync(arr.fd)
 
     def close(self) -> None:
         """Close the segment's files (later calls do nothing)."""

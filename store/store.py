@@ -1012,9 +1012,11 @@ class Store:
         dict
             ``url``, ``format_version``, ``capacity``, ``writers``, ``writers_closed``,
             ``commits``, ``log_checkpoint``, ``bytes`` (the storage the store occupies; local:
-            allocated blocks), ``apparent_bytes`` (the sum of its objects' sizes; local: file
-            sizes, counting the unwritten, sparse tail of open segments; on object storage
-            the two are equal), ``state`` (:meth:`state_slots`), ``chunk_cache`` and per table
+            what ``du -s --block-size=1`` reports, allocated blocks of the root and of every
+            directory, file and link under it, hard links once), ``apparent_bytes`` (the sum
+            of its objects' sizes; local: what ``du -sb`` reports, counting the unwritten,
+            sparse tail of segments; on object storage the two are equal), ``state``
+            (:meth:`state_slots`), ``chunk_cache`` and per table
             its schema name, records, streams, fragments and ``columns`` (per dense field its
             ``stored`` and ``raw`` bytes and ``codec``).
 

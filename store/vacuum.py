@@ -112,14 +112,24 @@ def _unit_of(path: str) -> tuple[str, str] | None:
 def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
     """Fragment directories the live log lists, and removed ones -> the commit record removing them.
 
-    A segment-backed fragment's directory is its segment's.
+    A segment-backed fragment's directory is its segment's: a segment no longer listed counts
+    from the last record that removed a fragment it backed (a right-sized segment's original,
+    whose files were last written long before).
     """
     live = {f.path for w in store.log.writers.values() for frags in w.fragments.values() for f in frags.values()}
     removed = {}
-    for c in store.log.history():
+    segment_of: dict[tuple[int, str, str], str] = {}  # (writer, table, fragment) -> its segment, if segment-backed
+    for c in sorted(store.log.history(), key=lambda c: (c.writer, c.seq)):
         for t, change in c.body.get("tables", {}).items():
             for name in change.get("remove", []):
-                removed[layout.fragment_dir(c.writer, t, name)] = layout.commit_record(c.writer, c.seq)
+                record = layout.commit_record(c.writer, c.seq)
+                removed[layout.fragment_dir(c.writer, t, name)] = record
+                segment = segment_of.get((c.writer, t, name))
+                if segment is not None:
+                    removed[layout.fragment_dir(c.writer, t, segment)] = record
+            for added in change.get("add", []):  # (records the log applied: checked by store/bodies.py)
+                if "segment" in added:
+                    segment_of[(c.writer, t, added["name"])] = added["segment"]["name"]
     return live, removed
 
 

@@ -338,12 +338,14 @@ class Writer:
 
         Random reads cost per fragment a batch touches (docs/PERFORMANCE.md), and the
         background policy leaves about 8 fragments per size tier. Call this when a dataset
-        is finished or before a read-heavy phase. Pending appends stay pending.
+        is finished or before a read-heavy phase. Pending appends stay pending. Segments
+        that appends no longer go to and that are less than half full are copied into
+        right-sized ones (docs/GUIDE.md, "Size on disk"); ``close`` does that for all of them.
 
         Returns
         -------
         int
-            The number of merges published.
+            The number of merges published (segments right-sized included).
 
         Raises
         ------
@@ -355,7 +357,9 @@ class Writer:
         Cost: rewrites every record not yet in a full-size fragment once.
         """
         self._check_open()
-        return self._compactor.compact()
+        with self._committer.lock:
+            self._committer.settle()
+        return self._compactor.compact(self._segments.in_use() | self._committer.in_flight_segments)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -392,8 +396,12 @@ class Writer:
 
         Merges of small fragments run on a background thread after commits; ``close`` waits
         for the running one and then performs every merge still due, so a finished writer
-        leaves its fragments compacted (no other writer ever merges them). Closing twice does
-        nothing; a writer broken by a failed pipelined commit is released without committing.
+        leaves its fragments compacted (no other writer ever merges them). Then each of its
+        segments that is less than half full is copied into a right-sized one, so that no
+        sparse tail stays referenced (the originals go at the next ``vacuum`` past its age
+        threshold; a copy that fails, on a full disk for instance, only warns). Closing twice
+        does nothing; a writer broken by a failed pipelined commit is released without
+        committing.
 
         Raises
         ------
@@ -401,7 +409,8 @@ class Writer:
             If the final commit fails (the writer stays open: ``discard()`` then ``close()``),
             or a merge or the close record fails.
 
-        Cost: a commit, the due merges, and one record.
+        Cost: a commit, the due merges, a copy of the committed bytes of each under-filled
+        segment (in the kernel where it can), and one record.
         """
         if self.closed:
             return
@@ -419,6 +428,7 @@ class Writer:
         self.closed = True
         self._close_segments()
         self._compactor.finish(drain=True)
+        self._compactor.rightsize(strict=False)  # nothing more goes to its segments: no sparse tails stay referenced
         self._close_record()
         self._committer.refresh_view()
 

@@ -748,9 +748,11 @@ class LocalStorage(Storage):
         return st.st_size
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` occupy on disk.
+        """Bytes ``prefix`` occupies on disk, counted as ``du -s --block-size=1`` counts them.
 
-        Allocated blocks: a segment's chunk files are sparse past what was written.
+        Allocated blocks (``st_blocks * 512``, without following links) of ``prefix`` itself
+        and of every file, directory and link under it, a file with several links once. A
+        segment's chunk files are sparse past what was written: their holes take no blocks.
 
         Parameters
         ----------
@@ -760,7 +762,7 @@ class LocalStorage(Storage):
         Returns
         -------
         int
-            Bytes.
+            Bytes (0 if ``prefix`` is absent).
 
         Raises
         ------
@@ -768,20 +770,14 @@ class LocalStorage(Storage):
             ``path`` is not a relative path inside the store, or leads outside its root
             through a symbolic link.
         """
-        total = 0
-        for directory, _, files in os.walk(self._p(prefix)):
-            for name in files:
-                try:
-                    total += os.stat(os.path.join(directory, name)).st_blocks * 512
-                except FileNotFoundError:  # deleted meanwhile
-                    pass
-        return total
+        return _du(self._p(prefix), apparent=False)
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes the files under ``prefix`` hold by their sizes (``st_size``).
+        """Bytes ``prefix`` holds by the sizes of its entries, counted as ``du -s -b`` counts them.
 
-        A sparse file's unwritten tail counts; :meth:`total_size` counts allocated
-        blocks.
+        ``st_size`` (without following links) of ``prefix`` itself and of every file,
+        directory and link under it, a file with several links once. A sparse file's
+        unwritten tail counts; :meth:`total_size` counts allocated blocks.
 
         Parameters
         ----------
@@ -791,7 +787,7 @@ class LocalStorage(Storage):
         Returns
         -------
         int
-            Bytes.
+            Bytes (0 if ``prefix`` is absent).
 
         Raises
         ------
@@ -799,14 +795,7 @@ class LocalStorage(Storage):
             ``path`` is not a relative path inside the store, or leads outside its root
             through a symbolic link.
         """
-        total = 0
-        for directory, _, files in os.walk(self._p(prefix)):
-            for name in files:
-                try:
-                    total += os.stat(os.path.join(directory, name)).st_size
-                except FileNotFoundError:  # deleted meanwhile
-                    pass
-        return total
+        return _du(self._p(prefix), apparent=True)
 
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a prefix (directory) of objects.
@@ -853,3 +842,28 @@ class LocalStorage(Storage):
             through a symbolic link.
         """
         return self._inside(path)
+
+
+def _du(top: str, apparent: bool) -> int:
+    """What ``du -s`` counts under ``top``: allocated bytes, or (``apparent``) sizes, as ``du -s -b``.
+
+    Every entry's ``lstat`` (``top`` itself, directories, files and links; links are not
+    followed), an inode with several links counted once; entries deleted meanwhile count 0.
+    """
+    seen: set[tuple[int, int]] = set()
+
+    def size(path: str) -> int:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:  # deleted meanwhile
+            return 0
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) in seen:
+                return 0
+            seen.add((st.st_dev, st.st_ino))
+        return st.st_size if apparent else st.st_blocks * 512
+
+    total = size(top)
+    for directory, dirs, files in os.walk(top):
+        total += sum(size(os.path.join(directory, name)) for name in (*dirs, *files))
+    return total

@@ -543,7 +543,8 @@ def test_fragments_open_with_zarr_python(backend: Backend) -> None:
         w.append(batches[1], stream="y", step=np.array([3, 4, 8, 9]))
     want = columns_of(schema, batches)
     frags = st.table("records").reader.fragments
-    assert len(frags) == 2
+    # local: the closing writer right-sized its segment, one fragment for both commits (test_sizes.py)
+    assert len(frags) == (1 if backend.kind == "local" else 2)
     start = 0
     for frag in frags:
         g = _zarr_group(backend, frag.path)
@@ -571,7 +572,7 @@ def test_fragments_open_with_zarr_python(backend: Backend) -> None:
         assert streams.tolist() == keys.tolist()
         assert g["_step"][rows].tolist() == steps.tolist() and g["_reset"][rows].tolist() == resets.tolist()
         start += frag.rows
-    assert g["_step"][rows].tolist() == [3, 4, 8, 9]
+    assert g["_step"][rows].tolist()[-4:] == [3, 4, 8, 9]
 
 
 def test_store_repr_and_info(backend: Backend) -> None:

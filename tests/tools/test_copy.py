@@ -31,16 +31,21 @@ def _files(root: Path) -> dict[str, os.stat_result]:
             for d, _, names in os.walk(root) for n in names}
 
 
-def _store(root: Path, capacity: int | None = None) -> object:
-    """A local store with two closed writers' segments (partly filled: sparse), a crash leftover
-    (an unreferenced fragment directory) and two state slots."""
+def _store(root: Path, capacity: int | None = None, running: list | None = None) -> object:
+    """A local store with two writers' segments, a crash leftover (an unreferenced fragment
+    directory) and two state slots. The writers close (which right-sizes their segments), or
+    with ``running`` the second one is left open there, its segment partly filled: sparse."""
     st = open_store(str(root), SCHEMA, mode="w", capacity=capacity)
     rng = np.random.default_rng(4)
     for k in range(2):
-        with st.writer() as w:
-            for i in range(30):
-                w.append(dqn_batch(rng, 7, extra=0), stream=f"{k}-{i % 3}")
-                w.commit(metadata={"k": k, "i": i})
+        w = st.writer()
+        for i in range(30):
+            w.append(dqn_batch(rng, 7, extra=0), stream=f"{k}-{i % 3}")
+            w.commit(metadata={"k": k, "i": i})
+        if running is not None and k == 1:
+            running.append(w)
+        else:
+            w.close()
     for i in range(3):
         st.save_state("sampler", {"i": i}, {"prio": np.full(50, i, dtype=np.float32)})
     st.save_state("other", {"x": 1})
@@ -53,9 +58,12 @@ def _store(root: Path, capacity: int | None = None) -> object:
 @pytest.mark.parametrize("capacity", [None, 1000, 100])  # 100: records evicted, segments reclaimed
 def test_copy_keeps_sparse_files_sparse_and_copies_committed_state_only(tmp_path: Path, capacity: int | None) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
-    st = _store(src, capacity)
-    sparse = [p for p, s in _files(src).items() if s.st_size > 2 * s.st_blocks * 512 + 4096]
-    assert sparse or capacity == 100  # closed writers' segments: what a plain copy would write out at full size
+    running: list = []
+    st = _store(src, capacity, running)
+    live = {f.path for f in st.table("records").reader.fragments}
+    sparse = [p for p, s in _files(src).items() if s.st_size > 2 * s.st_blocks * 512 + 4096
+              and any(p.startswith(f"{unit}/") for unit in live)]
+    assert sparse or capacity == 100  # the running writer's segment: what a plain copy would write out at full size
     r = cli("copy", str(src), str(dst))
     assert r.returncode == 0, r.stderr
     assert "verified" in r.stdout
@@ -76,6 +84,7 @@ def test_copy_keeps_sparse_files_sparse_and_copies_committed_state_only(tmp_path
     copied_sparse = [p for p in sparse if p in dst_files]
     assert copied_sparse or capacity == 100
     assert all(dst_files[p].st_size > 2 * dst_files[p].st_blocks * 512 for p in copied_sparse)
+    running[0].close()
 
 
 def test_copy_refuses_an_existing_destination_and_a_missing_source(tmp_path: Path) -> None:

@@ -172,13 +172,14 @@ def test_a_read_task_is_a_descriptor_not_data(tmp_path: Path) -> None:
         batch = dqn_batch(np.random.default_rng(n), n, observation_size=8, heads=2, actions=9, extra=0)
         w.append(batch, stream="s")
         w.commit()
-    w.close()
+    # (read while the writer is open: its close right-sizes the segment into one fragment, test_sizes.py)
     tasks = ReplayStoreDatasource(url).get_read_tasks(parallelism=8)
     assert [t.metadata.num_rows for t in tasks] == [1, 30_000]
     small, big = (len(pickle.dumps(t)) for t in tasks)
     assert tasks[1].metadata.size_bytes > 3_000_000  # ~100 bytes a record + legal ids
     assert abs(big - small) < 64 and big < 16_384, (small, big)
     assert sum(len(pa.concat_tables(list(t()))) for t in tasks) == 30_001
+    w.close()
 
 
 def test_map_batches_aggregate_matches_sql(ray_cluster: None, local_store: tuple[str, int]) -> None:
@@ -257,11 +258,14 @@ def test_snapshot_survives_compaction_of_its_fragments(ray_cluster: None, tmp_pa
     assert len(source.fragments) == 7
     w.append(stream_batch(SEED, 0, 0, 7), stream="w0-0")
     w.close()  # commits the 8th small fragment; close() waits for the merge of all eight (background)
-    compact = open_store(url, mode="r").commits()[-1]
-    assert compact["kind"] == "compact" and len(compact["tables"]["records"]["remove"]) == 8
+    # the merge of the eight, then close's right-sizing of their segment (tests/store/test_sizes.py)
+    merge, rightsized = open_store(url, mode="r").commits()[-2:]
+    assert merge["kind"] == "compact" and len(merge["tables"]["records"]["remove"]) == 8
+    assert rightsized["kind"] == "compact" and len(rightsized["tables"]["records"]["remove"]) == 1
     storage = open_storage(url)
-    for name in compact["tables"]["records"]["remove"]:
+    for name in merge["tables"]["records"]["remove"]:
         storage.delete(layout.fragment_dir(w.id, "records", name))
+    storage.delete(layout.fragment_dir(w.id, "records", "s0000000000"))  # the original, as vacuum deletes it
     tasks = source.get_read_tasks(parallelism=100)
     got = pa.concat_tables([t for task in tasks for t in task()])
     assert got.equals(before)
