@@ -19,6 +19,7 @@ import numpy as np
 
 from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.storage import Buffer, ObjectStream, Storage
+from replaystore.store.storage.base import file_kind
 
 CRC_BYTES = 4
 
@@ -367,7 +368,7 @@ def chunk_size(storage: Storage, cpath: str) -> int | None:
     except (FileNotFoundError, NotADirectoryError):
         raise missing_chunk(cpath) from None
     if not stat.S_ISREG(st.st_mode):
-        raise CorruptObjectError(cpath, "not a regular file: refused unread")
+        raise CorruptObjectError(cpath, f"not a regular file ({file_kind(st.st_mode)}): refused unread")
     return st.st_size
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import builtins
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,25 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.store.chunkcache import StoreCache
 
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for error messages ("a FIFO", "a directory", ...).
+
+    Parameters
+    ----------
+    mode : int
+        Its ``st_mode`` (from ``stat``/``fstat``).
+
+    Returns
+    -------
+    str
+        The kind, with its article.
+    """
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 class StorageError(ReplayStoreError):
     """The storage backend failed or lacks a guarantee the format needs.

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar
 
 from replaystore.errors import CorruptObjectError, UnsafeNameError
-from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_large
+from replaystore.store.storage.base import Buffer, ObjectStream, Storage, _too_large, file_kind
 
 
 def _raise_open_file_limit() -> None:
@@ -35,14 +35,6 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the limit
         pass
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
 
 
 class _FileStream(ObjectStream):
@@ -235,7 +227,7 @@ class LocalStorage(Storage):
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                raise CorruptObjectError(path, f"not a regular file ({_file_kind(mode)}): refused unread")
+                raise CorruptObjectError(path, f"not a regular file ({file_kind(mode)}): refused unread")
         except BaseException:
             os.close(fd)
             raise
@@ -744,7 +736,7 @@ class LocalStorage(Storage):
         """
         st = os.stat(self._p(path))
         if not stat.S_ISREG(st.st_mode):
-            raise CorruptObjectError(path, f"not a regular file ({_file_kind(st.st_mode)})")
+            raise CorruptObjectError(path, f"not a regular file ({file_kind(st.st_mode)})")
         return st.st_size
 
     def total_size(self, prefix: str = "") -> int:

@@ -51,10 +51,10 @@ def _store(root: Path, kind: str) -> tuple[str, str]:
         for _ in range(2):
             w.append(_batch(rng, 10, schema), stream=0)
             w.commit()
-    directory = root / layout.WRITERS / "000000" / "data" / "records"
-    unit = sorted(os.listdir(directory))[0]
-    assert unit.startswith("s" if kind == "segment" else "f"), unit
-    return str(root), chunk_path(f"{layout.WRITERS}/000000/data/records/{unit}/obs", 1 + len(schema.field("obs").shape))
+    # the data unit the live log names (close right-sizes a segment into a new one)
+    unit = open_store(str(root), mode="r").table("records").reader.fragments[0].path
+    assert unit.rsplit("/", 1)[-1].startswith("s" if kind == "segment" else "f"), unit
+    return str(root), chunk_path(f"{unit}/obs", 1 + len(schema.field("obs").shape))
 
 
 def _replace(root: str, path: str, special: str) -> None:
