@@ -414,6 +414,8 @@ class Store:
         writers create carries it, and records of another generation are not this store's."""
         self._manifest_bytes = records.encode(manifest) if manifest_bytes is None else manifest_bytes
         self._claim = claim_name(self._manifest_bytes)  # created by whoever replaces this store
+        self._manifest_stat: tuple[int, ...] | None = None  # (local: the manifest file last found current)
+        self._manifest_file = storage.local_path(layout.MANIFEST)
         self.log = CommitLog(storage, self.schemas, generation=self.generation)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
@@ -742,8 +744,20 @@ class Store:
         Notes
         -----
         Cost: one read of the manifest (parsed only when its bytes differ from the handle's) and
-        one of the replace claim, concurrent on object storage.
+        one of the replace claim, concurrent on object storage; on local disk two ``stat`` calls
+        once the manifest file was found current (a new manifest is a new file).
         """
+        local = self._manifest_file
+        key = None
+        if local is not None:
+            try:
+                st = os.stat(local)
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            claimed = os.path.lexists(os.path.join(os.path.dirname(local), self._claim))
+            if key == self._manifest_stat or claimed:
+                return claimed
         try:
             data, claim = self.storage.read_many([layout.MANIFEST, self._claim])
         except (FileNotFoundError, NotADirectoryError):
@@ -751,6 +765,7 @@ class Store:
         if data is None or claim is not None:
             return True
         if data == self._manifest_bytes:
+            self._manifest_stat = key  # (taken before the read: the file read is that one)
             return False
         body = bodies.manifest(self.storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
         return store_generation(body) != self.generation
