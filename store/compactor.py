@@ -188,7 +188,7 @@ class Compactor:
         if merged is not None:
             return self._publish(table, run, merged, None)
         done = rewrite(self.storage, self.store.schemas[table], self.writer, table, self._new_name(), run,
-                       may_delete=lambda: not self.store.replaced())
+                       may_delete=self.store._may_delete)
         return done is not None and self._publish(table, run, *done)
 
     def _publish(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
@@ -201,7 +201,7 @@ class Compactor:
         with committer.lock:
             live = {f.name for f in self._fragments[table]}
             if not all(f.name in live for f in run):
-                if path is not None and not self.store.replaced():
+                if path is not None and self.store._may_delete():
                     self.storage.delete(path)
                 return False
             seq, now = committer.seq, committer.now()

@@ -215,8 +215,8 @@ class Reclaimer:
             return
         if self._may_delete is None:
             # a replaced store's paths may name the new store's storage (its writers may have these
-            # numbers): a replaced store's writer deletes nothing
-            self._may_delete = not self.store.replaced()
+            # numbers): a replaced store's writer deletes nothing (nor one that cannot tell)
+            self._may_delete = self.store._may_delete()
         if not self._may_delete:
             return
         self._deleting.add(path)

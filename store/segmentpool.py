@@ -177,7 +177,7 @@ class SegmentPool:
                   for off, v in nnz.items()}
         return Segment(self.storage, self.store.schemas[table], self.writer, table,  # type: ignore[arg-type]
                        layout.segment_name(next(self._names)), capacity, values,
-                       may_delete=lambda: not self.store.replaced())
+                       may_delete=self.store._may_delete)
 
     def segment_rows(self, table: str) -> int:
         """Rows of a new segment of ``table`` unless an append needs more (see ``sizing.segment_rows``).
@@ -216,7 +216,7 @@ class SegmentPool:
         In a replaced store's location the path may name the new store's segment (a writer there
         may have this writer's number); this writer's own was deleted by the replace.
         """
-        if not self.store.replaced():
+        if self.store._may_delete():
             self.storage.delete(path)
 
     def _drop_segment(self, seg: Segment) -> None:

@@ -770,6 +770,13 @@ class Store:
         body = bodies.manifest(self.storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
         return store_generation(body) != self.generation
 
+    def _may_delete(self) -> bool:
+        """Whether this handle's writers may delete storage: the store is not replaced (nor unknown)."""
+        try:
+            return not self.replaced()
+        except Exception:  # noqa: BLE001 - (a damaged manifest now: delete nothing; vacuum's)
+            return False
+
     @contextlib.contextmanager
     def _as_replaced(self) -> Iterator[None]:
         """Raise :class:`StoreReplacedError` for a failure a replace caused.
@@ -964,7 +971,7 @@ class Store:
             if self.storage.create(layout.state_record(slot, version), records.encode(body)):
                 break
             version += 1
-        if not self.replaced():  # (nor deletes the new store's versions)
+        if self._may_delete():  # (nor deletes the new store's versions)
             self._drop_states(slot, version, keep_last)
         return version
 

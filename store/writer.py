@@ -299,7 +299,7 @@ class Writer:
         self._segments.close_staged(set(new_frags))
         self._steps.commit()
         committer.refresh_view()
-        if self.store.log.checkpoint_due() and not self.store.replaced():  # (it deletes older checkpoints)
+        if self.store.log.checkpoint_due() and self.store._may_delete():  # (it deletes older checkpoints)
             self.store.refresh()  # (a checkpoint of every writer's newest state: readers start there)
             self.store.log.write_checkpoint()
         self._reclaimer.reclaim()
