@@ -75,6 +75,10 @@ class Committer:
         The pending bytes of ``segments`` are made durable first, concurrently with the record's
         own file, and checked present before it is published.
 
+        The record carries the store's generation. Its name may hold a record of another
+        generation, left by a writer of a store replaced at this location that took the same
+        writer number: that one is deleted and the create repeated, once.
+
         Parameters
         ----------
         seq : int
@@ -85,10 +89,6 @@ class Committer:
             The open segments whose pending records the record references.
         wait : bool
             False: create it on the committer thread and return at once (see :meth:`settle`).
-
-        The record carries the store's generation. Its name may hold a record of another
-        generation, left by a writer of a store replaced at this location that took the same
-        writer number: that one is deleted and the create repeated, once.
 
         Raises
         ------
