@@ -237,3 +237,21 @@ def test_older_stores_without_a_generation_still_open_and_write(tmp_path: Path) 
     assert new.generation != old.generation and old.replaced()
     with pytest.raises(StoreReplacedError):
         old.writer()
+
+
+def test_vacuum_deletes_a_replaced_writers_data_and_keeps_the_new_store(tmp_path: Path) -> None:
+    url = str(tmp_path / "st")
+    new = open_store(url, racer_schema(1), mode="w")
+    w = new.writer()
+    w.append(replace_batch(SEED, 1, 0), stream="r1")
+    w.close()
+    # what a replaced store's writer 0 left mid-commit: a fragment's data and its record, of its generation
+    new.storage.write(f"{layout.writer_dir(0)}/data/records/f0000000099/zarr.json", b"{}")
+    first = layout.commit_record(0, 0)
+    new.storage.create(layout.commit_record(0, 9), _foreign_copy(new.storage.read(first), first, 9))
+    assert verify(open_store(url, mode="r")) == []
+    report = open_store(url, mode="a").vacuum(older_than_s=0)
+    assert [u for u in report.deleted if "f0000000099" in str(u)]
+    st = open_store(url, mode="r")
+    assert not (tmp_path / "st" / layout.writer_dir(0) / "data/records/f0000000099").exists()
+    assert len(st) == 5 and verify(st) == []
