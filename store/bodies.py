@@ -93,6 +93,14 @@ class _Body:
         return value
 
 
+def _generation(b: _Body, body: Mapping[str, Any]) -> None:
+    """Check the optional ``generation`` of a record (docs/FORMAT.md, "Replacing a store")."""
+    if "generation" in body:
+        got = body["generation"]
+        if not (isinstance(got, str) and layout.GENERATION.fullmatch(got)):
+            b.fail("generation", "1 to 64 lower-case hexadecimal digits", got)
+
+
 def _power(n: int) -> str:
     bits = n.bit_length() - 1
     return f"2**{bits}" if n == 1 << bits and bits > 16 else str(n)
@@ -156,6 +164,7 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     if capacity is not None:
         b.integer(capacity, "capacity", 1, ROW_LIMIT)
     b.integer(b.key(body, "created_ns", ""), "created_ns", 0, TIME_LIMIT)
+    _generation(b, body)
     return body
 
 
@@ -199,6 +208,7 @@ def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]
     for key in ("pid", "time_ns"):
         if key in body:
             b.integer(body[key], key, 0, TIME_LIMIT)
+    _generation(b, body)
     return body
 
 
@@ -250,6 +260,7 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
         b.fail("kind", f"one of {COMMIT_KINDS}", kind)
     if "metadata" in body:
         b.mapping(body["metadata"], "metadata")
+    _generation(b, body)
     tables = b.mapping(body.get("tables", {}), "tables")
     if kind == "close" and tables:
         b.problem("a close record changes no table, but this one lists tables")
@@ -426,6 +437,7 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
     if number is not None and got != number:
         b.problem(f"field 'number': says {got}, but the checkpoint is number {number}")
     b.integer(b.key(body, "time_ns", ""), "time_ns", 0, TIME_LIMIT)
+    _generation(b, body)
     for key, doc in b.mapping(b.key(body, "writers", ""), "writers").items():
         where = f"writers.{key}"
         if not key.isdigit() or int(key) >= WRITER_LIMIT:
@@ -488,6 +500,7 @@ def state(path: str, body: dict[str, Any], slot: str, version: int) -> dict[str,
         b.problem(f"field 'version': says {body['version']}, but the record is version {version}")
     b.integer(b.key(body, "time_ns", ""), "time_ns", 0, TIME_LIMIT)
     b.mapping(b.key(body, "doc", ""), "doc")
+    _generation(b, body)
     for name, p in b.mapping(b.key(body, "arrays", ""), "arrays").items():
         b.name("state array", name, f"arrays.{name}")
         layout.state_payload_of(slot, name, p, path)  # exactly this slot's payload of this array
@@ -499,7 +512,7 @@ CAPACITY_WITNESSES = 4
 """Registrations a new writer reads from each end of the writer numbers (:func:`check_capacity`)."""
 
 
-def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None:
+def check_capacity(storage: Any, capacity: int | None, names: list[str], generation: str | None = None) -> None:
     """Refuse to write to a store whose manifest's ``capacity`` was changed.
 
     The capacity must equal the one an earlier writer registered under
@@ -518,6 +531,9 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None
         The manifest's capacity.
     names : list of str
         The listing of ``writers/``.
+    generation : str or None, optional
+        The store's generation: a registration of another one (a replaced store's writer
+        registered after the replace began) witnesses nothing.
 
     Raises
     ------
@@ -543,6 +559,9 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str]) -> None
             body = registration(path, records.decode(path, data), w)
         except CorruptObjectError:
             continue  # (replaystore verify reports it)
+        got = body.get("generation")
+        if generation is not None and got is not None and got != generation:
+            continue  # (another store's, replaced at this location)
         if "capacity" in body and body["capacity"] != capacity:
             raise CorruptObjectError(layout.MANIFEST, f"capacity {capacity!r}, but writer {w} registered under "
                                      f"capacity {body['capacity']!r} ({path}): the manifest changed after the "

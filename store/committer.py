@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from replaystore.errors import StoreError
-from replaystore.store import layout, records
+from replaystore.errors import CorruptObjectError, StoreError, StoreReplacedError
+from replaystore.store import bodies, layout, records
+from replaystore.store.replace import foreign
 from replaystore.store.segment import Segment
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class Committer:
         The pending bytes of ``segments`` are made durable first, concurrently with the record's
         own file, and checked present before it is published.
 
+        The record carries the store's generation. Its name may hold a record of another
+        generation, left by a writer of a store replaced at this location that took the same
+        writer number: that one is deleted and the create repeated, once.
+
         Parameters
         ----------
         seq : int
@@ -87,6 +92,9 @@ class Committer:
 
         Raises
         ------
+        StoreReplacedError
+            The record already exists and the store was replaced: this writer's number is
+            another store's writer's now (nothing is published).
         StoreError
             If the record before it failed on the committer thread (the writer is broken), or
             the record already exists (two writers share one writer number).
@@ -97,18 +105,30 @@ class Committer:
         with ``wait=False``).
         """
         self.settle()
+        body["generation"] = self.store.generation
         path, data = layout.commit_record(self.writer, seq), records.encode(body)
         fds = [fd for seg in segments for fd in seg.dirty_fds()]
 
-        def create() -> None:
+        def attempt() -> bool:
             if segments:
                 def check() -> None:
                     for seg in segments:
                         seg.check_present()
 
-                created = self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
-            else:
-                created = self.storage.create(path, data)
+                return self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
+            return self.storage.create(path, data)
+
+        def create() -> None:
+            with self.store._as_replaced():  # (a replace deleting its segments under it fails it so)
+                make()
+
+        def make() -> None:
+            created = attempt()
+            if not created:
+                self.store.check_current()  # (replaced: the record there is the new store's)
+                if self._foreign_record(path, seq):
+                    self.storage.delete(path)
+                    created = attempt()
             if not created:
                 raise StoreError(f"commit record {path} already exists: two writers share one writer number")
             self.created[seq] = data
@@ -121,6 +141,14 @@ class Committer:
             self.in_flight = self._thread.submit(create)
             self.in_flight_segments = {seg.name for seg in segments}
         self.seq = seq + 1
+
+    def _foreign_record(self, path: str, seq: int) -> bool:
+        """Whether the record at ``path`` belongs to another store generation (a replaced store's)."""
+        try:
+            body = bodies.commit(path, records.decode(path, records.read(self.storage, path)), self.writer, seq)
+        except (FileNotFoundError, CorruptObjectError):
+            return False
+        return foreign(body, self.store.generation)
 
     def settle(self) -> None:
         """Wait for the record being made on the committer thread, if any (under ``lock``).
@@ -139,8 +167,9 @@ class Committer:
             future.result()
         except BaseException as exc:
             self.failed = exc
-            raise StoreError(f"writer {self.writer}: a commit made with wait=False failed ({exc}); it and every "
-                             "append since are lost; close() this writer") from exc
+            kind = StoreReplacedError if isinstance(exc, StoreReplacedError) else StoreError
+            raise kind(f"writer {self.writer}: a commit made with wait=False failed ({exc}); it and every "
+                       "append since are lost; close() this writer") from exc
         finally:
             # only now: an append (without the lock) that seals a segment reads it (SegmentPool.close_committed)
             self.in_flight, self.in_flight_segments = None, set()

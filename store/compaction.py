@@ -8,6 +8,7 @@ ranges alone; the writer's compactor (store/compactor.py) runs the merges and pu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from replaystore.errors import StaleReadError
@@ -139,7 +140,7 @@ def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[l
 
 
 def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str,
-            run: list[Fragment]) -> tuple[Fragment, str] | None:
+            run: list[Fragment], may_delete: Callable[[], bool] | None = None) -> tuple[Fragment, str] | None:
     """Write ``run``'s records as one new fragment ``name`` of ``writer``.
 
     The fragment is durable but not yet referenced by any commit record. Cost:
@@ -160,6 +161,8 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
         The new fragment's name.
     run : list of Fragment
         Adjacent fragments to merge, in row order.
+    may_delete : callable, optional
+        Asked before a failure deletes what was written (see ``StagedFragment``).
 
     Returns
     -------
@@ -174,7 +177,7 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
     OSError
         The storage failed.
     """
-    staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start)
+    staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start, may_delete=may_delete)
     try:
         datas = [FragmentData(storage, schema, f, cached=False) for f in run]  # read once: not worth a cache
         if storage.local_path("") is None:  # object storage: one GET per array, issued concurrently

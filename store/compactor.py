@@ -251,10 +251,12 @@ class Compactor:
 
         Cost: reads and rewrites the run's records (none for a run of one segment's fragments).
         """
+        self.store.check_current()  # (a replaced store's writer writes nothing into the new store)
         merged = coalesce(run, self._new_name())
         if merged is not None:
             return self._publish(table, run, merged, None)
-        done = rewrite(self.storage, self.store.schemas[table], self.writer, table, self._new_name(), run)
+        done = rewrite(self.storage, self.store.schemas[table], self.writer, table, self._new_name(), run,
+                       may_delete=self.store._may_delete)
         return done is not None and self._publish(table, run, *done)
 
     def _publish(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
@@ -267,7 +269,7 @@ class Compactor:
         with committer.lock:
             live = {f.name for f in self._fragments[table]}
             if not all(f.name in live for f in run):
-                if path is not None:
+                if path is not None and self.store._may_delete():
                     self.storage.delete(path)
                 return False
             seq, now = committer.seq, committer.now()

@@ -25,6 +25,8 @@ NAME_BYTES = 200
 FRAGMENT_NAME = re.compile(r"f[0-9]{1,20}")
 SEGMENT_NAME = re.compile(r"s[0-9]{1,20}")
 PAYLOAD_TOKEN = re.compile(r"[0-9a-f]{1,64}")
+GENERATION = re.compile(r"[0-9a-f]{1,64}")
+"""A store generation (docs/FORMAT.md, "Replacing a store"): 1 to 64 lower-case hexadecimal digits."""
 _STATE_NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*")
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from replaystore.errors import CorruptObjectError, StoreError
 from replaystore.store import bodies, layout, records
 from replaystore.store.fragment import Fragment
+from replaystore.store.replace import foreign
 from replaystore.store.storage import Storage
 
 if TYPE_CHECKING:
@@ -169,6 +170,9 @@ class CommitLog:
         CSR offsets arrays.
     checkpoints : bool, optional
         Start from the newest checkpoint (False: from every writer's first record).
+    generation : str or None, optional
+        The store's generation: commit records and checkpoints of another one (left by the
+        writers of a store replaced at this location) are not applied; None checks none.
 
     Attributes
     ----------
@@ -180,8 +184,10 @@ class CommitLog:
         The latest commit time applied.
     """
 
-    def __init__(self, storage: Storage, tables: list[str] | Mapping[str, Schema], *, checkpoints: bool = True) -> None:
+    def __init__(self, storage: Storage, tables: list[str] | Mapping[str, Schema], *, checkpoints: bool = True,
+                 generation: str | None = None) -> None:
         self.storage = storage
+        self.generation = generation
         self.tables = list(tables)
         # the known tables, with their CSR offsets arrays where given schemas: what records are checked against
         self.offsets: Mapping[str, Collection[str]] | Collection[str] = (
@@ -250,6 +256,8 @@ class CommitLog:
                         break
                     seq = self.writers[writer].next_seq + len(new.get(writer, ()))
                     body = bodies.commit(path, records.decode(path, data), writer, seq, self.offsets)
+                    if foreign(body, self.generation):  # a replaced store's writer's: as if absent
+                        break
                     new.setdefault(writer, []).append(body)
                     if body["kind"] == CLOSE:
                         break
@@ -446,9 +454,12 @@ class CommitLog:
                 data = self.storage.read_many([path])[0]
                 if data is None:
                     continue
-                self.writers, self.time_ns = decode_checkpoint(path, data, number, self.offsets)
+                writers, time_ns = decode_checkpoint(path, data, number, self.offsets, self.generation)
             except CorruptObjectError:
                 continue
+            if writers is None:  # another store generation's (a replaced store's writer wrote it)
+                continue
+            self.writers, self.time_ns = writers, time_ns
             self.checkpoint = number
             self.version += 1
             self._ordered.clear()
@@ -485,7 +496,8 @@ class CommitLog:
             self.checkpoint = numbers[-1]
             return None
         number = known + 1
-        if not self.storage.create(layout.checkpoint(number), encode_checkpoint(number, self.writers, self.time_ns)):
+        if not self.storage.create(layout.checkpoint(number),
+                                   encode_checkpoint(number, self.writers, self.time_ns, self.generation)):
             self.checkpoint = number
             return None
         self.checkpoint = number
@@ -547,7 +559,7 @@ def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
     wlog.closed = body.get("kind") == CLOSE
 
 
-def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) -> bytes:
+def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int, generation: str | None = None) -> bytes:
     """A checkpoint document: per writer its next seq, whether it closed, its live fragments.
 
     Parameters
@@ -558,6 +570,8 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
         The state to record.
     time_ns : int
         The latest commit time applied.
+    generation : str or None, optional
+        The store's generation, recorded in the checkpoint (None: none recorded).
 
     Returns
     -------
@@ -566,6 +580,7 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
     """
     return records.encode({
         "kind": CHECKPOINT, "number": number, "time_ns": time_ns,
+        **({"generation": generation} if generation is not None else {}),
         "writers": {str(w): {"next_seq": wlog.next_seq, "closed": wlog.closed,
                              "tables": {t: [f.to_dict() for f in frags.values()]
                                         for t, frags in wlog.fragments.items() if frags},
@@ -578,8 +593,11 @@ def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int) 
 
 def decode_checkpoint(path: str, data: bytes, number: int | None = None,
                       tables: Mapping[str, Collection[str]] | Collection[str] | None = None,
-                      ) -> tuple[dict[int, WriterLog], int]:
+                      generation: str | None = None) -> tuple[dict[int, WriterLog] | None, int]:
     """``(writers, latest commit time)`` of a checkpoint document.
+
+    ``writers`` is None for a checkpoint of another store generation than ``generation``
+    (written by a writer of a store replaced at this location): it is not this store's.
 
     Parameters
     ----------
@@ -591,11 +609,13 @@ def decode_checkpoint(path: str, data: bytes, number: int | None = None,
         The number it must carry.
     tables : mapping or collection of str, optional
         The known tables, with their CSR offsets arrays where a mapping.
+    generation : str or None, optional
+        The store's generation (None: not checked).
 
     Returns
     -------
-    writers : dict of int to WriterLog
-        The state it holds.
+    writers : dict of int to WriterLog or None
+        The state it holds; None if it is another generation's.
     time_ns : int
         The latest commit time it records.
 
@@ -605,6 +625,8 @@ def decode_checkpoint(path: str, data: bytes, number: int | None = None,
         It is damaged, not a checkpoint or malformed (store/bodies.py).
     """
     body = bodies.checkpoint(path, records.decode(path, data), number, tables)
+    if foreign(body, generation):
+        return None, body["time_ns"]
     writers: dict[int, WriterLog] = {}
     for key, doc in body["writers"].items():
         w = int(key)

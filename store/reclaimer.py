@@ -62,6 +62,7 @@ class Reclaimer:
         self._swept: set[int] = set()  # dead writers whose unreferenced segments (spares) were deleted
         self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
         self._deleted: set[str] = set()  # paths deleted (or found gone) by them: the log may list them forever
+        self._may_delete: bool | None = None  # the store is still this writer's (None: not asked since reclaim)
         self.undeleted: dict[str, BaseException] = {}  # paths whose deletion failed: tried again at the next reclaim
         self._trash: list[tuple[int, Fragment]] = []  # (due time_ns, compacted-away fragment)
 
@@ -123,6 +124,7 @@ class Reclaimer:
 
         Cost: O(fragments of the view) per table; a listing per table per dead writer, once.
         """
+        self._may_delete = None  # (asked again, once, by the first deletion of this reclaim)
         now = time.time_ns()
         cap = self.store.capacity
         retained = {t: self.store.table(t).reader.retained_parts(retention.grace(cap))
@@ -210,6 +212,12 @@ class Reclaimer:
         Cost: O(1) here; the deletion on an I/O thread.
         """
         if path in self._deleting or path in self._deleted:
+            return
+        if self._may_delete is None:
+            # a replaced store's paths may name the new store's storage (its writers may have these
+            # numbers): a replaced store's writer deletes nothing (nor one that cannot tell)
+            self._may_delete = self.store._may_delete()
+        if not self._may_delete:
             return
         self._deleting.add(path)
 

@@ -10,13 +10,71 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import time
+from typing import Any
 
 from replaystore.errors import CorruptObjectError, NotAStoreError, StoreReplacedError
 from replaystore.store import layout, records
 from replaystore.store.storage import Storage
 
 CLAIM_PREFIX = "replace-"
+
+
+def new_generation() -> str:
+    """A fresh store generation for a manifest being created: 32 random hexadecimal digits.
+
+    Returns
+    -------
+    str
+        The generation.
+    """
+    return secrets.token_hex(16)
+
+
+def store_generation(manifest: dict[str, Any]) -> str:
+    """The generation of the store whose manifest body is ``manifest``.
+
+    The manifest's ``generation``; a manifest without one (stores created before
+    generations) has the first 32 hexadecimal digits of the SHA-256 of its body's canonical
+    encoding, which its ``created_ns`` makes distinct per creation.
+
+    Parameters
+    ----------
+    manifest : dict
+        The manifest body, checked.
+
+    Returns
+    -------
+    str
+        The generation.
+    """
+    given = manifest.get("generation")
+    if isinstance(given, str):
+        return given
+    return hashlib.sha256(records.encode(manifest)).hexdigest()[:32]
+
+
+def foreign(body: dict[str, Any], generation: str | None) -> bool:
+    """Whether the record document ``body`` belongs to another store generation than ``generation``.
+
+    A record without ``generation`` (written before generations) belongs to every
+    generation; so does every record where ``generation`` is None (no generation checked).
+
+    Parameters
+    ----------
+    body : dict
+        A checked record body (commit record, registration, checkpoint, state record).
+    generation : str or None
+        The store's generation.
+
+    Returns
+    -------
+    bool
+        True when the record carries a generation and it differs.
+    """
+    got = body.get("generation")
+    return generation is not None and got is not None and got != generation
 
 
 def claim_name(manifest: bytes) -> str:

@@ -281,6 +281,9 @@ class Segment:
         Rows it holds.
     value_capacity : dict of str to int
         Values it holds per CSR group (offsets array name).
+    may_delete : callable, optional
+        Asked before a failure deletes what it created (False: the path may be another
+        store's now, after a replace; nothing is deleted).
 
     Raises
     ------
@@ -289,7 +292,7 @@ class Segment:
     """
 
     def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str,
-                 capacity: int, value_capacity: dict[str, int]) -> None:
+                 capacity: int, value_capacity: dict[str, int], may_delete: Callable[[], bool] | None = None) -> None:
         self.storage, self.schema = storage, schema
         self.writer, self.table, self.name = writer, table, name
         self.row_start = 0
@@ -323,7 +326,8 @@ class Segment:
             storage.write_objects(objects, created=fds)
         except BaseException:
             self.close()
-            storage.delete(self.path)
+            if may_delete is None or may_delete():  # (not where the path may be another store's now)
+                storage.delete(self.path)
             raise
 
     def fits(self, rows: int, nnz: dict[str, int], streams: Sequence[StreamKey]) -> bool:

@@ -171,11 +171,13 @@ class SegmentPool:
         Its values capacity is sized from ``nnz`` values per CSR group over ``sample_rows``
         records (docs/FORMAT.md, "Segments").
         """
+        self.store.check_current()  # (never create files where the new store's writer may have this number)
         capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
         return Segment(self.storage, self.store.schemas[table], self.writer, table,  # type: ignore[arg-type]
-                       layout.segment_name(next(self._names)), capacity, values)
+                       layout.segment_name(next(self._names)), capacity, values,
+                       may_delete=self.store._may_delete)
 
     def segment_rows(self, table: str) -> int:
         """Rows of a new segment of ``table`` unless an append needs more (see ``sizing.segment_rows``).
@@ -208,10 +210,19 @@ class SegmentPool:
         self._drop_segment(spare)
         return None
 
+    def _delete(self, path: str) -> None:
+        """Delete this writer's segment at ``path``, unless the store was replaced.
+
+        In a replaced store's location the path may name the new store's segment (a writer there
+        may have this writer's number); this writer's own was deleted by the replace.
+        """
+        if self.store._may_delete():
+            self.storage.delete(path)
+
     def _drop_segment(self, seg: Segment) -> None:
         """Close and delete a segment no commit references."""
         seg.close()
-        self.storage.delete(seg.path)
+        self._delete(seg.path)
 
     def _new_name(self) -> str:
         return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
@@ -324,7 +335,7 @@ class SegmentPool:
                 seg.discard()
                 if not seg.committed:  # opened by these appends: nothing references it
                     seg.close()
-                    self.storage.delete(seg.path)
+                    self._delete(seg.path)
                     if self.open.get(table) is seg:
                         del self.open[table]
                 elif seg is not self.open.get(table):  # sealed by these appends

@@ -13,7 +13,7 @@ objects, which vacuum removes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,11 +50,15 @@ class StagedFragment:
         The writer's local row of its first record.
     buffered : bool, optional
         Keep copies of the records until :meth:`finish` (see the module docstring).
+    may_delete : callable, optional
+        Asked before :meth:`abort` deletes what was written (False: the path may be another
+        store's now, after a replace; nothing is deleted).
     """
 
     def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str, row_start: int,
-                 buffered: bool = False) -> None:
+                 buffered: bool = False, may_delete: Callable[[], bool] | None = None) -> None:
         self.storage = storage
+        self._may_delete = may_delete
         self.schema = schema
         self.buffered = buffered
         self.writer, self.table, self.name, self.row_start = writer, table, name, row_start
@@ -202,7 +206,8 @@ class StagedFragment:
     def abort(self) -> None:
         """Release and delete everything written: nothing references it."""
         self.close()
-        if not self.buffered:  # a buffered one wrote nothing before finish()
+        # (a buffered one wrote nothing before finish(); after a replace the path may be another store's)
+        if not self.buffered and (self._may_delete is None or self._may_delete()):
             self.storage.delete(self.path)
 
     def _check(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
@@ -28,6 +29,7 @@ from replaystore.store.chunkcache import ChunkCache
 from replaystore.store.codecs import column_bytes
 from replaystore.store.index import StreamKey
 from replaystore.store.log import CLOSE, CommitLog
+from replaystore.store.replace import claim_name, foreign, new_generation, store_generation
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.table import TableReader
 from replaystore.store.view import row_array
@@ -391,6 +393,9 @@ class Store:
         The manifest body, as read and checked by :func:`open_store`.
     mode : Mode
         The mode it was opened with; ``"r"`` refuses every mutation.
+    manifest_bytes : bytes, optional
+        The manifest as stored (default: as this library encodes ``manifest``): it names the
+        store's replace claim (docs/FORMAT.md, "Replacing a store").
 
     Notes
     -----
@@ -398,13 +403,21 @@ class Store:
     table's view.
     """
 
-    def __init__(self, storage: Storage, manifest: dict[str, Any], mode: Mode) -> None:
+    def __init__(self, storage: Storage, manifest: dict[str, Any], mode: Mode,
+                 manifest_bytes: bytes | None = None) -> None:
         self.storage = storage
         self.mode = mode
         self.manifest = manifest
         self.schemas: dict[str, Schema] = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
         self.capacity: int | None = manifest["capacity"]
-        self.log = CommitLog(storage, self.schemas)
+        self.generation = store_generation(manifest)
+        """The store's generation (docs/FORMAT.md, "Replacing a store"): every record this handle's
+        writers create carries it, and records of another generation are not this store's."""
+        self._manifest_bytes = records.encode(manifest) if manifest_bytes is None else manifest_bytes
+        self._claim = claim_name(self._manifest_bytes)  # created by whoever replaces this store
+        self._manifest_stat: tuple[int, ...] | None = None  # (local: the manifest file last found current)
+        self._manifest_file = storage.local_path(layout.MANIFEST)
+        self.log = CommitLog(storage, self.schemas, generation=self.generation)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
@@ -708,10 +721,105 @@ class Store:
         Cost: one read of the manifest, a listing of ``writers/``, then one create-if-absent
         per writer number tried.
         """
-        if _read_manifest(self.storage) != self.manifest:
+        self.check_current()
+        return Writer(self, rate_limiter=rate_limiter)
+
+    def replaced(self) -> bool:
+        """Whether the store this handle opened was replaced (``mode="w+"``), or is being replaced.
+
+        True when the location's manifest is gone or is another store's (another generation),
+        or when the store's replace claim exists (an opener is deleting it).
+
+        Returns
+        -------
+        bool
+            True once replaced, or once its replace began.
+
+        Raises
+        ------
+        CorruptObjectError
+            The manifest now there is damaged.
+        FormatVersionError
+            The manifest now there is not one this replaystore reads.
+
+        Notes
+        -----
+        Cost: one read of the manifest (parsed only when its bytes differ from the handle's) and
+        one of the replace claim, concurrent on object storage; on local disk two ``stat`` calls
+        once the manifest file was found current (a new manifest is a new file).
+        """
+        local = self._manifest_file
+        key = None
+        if local is not None:
+            try:
+                st = os.stat(local)
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            claimed = os.path.lexists(os.path.join(os.path.dirname(local), self._claim))
+            if key == self._manifest_stat or claimed:
+                return claimed
+        try:
+            data, claim = self.storage.read_many([layout.MANIFEST, self._claim])
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        if data is None or claim is not None:
+            return True
+        if data == self._manifest_bytes:
+            self._manifest_stat = key  # (taken before the read: the file read is that one)
+            return False
+        body = bodies.manifest(self.storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
+        return store_generation(body) != self.generation
+
+    def _may_delete(self) -> bool:
+        """Whether this handle's writers may delete storage: the store is not replaced (nor unknown)."""
+        try:
+            return not self.replaced()
+        except Exception:  # noqa: BLE001 - (a damaged manifest now: delete nothing; vacuum's)
+            return False
+
+    @contextlib.contextmanager
+    def _as_replaced(self) -> Iterator[None]:
+        """Raise :class:`StoreReplacedError` for a failure a replace caused.
+
+        Any error inside, once the store is found replaced: a replace deleted the writer's
+        storage under it.
+        """
+        try:
+            yield
+        except StoreReplacedError:
+            raise
+        except Exception as exc:
+            try:
+                replaced = self.replaced()
+            except Exception:  # noqa: BLE001 - (the original error is the one to report)
+                replaced = False
+            if replaced:
+                raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') while this handle wrote "
+                                         f"({exc}); open it again") from exc
+            raise
+
+    def check_current(self) -> None:
+        """Raise :class:`StoreReplacedError` if the store this handle opened was replaced.
+
+        Writers call it before each commit writes anything, and before they delete
+        storage: a replaced store's writer writes nothing more into the new store.
+
+        Raises
+        ------
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) since this handle opened it, or is being
+            replaced.
+        CorruptObjectError
+            The manifest now there is damaged.
+
+        Notes
+        -----
+        Cost: one read of the manifest (see :meth:`replaced`).
+        """
+        if self.replaced():
             raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
                                      "it; open it again")
-        return Writer(self, rate_limiter=rate_limiter)
 
     @property
     def writers(self) -> list[int]:
@@ -830,13 +938,15 @@ class Store:
             ``slot`` or an array name breaks the name grammar.
         MetadataError
             ``doc`` is not a JSON document.
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) since this handle opened it (nothing saved).
         StoreError
             A bad ``keep_last``.
 
         Notes
         -----
-        Cost: one object per array and one record, plus a listing of the slot and the
-        deletion of what it no longer keeps.
+        Cost: a read of the manifest (see :meth:`check_current`), one object per array and one
+        record, plus a listing of the slot and the deletion of what it no longer keeps.
         """
         if self.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
@@ -845,6 +955,7 @@ class Store:
             layout.given_name("state array", name, "save_state arrays")
         _check_keep_last(keep_last)
         doc = records.json_document("state", dict(doc))
+        self.check_current()  # (a replaced store's saver writes nothing into the new store)
         token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
         names = {}
         for name, arr in (arrays or {}).items():
@@ -856,11 +967,13 @@ class Store:
         self.storage.sync_dirs(list(names.values()))
         version = self._latest_state(slot) + 1
         while True:
-            body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names}
+            body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names,
+                    "generation": self.generation}
             if self.storage.create(layout.state_record(slot, version), records.encode(body)):
                 break
             version += 1
-        self._drop_states(slot, version, keep_last)
+        if self._may_delete():  # (nor deletes the new store's versions)
+            self._drop_states(slot, version, keep_last)
         return version
 
     def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
@@ -950,6 +1063,8 @@ class Store:
                 path = layout.state_record(slot, version)
                 try:
                     body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
+                    if foreign(body, self.generation):
+                        continue  # a replaced store's saver left it: not this store's
                     arrays = {name: load_npy(p, self.storage.read(p)) for name, p in body["arrays"].items()}
                 except FileNotFoundError as exc:
                     if version not in self._state_versions(slot):
@@ -1139,6 +1254,12 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
 
 
 def _read_manifest(storage: Storage) -> dict[str, Any] | None:
+    read = _read_manifest_bytes(storage)
+    return None if read is None else read[0]
+
+
+def _read_manifest_bytes(storage: Storage) -> tuple[dict[str, Any], bytes] | None:
+    """The manifest's checked body and its bytes as stored; None if there is none."""
     try:
         data = records.read(storage, layout.MANIFEST)
     except FileNotFoundError:
@@ -1146,7 +1267,7 @@ def _read_manifest(storage: Storage) -> dict[str, Any] | None:
     except NotADirectoryError:
         raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
     # format and version first (FormatVersionError), then every field (CorruptObjectError)
-    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
+    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data)), data
 
 
 def _exists(url: str, mode: str) -> StoreExistsError:
@@ -1266,7 +1387,8 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         from replaystore.store.replace import clear_for_create
 
         clear_for_create(storage)
-    manifest = _read_manifest(storage)
+    read = _read_manifest_bytes(storage)
+    manifest, manifest_bytes = (None, None) if read is None else read
     if manifest is None:
         if mode in ("r", "r+"):
             raise StoreNotFoundError(f"{storage.url}: no replaystore store here (mode {mode!r} does not create one)")
@@ -1274,12 +1396,13 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
             raise StoreError(f"{storage.url}: creating a store needs a schema")
         body = {"format": layout.FORMAT_NAME, "format_version": layout.FORMAT_VERSION,
                 "tables": {n: s.to_dict() for n, s in schemas.items()}, "capacity": capacity,
-                "created_ns": time.time_ns()}
+                "created_ns": time.time_ns(), "generation": new_generation()}
         created = storage.create(layout.MANIFEST, records.encode(body))
         if not created and mode in CREATE_EXCLUSIVE:  # a concurrent creator won
             raise _exists(storage.url, mode)
-        manifest = _read_manifest(storage)  # (theirs, if a concurrent creator won)
-        assert manifest is not None
+        read = _read_manifest_bytes(storage)  # (theirs, if a concurrent creator won)
+        assert read is not None
+        manifest, manifest_bytes = read
     elif mode in CREATE_EXCLUSIVE:
         raise _exists(storage.url, mode)
     stored = {n: Schema.from_dict(d) for n, d in manifest["tables"].items()}
@@ -1290,6 +1413,6 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         raise StoreError(f"{storage.url}: capacity {capacity} differs from the stored {manifest['capacity']}")
     if chunk_cache is not None:
         storage.cache = chunk_cache.for_store(storage.url, manifest)
-    store = Store(storage, manifest, mode)
+    store = Store(storage, manifest, mode, manifest_bytes)
     store.storage_options = dict(storage_options or {})
     return store

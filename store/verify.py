@@ -16,6 +16,7 @@ from replaystore.store import bodies, layout, records
 from replaystore.store.codecs import shard_problem
 from replaystore.store.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.log import CLOSE, CommitLog, decode_checkpoint
+from replaystore.store.replace import foreign
 from replaystore.store.store import Store, load_npy
 from replaystore.store.table import TableReader
 from replaystore.store.zarrio import CRC_BYTES, chunk_path, verify_chunk
@@ -78,29 +79,35 @@ def _check_record(store: Store, path: str,
     return None
 
 
-def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
+def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int, int]:
     """Writer ``writer``'s commit records.
 
     Each well-formed and in its place, numbered densely from 0, none after a close record
-    (readers stop at a gap or a close, so records beyond either never show). Also the number of
-    records listed.
+    (readers stop at a gap or a close, so records beyond either never show). Records of another
+    store generation (left by a replaced store's writer) are no record of this store: not
+    counted, not damage. Also the number of this store's records listed, and of the others.
     """
     problems: list[Problem] = []
     directory = layout.commits_dir(writer)
-    seqs = sorted(int(n[:-5]) for n in store.storage.list(directory) if n.endswith(".json") and n[:-5].isdigit())
+    listed = sorted(int(n[:-5]) for n in store.storage.list(directory) if n.endswith(".json") and n[:-5].isdigit())
+    seqs: list[int] = []
     closed_at = None
-    for seq in seqs:
+    for seq in listed:
         path = layout.commit_record(writer, seq)
         kind: list[str] = []
 
         def check_commit(b: dict[str, Any], s: int = seq, at: str = path, kinds: list[str] = kind) -> None:
-            kinds.append(bodies.commit(at, b, writer, s, store.log.offsets)["kind"])
+            body = bodies.commit(at, b, writer, s, store.log.offsets)
+            kinds.append("" if foreign(body, store.generation) else body["kind"])
 
         p = _check_record(store, path, check_commit)
         if p:
             problems.append(p)
+        elif not kind[0]:
+            continue  # another generation's
         elif kind[0] == CLOSE and closed_at is None:
             closed_at = seq
+        seqs.append(seq)
     if seqs and seqs[-1] != len(seqs) - 1:
         gap = next(i for i, s in enumerate(seqs) if s != i)
         problems.append(Problem(directory, f"commit {gap} is missing: readers stop there and never show the "
@@ -108,7 +115,7 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int]:
     if closed_at is not None and seqs[-1] > closed_at:
         problems.append(Problem(directory, f"{seqs[-1] - closed_at} commit record(s) after the close record "
                                            f"(commit {closed_at}): readers stop at a close and never show them"))
-    return problems, len(seqs)
+    return problems, len(seqs), len(listed) - len(seqs)
 
 
 def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list[Problem]:
@@ -119,11 +126,14 @@ def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list
     """
     path = layout.checkpoint(number)
     try:
-        writers, _ = decode_checkpoint(path, records.read(store.storage, path), number, store.log.offsets)
+        writers, _ = decode_checkpoint(path, records.read(store.storage, path), number, store.log.offsets,
+                                       store.generation)
     except FileNotFoundError:
         return []  # superseded and deleted since the listing
     except CorruptObjectError as exc:
         return [Problem(path, str(exc).split(": ", 1)[-1])]
+    if writers is None:
+        return []  # another store generation's: a replaced store's writer left it, readers skip it
     beyond = [w for w, wlog in sorted(writers.items()) if wlog.next_seq > listed.get(w, 0)]
     if beyond:
         w = beyond[0]
@@ -284,7 +294,7 @@ def _replay(store: Store) -> dict[str, list[Fragment]]:
 
     Returns the visible fragments of each table.
     """
-    log = CommitLog(store.storage, store.schemas, checkpoints=False)
+    log = CommitLog(store.storage, store.schemas, checkpoints=False, generation=store.generation)
     log.refresh()
     return {table: list(TableReader(store.storage, log, table, store.schemas[table], store.capacity,
                                     contiguous=False).fragments) for table in store.tables}
@@ -326,21 +336,22 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
     if p:
         problems.append(p)
     capacities: dict[int, Any] = {}
+    counts: dict[int, int] = {}
     for w in registered:
         def check_registration(b: dict[str, Any], w: int = w) -> None:
-            capacities[w] = bodies.registration(layout.writer_record(w), b, w).get("capacity", store.capacity)
+            body = bodies.registration(layout.writer_record(w), b, w)
+            if not foreign(body, store.generation):  # (a replaced store's writer registered under its own)
+                capacities[w] = body.get("capacity", store.capacity)
 
+        found, counts[w], others = _check_commits(store, w)
         p = _check_record(store, layout.writer_record(w), check_registration)
-        if p:
-            problems.append(p)
+        if p and not (p.problem == "missing" and counts[w] == 0 and others):
+            problems.append(p)  # (commits of a replaced store only, its registration deleted: its leftovers)
+        problems += found
     for w, cap in capacities.items():
         if cap != store.capacity:
             problems.append(Problem(layout.MANIFEST, f"capacity {store.capacity!r}, but writer {w} registered "
                                                      f"under capacity {cap!r}: the manifest was changed"))
-    counts: dict[int, int] = {}
-    for w in registered:
-        found, counts[w] = _check_commits(store, w)
-        problems += found
     for number in store.log.checkpoint_numbers():
         problems += _check_checkpoint(store, number, counts)
     try:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from replaystore.errors import ReadOnlyError, StoreError
+from replaystore.errors import ReadOnlyError, StoreError, StoreReplacedError
 from replaystore.store import bodies, layout, liveness, records
 from replaystore.store.batches import convert
 from replaystore.store.committer import Committer
@@ -136,9 +136,10 @@ class Writer:
         registered under (:func:`bodies.check_capacity`).
         """
         names = self.storage.list(layout.WRITERS)
-        bodies.check_capacity(self.storage, self.store.capacity, names)
+        bodies.check_capacity(self.storage, self.store.capacity, names, self.store.generation)
         n = len(names)
-        doc = {**liveness.registration(self.storage), "capacity": self.store.capacity}
+        doc = {**liveness.registration(self.storage), "capacity": self.store.capacity,
+               "generation": self.store.generation}
         while True:
             if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
                 return n
@@ -177,6 +178,8 @@ class Writer:
 
         Raises
         ------
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) while this append opened a segment.
         StoreError
             If the writer is closed or broken, or ``table`` is unknown.
         FieldError, StreamKeyError, StepOrderError
@@ -194,11 +197,12 @@ class Writer:
         steps = {name: book.steps(name, coded, step) for name, (_, coded, _) in tables.items()}
         added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
-            for name, (cols, (codes, streams), resets) in tables.items():
-                frag = self._segments.target(name, cols, streams, self.next_row[name])
-                mark = frag.mark()
-                frag.add(cols, codes, streams, steps[name], resets)  # all or nothing
-                added.append((frag, mark))
+            with self.store._as_replaced():  # (a replace deleting the segment it writes fails it so)
+                for name, (cols, (codes, streams), resets) in tables.items():
+                    frag = self._segments.target(name, cols, streams, self.next_row[name])
+                    mark = frag.mark()
+                    frag.add(cols, codes, streams, steps[name], resets)  # all or nothing
+                    added.append((frag, mark))
         except BaseException:
             for frag, mark in reversed(added):
                 frag.rollback(mark)
@@ -237,6 +241,9 @@ class Writer:
 
         Raises
         ------
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) since this writer registered: nothing is
+            written (the appends stay pending; only :meth:`close` or :meth:`discard` help).
         StoreError
             If the writer is closed or broken, a pipelined commit failed, or the background
             compaction failed (raised before anything is written).
@@ -247,8 +254,9 @@ class Writer:
             If writing fails (nothing becomes visible; the appends stay pending).
 
         Cost: with a ``rate_limiter``, its check first (a refresh and the sample counts'
-        reads; waiting while the inserts are too far ahead); then the pending records' write
-        and fsync, one record; then reclamation and the scheduling of a merge.
+        reads; waiting while the inserts are too far ahead); a read of the manifest (is the
+        store still the one registered in?); then the pending records' write and fsync, one
+        record; then reclamation and the scheduling of a merge.
         """
         self._check_open()
         compactor, committer = self._compactor, self._committer
@@ -266,6 +274,8 @@ class Writer:
         # the merge scheduled by the last commit publishes after that commit's record: waited for
         # here, not after this commit's record is queued, or a pipelined commit would wait for itself
         compactor.collect(wait=True)
+        # a replaced store's writer writes nothing more: the new store's writers may have its number
+        self.store.check_current()
         rows: dict[str, tuple[int, int]] = {}
         with committer.lock:  # a background merge publishes between commits, never inside one
             seq, now = committer.seq, committer.now()
@@ -274,23 +284,9 @@ class Writer:
             new_frags: dict[str, list[Fragment]] = {}
             retired = self._reclaimer.retire(self.fragments)
             segments: list[Segment] = []  # whose pending bytes become durable with the record's file
-            for table, pending in self._pending.items():
-                change: dict[str, Any] = {}
-                if pending:
-                    frags = new_frags[table] = self._segments.finish(table, seq, now, sum(p.rows for p in pending),
-                                                                     segments)
-                    lo = frags[0].row_start
-                    appends = []
-                    for p in pending:
-                        appends.append({"rows": [lo, lo + p.rows], "meta": p.meta})
-                        lo += p.rows
-                    change.update({"add": [f.to_dict() for f in frags], "appends": appends})
-                    rows[table] = (frags[0].first_id, frags[-1].first_id + frags[-1].rows)
-                if retired.get(table):
-                    change["remove"] = [f.name for f in retired[table]]
-                if change:
-                    body["tables"][table] = change
-            committer.create(seq, body, segments, wait=wait)
+            with self.store._as_replaced():  # (a replace that deletes what this commit writes fails it so)
+                self._fill(body, seq, now, new_frags, retired, segments, rows)
+                committer.create(seq, body, segments, wait=wait)
             for table, frags in new_frags.items():
                 self.fragments[table] += frags
                 self.next_row[table] += sum(f.rows for f in frags)
@@ -303,12 +299,32 @@ class Writer:
         self._segments.close_staged(set(new_frags))
         self._steps.commit()
         committer.refresh_view()
-        if self.store.log.checkpoint_due():
+        if self.store.log.checkpoint_due() and self.store._may_delete():  # (it deletes older checkpoints)
             self.store.refresh()  # (a checkpoint of every writer's newest state: readers start there)
             self.store.log.write_checkpoint()
         self._reclaimer.reclaim()
         compactor.schedule()
         return CommitResult(self.id, seq, rows)
+
+    def _fill(self, body: dict[str, Any], seq: int, now: int, new_frags: dict[str, list[Fragment]],
+              retired: dict[str, list[Fragment]], segments: list[Segment], rows: dict[str, tuple[int, int]]) -> None:
+        """Finish the pending appends' fragments and describe them (and ``retired``) in ``body``."""
+        for table, pending in self._pending.items():
+            change: dict[str, Any] = {}
+            if pending:
+                frags = new_frags[table] = self._segments.finish(table, seq, now, sum(p.rows for p in pending),
+                                                                 segments)
+                lo = frags[0].row_start
+                appends = []
+                for p in pending:
+                    appends.append({"rows": [lo, lo + p.rows], "meta": p.meta})
+                    lo += p.rows
+                change.update({"add": [f.to_dict() for f in frags], "appends": appends})
+                rows[table] = (frags[0].first_id, frags[-1].first_id + frags[-1].rows)
+            if retired.get(table):
+                change["remove"] = [f.name for f in retired[table]]
+            if change:
+                body["tables"][table] = change
 
     def wait(self) -> None:
         """Wait until the commit made with ``commit(wait=False)``, if any, is durable and visible.
@@ -367,7 +383,8 @@ class Writer:
             raise StoreError(f"writer {self.id} is closed")
         failed = self._committer.failed
         if failed is not None:
-            raise StoreError(f"writer {self.id} is broken: a commit made with wait=False failed "
+            kind = StoreReplacedError if isinstance(failed, StoreReplacedError) else StoreError
+            raise kind(f"writer {self.id} is broken: a commit made with wait=False failed "
                              f"({failed}); close() it") from failed
 
     def discard(self) -> None:
@@ -405,6 +422,9 @@ class Writer:
 
         Raises
         ------
+        StoreReplacedError
+            The store was replaced (``mode="w+"``) since this writer registered: the writer
+            is released, what was pending is dropped and no record is written.
         StoreError, OSError
             If the final commit fails (the writer stays open: ``discard()`` then ``close()``),
             or a merge or the close record fails.
@@ -417,6 +437,9 @@ class Writer:
         if self._committer.failed is None:
             try:
                 self.commit()
+            except StoreReplacedError:  # nothing more to write anywhere: released, its appends dropped
+                self._abandon()
+                raise
             except BaseException:
                 if self._committer.failed is None:  # (the writer stays open: the caller may discard() and close)
                     raise
@@ -449,6 +472,7 @@ class Writer:
         its commits.
         """
         try:
+            self.store.check_current()  # (a replaced store's writer: no record in the new store)
             committer = self._committer
             with committer.lock:
                 seq, now = committer.seq, committer.now()

@@ -25,6 +25,8 @@ Roles:
   content and prints a JSON summary: the keys it won, and every exception (none expected).
 - ``register-writer``: opens the store, prints ``ready``, waits for the gate, then
   registers a writer, appends one batch and commits; prints a JSON summary.
+- ``replace-writer``: a w+ opener that writes while another replaces its store, driven by JSON
+  commands on stdin, one per line, each answered by one JSON line (see :func:`replace_writer`).
 - ``replace-racer``: opens a store with mode "w+" and its own schema once released, reports
   whether it opened, then (at EOF on stdin) writes one batch if it did; see :func:`replace_racer`.
 - ``idle-writer``: commits one :func:`crash_batch` to its stream, prints ``c <writer id> 1`` and
@@ -46,6 +48,7 @@ regenerates the expected records bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
 import functools
@@ -392,6 +395,73 @@ def replace_racer(url: str, storage_options: dict | None, seed: int, i: int) -> 
     _say(json.dumps({"i": i, "wrote": wrote, "error": error}))
 
 
+def replace_batch(seed: int, i: int, j: int) -> dict[str, np.ndarray]:
+    """Batch ``j`` of replace-writer ``i`` (schema :func:`racer_schema` ``(i)``, 5 records)."""
+    rng = np.random.default_rng([seed, i, j])
+    return as_arrays(dqn_batch(rng, 5, observation_size=OBS + i, heads=HEADS, actions=ACTIONS, extra=0))
+
+
+def replace_writer(seed: int) -> None:
+    """Answer commands (JSON lines on stdin) until EOF, one JSON line each.
+
+    ``{"op": "open", "url", "options", "i"}``: open ``url`` with mode "w+" and schema
+    :func:`racer_schema` ``(i)``, register a writer (``writer``: its number);
+    ``{"op": "append", "j"}``: append :func:`replace_batch` ``(seed, i, j)`` to stream ``r<i>``;
+    ``{"op": "commit"}``; ``{"op": "close"}``; ``{"op": "burst", "url", "options", "i", "n"}``:
+    open (answering ``{"opened": ...}`` at once), then append and commit batches ``0..n-1``
+    and close, answering with the batches committed and the first error. Every answer has
+    ``error``: the exception's class name, or null.
+    """
+    from replaystore.errors import ReplayStoreError
+
+    st: Any = None
+    w: Any = None
+    i = 0
+
+    def run(op: dict[str, Any]) -> dict[str, Any]:
+        nonlocal st, w, i
+        if op["op"] == "open":
+            i = op["i"]
+            st = open_store(op["url"], racer_schema(i), mode="w+", storage_options=op.get("options"))
+            w = st.writer()
+            return {"writer": w.id}
+        if op["op"] == "append":
+            w.append(replace_batch(seed, i, op["j"]), stream=f"r{i}")
+        elif op["op"] == "commit":
+            w.commit()
+        elif op["op"] == "close":
+            w.close()
+        return {}
+
+    for line in sys.stdin:
+        op = json.loads(line)
+        if op["op"] != "burst":
+            try:
+                answer = {**run(op), "error": None}
+            except ReplayStoreError as exc:
+                answer = {"error": type(exc).__name__, "message": str(exc)}
+            _say(json.dumps(answer))
+            continue
+        try:
+            run({**op, "op": "open"})
+        except ReplayStoreError as exc:
+            _say(json.dumps({"opened": False, "error": type(exc).__name__}))
+            continue
+        _say(json.dumps({"opened": True, "writer": w.id}))
+        committed, error, message = 0, None, None
+        try:
+            for j in range(op["n"]):
+                run({"op": "append", "j": j})
+                run({"op": "commit"})
+                committed += 1
+            run({"op": "close"})
+        except ReplayStoreError as exc:
+            error, message = type(exc).__name__, str(exc)
+            with contextlib.suppress(ReplayStoreError):
+                w.close()
+        _say(json.dumps({"committed": committed, "error": error, **({"message": message} if message else {})}))
+
+
 def racer_schema(i: int) -> Schema:
     """Racer ``i``'s schema: each racer's differs (its observation size)."""
     return dqn(observation_size=OBS + i, heads=HEADS, actions=ACTIONS)
@@ -595,7 +665,8 @@ class Child:
 
 ROLES = {"crash-writer": crash_writer, "stream-writer": stream_writer, "reader": reader,
          "create-racer": create_racer, "register-writer": register_writer, "fsize-writer": fsize_writer,
-         "idle-writer": idle_writer, "replace-racer": replace_racer, "state-saver": state_saver}
+         "idle-writer": idle_writer, "replace-racer": replace_racer,
+         "replace-writer": replace_writer, "state-saver": state_saver}
 
 
 def main(argv: list[str]) -> None:
