@@ -307,6 +307,9 @@ class ReplayStoreStorage(StoreStorage):
         self._done = False
         self._cursor = 0  # the index (mod max_size) where the next append goes: the TorchRL writer's cursor
         self._cursor_pid = -1  # the process that last wrote through this handle (-1: none yet)
+        # where each attached round-robin writer's cursor stood at this handle's last accepted write, in the process
+        # of _cursor_pid (keyed by id(writer)): a writer still there has not appended behind this handle's back
+        self._writers_seen: dict[int, int] = {}
         if self._store is None:
             self._open()
         cap = self._table().capacity if self._store is not None else capacity
@@ -424,8 +427,10 @@ class ReplayStoreStorage(StoreStorage):
         Raises
         ------
         AppendOnlyError
-            ``set_cursor=False``, or indices that are not one run starting at the append
-            cursor (the message names both); nothing is written and the cursor stays.
+            ``set_cursor=False``, an index outside ``-max_size .. max_size - 1`` (where
+            TorchRL's LazyTensorStorage raises IndexError), or indices that are not one run
+            starting at the append cursor (the message names both); nothing is written and the
+            cursor stays.
         ShapeError, DTypeError, MissingFieldError, UnknownFieldError, ValidationError
             ``data`` does not match the store's schema (nothing written; the cursor moves past
             the indices, as the TorchRL writer's did before it called ``set``).
@@ -448,17 +453,21 @@ class ReplayStoreStorage(StoreStorage):
         if idx.numel() != data.shape[0]:
             raise ShapeError("batch_size", f"[{idx.numel()}] records, one per index", list(data.batch_size))
         first_here = self._cursor_pid != os.getpid()
+        if idx.numel() and bool(((idx >= self.max_size) | (idx < -self.max_size)).any()):
+            raise AppendOnlyError(self._not_an_append(idx, f"an index outside the storage's positions "
+                                                           f"-{self.max_size}..{self.max_size - 1}"))
         if idx.numel():
             start = int(idx[0]) % self.max_size
             run = bool(((idx[1:] - idx[:-1]) % self.max_size == 1 % self.max_size).all())
             end = (start + idx.numel()) % self.max_size
             if not run or (start != self._cursor and not (first_here and start == 0)
-                           and not self._round_robin_append(end)):
+                           and not self._round_robin_append(start, end)):
                 raise AppendOnlyError(self._not_an_append(idx, "it would overwrite records in place" if run
                                                           else "its indices are not one consecutive run"))
             # (moved before the data is checked, as the TorchRL writer moved its own before calling set)
             self._cursor = end
             self._cursor_pid = os.getpid()
+            self._writers_seen = {id(writer): cursor for writer, cursor in self._round_robin_cursors()}
         if self.store is None:
             self._open(schema_from_tensordict(data))
         table = self._table()
@@ -470,22 +479,31 @@ class ReplayStoreStorage(StoreStorage):
         self._writer.append(batch, stream=stream, table=table.name)
         self._writer.commit()
 
-    def _round_robin_append(self, end: int) -> bool:
-        """Whether a round-robin writer of a buffer over this storage has just moved its cursor to ``end``.
+    def _round_robin_cursors(self) -> list[tuple[Any, int]]:
+        """``(writer, cursor mod max_size)`` of each round-robin writer of a buffer over this storage."""
+        out = []
+        for entity in getattr(self, "_attached_entities", ()):  # (TorchRL's buffers attach themselves)
+            writer = getattr(entity, "_writer", None)
+            cursor = getattr(writer, "_cursor", None) if isinstance(writer, RoundRobinWriter) else None
+            if cursor is not None:
+                out.append((writer, int(cursor) % self.max_size))
+        return out
+
+    def _round_robin_append(self, start: int, end: int) -> bool:
+        """Whether a round-robin writer of a buffer over this storage has just moved its cursor ``start`` -> ``end``.
 
         Such a writer moves its cursor past a run before it calls :meth:`set` with it: the run is
         its append, from a cursor this storage did not see move (restored from a checkpoint, or
         shared with other processes writing the same buffer). A run ending where this storage's
-        own cursor stands would rewrite its newest records: never an append.
+        own cursor stands would rewrite its newest records: never an append. Nor is a run from a
+        writer whose cursor stood at ``start`` when this storage last wrote (in this process):
+        that writer did not move behind this storage's back, so the run rewrites the records
+        written since (``storage.set`` at the cursor, then the writer's own ``extend``).
         """
         if end == self._cursor:
             return False
-        for entity in getattr(self, "_attached_entities", ()):  # (TorchRL's buffers attach themselves)
-            writer = getattr(entity, "_writer", None)
-            cursor = getattr(writer, "_cursor", None) if isinstance(writer, RoundRobinWriter) else None
-            if cursor is not None and int(cursor) % self.max_size == end:
-                return True
-        return False
+        seen = self._writers_seen if self._cursor_pid == os.getpid() else {}
+        return any(cursor == end and seen.get(id(writer)) != start for writer, cursor in self._round_robin_cursors())
 
     def _not_an_append(self, idx: torch.Tensor, why: str) -> str:
         shown = idx.tolist()

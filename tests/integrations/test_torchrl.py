@@ -10,6 +10,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -364,6 +365,82 @@ def test_a_restored_or_new_writer_continues_appending(tmp_path: Path) -> None:
     with pytest.raises(AppendOnlyError, match="is not an append"):  # the writer did not issue it
         fresh.storage.set((stale + 2) % 8, transition_batch(40, 1)[0])
     assert sorted(fresh.storage[:]["observation"][:, 0].round().long().tolist()) == [12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def test_a_writer_run_over_records_set_since_is_refused(tmp_path: Path) -> None:
+    """``storage.set`` at the cursor appends, and the buffer's writer (which did not see it) then writes its run
+    over that record: LazyTensorStorage overwrites it, so over a store the run is refused and writes nothing
+    (it was taken for an append from a writer moved by another process, evicting the oldest record)."""
+    peer = TensorDictReplayBuffer(storage=LazyTensorStorage(3))
+    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(str(tmp_path / "set-then-extend"), capacity=3))
+    for rb in (peer, ours):
+        rb.add(_keyed([0])[0])
+        rb.storage.set(1, _keyed([1])[0])
+    peer.extend(_keyed([2, 3]))
+    assert peer.storage[:]["key"].tolist() == [0, 2, 3]
+    with pytest.raises(AppendOnlyError, match=r"indices \[1, 2\] .*next append goes at index 2"):
+        ours.extend(_keyed([2, 3]))
+    assert ours.storage[:]["key"].tolist() == [0, 1]
+    ours.storage.set(2, _keyed([4])[0])  # (still an append at the storage's cursor)
+    assert ours.storage[:]["key"].tolist() == [0, 1, 4]
+    for index in (3, 4, -4):  # past the positions (LazyTensorStorage: IndexError), even where 3 % 3 is the cursor
+        with pytest.raises(AppendOnlyError, match=r"outside the storage's positions -3\.\.2"):
+            ours.storage.set(index, _keyed([5])[0])
+    assert ours.storage[:]["key"].tolist() == [0, 1, 4]
+
+
+_WRITES = hs.one_of(
+    hs.tuples(hs.just("extend"), hs.integers(1, 7)),
+    hs.tuples(hs.just("add"), hs.just(0)),
+    hs.tuples(hs.just("set"), hs.integers(-8, 8)),
+    hs.tuples(hs.just("set_run"), hs.integers(0, 8), hs.integers(1, 4)),
+    hs.tuples(hs.just("setitem"), hs.integers(0, 8)),
+)
+
+
+def _write(rb: TensorDictReplayBuffer, kind: str, args: list[int], batch: TensorDict, capacity: int) -> None:
+    if kind == "extend":
+        rb.extend(batch.clone())
+    elif kind == "add":
+        rb.add(batch[0].clone())
+    elif kind == "set":
+        rb.storage.set(args[0], batch[0].clone())
+    elif kind == "set_run":
+        rb.storage.set(torch.arange(args[0], args[0] + args[1]) % capacity, batch.clone())
+    else:
+        rb.storage[args[0] % capacity] = batch[0].clone()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=hs.integers(1, 6), writes=hs.lists(_WRITES, max_size=10), max_value=hs.booleans())
+def test_every_write_is_refused_or_keeps_what_lazy_tensor_storage_keeps(capacity: int, writes: list[tuple[Any, ...]],
+                                                                         max_value: bool) -> None:
+    """Against LazyTensorStorage given the same writes (buffer extend/add with a RoundRobinWriter or a
+    TensorDictMaxValueWriter, storage.set at any index or run, storage[i] = td): each write either raises
+    AppendOnlyError and leaves the records as they were, or leaves the records LazyTensorStorage keeps."""
+    from torchrl.data.replay_buffers.writers import RoundRobinWriter, TensorDictMaxValueWriter
+
+    def writer() -> Any:
+        return TensorDictMaxValueWriter() if max_value else RoundRobinWriter()
+
+    peer = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), writer=writer())
+    ours = TensorDictReplayBuffer(writer=writer(), storage=ReplayStoreStorage(
+        f"memory://torchrl-writes/{next(_memory_urls)}", capacity=capacity))
+    ids = itertools.count(1)
+
+    def keys(rb: TensorDictReplayBuffer) -> list[int]:
+        return sorted(rb.storage[:]["key"].tolist()) if len(rb) else []
+
+    for kind, *args in writes:
+        batch = _keyed([next(ids) for _ in range(args[-1] if kind in ("extend", "set_run") else 1)])
+        before = keys(ours)
+        try:
+            _write(ours, kind, args, batch, capacity)
+        except AppendOnlyError:
+            assert keys(ours) == before
+            return  # (the refused writer moved its cursor first, as it does over any storage: the two part here)
+        _write(peer, kind, args, batch, capacity)
+        assert keys(ours) == keys(peer)
 
 
 def test_one_buffer_extended_from_several_processes_appends_from_each(tmp_path: Path) -> None:
