@@ -223,16 +223,28 @@ def test_a_segment_descriptor_out_of_range_is_refused(tmp_path: Path) -> None:
     assert len(open_store(url, mode="r")) == 12
 
 
+def _last_adding_record(storage: Storage) -> str:
+    """Writer 0's last commit record that adds a fragment (with local segments: the compact record
+    of the right-sizing at close)."""
+    n = 0
+    while storage.exists(layout.commit_record(0, n + 1)):
+        n += 1
+    while "add" not in _body(storage, layout.commit_record(0, n)).get("tables", {}).get("records", {}):
+        n -= 1
+    return layout.commit_record(0, n)
+
+
 def test_rows_beyond_the_data_are_refused_when_read(url: str) -> None:
     """A descriptor consistent with itself (rows and parts edited together) but claiming more rows
     than its objects hold: opening checks the claim against the data's real size, so ``len``,
     ``row_ids`` and samplers never see (nor allocate for) records that do not exist."""
     st = _fill(url)
     early = open_store(url, mode="r")  # (has applied every record)
-    last = layout.commit_record(0, 2)  # (its fragment is the writer's last: no other overlaps it)
+    last = _last_adding_record(st.storage)  # (its fragment is the writer's last: no other overlaps it)
     body = _body(st.storage, last)
     frag = body["tables"]["records"]["add"][0]
-    frag["rows"] = frag["parts"][0][2] = 1 << 31
+    frag["parts"][-1][2] += (1 << 31) - frag["rows"]  # (a compact record's fragment has several parts)
+    frag["rows"] = 1 << 31
     if "segment" in frag:
         frag["segment"]["capacity"]["rows"] = frag["segment"]["row"] + (1 << 31)
     _forge(st.storage, last, body)
