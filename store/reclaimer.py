@@ -173,7 +173,7 @@ class Reclaimer:
         before its ``close`` record; the originals are unreferenced from then on, but a reader
         that follows an older log may still read them, so they stay until the ``close`` record
         (which follows every record that replaced one) is ``TRASH_GRACE_NS`` old by its time
-        (docs/FORMAT.md, "Capacity and reclamation", rule 6). A closed writer's log is final:
+        (docs/FORMAT.md, "Capacity and reclamation", rule 10). A closed writer's log is final:
         what it references is known without reading again. Each closed writer once (newest
         writers first, at most ``CLOSED_SWEEPS_PER_RECLAIM`` a call); one whose close is too
         recent is tried again at a later reclaim.
