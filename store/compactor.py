@@ -125,14 +125,16 @@ class Compactor:
     def rightsize(self, in_use: Collection[str] = (), strict: bool = True) -> int:
         """Copy each under-filled segment of this writer into a right-sized one and publish it.
 
-        In a store without capacity (a capped store reclaims segments with their records). A
-        segment appends will not go to any more (not in ``in_use``) whose committed bytes
+        A segment appends will not go to any more (not in ``in_use``) whose committed bytes
         are less than half its files' sizes (store/compaction.py, ``underfilled``) is copied
         into a new segment of exactly its committed rows and values, published by a
         ``compact`` record that replaces its fragments by one in the new segment
         (docs/FORMAT.md, "Right-sizing a segment"). The old segment goes to the trash (deleted
-        after the grace time by a later reclaim, or by vacuum): it is never truncated, since
-        readers may map its files.
+        after the grace time by a later reclaim, or by vacuum; in a store with a capacity, once
+        its records are evicted, and after this writer closed by another writer's reclaim once
+        the close is older than the grace): it is never truncated, since readers may map its
+        files. The new segment is full, so in a capped store any writer reclaims it once its
+        records are evicted.
 
         Parameters
         ----------
@@ -155,10 +157,6 @@ class Compactor:
         Cost: copies the committed bytes of each such segment (in the kernel where it can),
         less than half of each one's size.
         """
-        if self.store.capacity is not None:
-            # a capped store reclaims segments with their records, and the copy would leave the
-            # original to vacuum: a collector fleet restarting often would pile them up
-            return 0
         done = 0
         self._committer.refresh_view()
         for table, schema in self.store.schemas.items():

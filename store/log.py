@@ -52,6 +52,9 @@ class WriterLog:
     counted : bool
         Whether ``committed`` is exact: False where it was taken from a checkpoint without
         ``committed`` counts (then only the live fragments' ends were known).
+    closed_ns : int
+        Where ``closed``, the time of its ``close`` record, or a later one where that record was
+        taken from a checkpoint (the checkpoint's time): never earlier than the close.
     """
 
     writer: int
@@ -60,6 +63,7 @@ class WriterLog:
     fragments: dict[str, dict[str, Fragment]] = field(default_factory=dict)  # table -> name -> fragment
     committed: dict[str, int] = field(default_factory=dict)  # table -> local rows ever committed
     counted: bool = True
+    closed_ns: int = field(default=0, compare=False)  # (not part of ``state``: a checkpoint bounds it)
     # table -> its live fragments ordered by row id, while unchanged (see ``ordered``)
     _ordered: dict[str, list[Fragment]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -557,6 +561,8 @@ def apply_record(wlog: WriterLog, body: dict[str, Any]) -> None:
             if end > wlog.committed.get(table, 0):
                 wlog.committed[table] = end
     wlog.closed = body.get("kind") == CLOSE
+    if wlog.closed:
+        wlog.closed_ns = int(body.get("time_ns", 0))
 
 
 def encode_checkpoint(number: int, writers: dict[int, WriterLog], time_ns: int, generation: str | None = None) -> bytes:
@@ -639,4 +645,6 @@ def decode_checkpoint(path: str, data: bytes, number: int | None = None,
             if end > committed.get(t, 0):
                 committed[t] = end
         writers[w] = WriterLog(w, doc["next_seq"], doc["closed"], frags, committed, "committed" in doc)
+        if doc["closed"]:  # (the close's own time is not kept: the checkpoint's is no earlier)
+            writers[w].closed_ns = int(body["time_ns"])
     return writers, body["time_ns"]

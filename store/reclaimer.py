@@ -1,8 +1,10 @@
 """Reclamation by one writer: retiring evicted fragments and deleting storage no one needs.
 
 The writer retires its evicted fragments from its log, and deletes the storage of evicted
-segments (any writer's), of dead writers' unreferenced segments and of compacted-away
-fragments (docs/FORMAT.md, "Capacity and reclamation").
+segments (any writer's), of dead writers' unreferenced segments, of closed writers'
+unreferenced segments once their close is older than the trash grace (the originals of the
+segments they right-sized at close) and of compacted-away fragments (docs/FORMAT.md,
+"Capacity and reclamation").
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
 
 TRASH_GRACE_NS = 30 * 10**9
 """How long a compacted-away fragment stays stored after the merge replacing it (readers lag)."""
+
+CLOSED_SWEEPS_PER_RECLAIM = 16
+"""At most this many closed writers' unreferenced segments are swept by one reclaim (a listing
+per table each): a writer joining a store that many writers closed spreads them over its commits."""
 
 
 class Reclaimer:
@@ -59,7 +65,7 @@ class Reclaimer:
         self._segments = segments
         self._committer = committer
         self._dead: set[int] = set()  # other writers found dead: their segments are reclaimable
-        self._swept: set[int] = set()  # dead writers whose unreferenced segments (spares) were deleted
+        self._swept: set[int] = set()  # dead or closed writers whose unreferenced segments were deleted
         self._deleting: set[str] = set()  # paths handed to the I/O threads for deletion
         self._deleted: set[str] = set()  # paths deleted (or found gone) by them: the log may list them forever
         self._may_delete: bool | None = None  # the store is still this writer's (None: not asked since reclaim)
@@ -115,14 +121,17 @@ class Reclaimer:
         """Delete the storage no one needs any more; retry failed deletions.
 
         That is the storage of wholly evicted fragments (any writer's: dead writers leave
-        garbage too), of due trash, and of dead writers' unreferenced segments.
+        garbage too), of due trash, of dead writers' unreferenced segments and, in a store with
+        a capacity, of closed writers' unreferenced segments once their ``close`` record is
+        older than ``TRASH_GRACE_NS`` (:meth:`sweep_closed`).
 
         Raises
         ------
         StoreError
             If reading the store fails.
 
-        Cost: O(fragments of the view) per table; a listing per table per dead writer, once.
+        Cost: O(fragments of the view) per table, O(writers of the view); a listing per table
+        per dead or closed writer, once (at most ``CLOSED_SWEEPS_PER_RECLAIM`` closed ones a call).
         """
         self._may_delete = None  # (asked again, once, by the first deletion of this reclaim)
         now = time.time_ns()
@@ -155,19 +164,58 @@ class Reclaimer:
                 self.delete_later(path)
         for writer in sorted(self._dead - self._swept):
             self._sweep(writer)
+        self.sweep_closed(now)
 
-    def _sweep(self, writer: int) -> None:
-        """Delete the segments of dead writer ``writer`` that its log does not reference.
+    def sweep_closed(self, now: int) -> int:
+        """Delete closed writers' unreferenced segments once their close is older than the grace.
 
-        These are its spares and the segment of appends it never committed (docs/FORMAT.md,
-        "Capacity and reclamation"). Its death was proved first, so its log is final: the
-        directories are listed, then the log is read, and a segment committed before it died is
-        seen as referenced. Once per writer.
-        Cost: a listing per table and a refresh of the log.
+        A writer that closed right-sized its under-filled segments (store/compactor.py) just
+        before its ``close`` record; the originals are unreferenced from then on, but a reader
+        that follows an older log may still read them, so they stay until the ``close`` record
+        (which follows every record that replaced one) is ``TRASH_GRACE_NS`` old by its time
+        (docs/FORMAT.md, "Capacity and reclamation", rule 10). A closed writer's log is final:
+        what it references is known without reading again. Each closed writer once (newest
+        writers first, at most ``CLOSED_SWEEPS_PER_RECLAIM`` a call); one whose close is too
+        recent is tried again at a later reclaim.
+
+        Parameters
+        ----------
+        now : int
+            The time (ns since the epoch) the grace is measured to.
+
+        Returns
+        -------
+        int
+            Closed writers swept by this call.
+
+        Cost: O(writers of the view); a listing per table per writer swept.
+        """
+        swept = 0
+        for writer, wlog in sorted(self.store.log.writers.items(), reverse=True):
+            if swept >= CLOSED_SWEEPS_PER_RECLAIM:
+                break
+            if writer == self.writer or writer in self._swept or not wlog.closed:
+                continue
+            if now - wlog.closed_ns < TRASH_GRACE_NS:
+                continue
+            self._sweep(writer, final=True)
+            swept += 1
+        return swept
+
+    def _sweep(self, writer: int, final: bool = False) -> None:
+        """Delete the segments of dead (or closed) writer ``writer`` that its log does not reference.
+
+        These are its spares, the segment of appends it never committed and the originals of
+        segments it right-sized (docs/FORMAT.md, "Capacity and reclamation"). Its death was
+        proved first, so its log is final: the directories are listed, then the log is read, and
+        a segment committed before it died is seen as referenced. A closed writer's log
+        (``final``) was final when its ``close`` record was read. Once per writer.
+        Cost: a listing per table and (unless ``final``) a refresh of the log.
         """
         self._swept.add(writer)
         listed = {t: self.storage.list(f"{layout.writer_dir(writer)}/data/{t}") for t in self.store.schemas}
-        self.store.refresh()
+        if not final:
+            self.store.refresh()
         wlog = self.store.log.writers.get(writer)
         for table, names in listed.items():
             frags = wlog.fragments.get(table, {}).values() if wlog is not None else ()

@@ -416,7 +416,8 @@ class Writer:
         leaves its fragments compacted (no other writer ever merges them). Then each of its
         segments that is less than half full is copied into a right-sized one, so that no
         sparse tail stays referenced (the originals go at the next ``vacuum`` past its age
-        threshold; a copy that fails, on a full disk for instance, only warns). Closing twice
+        threshold or, in a store with a capacity, by another writer's reclaim once this close is
+        older than the trash grace; a copy that fails, on a full disk for instance, only warns). Closing twice
         does nothing; a writer broken by a failed pipelined commit is released without
         committing.
 

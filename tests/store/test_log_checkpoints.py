@@ -209,3 +209,20 @@ def test_writers_share_one_checkpoint_per_interval_and_a_lost_race_writes_nothin
     wb.close()
     final = fast_backend.open(mode="r")
     assert _state(final.log) == _state(_replayed(fast_backend)) and verify(final) == []
+
+
+def test_a_closed_writers_close_time_comes_from_its_record_or_the_checkpoint_that_holds_it(
+        backend: Backend) -> None:
+    """Reclaimers wait a grace past a writer's close before deleting its unreferenced segments: a
+    reader that applied the ``close`` record knows its time; one that knows the close only from a
+    checkpoint takes the checkpoint's time, which is never earlier."""
+    rng = np.random.default_rng(9)
+    st = backend.open(DQN)
+    _write(st, rng, 3, stream=0)
+    _write(st, rng, 9, stream="b")  # (checkpoints after writer 0's close)
+    full = _replayed(backend)
+    close = records.decode("", st.storage.read(layout.commit_record(0, full.writers[0].next_seq - 1)))
+    assert close["kind"] == "close" and full.writers[0].closed_ns == close["time_ns"]
+    opened = backend.open(mode="r")
+    assert opened.log.checkpoint_numbers()  # (it started from one)
+    assert opened.log.writers[0].closed and opened.log.writers[0].closed_ns >= close["time_ns"]

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from replaystore.schemas import dqn, transitions
-from replaystore.store import layout, open_store, sizing
+from replaystore.store import layout, open_store, reclaimer, sizing
 from replaystore.store.compaction import segment_runs, underfilled
 from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support.batches import dqn_batch, transitions_batch
-from support.storecheck import assert_same, columns_of, snapshot
+from support.storecheck import assert_same, columns_of, segments_on_disk, segments_retained, snapshot
 
 CARTPOLE = transitions(4, actions=2)
 DQN = dqn(16, 2, actions=9)
@@ -284,15 +284,67 @@ def test_any_closed_store_reads_the_same_and_is_right_sized(tmp_path_factory: An
 
 
 
-def test_a_capped_store_leaves_its_segments_to_reclamation(tmp_path: Path) -> None:
-    """A capped store reclaims segments whole with their records; a copy at close would leave its
-    original to vacuum, and collectors that restart often would pile those up: no right-sizing."""
+def test_a_capped_store_right_sizes_at_close_and_reclaims_the_copy_once_evicted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capacity 1,000 (segments of 250 rows): 300 records leave the second segment 50/250 full.
+    ``compact()`` keeps it (appends may still go there); close copies it into a right-sized
+    segment. A later writer deletes the original once the close is older than the trash grace
+    (0 here), and the right-sized copy (full: no append goes there) once its records are evicted;
+    a segment the log still needs is never deleted, and what stays backs the newest records."""
+    monkeypatch.setattr(reclaimer, "TRASH_GRACE_NS", 0)
     url = str(tmp_path / "st")
-    st = open_store(url, CARTPOLE, mode="w", capacity=100_000)
+    rng = np.random.default_rng(7)
+    st = open_store(url, CARTPOLE, mode="w", capacity=1000)
     with st.writer() as w:
-        w.append(transitions_batch(np.random.default_rng(7), 300, 4, 2), stream=0)
+        w.append(transitions_batch(rng, 300, 4, 2), stream=0)
         w.commit()
         kept = _segments(st)
-        assert w.compact() == 0
-    assert _segments(st) == kept
-    assert st.vacuum(older_than_s=0, dry_run=True).deleted == []
+        assert w.compact() == 0 and _segments(st) == kept  # (the one appends go to)
+    closed = _segments(st)
+    (rightsized,) = closed - kept
+    (original,) = kept - closed
+    assert segments_on_disk(tmp_path / "st") == {(0, n) for n in kept | closed}  # the original stays for now
+    batches = [transitions_batch(rng, 10, 4, 2)]
+    with st.writer() as w2:  # its commit's reclaim deletes the closed writer's original (done by its close)
+        w2.append(batches[-1], stream=1)
+    on_disk = segments_on_disk(tmp_path / "st")
+    assert (0, original) not in on_disk and (0, rightsized) in on_disk  # the copy is still read
+    with st.writer() as w3:
+        for _ in range(13):  # 1,300 records more: the first writer's records all beyond capacity + grace
+            batches.append(transitions_batch(rng, 100, 4, 2))
+            w3.append(batches[-1], stream=2)
+            w3.commit()
+    on_disk = segments_on_disk(tmp_path / "st")
+    assert {n for writer, n in on_disk if writer == 0} == set()  # all its 300 records evicted
+    assert segments_retained(st) <= on_disk
+    st = open_store(url, mode="r")
+    assert_same(st.read(st.row_ids()), {k: v[-1000:] for k, v in columns_of(CARTPOLE, batches).arrays.items()})
+    assert verify(st) == []
+
+
+@needs_du
+@pytest.mark.parametrize("capacity", [1_000_000, 10_000])
+def test_a_finished_capped_store_is_within_twice_its_allocated_size(tmp_path: Path, capacity: int) -> None:
+    """A capped store's segments are sparse too: closing copies the last one into a right-sized
+    segment, and vacuum takes the original; 3,000 records read the same and verify clean."""
+    url = str(tmp_path / "st")
+    rng = np.random.default_rng(8)
+    st = open_store(url, CARTPOLE, mode="w", capacity=capacity)
+    w = st.writer()
+    batches = []
+    for i in range(30):
+        batches.append(transitions_batch(rng, 100, 4, 2))
+        w.append(batches[-1], stream=i % 3)
+        w.commit()
+    before = snapshot(open_store(url, mode="r"))
+    originals = _segments(st)
+    w.close()
+    assert _segments(st) != originals
+    done = open_store(url, mode="a").vacuum(older_than_s=0)
+    assert {u.path for u in done.deleted} == {layout.fragment_dir(0, "records", n) for n in originals - _segments(st)}
+    after = open_store(url, mode="r")
+    assert snapshot(after) == before
+    assert_same(after.read(after.row_ids()), columns_of(CARTPOLE, batches))
+    assert verify(after) == []
+    apparent, allocated = du(url, apparent=True), du(url, apparent=False)
+    assert apparent <= 2 * allocated, (apparent, allocated)

@@ -12,8 +12,9 @@ import signal
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from replaystore.store import layout, liveness, open_store, records
+from replaystore.store import layout, liveness, open_store, reclaimer, records
 from replaystore.store.store import Store
 from replaystore.store.verify import verify
 from support import procs
@@ -34,10 +35,14 @@ def _writer_segment(st: Store, writer: int) -> str:
     return name
 
 
-def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path) -> None:
-    """60 short writer sessions of 4 records each (a restarted collector): each leaves a partial
-    segment on close. Later sessions' commits reclaim every one whose records are all evicted,
-    so what stays on disk is exactly what backs the newest capacity + grace records."""
+def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """60 short writer sessions of 4 records each (a restarted collector): each copies its partial
+    segment into a right-sized one on close, leaving the original unreferenced. Later sessions'
+    commits delete each closed session's original once its close is older than the trash grace (0
+    here) and reclaim every right-sized segment whose records are all evicted, so what stays on
+    disk is exactly what backs the newest capacity + grace records, and the last session's
+    original (no session came after it), which vacuum takes."""
+    monkeypatch.setattr(reclaimer, "TRASH_GRACE_NS", 0)
     rng = np.random.default_rng(3)
     url = str(tmp_path / "st")
     open_store(url, DQN, mode="w", capacity=CAPACITY).close()
@@ -49,10 +54,56 @@ def test_writer_sessions_that_closed_leave_no_segment_behind(tmp_path: Path) -> 
             w.append(batches[-1], stream="collector")
         st.close()
     st = open_store(url, mode="r")
-    on_disk = segments_on_disk(tmp_path / "st")
-    assert on_disk == segments_retained(st)
-    assert len(on_disk) == 13  # 50 records in sessions of 4; without reclaiming them, 60
+    on_disk, retained = segments_on_disk(tmp_path / "st"), segments_retained(st)
+    assert retained <= on_disk and len(retained) == 13  # 50 records in sessions of 4; without reclaiming them, 60
+    assert [writer for writer, _ in on_disk - retained] == [w.id]  # the last session's original
+    open_store(url, mode="a").vacuum(older_than_s=0)
+    assert segments_on_disk(tmp_path / "st") == retained
     assert_same(st.read(st.row_ids()), columns_of(DQN, batches[-CAPACITY // 4:]))
+    assert verify(st) == []
+
+
+def test_collectors_restarting_beside_a_running_writer_leave_no_originals_once_the_grace_passed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived writer commits while 20 collector sessions come and go, each right-sizing its
+    segment at close. While the grace lasts (readers may still read an original) the running
+    writer keeps every closed collector's original; once it has passed (0 here) its next reclaims
+    delete them all, the ones it kept included, so they never pile up; a segment the log still
+    needs is never deleted, and the store reads and verifies clean."""
+    rng = np.random.default_rng(11)
+    url = str(tmp_path / "st")
+    root = tmp_path / "st"
+    open_store(url, DQN, mode="w", capacity=CAPACITY).close()
+    st = open_store(url, mode="a")
+    long_lived = st.writer()
+    collectors: list[int] = []
+
+    def collector_session() -> None:
+        with open_store(url, mode="a").writer() as c:
+            c.append(_batch(rng, 4), stream="collector")
+        collectors.append(c.id)
+        long_lived.append(_batch(rng, 1), stream="learner")
+        long_lived.commit()  # its reclaim
+
+    def originals() -> set[tuple[int, str]]:
+        st.refresh()
+        live = {(f.writer, f.segment.name) for f in st.table("records").reader.all_fragments if f.segment is not None}
+        return {(w, n) for w, n in segments_on_disk(root) - live if w in collectors}
+
+    monkeypatch.setattr(reclaimer, "TRASH_GRACE_NS", 10**15)  # (readers may lag that long)
+    for _ in range(5):
+        collector_session()
+    assert {w for w, _ in originals()} == set(collectors)  # each kept: its close is within the grace
+    monkeypatch.setattr(reclaimer, "TRASH_GRACE_NS", 0)
+    for _ in range(15):
+        collector_session()
+    long_lived.close()  # (waits for its deletions)
+    assert originals() == set()
+    on_disk, retained = segments_on_disk(root), segments_retained(st)
+    assert retained <= on_disk
+    assert {w for w, _ in on_disk - retained} <= {long_lived.id}  # its own original: no writer came after
+    st.refresh()
+    assert len(st) == CAPACITY
     assert verify(st) == []
 
 
@@ -169,24 +220,29 @@ def test_a_closed_writer_ends_its_log_with_a_close_record_that_readers_stop_at(t
             w.commit(metadata={"round": 1})
         reader.refresh()
         assert not reader.log.writers[w.id].closed
-    close = records.decode("", st.storage.read(layout.commit_record(w.id, 3)))
-    assert close["kind"] == "close" and close["tables"] == {} and close["seq"] == 3
-    assert not st.storage.exists(layout.commit_record(w.id, 4))
+    # (seq 3: the compact record of its segment's right-sized copy)
+    assert records.decode("", st.storage.read(layout.commit_record(w.id, 3)))["kind"] == "compact"
+    close = records.decode("", st.storage.read(layout.commit_record(w.id, 4)))
+    assert close["kind"] == "close" and close["tables"] == {} and close["seq"] == 4
+    assert not st.storage.exists(layout.commit_record(w.id, 5))
     reader.refresh()
-    assert reader.log.writers[w.id].closed and reader.log.writers[w.id].next_seq == 4
-    assert [c["kind"] for c in reader.commits()] == ["append"] * 3
-    assert reader.sql("SELECT count(*) AS n FROM commits")["n"].to_pylist() == [3]
-    assert reader.info()["writers_closed"] == 1 and reader.info()["commits"] == 3
+    assert reader.log.writers[w.id].closed and reader.log.writers[w.id].next_seq == 5
+    assert [c["kind"] for c in reader.commits()] == ["append"] * 3 + ["compact"]
+    assert reader.sql("SELECT count(*) AS n FROM commits")["n"].to_pylist() == [4]
+    assert reader.info()["writers_closed"] == 1 and reader.info()["commits"] == 4
     # a record after a close is never read: the log ends there
-    st.storage.create(layout.commit_record(w.id, 4), st.storage.read(layout.commit_record(w.id, 0)))
+    st.storage.create(layout.commit_record(w.id, 5), st.storage.read(layout.commit_record(w.id, 0)))
     late = open_store(url, mode="r")
-    assert late.log.writers[w.id].next_seq == 4 and len(late) == 9
+    assert late.log.writers[w.id].next_seq == 5 and len(late) == 9
 
 
-def test_a_segment_left_half_deleted_by_a_killed_reclaimer_is_finished_by_the_next(tmp_path: Path) -> None:
+def test_a_segment_left_half_deleted_by_a_killed_reclaimer_is_finished_by_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer killed while deleting a reclaimed segment leaves part of its directory (here: all
     but the group's ``zarr.json``); the log still lists it, so the next reclaim deletes the rest
-    (it used to skip a directory without ``zarr.json`` forever; the crash soak found it)."""
+    (it used to skip a directory without ``zarr.json`` forever; the crash soak found it). The
+    segment is the closed writer's right-sized copy; its original goes too (trash grace 0 here)."""
+    monkeypatch.setattr(reclaimer, "TRASH_GRACE_NS", 0)
     rng = np.random.default_rng(8)
     url = str(tmp_path / "st")
     st = open_store(url, DQN, mode="w", capacity=CAPACITY)
