@@ -116,9 +116,10 @@ def test_compact_merges_a_writers_fragments_up_to_the_size_cap(fast_backend: Bac
     assert [tuple(p) for p in fragments[0].parts] == [
         (b["seq"], b["time_ns"], 4) for b in _commit_records(fast_backend, w.id) if b["kind"] == "append"]
     assert w.compact() == 0  # nothing left to merge
-    w.close()  # the pending append is committed as its own fragment
+    w.close()  # the pending append is committed as its own fragment (local: close right-sizes the segment into one)
     for handle in (st, fast_backend.open(mode="r")):
-        assert len(handle.table("records").reader.fragments) == 2
+        frags = handle.table("records").reader.fragments
+        assert len(frags) == (1 if frags[0].segment is not None else 2)
         assert_same(handle.read(handle.row_ids()), columns_of(DQN, [*batches, pending]))
         assert handle.rows(0)[1].tolist() == list(range(10 * 4 + 2))
 
