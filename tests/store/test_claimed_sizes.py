@@ -27,8 +27,8 @@ from support.batches import dqn_batch
 DQN = dqn(8, 2, actions=5)
 
 
-def _fill(url: str, commits: int = 3, capacity: int | None = None) -> Store:
-    st = open_store(url, DQN, mode="w", capacity=capacity)
+def _fill(url: str, commits: int = 3) -> Store:
+    st = open_store(url, DQN, mode="w")
     rng = np.random.default_rng(0)
     with st.writer() as w:
         for _ in range(commits):
@@ -100,10 +100,15 @@ def test_a_chunk_longer_than_declared_is_refused_not_read_as_other_rows(tmp_path
 
 def test_fragments_sharing_segment_rows_are_refused(tmp_path: Path) -> None:
     """A checksum-valid record placing its fragment at the segment rows of the previous one would
-    show those records twice, under two row ids. (A capped store: its closed writer's segment
-    is not right-sized, so the forged commit is still the live fragment's record.)"""
+    show those records twice, under two row ids. (Read while the writer is open: at close its
+    segment is right-sized into one fragment, which no forged record of the appends would touch.)"""
     root = tmp_path / "st"
-    st = _fill(str(root), capacity=1_000)
+    st = open_store(str(root), DQN, mode="w")
+    rng = np.random.default_rng(0)
+    w = st.writer()
+    for _ in range(3):
+        w.append(dqn_batch(rng, 4, observation_size=8, actions=5, extra=0), stream="s")
+        w.commit()
     first = st.table("records").reader.fragments[0]
     assert first.segment is not None
 
@@ -115,6 +120,7 @@ def test_fragments_sharing_segment_rows_are_refused(tmp_path: Path) -> None:
         open_store(str(root), mode="r")
     assert "overlap in segment" in str(err.value) and err.value.path == layout.commits_dir(0)
     assert any("overlap" in p.problem for p in verify_store(st))
+    w.discard()
 
 
 # -- records that are not regular files, malformed state records ---------------------------------
