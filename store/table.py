@@ -163,8 +163,8 @@ class TableReader:
         not exist. The ``_reset`` index array takes one byte per record, so its chunk's size is
         the fragment's real row count: it must hold exactly ``rows`` bytes and its CRC32C (a
         segment's: exactly ``capacity`` bytes). Cost: one ``stat`` per fragment (per segment)
-        not checked before, on local storage and ``memory://``; on object storage nothing here
-        (a chunk downloaded through the chunk cache is checked against its declared size).
+        not checked before, on local storage and ``memory://``; on object storage one round
+        trip of concurrent HEAD requests for all the fragments not checked before.
 
         Parameters
         ----------
@@ -179,9 +179,8 @@ class TableReader:
         UnsafeNameError
             The chunk's path leads outside the store through a symbolic link.
         """
-        if self.storage.remote:
-            return
         sized = self._sized
+        remote: list[tuple[Fragment, int, int, str]] = []  # (object storage: sizes asked together)
         for frag in frags:
             key = (frag.writer, frag.name)
             if key in sized:
@@ -195,22 +194,35 @@ class TableReader:
                 sized.add(key)
                 continue
             cpath = chunk_path(f"{frag.path}/_reset", 1)
+            if self.storage.remote:
+                remote.append((frag, claimed, expected, cpath))
+                continue
             size = self._seg_sizes.get(frag.group) if seg is not None else None
             if size is None:
                 try:
                     size = chunk_size(self.storage, cpath)
                 except StaleReadError:  # gone: reclaimed since the log was read (a read raises it again)
                     continue
-                if size is None:  # (object storage)
+                if size is None:
                     continue
                 if seg is not None:
                     self._seg_sizes[frag.group] = size
-            if size != expected:
-                what = (f"segment {seg.name!r} of {claimed} rows (commit record of fragment {frag.name!r})"
-                        if seg is not None else f"fragment {frag.name!r} of {claimed} rows (its commit record)")
-                raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
-                                                "do not exist (run replaystore verify)")
-            sized.add(key)
+            self._check_size(frag, claimed, expected, cpath, size)
+        if remote:
+            for (frag, claimed, expected, cpath), size in zip(
+                    remote, self.storage.sizes([r[3] for r in remote]), strict=True):
+                if size is not None:  # (None: gone, reclaimed since the log was read; a read raises it)
+                    self._check_size(frag, claimed, expected, cpath, size)
+
+    def _check_size(self, frag: Fragment, claimed: int, expected: int, cpath: str, size: int) -> None:
+        """Refuse ``frag`` unless its ``_reset`` chunk ``cpath`` has the ``expected`` size; else remember it checked."""
+        if size != expected:
+            seg = frag.segment
+            what = (f"segment {seg.name!r} of {claimed} rows (commit record of fragment {frag.name!r})"
+                    if seg is not None else f"fragment {frag.name!r} of {claimed} rows (its commit record)")
+            raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
+                                            "do not exist (run replaystore verify)")
+        self._sized.add((frag.writer, frag.name))
 
     def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
         """The view of the live fragments ``frags``, computed afresh; the caches moved to it.

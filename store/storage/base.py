@@ -295,6 +295,34 @@ class Storage(abc.ABC):
                 out.append(None)
         return out
 
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """Each object's size in bytes, None where absent (any other error raises).
+
+        Object stores ask for them concurrently (one round trip for the lot).
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Returns
+        -------
+        list of int or None
+            Each object's size, None where absent.
+
+        Raises
+        ------
+        OSError
+            Any error but absence.
+        """
+        out: list[int | None] = []
+        for path in paths:
+            try:
+                out.append(self.size(path))
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
     @abc.abstractmethod
     def write(self, path: str, data: bytes | memoryview) -> None:
         """Write a data object durably (it is never referenced before this returns).

@@ -239,6 +239,35 @@ class FsspecStorage(Storage):
                 out.append(value)
         return out
 
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """Each object's size in bytes, None where absent; asked concurrently.
+
+        See :meth:`Storage.sizes`.
+
+        Parameters
+        ----------
+        paths : sequence of str
+            Object paths.
+
+        Returns
+        -------
+        list of int or None
+            Each object's size, None where absent.
+
+        Raises
+        ------
+        OSError
+            Any error but absence.
+        StorageUnavailableError
+            The backend could not be reached or refused the request (S3).
+        """
+        if len(paths) < 2:
+            return super().sizes(paths)
+        try:
+            return [int(n) for n in self.fs.sizes([self._p(p) for p in paths])]  # s3fs: concurrent HEADs
+        except FileNotFoundError:  # one is gone (reclaimed meanwhile): ask each
+            return super().sizes(paths)
+
     def write(self, path: str, data: bytes | memoryview) -> None:
         """Write a data object durably (it is never referenced before this returns).
 

@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from replaystore.schemas import dqn
 from replaystore.store import Store, layout, open_store, records, verify_store
 from replaystore.tools.cli import main as cli_main
 from support.batches import dqn_batch
+from support.s3 import S3Server
 
 DQN = dqn(8, 2, actions=5)
 
@@ -182,3 +184,29 @@ def test_a_state_payload_is_checked_against_its_header(tmp_path: Path, damage: s
     assert doc == {"v": 0} and np.array_equal(arrays["x"], np.arange(10))
     problems = verify_store(reader)
     assert [p.path for p in problems] == [body["arrays"]["x"]], problems
+
+
+def test_a_claimed_row_count_on_s3_is_checked_before_it_is_used(s3_server: S3Server) -> None:
+    """On object storage too: the claim is checked (HEAD requests, asked together) when a view is
+    built, so ``len`` and ``row_ids`` never count or allocate for records that do not exist."""
+    url = s3_server.url(f"t-{uuid.uuid4().hex}")
+    opts = s3_server.storage_options
+    st = open_store(url, DQN, mode="w", storage_options=opts)
+    rng = np.random.default_rng(0)
+    with st.writer() as w:
+        for _ in range(3):
+            w.append(dqn_batch(rng, 4, observation_size=8, actions=5, extra=0), stream="s")
+            w.commit()
+    early = open_store(url, mode="r", storage_options=opts)
+    assert len(early) == 12
+    last = layout.commit_record(0, 2)
+    body = records.decode(last, st.storage.read(last))
+    frag = body["tables"]["records"]["add"][0]
+    frag["parts"][-1][2] += (1 << 32) - frag["rows"]
+    frag["rows"] = 1 << 32
+    st.storage.write(last, records.encode(body))
+    with pytest.raises(CorruptObjectError) as err:
+        open_store(url, mode="r", storage_options=opts)
+    assert "_reset" in err.value.path and frag["name"] in str(err.value) and "do not exist" in str(err.value)
+    assert len(early) == 12 and len(early.row_ids()) == 12  # (a handle that applied the honest record keeps it)
+    assert verify_store(early)

@@ -412,7 +412,10 @@ def test_a_commit_shows_itself_and_reads_other_writers_only_in_a_capped_store(
     monkeypatch.setattr(st_a.storage, "read_many", lambda paths: read.extend(paths) or read_many(paths))
     wa.commit()
     monkeypatch.undo()
-    assert bool(read) == (capacity is not None)  # (its own record: applied from what it created)
+    # (its own record: applied from what it created; on S3 the replace check reads the manifest and the
+    # claim of a replace, not records of the log)
+    read = [p for p in read if p != layout.MANIFEST and not p.startswith("replace-")]
+    assert bool(read) == (capacity is not None)
     assert len(st_b) == 5 and len(st_a) == (3 if capacity is None else 6)
     assert st_a.refresh() == (capacity is None) and len(st_a) == 6
     wb.append(_dqn(rng, 1), stream="b")

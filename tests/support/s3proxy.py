@@ -100,7 +100,10 @@ def _handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
             for k, v in headers:
                 if k.lower() not in HOP_BY_HOP:
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            # a HEAD answer has no body: its Content-Length is the object's, as upstream said
+            length = next((v for k, v in headers if k.lower() == "content-length"), None) \
+                if self.command == "HEAD" else None
+            self.send_header("Content-Length", length if length is not None else str(len(data)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
