@@ -234,6 +234,8 @@ class FsspecStorage(Storage):
             if isinstance(value, FileNotFoundError):
                 out.append(None)
             elif isinstance(value, BaseException):
+                if _is_client_error(value):  # (cat returns what s3fs let through untranslated)
+                    raise StorageUnavailableError(f"{self.url}: {type(value).__name__}: {value}") from value
                 raise value
             else:
                 out.append(value)
