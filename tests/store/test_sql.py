@@ -75,7 +75,9 @@ def test_multidimensional_dense_fields_come_through_as_arrays(tmp_path):
 
 def test_commits_and_appends_views(ppo_store):
     st, _ = ppo_store
-    commits = st.sql("SELECT commit, metadata->>'$.iteration' AS it, records FROM commits ORDER BY commit")
+    # (close's right-sizing adds a compact record: the appends are the commits of kind 'append')
+    commits = st.sql("SELECT commit, metadata->>'$.iteration' AS it, records FROM commits WHERE kind = 'append' "
+                     "ORDER BY commit")
     assert commits.column("it").to_pylist() == ["0", "1", "2", "3"]
     assert commits.column("records").to_pylist() == [50, 50, 50, 50]
     tele = st.sql("SELECT telemetry->>'$.games' AS g FROM appends")
