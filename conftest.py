@@ -1,5 +1,5 @@
 """Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py),
-a chunk cache directory of the test session's own (store/chunkcache.py), not the user's, and Ray's
+a chunk cache directory of the test session's own (store/storage/cache.py), not the user's, and Ray's
 loopback settings (tests/support/raylocal.py) before any test module can import Ray."""
 
 import os

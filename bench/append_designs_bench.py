@@ -52,12 +52,12 @@ from benchkit import ACTIONS, HEADS, OBS, Table, as_tensordict, dqn_records, mai
 
 from replaystore.schemas import Schema, dqn
 from replaystore.schemas import validate as validate_module
-from replaystore.store.committer import Committer
-from replaystore.store.fragment import INDEX_DTYPES
-from replaystore.store.segment import WRITEBACK, WRITEBACK_BYTES, Segment
-from replaystore.store.segmentpool import SegmentPool
+from replaystore.store.format.fragment import INDEX_DTYPES
+from replaystore.store.format.segment import WRITEBACK, WRITEBACK_BYTES, Segment
 from replaystore.store.storage import LocalStorage
-from replaystore.store.writer import Writer
+from replaystore.store.write.committer import Committer
+from replaystore.store.write.segmentpool import SegmentPool
+from replaystore.store.write.writer import Writer
 
 BATCH = 1_000
 COMMIT_EVERY = 10_000

@@ -14,7 +14,7 @@ What is measured (docs/PERFORMANCE.md, "Loaders", has the details):
    columns). The store is written as collectors write it (10k-record commits, so several
    fragments); the same records written in one commit (one fragment) are shown as
    information (sections 1 and 2), with breakdown rows: ``sample()`` alone and ``Table.read`` alone (the
-   store's read path, store/table.py).
+   store's read path, store/read/table.py).
 2. sequences, 16 windows x 16 steps: ``SequenceSampler(length=16, burn_in=0,
    batch_size=16)`` sample + gather vs ``ReplayBuffer(LazyMemmapStorage,
    SliceSampler(slice_len=16, traj_key="episode"), batch_size=256).sample()``. The
@@ -237,12 +237,12 @@ def bench_uniform(cfg: dict[str, Any], st: Any, st1: Any, rb: Any, out: Table) -
             "information: the store's read path vs fragment count")
     out.add("   breakdown: UniformSampler.sample() alone", r["sample"], r["ours"], "batches/s", None,
             f"reference: sample()+gather(); {1e6 / r['sample']:.0f} of {1e6 / r['ours']:.0f} us")
-    out.add("   breakdown: Table.read(256 rows) alone (store/table.py)", r["read"], r["ours"], "batches/s", None,
+    out.add("   breakdown: Table.read(256 rows) alone (store/read/table.py)", r["read"], r["ours"], "batches/s", None,
             f"reference: sample()+gather(); {1e6 / r['read']:.0f} of {1e6 / r['ours']:.0f} us")
     csr = "numba" if tab.reader._csr is not None else "numpy (no numba, or REPLAYSTORE_NUMBA=0)"
     out.add("   Table.read: this CSR index vs the numpy one (REPLAYSTORE_NUMBA=0)", r["read"], r["read_np"],
             "batches/s", None,
-            f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/csrkernels.py)")
+            f"{1e6 / r['read']:.0f} vs {1e6 / r['read_np']:.0f} us; CSR index: {csr} (store/read/csrkernels.py)")
     return r
 
 
@@ -462,7 +462,7 @@ def bench_scale(tmp: str, cfg: dict[str, Any], out: Table) -> None:
             1e6 / r["s"], "us/batch", None, "same 5 columns; no store: what the memory hierarchy costs")
     out.add(f"   control: Table.read of {SAMPLE} random rows of {big:,}: all {len(tab.reader.fragments)} fragments vs "
             f"first ({first:,} rows)", 1e6 / r["all"], 1e6 / r["one"], "us/batch", None,
-            "the store's per-fragment read cost (store/table.py)")
+            "the store's per-fragment read cost (store/read/table.py)")
     for kind, (s_small, s_big) in setups.items():
         out.add(f"   first sample() of a new {kind} sampler, {big:,} vs {small:,}", s_big * 1e3, s_small * 1e3, "ms",
                 None, "one-time O(n) work (information)")

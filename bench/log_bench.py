@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=int, default=200_000,
                     help="records kept by the capped store followed (default 200,000)")
     args = ap.parse_args(argv)
-    from replaystore.store import log
-
+    from replaystore.store.read import log
     if args.checkpoint_every is not None and hasattr(log, "CHECKPOINT_EVERY"):
         log.CHECKPOINT_EVERY = args.checkpoint_every
     sizes = QUICK if args.quick else FULL

@@ -64,7 +64,7 @@ from benchkit import (
 
 from replaystore.schemas import dqn
 from replaystore.store import open_store
-from replaystore.store.table import TableReader
+from replaystore.store.read.table import TableReader
 
 BATCH = 1_000
 COMMIT_EVERY = 10_000

@@ -26,7 +26,7 @@ from benchkit import ACTIONS, HEADS, OBS, dqn_records
 
 from replaystore.schemas import dqn
 from replaystore.store import open_store
-from replaystore.store import table as table_module
+from replaystore.store.read import table as table_module
 
 SCHEMA = dqn(OBS, HEADS, actions=ACTIONS)
 MODES = {"redo": 1 << 62, "follow": -1}  # values of _REDO_UP_TO that force each path

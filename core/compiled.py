@@ -72,7 +72,7 @@ def kernels(module: str) -> ModuleType | None:
     Parameters
     ----------
     module : str
-        Dotted module name, e.g. ``"replaystore.store.csrkernels"``.
+        Dotted module name, e.g. ``"replaystore.store.read.csrkernels"``.
 
     Returns
     -------

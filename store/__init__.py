@@ -12,19 +12,19 @@ modules and every underscore name are internals that may change.
 
 from typing import Any
 
-from replaystore.store import bodies, layout, records
-from replaystore.store.chunkcache import ChunkCache
-from replaystore.store.index import StreamIndex
-from replaystore.store.layout import ROW_BITS
-from replaystore.store.retention import grace
-from replaystore.store.scan import SCAN_ROWS, scan_fragment, scan_projection
-from replaystore.store.segments import Segments, grown
+from replaystore.store.format import bodies, layout, records
+from replaystore.store.format.layout import ROW_BITS
+from replaystore.store.maintenance.verify import Problem
+from replaystore.store.maintenance.verify import verify as verify_store
+from replaystore.store.read.index import StreamIndex
+from replaystore.store.read.retention import grace
+from replaystore.store.read.scan import SCAN_ROWS, scan_fragment, scan_projection
+from replaystore.store.read.segments import Segments, grown
+from replaystore.store.read.view import FragmentInfo, TableView
 from replaystore.store.storage import Storage
+from replaystore.store.storage.cache import ChunkCache
 from replaystore.store.store import DEFAULT_TABLE, Mode, Store, Table, _read_manifest, open_store
-from replaystore.store.verify import Problem
-from replaystore.store.verify import verify as verify_store
-from replaystore.store.view import FragmentInfo, TableView
-from replaystore.store.writer import CommitResult, Writer
+from replaystore.store.write.writer import CommitResult, Writer
 
 
 def read_manifest(storage: Storage) -> dict[str, Any] | None:

@@ -24,23 +24,24 @@ from replaystore.errors import (
     StoreReplacedError,
 )
 from replaystore.schemas import Columns, Schema
-from replaystore.store import bodies, chunkcache, layout, records
-from replaystore.store.chunkcache import ChunkCache
-from replaystore.store.codecs import column_bytes
-from replaystore.store.index import StreamKey
-from replaystore.store.log import CLOSE, CommitLog
-from replaystore.store.replace import claim_name, foreign, new_generation, store_generation
+from replaystore.store.format import bodies, layout, records
+from replaystore.store.format.codecs import column_bytes
+from replaystore.store.format.generations import claim_name, foreign, new_generation, store_generation
+from replaystore.store.read.index import StreamKey
+from replaystore.store.read.log import CLOSE, CommitLog
+from replaystore.store.read.table import TableReader
+from replaystore.store.read.view import row_array
 from replaystore.store.storage import Storage, open_storage
-from replaystore.store.table import TableReader
-from replaystore.store.view import row_array
-from replaystore.store.writer import InsertLimiter, Writer
+from replaystore.store.storage import cache as chunkcache
+from replaystore.store.storage.cache import ChunkCache
+from replaystore.store.write.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from replaystore.store.index import StreamIndex
-    from replaystore.store.vacuum import VacuumReport
-    from replaystore.store.view import TableView
+    from replaystore.store.maintenance.vacuum import VacuumReport
+    from replaystore.store.read.index import StreamIndex
+    from replaystore.store.read.view import TableView
 
 Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
 """How :func:`open_store` opens a store (its docstring has the table of modes)."""
@@ -57,7 +58,7 @@ class Table:
 
     What is visible changes only when the store refreshes (:meth:`Store.refresh`, or a
     writer of this handle committing); :meth:`view` returns it as an immutable
-    :class:`~replaystore.store.view.TableView` snapshot. The methods here read the
+    :class:`~replaystore.store.read.view.TableView` snapshot. The methods here read the
     table's current view.
 
     Parameters
@@ -630,7 +631,7 @@ class Store:
     def refresh(self) -> bool:
         """Pick up commits made since the last refresh, by any writer.
 
-        Each table that changed gets a new :class:`~replaystore.store.view.TableView`
+        Each table that changed gets a new :class:`~replaystore.store.read.view.TableView`
         (``Table.view()``); views taken before stay as they were.
 
         Returns
@@ -1112,7 +1113,7 @@ class Store:
         Cost: a listing of every object, two reads of the commit log, one delete per object
         (S3: one request per 1000).
         """
-        from replaystore.store.vacuum import vacuum
+        from replaystore.store.maintenance.vacuum import vacuum
 
         if self.mode == "r" and not dry_run:
             raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
@@ -1383,8 +1384,8 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         chunk_cache = None
     if mode == "w+" and schemas is None:  # refused before the old store is deleted
         raise StoreError(f"{storage.url}: mode 'w+' creates a store, which needs a schema")
-    if mode == "w+":  # only a store is replaced, by one opener at a time (store/replace.py)
-        from replaystore.store.replace import clear_for_create
+    if mode == "w+":  # only a store is replaced, by one opener at a time (store/maintenance/replace.py)
+        from replaystore.store.maintenance.replace import clear_for_create
 
         clear_for_create(storage)
     read = _read_manifest_bytes(storage)

@@ -91,9 +91,9 @@ def test_each_rule_is_enforced() -> None:
     exports = {"Table", "open_store"}
     bad = """
 from replaystore.store import Table, TableReader
-from replaystore.store.table import TableReader
+from replaystore.store.read.table import TableReader
 from replaystore.store.storage import open_storage
-import replaystore.store.fragment
+import replaystore.store.format.fragment
 import replaystore.store.sql
 rows = t.reader.fragments
 x = t._data

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
-from replaystore.store.chunkcache import StoreCache
+from replaystore.store.storage.cache import StoreCache
 
 
 def file_kind(mode: int) -> str:

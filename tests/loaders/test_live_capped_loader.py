@@ -17,7 +17,7 @@ from replaystore.errors import StaleReadError
 from replaystore.loaders import PrioritizedSampler, UniformSampler, make_loader
 from replaystore.schemas import transitions
 from replaystore.store import open_store
-from replaystore.store.layout import ROW_BITS
+from replaystore.store.format.layout import ROW_BITS
 
 CAP = 64
 

@@ -221,7 +221,7 @@ from replaystore.schemas import dqn
 from replaystore.store import open_store
 sys.path.insert(0, {os.path.join(os.path.dirname(__file__), os.pardir)!r})
 from support.batches import dqn_batch
-assert kernels("replaystore.store.csrkernels") is None and kernels("replaystore.loaders.treekernels") is None
+assert kernels("replaystore.store.read.csrkernels") is None and kernels("replaystore.loaders.treekernels") is None
 st = open_store({str(tmp_path / "st")!r}, dqn(16, 2, actions=9), mode="w")
 with st.writer() as w:
     w.append(dqn_batch(np.random.default_rng(0), 9000, extra=0), stream=0)

@@ -18,7 +18,7 @@ from hypothesis import strategies as hs
 
 from replaystore.loaders import SequenceSampler
 from replaystore.store import open_store
-from replaystore.store.layout import ROW_BITS
+from replaystore.store.format.layout import ROW_BITS
 from support.indexops import Scenario, ops
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

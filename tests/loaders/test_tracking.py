@@ -12,7 +12,7 @@ from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampl
 from replaystore.loaders.tracking import RowSlots, ViewTracker, difference, expand, inside, merge, rows_in
 from replaystore.schemas import transitions
 from replaystore.store import open_store
-from replaystore.store.layout import ROW_BITS
+from replaystore.store.format.layout import ROW_BITS
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

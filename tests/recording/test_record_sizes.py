@@ -17,7 +17,7 @@ import pytest
 
 from replaystore.gym import RecordEpisodes
 from replaystore.store import open_store
-from replaystore.store.verify import verify
+from replaystore.store.maintenance.verify import verify
 
 
 def du(path: Path, apparent: bool) -> int:

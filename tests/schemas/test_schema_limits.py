@@ -24,7 +24,8 @@ from replaystore.schemas import (
     Schema,
     nested,
 )
-from replaystore.store import layout, open_store, records
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
 from replaystore.tools.cli import main as cli_main
 
 BOUND_S = 20  # a generous wall-clock bound for work that takes well under a second when linear

@@ -10,7 +10,7 @@ import pytest
 
 from replaystore.errors import StepOrderError, StepRangeError, UnknownFieldError
 from replaystore.schemas import episode, rollout, transitions
-from replaystore.store.streamkeys import MAX_STEP
+from replaystore.store.format.streamkeys import MAX_STEP
 from support.batches import episode_batch, rollout_batch, transitions_batch
 from support.storecheck import Backend, snapshot
 

@@ -10,8 +10,9 @@ import pytest
 
 from replaystore.errors import RowError, StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
-from replaystore.store import Store, layout
-from replaystore.store.writer import Writer
+from replaystore.store import Store
+from replaystore.store.format import layout
+from replaystore.store.write.writer import Writer
 from support.storecheck import Backend
 
 # one unique id per record, a realistic observation and a ragged field

@@ -1,4 +1,4 @@
-"""The local chunk cache of stores on S3 (store/chunkcache.py): readers memory-map chunk objects
+"""The local chunk cache of stores on S3 (store/storage/cache.py): readers memory-map chunk objects
 from a directory they share instead of holding them in memory; what it serves is the store's
 bytes, also after a ``"w+"`` replace, a corrupt download or a damaged cache file; it keeps to its
 budget. S3 is the real moto server on loopback; a denying proxy proves where bytes came from."""
@@ -20,8 +20,8 @@ from replaystore.loaders import UniformSampler, make_loader
 from replaystore.loaders.dataset import gather
 from replaystore.schemas import dqn
 from replaystore.store import ChunkCache, open_store
-from replaystore.store import chunkcache as chunkcache_module
 from replaystore.store.storage import FsspecStorage
+from replaystore.store.storage import cache as chunkcache_module
 from replaystore.tools.info import print_info
 from support.batches import dqn_batch
 from support.s3 import S3Server

@@ -21,7 +21,8 @@ import pytest
 
 from replaystore.errors import CorruptObjectError, RowIdTypeError
 from replaystore.schemas import dqn
-from replaystore.store import Store, layout, open_store, records, verify_store
+from replaystore.store import Store, open_store, verify_store
+from replaystore.store.format import layout, records
 from replaystore.tools.cli import main as cli_main
 from support.batches import dqn_batch
 from support.s3 import S3Server

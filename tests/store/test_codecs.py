@@ -9,8 +9,8 @@ import zarr
 
 from replaystore.errors import SchemaError
 from replaystore.schemas import Dense, Schema
-from replaystore.store import layout
-from replaystore.store.codecs import BLOCK, CompressedArray
+from replaystore.store.format import layout
+from replaystore.store.format.codecs import BLOCK, CompressedArray
 from support.storecheck import Backend
 
 SCHEMA = Schema("pixels", [

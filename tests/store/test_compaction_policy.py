@@ -1,4 +1,4 @@
-"""Which fragments compaction merges (store/compaction.py), as properties over generated
+"""Which fragments compaction merges (store/maintenance/compaction.py), as properties over generated
 fragment lists: runs are adjacent, of one kind, within the size cap, and as long as the
 policy allows. The merges themselves run through real writers in test_write_path.py,
 test_segments.py and test_vacuum.py."""
@@ -10,8 +10,8 @@ from itertools import pairwise
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from replaystore.store.compaction import COMPACT_FANIN, due_run, full_runs, segment_run, tiered_run
-from replaystore.store.fragment import Fragment, SegmentRef
+from replaystore.store.format.fragment import Fragment, SegmentRef
+from replaystore.store.maintenance.compaction import COMPACT_FANIN, due_run, full_runs, segment_run, tiered_run
 
 MAX_ROWS = 64
 

@@ -1,4 +1,4 @@
-"""Contiguous views (store/spans.py, store/vmap.py): every fragment of an array mapped side by side
+"""Contiguous views (store/read/spans.py, store/read/vmap.py): every fragment of an array mapped side by side
 in one address range, so a read is one gather per array. Checked against the per-fragment read
 over random multi-fragment histories, and on damaged or reclaimed files."""
 
@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError
 from replaystore.schemas import dqn
-from replaystore.store import ChunkCache, Store, layout, open_store
-from replaystore.store.fragment import Fragment
-from replaystore.store.table import TableReader
-from replaystore.store.vmap import PAGE, AddressRange, available
+from replaystore.store import ChunkCache, Store, open_store
+from replaystore.store.format import layout
+from replaystore.store.format.fragment import Fragment
+from replaystore.store.read.table import TableReader
+from replaystore.store.read.vmap import PAGE, AddressRange, available
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same
 
@@ -87,7 +88,7 @@ def _read_points(url: str, ops: list[tuple], capacity: int | None, rng: np.rando
 @given(ops=OPS, capacity=st.sampled_from([None, 30, 150]), seed=st.integers(0, 2**16))
 def test_compiled_csr_index_reads_what_numpy_reads(tmp_path_factory: pytest.TempPathFactory, ops: list[tuple],
                                                    capacity: int | None, seed: int) -> None:
-    """The numba CSR index (store/csrkernels.py) and its numpy twin, through the views and per
+    """The numba CSR index (store/read/csrkernels.py) and its numpy twin, through the views and per
     fragment: the same arrays, bit for bit (rows repeated, in any order, empty lists included)."""
     url = str(tmp_path_factory.mktemp("csr") / "st")
     rng = np.random.default_rng(seed)
@@ -159,7 +160,7 @@ def test_a_short_chunk_file_is_a_typed_error_not_a_crash(tmp_path: Path) -> None
 @pytest.mark.parametrize("numba", ["1", "0"])
 def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               numba: str) -> None:
-    """Both CSR index paths: the numba kernel (store/csrkernels.py) and numpy."""
+    """Both CSR index paths: the numba kernel (store/read/csrkernels.py) and numpy."""
     monkeypatch.setenv("REPLAYSTORE_NUMBA", numba)
     url, frag = _one_fragment(tmp_path)
     chunk = tmp_path / "st" / frag.path / "legal_offsets" / "c" / "0"
@@ -181,7 +182,7 @@ def test_damaged_offsets_are_a_typed_error_not_a_wild_gather(tmp_path: Path, mon
 
 
 def test_the_compiled_csr_index_refuses_records_outside_the_offsets() -> None:
-    from replaystore.store.csrkernels import csr_index
+    from replaystore.store.read.csrkernels import csr_index
 
     offsets = np.array([0, 2, 2, 5], dtype=np.int64)  # three records
     out = np.empty(3, dtype=np.int64)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.store import open_store
-from replaystore.store.verify import verify
+from replaystore.store.maintenance.verify import verify
 from support.procs import Child, fsize_batch
 
 

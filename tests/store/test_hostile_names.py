@@ -15,7 +15,8 @@ import pytest
 
 from replaystore.errors import InvalidNameError, ReplayStoreError, UnsafeNameError
 from replaystore.schemas import dqn
-from replaystore.store import layout, open_store, records
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
 from replaystore.store.storage import LocalStorage
 from replaystore.tools.info import run_verify
 from support.batches import dqn_batch

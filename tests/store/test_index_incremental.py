@@ -21,7 +21,7 @@ from hypothesis import strategies as hs
 
 from replaystore.schemas import transitions
 from replaystore.store import StreamIndex, open_store
-from replaystore.store.segments import Segments
+from replaystore.store.read.segments import Segments
 from support.indexops import KEYS, Scenario, batch, ops
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,7 +147,7 @@ def test_large_change_rebuilds_and_small_change_follows(new_url: Callable[[], st
 def test_build_order_is_the_lexsort_order(n: int, streams: int, ascending: bool, dup: bool, seed: int) -> None:
     """The index build's sort (radix by stream id when row order already has each stream's steps
     ascending, else a lexsort) gives exactly ``np.lexsort((step, sid))``, ties in row order."""
-    from replaystore.store.index import _stream_step_order
+    from replaystore.store.read.index import _stream_step_order
     rng = np.random.default_rng(seed)
     sid = rng.integers(0, streams, n).astype(np.int64)
     step = rng.integers(0, 5 if dup else 1000, n).astype(np.int64)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from replaystore.store import open_store
-from replaystore.store import vacuum as vacuum_module
-from replaystore.store.verify import verify
+from replaystore.store.maintenance import vacuum as vacuum_module
+from replaystore.store.maintenance.verify import verify
 from support.procs import (
     Child,
     check_rows,

@@ -12,11 +12,12 @@ import pytest
 
 from replaystore.errors import StoreError
 from replaystore.schemas import dqn
-from replaystore.store import Store, layout, records
-from replaystore.store import log as log_module
-from replaystore.store.fragment import Fragment
-from replaystore.store.log import CommitLog, WriterLog, encode_checkpoint
-from replaystore.store.verify import verify
+from replaystore.store import Store
+from replaystore.store.format import layout, records
+from replaystore.store.format.fragment import Fragment
+from replaystore.store.maintenance.verify import verify
+from replaystore.store.read import log as log_module
+from replaystore.store.read.log import CommitLog, WriterLog, encode_checkpoint
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of
 

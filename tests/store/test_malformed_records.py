@@ -25,9 +25,10 @@ from hypothesis import strategies as hs
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 from replaystore.schemas import dqn
-from replaystore.store import Store, layout, open_store, records
+from replaystore.store import Store, open_store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
 from replaystore.store.storage import Storage, open_storage
-from replaystore.store.verify import verify
 from replaystore.tools.cli import main as cli_main
 from support.batches import dqn_batch
 

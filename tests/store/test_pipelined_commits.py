@@ -12,7 +12,9 @@ import pytest
 
 from replaystore.errors import StoreError
 from replaystore.schemas import dqn
-from replaystore.store import Store, layout, liveness, open_store, records
+from replaystore.store import Store, open_store
+from replaystore.store.format import layout, records
+from replaystore.store.write import liveness
 from support.batches import dqn_batch
 from support.storecheck import assert_same, columns_of, descriptors_under
 

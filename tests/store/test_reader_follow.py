@@ -31,10 +31,10 @@ from hypothesis import strategies as hs
 
 from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
-from replaystore.store import table as table_module
-from replaystore.store.chunkcache import ChunkCache
+from replaystore.store.read import table as table_module
+from replaystore.store.read.table import TableReader
 from replaystore.store.storage import LocalStorage
-from replaystore.store.table import TableReader
+from replaystore.store.storage.cache import ChunkCache
 from support.batches import dqn_batch
 from support.indexops import fresh_at
 from support.storecheck import assert_same, snapshot

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from replaystore.errors import NotAStoreError, SchemaMismatchError, StoreReplacedError
-from replaystore.store import layout, open_store
+from replaystore.store import open_store
+from replaystore.store.format import layout
+from replaystore.store.maintenance.verify import verify
 from replaystore.store.storage import open_storage
-from replaystore.store.verify import verify
 from support.procs import Child, crash_batch, racer_batch, racer_schema, same_records, schema, take_rows
 from support.s3 import S3Server
 from support.s3proxy import conflicting_s3, options_via

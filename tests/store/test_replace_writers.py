@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from replaystore.errors import StoreReplacedError
-from replaystore.store import layout, open_store, records
-from replaystore.store.verify import verify
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
 from support.procs import Child, racer_schema, replace_batch, same_records, take_rows
 from support.s3 import S3Server
 from support.s3proxy import conflicting_s3, options_via

@@ -1,4 +1,4 @@
-"""Which records a capped store keeps (store/retention.py), against the format's rule taken
+"""Which records a capped store keeps (store/read/retention.py), against the format's rule taken
 record by record (docs/FORMAT.md, "Reading a store"): fragments of four writers (a writer's
 fragments in row order, its commit times increasing; a commit may go on in the writer's next
 fragment), parts of other writers sharing commit times (ties broken by writer), parts without
@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaystore.store.fragment import Fragment, SegmentRef
-from replaystore.store.retention import reclaimable, retained_parts, visible_from
+from replaystore.store.format.fragment import Fragment, SegmentRef
+from replaystore.store.read.retention import reclaimable, retained_parts, visible_from
 
 
 def _visible_from(frags: list[Fragment], capacity: int) -> list[int]:

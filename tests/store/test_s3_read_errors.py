@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from replaystore.schemas import dqn
-from replaystore.store import layout, open_store
-from replaystore.store import log as log_module
+from replaystore.store import open_store
+from replaystore.store.format import layout
+from replaystore.store.read import log as log_module
 from replaystore.store.storage import FsspecStorage
 from support.batches import dqn_batch
 from support.s3 import S3Server

@@ -19,12 +19,14 @@ import zarr
 
 from replaystore.errors import NonFiniteError, StoreError
 from replaystore.schemas import dqn, transitions
-from replaystore.store import layout, open_store, records, sizing
-from replaystore.store.fragment import Fragment
-from replaystore.store.segment import MAX_STREAMS
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
+from replaystore.store.format.fragment import Fragment
+from replaystore.store.format.segment import MAX_STREAMS
+from replaystore.store.maintenance.verify import verify
 from replaystore.store.store import Store
-from replaystore.store.verify import verify
-from replaystore.store.writer import Writer
+from replaystore.store.write import sizing
+from replaystore.store.write.writer import Writer
 from support.batches import dqn_batch, transitions_batch
 from support.storecheck import assert_same, columns_of
 

@@ -25,10 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from replaystore.schemas import dqn, transitions
-from replaystore.store import layout, open_store, reclaimer, sizing
-from replaystore.store.compaction import segment_runs, underfilled
+from replaystore.store import open_store
+from replaystore.store.format import layout
+from replaystore.store.maintenance.compaction import segment_runs, underfilled
+from replaystore.store.maintenance.verify import verify
 from replaystore.store.store import Store
-from replaystore.store.verify import verify
+from replaystore.store.write import reclaimer, sizing
 from support.batches import dqn_batch, transitions_batch
 from support.storecheck import assert_same, columns_of, segments_on_disk, segments_retained, snapshot
 

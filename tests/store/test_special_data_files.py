@@ -22,8 +22,9 @@ import pytest
 
 from replaystore.errors import CorruptObjectError
 from replaystore.schemas import Dense, Schema
-from replaystore.store import ChunkCache, layout, open_store, verify_store
-from replaystore.store.zarrio import chunk_path
+from replaystore.store import ChunkCache, open_store, verify_store
+from replaystore.store.format import layout
+from replaystore.store.format.zarrio import chunk_path
 from replaystore.tools.cli import EXIT_CORRUPT, EXIT_DAMAGED
 from support.storecheck import Backend
 

@@ -129,7 +129,7 @@ def test_bad_sql_is_a_typed_error(ppo_store):
 
 
 def test_scans_stream_in_bounded_batches(ppo_store):
-    from replaystore.store.scan import scan
+    from replaystore.store.read.scan import scan
 
     st, _ = ppo_store
     batches = list(scan(st.default.reader, ["row", "obs"], batch_rows=16))

@@ -1,4 +1,4 @@
-"""Fragments are staged record batch by record batch (store/staging.py; appends buffered, merges
+"""Fragments are staged record batch by record batch (store/format/staging.py; appends buffered, merges
 straight to the files): the committed fragment is a plain Zarr v3 group holding exactly the
 added records; failed, discarded and crashed appends leave nothing; local storage fsyncs only
 directories whose entries are not yet durable."""
@@ -15,11 +15,11 @@ import pytest
 import zarr
 
 from replaystore.schemas import dqn
-from replaystore.store import layout
-from replaystore.store.fragment import FragmentData
-from replaystore.store.staging import StagedFragment
+from replaystore.store.format import layout
+from replaystore.store.format.fragment import FragmentData
+from replaystore.store.format.staging import StagedFragment
+from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, verify_chunk
 from replaystore.store.storage import LocalStorage
-from replaystore.store.zarrio import CRC_BYTES, chunk_path, verify_chunk
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of
 

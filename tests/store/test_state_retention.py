@@ -11,7 +11,8 @@ import pytest
 
 from replaystore.errors import StoreError
 from replaystore.schemas import transitions
-from replaystore.store import layout, open_store, records
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
 from support import procs
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from replaystore.schemas import transitions
-from replaystore.store import layout, open_store, records
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
 
 
 def test_concurrent_savers_never_mix_their_arrays(tmp_path):

@@ -26,7 +26,7 @@ from replaystore.errors import (
     UnknownFieldError,
 )
 from replaystore.schemas import dqn, ppo
-from replaystore.store import layout, records
+from replaystore.store.format import layout, records
 from support.batches import dqn_batch
 from support.storecheck import Backend, columns_of, snapshot
 

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from replaystore.errors import StaleReadError
 from replaystore.schemas import Dense, Ragged, Schema
-from replaystore.store import Store, Writer, layout, open_store
-from replaystore.store import log as log_module
+from replaystore.store import Store, Writer, open_store
+from replaystore.store.format import layout
+from replaystore.store.read import log as log_module
 
 SCHEMA = Schema("prop", [Dense("uid", np.int64), Dense("obs", np.float32, (3,)),
                          Ragged("ids", np.int64, "offsets")])

@@ -12,8 +12,9 @@ import zarr
 
 from replaystore.errors import RowError, StepOrderError, StoreError
 from replaystore.schemas import Schema, alphazero, dqn, ppo, treestrap
-from replaystore.store import Store, layout, records
-from replaystore.store import log as log_module
+from replaystore.store import Store
+from replaystore.store.format import layout, records
+from replaystore.store.read import log as log_module
 from support.batches import alphazero_batch, dqn_batch, ppo_batch, treestrap_batch
 from support.storecheck import Backend, assert_same, columns_of
 

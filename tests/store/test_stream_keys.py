@@ -1,4 +1,4 @@
-"""Coding a batch's stream keys (store/streamkeys.py): the array fast path agrees with the
+"""Coding a batch's stream keys (store/format/streamkeys.py): the array fast path agrees with the
 per-key path, codes index the keys in order of first appearance, and bad keys are typed errors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replaystore.errors import StreamKeyError
-from replaystore.store.streamkeys import group_positions, per_record_keys, stream_codes
+from replaystore.store.format.streamkeys import group_positions, per_record_keys, stream_codes
 
 INT_KEYS = st.lists(st.integers(-5, 5), max_size=40)
 STR_KEYS = st.lists(st.sampled_from(["a", "b", "ep-7", "é"]), max_size=40)

@@ -17,8 +17,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from replaystore.store.fragment import Fragment
-from replaystore.store.viewdiff import first_listings, grown_order
+from replaystore.store.format.fragment import Fragment
+from replaystore.store.read.viewdiff import first_listings, grown_order
 
 KEYS = [0, 1, 2, "a", "b"]
 SLOTS = 8

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from replaystore.schemas import dqn
-from replaystore.store import Store, layout, records
-from replaystore.store import log as log_module
-from replaystore.store.log import CommitLog
-from replaystore.store.verify import verify
+from replaystore.store import Store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
+from replaystore.store.read import log as log_module
+from replaystore.store.read.log import CommitLog
 from support.batches import dqn_batch
 from support.storecheck import Backend
 

@@ -17,9 +17,9 @@ import pytest
 
 from replaystore.errors import ReadOnlyError, StoreError
 from replaystore.schemas import dqn
-from replaystore.store import layout
-from replaystore.store.compaction import COMPACT_FANIN
-from replaystore.store.verify import verify
+from replaystore.store.format import layout
+from replaystore.store.maintenance.compaction import COMPACT_FANIN
+from replaystore.store.maintenance.verify import verify
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of, snapshot
 

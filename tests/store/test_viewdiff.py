@@ -1,4 +1,4 @@
-"""How two views of a table differ (store/viewdiff.py), against plain-Python reference models:
+"""How two views of a table differ (store/read/viewdiff.py), against plain-Python reference models:
 which fragments stayed where they were, and which rows one view has and the other lacks. A
 reader following real commits is checked against a fresh reader in test_reader_follow.py."""
 
@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replaystore.store.fragment import Fragment
-from replaystore.store.viewdiff import intervals, pair, subtract
+from replaystore.store.format.fragment import Fragment
+from replaystore.store.read.viewdiff import intervals, pair, subtract
 
 # a view: distinct fragment identities, each visible from a local row (0-2)
 VIEW = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 2)), max_size=14,

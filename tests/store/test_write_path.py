@@ -12,7 +12,8 @@ import torch
 import zarr
 
 from replaystore.schemas import dqn
-from replaystore.store import layout, records, sizing
+from replaystore.store.format import layout, records
+from replaystore.store.write import sizing
 from support.batches import dqn_batch
 from support.storecheck import Backend, assert_same, columns_of
 

@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replaystore.store import layout, liveness, open_store, reclaimer, records
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
 from replaystore.store.store import Store
-from replaystore.store.verify import verify
+from replaystore.store.write import liveness, reclaimer
 from support import procs
 from support.batches import dqn_batch
 from support.storecheck import assert_same, columns_of, descriptors_under, segments_on_disk, segments_retained
@@ -336,7 +338,7 @@ def test_a_killed_writers_spare_segment_is_reclaimed_with_its_other_segments(tmp
 def test_only_well_formed_unreferenced_segment_names_are_swept() -> None:
     """Names listed under a dead writer's data directory are data: only ``s`` + ten digits that no
     live fragment is backed by are deleted (never fragments, temporaries or anything else)."""
-    from replaystore.store.retention import unreferenced_segments
+    from replaystore.store.read.retention import unreferenced_segments
 
     names = ["s0000000001", "s0000000002", "f0000000003", "..", "s12", "s0000000004x", ".tmp-s0000000005",
              "s0000000006"]

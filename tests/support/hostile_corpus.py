@@ -82,7 +82,9 @@ def build_base(root: str) -> None:
     state slot with two versions.
     """
     from replaystore.schemas import Dense, Schema, dqn
-    from replaystore.store import log, open_store, sizing
+    from replaystore.store import open_store
+    from replaystore.store.read import log
+    from replaystore.store.write import sizing
     from support.batches import dqn_batch
 
     frames = Schema("frames", [Dense("frame", np.uint8, (6, 5), codec="zstd"), Dense("reward", np.float32)])
@@ -107,15 +109,13 @@ def build_base(root: str) -> None:
 
 # -- finding the objects of a store ---------------------------------------------------------------
 def _body(root: Path, path: str) -> dict[str, Any]:
-    from replaystore.store import records
-
+    from replaystore.store.format import records
     return records.decode(path, (root / path).read_bytes())
 
 
 def _forge(root: Path, path: str, edit: Callable[[dict[str, Any]], None]) -> None:
     """Rewrite record ``path`` with ``edit`` applied to its body, checksum-valid (as a forger would)."""
-    from replaystore.store import records
-
+    from replaystore.store.format import records
     body = _body(root, path)
     edit(body)
     (root / path).write_bytes(records.encode(body))

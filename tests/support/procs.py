@@ -70,8 +70,9 @@ from typing import Any
 import numpy as np
 
 from replaystore.schemas import Schema, dqn, transitions
-from replaystore.store import log as log_module
-from replaystore.store import open_store, sizing
+from replaystore.store import open_store
+from replaystore.store.read import log as log_module
+from replaystore.store.write import sizing
 from support.batches import dqn_batch
 
 OBS = 8
@@ -179,7 +180,7 @@ def _say(line: str) -> None:
         sys.stdout.flush()
 
 
-COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name prefix (store/compactor.py)
+COMPACT_THREAD = "replaystore-compact"  # the writer's compaction thread's name prefix (store/write/compactor.py)
 
 
 def hold_merges(storage: Any) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.columns import concat_columns
-from replaystore.store import Store, layout, open_store, records
+from replaystore.store import Store, open_store
+from replaystore.store.format import layout, records
 from replaystore.store.storage import Storage, open_storage
 
 

@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 
 from replaystore.errors import CorruptObjectError
-from replaystore.store import layout, open_store, records
-from replaystore.store import log as log_module
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
+from replaystore.store.read import log as log_module
 from replaystore.store.storage import open_storage
-from replaystore.store.verify import verify
 from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, take_rows, write_planned
 from support.storecheck import Backend, segments_on_disk, segments_retained
 

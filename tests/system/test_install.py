@@ -28,7 +28,7 @@ def test_kernels_are_cached_in_the_user_cache_directory(tmp_path) -> None:
     before = set().union(*(kernel_files(d) for d in package_dirs))
     code = ("import numpy as np\n"
             "from replaystore.compiled import kernels\n"
-            "csr = kernels('replaystore.store.csrkernels')\n"
+            "csr = kernels('replaystore.store.read.csrkernels')\n"
             "out = np.empty(3, np.int64)\n"
             "ok, idx = csr.csr_index(np.array([0, 2, 5], np.int64), np.array([1, 0], np.int64),\n"
             "                        np.empty(0, np.int64), 5, out)\n"

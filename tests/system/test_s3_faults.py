@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from replaystore.store import layout, open_store
+from replaystore.store import open_store
+from replaystore.store.format import layout
 from replaystore.store.storage import open_storage
 from support.procs import Child, crash_batch, crash_plan, crash_stream, same_records, schema, write_planned
 

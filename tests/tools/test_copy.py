@@ -13,8 +13,9 @@ import pytest
 
 from replaystore.errors import CorruptObjectError, StoreExistsError, StoreNotFoundError
 from replaystore.schemas import dqn
-from replaystore.store import layout, open_store, records
-from replaystore.store.verify import verify
+from replaystore.store import open_store
+from replaystore.store.format import layout, records
+from replaystore.store.maintenance.verify import verify
 from replaystore.tools.copy import copy_store
 from support.batches import dqn_batch
 

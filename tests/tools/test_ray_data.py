@@ -30,8 +30,9 @@ import pytest
 import ray
 
 from replaystore.errors import StaleReadError, StoreError
-from replaystore.store import layout, open_store
-from replaystore.store.scan import scan, scan_schema
+from replaystore.store import open_store
+from replaystore.store.format import layout
+from replaystore.store.read.scan import scan, scan_schema
 from replaystore.store.storage import open_storage
 from replaystore.tools.ray_data import ReplayStoreDatasource, read_replaystore
 from support.batches import dqn_batch

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from replaystore.schemas import dqn
-from replaystore.store import layout
-from replaystore.store.compaction import COMPACT_FANIN
+from replaystore.store.format import layout
+from replaystore.store.maintenance.compaction import COMPACT_FANIN
 from support.batches import dqn_batch
 from support.s3 import moto_s3
 from support.storecheck import Backend, snapshot

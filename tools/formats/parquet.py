@@ -1,6 +1,6 @@
 """Parquet export and import: a hive-partitioned dataset, one ``stream=<key>/`` directory per stream.
 
-Export streams the table's record batches (:func:`replaystore.store.scan.scan`) and writes
+Export streams the table's record batches (:func:`replaystore.store.read.scan.scan`) and writes
 each batch's rows of a stream as one row group of that stream's open file
 (:class:`StreamFiles`), synchronously, so memory holds one batch plus each open file's
 encoder state, whatever the table's size. Each file carries the replaystore schema

@@ -1,0 +1,579 @@
+"""Compressed fields: a fragment's chunk of a compressed field is a Zarr v3 shard of small blocks.
+
+A field declared with ``codec=`` (``"zstd:3"``, ``"lz4:1"``) is stored as a Zarr v3 array
+whose single chunk is a ``sharding_indexed`` shard: the records are cut into inner chunks
+of :data:`BLOCK` records (the last one padded with zeros), each compressed on its own
+(``bytes`` -> ``zstd``/``numcodecs.lz4`` -> ``crc32c``), followed by the shard index (per
+block its byte offset and length, little-endian uint64) and that index's CRC32C
+(docs/FORMAT.md, "Compressed fields"). A read decodes only the blocks holding the rows
+it wants; zarr-python reads the same arrays unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import google_crc32c
+import numcodecs  # type: ignore[import-untyped]
+import numpy as np
+
+from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.store.format.zarrio import chunk_path, missing_chunk, open_cached, raw_bytes
+from replaystore.store.storage import ObjectStream, Storage
+
+BLOCK = 8
+"""Records per compressed block (inner chunk). Measured on Atari frames (docs/PERFORMANCE.md):
+3-4x the ratio of one record per block, at about the decode cost of one record."""
+
+_CRC = 4
+_INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64
+
+
+def compressor(codec: str) -> Any:
+    """The numcodecs codec of a field's ``codec`` (``"zstd:3"``, ``"lz4:1"``).
+
+    Parameters
+    ----------
+    codec : str
+        A normalised codec (:class:`~replaystore.schemas.Dense`'s ``codec``).
+
+    Returns
+    -------
+    numcodecs.abc.Codec
+        The codec (``encode``/``decode`` of bytes).
+    """
+    name, _, level = codec.partition(":")
+    return numcodecs.Zstd(level=int(level)) if name == "zstd" else numcodecs.LZ4(acceleration=int(level))
+
+
+def zarr_codec(codec: str) -> dict:
+    """The Zarr v3 codec entry of ``codec`` (zarr-python's ``zstd``, or ``numcodecs.lz4``).
+
+    Parameters
+    ----------
+    codec : str
+        A normalised codec.
+
+    Returns
+    -------
+    dict
+        The entry of a ``codecs`` list.
+    """
+    name, _, level = codec.partition(":")
+    if name == "zstd":
+        return {"name": "zstd", "configuration": {"level": int(level), "checksum": False}}
+    return {"name": "numcodecs.lz4", "configuration": {"acceleration": int(level)}}
+
+
+def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: str) -> dict:
+    """The ``zarr.json`` of a compressed fragment array: one shard of :data:`BLOCK`-record blocks.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype
+        The field's dtype.
+    shape : tuple of int
+        The array's shape ``(rows, *record shape)``.
+    codec : str
+        The field's normalised codec.
+
+    Returns
+    -------
+    dict
+        The document.
+    """
+    from replaystore.store.format.zarrio import array_metadata
+
+    meta = array_metadata(dtype, shape)
+    blocks = max(1, math.ceil(shape[0] / BLOCK))
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [blocks * BLOCK, *shape[1:]]
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    meta["codecs"] = [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [BLOCK, *shape[1:]],
+        "codecs": [little, zarr_codec(codec), {"name": "crc32c"}],
+        "index_codecs": [little, {"name": "crc32c"}],
+        "index_location": "end"}}]
+    return meta
+
+
+class ShardWriter:
+    """The shard of a compressed array written piece by piece along axis 0 (always buffered).
+
+    Full blocks are compressed as they come; the last, partial one is kept raw until
+    :meth:`finish`, which pads it with zeros. Same interface as
+    :class:`~replaystore.store.format.zarrio.ChunkWriter`.
+
+    Parameters
+    ----------
+    array_path : str
+        The array's directory.
+    ndim : int
+        The array's number of dimensions.
+    codec : str
+        The field's normalised codec.
+    """
+
+    def __init__(self, array_path: str, ndim: int, codec: str) -> None:
+        self.path = chunk_path(array_path, ndim)
+        self._codec = compressor(codec)
+        self.blocks: list[bytes] = []  # compressed blocks, each followed by its CRC32C
+        self.pending: list[np.ndarray] = []  # rows not yet a full block (copies)
+        self.size = 0  # records appended
+        self.stream: ObjectStream | None = None
+
+    def _encode(self, rows: np.ndarray) -> bytes:
+        data = self._codec.encode(raw_bytes(rows))
+        return bytes(data) + np.uint32(google_crc32c.value(bytes(data))).astype("<u4").tobytes()
+
+    def append(self, piece: np.ndarray) -> None:
+        """Append rows; every block they complete is compressed now.
+
+        Cost: one compression per :data:`BLOCK` records (a copy of the rest).
+
+        Parameters
+        ----------
+        piece : numpy.ndarray
+            Rows of the array.
+        """
+        if not len(piece):
+            return
+        held = sum(len(p) for p in self.pending)
+        rows = np.concatenate([*self.pending, piece]) if self.pending else piece
+        full = (held + len(piece)) // BLOCK * BLOCK
+        for i in range(0, full, BLOCK):
+            self.blocks.append(self._encode(rows[i:i + BLOCK]))
+        self.pending = [np.array(rows[full:])] if full < len(rows) else []
+        self.size += len(piece)
+
+    def mark(self) -> tuple[int, list[np.ndarray], int]:
+        """The state to :meth:`rollback` to.
+
+        Returns
+        -------
+        tuple
+            ``(blocks, pending rows, records)``.
+        """
+        return len(self.blocks), list(self.pending), self.size
+
+    def rollback(self, mark: tuple[int, list[np.ndarray], int]) -> None:
+        """Forget what was appended after ``mark``.
+
+        Parameters
+        ----------
+        mark : tuple
+            A :meth:`mark`.
+        """
+        blocks, pending, size = mark
+        del self.blocks[blocks:]
+        self.pending, self.size = list(pending), size
+
+    def finish(self) -> ObjectStream | None:
+        """The shard object (blocks, index, index CRC32C); again after a failed completion.
+
+        Returns
+        -------
+        ObjectStream or None
+            The object, or None for an empty array.
+        """
+        if not self.size:
+            return None
+        blocks = list(self.blocks)
+        if self.pending:
+            rows = np.concatenate(self.pending)
+            padded = np.zeros((BLOCK, *rows.shape[1:]), dtype=rows.dtype)
+            padded[:len(rows)] = rows
+            blocks.append(self._encode(padded))
+        sizes = np.array([len(b) for b in blocks], dtype=np.uint64)
+        index = np.empty((len(blocks), 2), dtype="<u8")
+        index[:, 1] = sizes
+        index[:, 0] = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.uint64)
+        raw = index.tobytes()
+        self.stream = ObjectStream(self.path)
+        self.stream.write([*blocks, raw, np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes()])
+        return self.stream
+
+    def close(self) -> None:
+        """Release the object (nothing is open: the object is written at completion)."""
+        self.stream = None
+
+
+def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...],
+                  codec: str) -> str | None:
+    """What is wrong with a compressed array's shard, if anything; every block is decoded.
+
+    The shard's size is checked against what its records can take before anything is
+    read; then its index (checksum, blocks tiling the data), and each block in turn
+    (checksum, declared size, decoding) into one block's buffer: memory stays bounded
+    by one block (plus the shard itself on object storage, read whole).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    array_path : str
+        The array's directory.
+    dtype : numpy.dtype
+        The field's dtype.
+    shape : tuple of int
+        ``(rows, *record shape)``.
+    codec : str
+        The field's normalised codec (as the schema says).
+
+    Returns
+    -------
+    str or None
+        None for an intact shard, else the problem.
+
+    Raises
+    ------
+    FileNotFoundError
+        The shard is absent.
+    """
+    shard = CompressedArray(storage, array_path, dtype, shape, codec, cached=False)
+    try:
+        size = storage.size(shard.path)
+        if size > shard.max_bytes:
+            return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
+                    f"({shard.max_bytes}): refused unread")
+        shard.check()
+    except CorruptObjectError as exc:
+        return str(exc).split(": ", 1)[-1]
+    except StaleReadError:  # (how a read names a missing chunk)
+        raise FileNotFoundError(shard.path) from None
+    return None
+
+
+def max_shard_bytes(rows: int, record_bytes: int) -> int:
+    """The most bytes a shard of ``rows`` records of ``record_bytes`` each can take.
+
+    Each block at most its raw bytes plus what zstd or LZ4 add to incompressible data
+    (under 1/128 of them plus a few hundred bytes), and its checksum; then the index.
+
+    Parameters
+    ----------
+    rows : int
+        The array's records.
+    record_bytes : int
+        Bytes of one record.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    blocks = max(1, math.ceil(rows / BLOCK))
+    raw = BLOCK * record_bytes
+    return blocks * (raw + raw // 128 + 1024 + _CRC + _INDEX_ENTRY) + _CRC
+
+
+def _index(raw: np.ndarray, rows: int, path: str) -> np.ndarray:
+    """The shard index ``(blocks, 2)`` of ``raw``, checked: CRC32C, and the blocks tile the data in order.
+
+    Block 0 starts at byte 0, each next one where the previous ends, the last where the
+    index starts (docs/FORMAT.md, "Compressed fields"): no entry overlaps another, lies
+    outside the shard or overflows. Cost: O(blocks).
+    """
+    blocks = max(1, math.ceil(rows / BLOCK))
+    size = blocks * _INDEX_ENTRY
+    if len(raw) < size + _CRC:
+        raise CorruptObjectError(path, f"shard of {len(raw)} bytes, shorter than its index ({size + _CRC} bytes)")
+    tail = raw[len(raw) - size - _CRC:]
+    if google_crc32c.value(tail[:-_CRC].tobytes()) != int(tail[-_CRC:].view("<u4")[0]):
+        raise CorruptObjectError(path, "shard index crc32c checksum mismatch")
+    entries = tail[:-_CRC].view("<u8").reshape(blocks, 2)
+    data_end = len(raw) - size - _CRC
+    offsets, lengths = entries[:, 0], entries[:, 1]
+    # compared as uint64, each term at most the shard's size: no sum below can wrap
+    bad = np.flatnonzero((offsets > data_end) | (lengths > data_end) | (lengths <= _CRC))
+    if not len(bad):
+        ends = offsets + lengths
+        starts = np.concatenate(([np.uint64(0)], ends[:-1]))
+        bad = np.flatnonzero((offsets != starts) | (ends > data_end))
+        if not len(bad) and int(ends[-1]) != data_end:
+            raise CorruptObjectError(path, f"shard index: the blocks end at byte {int(ends[-1])}, the index "
+                                           f"starts at byte {data_end}")
+    if len(bad):
+        k = int(bad[0])
+        raise CorruptObjectError(path, f"shard index: block {k} at [{int(offsets[k])}, +{int(lengths[k])}) is not "
+                                       f"where the blocks before it end (overlapping, outside the shard "
+                                       f"or overflowing)")
+    return entries.astype(np.int64)
+
+
+def _declared_size(name: str, data: np.ndarray) -> int | None:
+    """The decoded size a compressed block's header declares (None: none it can be trusted for).
+
+    zstd: the frame header's content size (a frame without one is refused); numcodecs' LZ4:
+    its 4-byte little-endian prefix.
+    """
+    head = data[:18].tobytes()
+    if name == "lz4":
+        return int.from_bytes(head[:4], "little") if len(head) >= 4 else None
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = head[4]
+    fcs_flag, single, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    if descriptor & 0x08:  # reserved bit
+        return None
+    fcs = (single, 2, 4, 8)[fcs_flag]
+    if not fcs:
+        return None
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    if len(head) < pos + fcs:
+        return None
+    value = int.from_bytes(head[pos:pos + fcs], "little")
+    return value + 256 if fcs == 2 else value
+
+
+class CompressedArray:
+    """A fragment's compressed array, read as rows: decodes only the blocks a read touches.
+
+    Supports what reads use of an ndarray: ``shape``, ``dtype``, ``len``, ``take`` along
+    axis 0, slicing along axis 0 and ``numpy.asarray`` (decodes everything).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    array_path : str
+        The array's directory.
+    dtype : numpy.dtype
+        The field's dtype.
+    shape : tuple of int
+        ``(rows, *record shape)``.
+    codec : str
+        The field's normalised codec.
+    cached : bool, optional
+        Read through the storage's chunk cache (when it has one): the cache holds the
+        compressed shard.
+
+    Attributes
+    ----------
+    blocks_decoded : int
+        Blocks decoded by every instance so far (class-wide; what a read costs).
+    """
+
+    blocks_decoded = 0
+
+    def __init__(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], codec: str,
+                 cached: bool = True) -> None:
+        self.storage, self.dtype, self.shape = storage, np.dtype(dtype), tuple(shape)
+        self.ndim = len(shape)
+        self.path = chunk_path(array_path, len(shape))
+        self._codec = compressor(codec)
+        self._codec_name = codec.partition(":")[0]
+        self._cached = cached
+        self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])))
+        self._raw: np.ndarray | None = None
+        self._index: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        """The number of records."""
+        return self.shape[0]
+
+    def _load(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._raw is None:
+            st = self.storage
+            try:
+                raw: np.ndarray
+                fd = st.open_local(self.path)  # (a regular file, or refused: never a FIFO waited on)
+                if fd is not None:
+                    with open(fd, "rb", closefd=True) as f:
+                        size = os.fstat(fd).st_size
+                        self._check_size(size)
+                        # (mapped: nothing is allocated from the size; a 0-byte file cannot be mapped)
+                        raw = np.memmap(f, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+                elif st.cache is not None and self._cached:
+                    got = open_cached(st, self.path, np.dtype(np.uint8), (0,), checksum=False)
+                    if isinstance(got, bytes):
+                        raw = np.frombuffer(got, dtype=np.uint8)
+                    else:
+                        with got:
+                            raw = np.memmap(got, dtype=np.uint8, mode="r")
+                else:
+                    raw = np.frombuffer(st.read(self.path), dtype=np.uint8)
+            except FileNotFoundError:
+                raise missing_chunk(self.path) from None
+            self._check_size(len(raw))
+            self._index = _index(raw, self.shape[0], self.path)
+            self._raw = np.asarray(raw)  # (a plain ndarray: np.memmap's slicing costs microseconds)
+        assert self._index is not None
+        return self._raw, self._index
+
+    def _check_size(self, size: int) -> None:
+        if size > self.max_bytes:
+            raise CorruptObjectError(self.path, f"size {size} bytes, more than a shard of {self.shape[0]} records "
+                                                f"can take ({self.max_bytes})")
+
+    def _decode(self, block: int, out: np.ndarray) -> None:
+        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked.
+
+        Its CRC32C, then the decoded size its header declares (exactly ``out``'s bytes:
+        a shorter block would leave part of ``out`` as it was), then the decoder's own
+        checks; any failure is a CorruptObjectError naming the shard and the block.
+        """
+        raw, index = self._load()
+        off, n = int(index[block, 0]), int(index[block, 1])
+        data = raw[off:off + n - _CRC]
+        if google_crc32c.value(data) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
+            raise CorruptObjectError(self.path, f"crc32c checksum mismatch in block {block}")
+        dest = out.view(np.uint8).reshape(-1)
+        declared = _declared_size(self._codec_name, data)
+        if declared != dest.size:
+            got = "no size" if declared is None else f"{declared} bytes"
+            raise CorruptObjectError(self.path, f"block {block} declares {got} decoded, expected {dest.size} "
+                                                f"({self._codec_name}; run replaystore verify)")
+        try:
+            self._codec.decode(data, out=dest)
+        except (RuntimeError, ValueError, TypeError, MemoryError) as exc:  # numcodecs' decoding errors
+            raise CorruptObjectError(self.path, f"block {block} does not decode as {self._codec_name} "
+                                                f"({exc})") from None
+        CompressedArray.blocks_decoded += 1
+
+    def check(self) -> None:
+        """Decode every block, one at a time into one block's buffer (what ``verify`` runs).
+
+        Raises
+        ------
+        CorruptObjectError
+            The shard's index or a block is damaged (the first found).
+        StaleReadError
+            The shard is gone.
+        """
+        _, index = self._load()
+        buf = np.empty((BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
+        for block in range(len(index)):
+            self._decode(block, buf)
+
+    def take(self, indices: Any, axis: int = 0, out: np.ndarray | None = None, mode: str = "raise") -> np.ndarray:
+        """Rows ``indices`` (like ``numpy.take`` along axis 0), decoding each block touched once.
+
+        Parameters
+        ----------
+        indices : array_like of int
+            Rows (any order, repeats allowed).
+        axis : int, optional
+            Must be 0.
+        out : numpy.ndarray, optional
+            Where to put the rows.
+        mode : str, optional
+            ``"raise"`` (default) or ``"clip"``, as ``numpy.take``.
+
+        Returns
+        -------
+        numpy.ndarray
+            The rows.
+
+        Raises
+        ------
+        IndexError
+            A row out of range (``mode="raise"``).
+        CorruptObjectError
+            The shard or a block fails its checksum.
+        StaleReadError
+            The shard is gone (reclaimed since the view was taken).
+
+        Notes
+        -----
+        Cost: one decompression per distinct block of :data:`BLOCK` records touched.
+        """
+        assert axis == 0
+        idx = np.asarray(indices, dtype=np.int64)
+        n = self.shape[0]
+        if mode == "clip":
+            idx = np.clip(idx, 0, max(n - 1, 0))
+        elif idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"{self.path}: row out of range for {n} records")
+        idx = np.where(idx < 0, idx + n, idx)
+        flat = idx.reshape(-1)
+        res = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype) if out is None else out
+        if len(flat):
+            blocks, inv = np.unique(flat // BLOCK, return_inverse=True)
+            decoded = np.empty((len(blocks), BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
+            for i, b in enumerate(blocks.tolist()):
+                self._decode(b, decoded[i])
+            res.reshape(len(flat), *self.shape[1:])[...] = decoded[inv.reshape(-1), flat % BLOCK]
+        return res if out is not None else res.reshape(*idx.shape, *self.shape[1:])
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """Rows by a slice, an int or an index array along axis 0 (decoded copies).
+
+        Parameters
+        ----------
+        key : slice or int or array_like
+            Along axis 0.
+
+        Returns
+        -------
+        numpy.ndarray
+            The rows.
+        """
+        if isinstance(key, slice):
+            return self.take(np.arange(*key.indices(self.shape[0])))
+        if isinstance(key, (int, np.integer)):
+            return self.take(np.array([key]))[0]
+        return self.take(key)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """Every record, decoded (cost: every block)."""
+        arr = self.take(np.arange(self.shape[0]))
+        return arr if dtype is None else arr.astype(dtype)
+
+    def stored_bytes(self) -> int:
+        """The shard's size in bytes (compressed blocks, index and checksums).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
+        return len(self._load()[0])
+
+
+def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[str, Any]]:
+    """Per dense field of a table: bytes stored, bytes raw and codec, over fragments ``frags``.
+
+    Raw bytes are records x record bytes; a raw field stores exactly that, a compressed
+    one the sizes of its shards (blocks, index and checksums).
+
+    Parameters
+    ----------
+    storage : Storage
+        The store's storage.
+    schema : Schema
+        The table's schema.
+    frags : sequence of Fragment
+        The table's live fragments.
+
+    Returns
+    -------
+    dict
+        ``{field: {"stored": int, "raw": int, "codec": str or None}}``.
+
+    Raises
+    ------
+    StaleReadError
+        A shard is gone (reclaimed since the fragments were listed).
+
+    Notes
+    -----
+    Cost: one size request per fragment and compressed field.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    rows = sum(f.rows for f in frags)
+    for f in schema.dense_fields:
+        raw = rows * np.dtype(f.dtype).itemsize * int(np.prod(f.shape))
+        stored = raw
+        if f.codec is not None:
+            stored = 0
+            for frag in frags:
+                if frag.rows:
+                    path = chunk_path(f"{frag.path}/{f.name}", 1 + len(f.shape))
+                    try:
+                        stored += storage.size(path)
+                    except FileNotFoundError:
+                        raise missing_chunk(path) from None
+        out[f.name] = {"stored": stored, "raw": raw, "codec": f.codec}
+    return out
