@@ -8,6 +8,11 @@ writer, or edited and re-checksummed). Each function here checks one kind of bod
 is decoded and raises :class:`CorruptObjectError` naming the object and the field, before
 anything is applied or allocated from it. ``bool`` is never an integer here. Cost: linear in the
 body's size, no I/O (except :func:`check_capacity`, which reads a few writer registrations).
+
+Every check of a body takes the object's ``path`` (named in its errors) and the decoded
+``body`` (a dict), returns ``body`` unchanged, and raises :class:`CorruptObjectError` where a
+field is missing or malformed; each function's docstring lists what it takes and raises
+besides.
 """
 
 from __future__ import annotations
@@ -118,22 +123,11 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     ----------
     url : str
         The store's URL, named in a FormatVersionError.
-    path : str
-        The manifest's path, named in a CorruptObjectError.
-    body : dict of str to Any
-        The decoded body.
-
-    Returns
-    -------
-    dict of str to Any
-        ``body``.
 
     Raises
     ------
     FormatVersionError
         Not a replaystore manifest, or a format version this replaystore does not read.
-    CorruptObjectError
-        A field is missing or malformed.
     UnsafeNameError
         A table name breaks the name grammar.
     """
@@ -178,22 +172,8 @@ def registration(path: str, body: dict[str, Any], writer: int) -> dict[str, Any]
 
     Parameters
     ----------
-    path : str
-        The record's path, named in errors.
-    body : dict of str to Any
-        The decoded body.
     writer : int
         The writer whose directory holds it.
-
-    Returns
-    -------
-    dict of str to Any
-        ``body``.
-
-    Raises
-    ------
-    CorruptObjectError
-        A field is missing or malformed.
     """
     b = _Body(path)
     got = b.key(body, "writer", "")
@@ -223,10 +203,6 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
 
     Parameters
     ----------
-    path : str
-        The record's path, named in errors.
-    body : dict of str to Any
-        The decoded body.
     writer : int
         The writer whose directory holds it.
     seq : int
@@ -234,15 +210,8 @@ def commit(path: str, body: dict[str, Any], writer: int, seq: int,
     offsets : mapping or collection of str, optional
         The known tables (with their CSR offsets array names, where a mapping).
 
-    Returns
-    -------
-    dict of str to Any
-        ``body``.
-
     Raises
     ------
-    CorruptObjectError
-        A field is missing or malformed.
     UnsafeNameError
         A table or fragment name breaks the name grammar.
     """
@@ -316,8 +285,6 @@ def fragment(path: str, d: Any, where: str, seq_limit: int = COUNT_LIMIT,
 
     Raises
     ------
-    CorruptObjectError
-        A field is missing or malformed.
     UnsafeNameError
         The fragment or segment name breaks the name grammar.
     """
@@ -409,19 +376,10 @@ def checkpoint(path: str, body: dict[str, Any], number: int | None = None,
 
     Parameters
     ----------
-    path : str
-        The checkpoint's path, named in errors.
-    body : dict of str to Any
-        The decoded body.
     number : int, optional
         The number it must carry.
     offsets : mapping or collection of str, optional
         The known tables (with their CSR offsets array names, where a mapping).
-
-    Returns
-    -------
-    dict of str to Any
-        ``body``.
 
     Raises
     ------
@@ -472,24 +430,13 @@ def state(path: str, body: dict[str, Any], slot: str, version: int) -> dict[str,
 
     Parameters
     ----------
-    path : str
-        The record's path, named in errors.
-    body : dict of str to Any
-        The decoded body.
     slot : str
         The slot whose directory holds it.
     version : int
         Its version.
 
-    Returns
-    -------
-    dict of str to Any
-        ``body``.
-
     Raises
     ------
-    CorruptObjectError
-        A field is missing or malformed.
     UnsafeNameError
         An array name or payload path is not this slot's.
     """

@@ -128,68 +128,22 @@ def given_name(kind: str, name: object, argument: str) -> str:
 
 
 def writer_dir(writer: int) -> str:
-    """The directory of writer ``writer``: ``writers/<writer:06d>``.
-
-    Parameters
-    ----------
-    writer : int
-        The writer's id.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The directory of writer ``writer``: ``writers/<writer:06d>``."""
     return f"{WRITERS}/{writer:06d}"
 
 
 def writer_record(writer: int) -> str:
-    """The path of writer ``writer``'s writer record.
-
-    Parameters
-    ----------
-    writer : int
-        The writer's id.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The path of writer ``writer``'s writer record."""
     return f"{writer_dir(writer)}/writer.json"
 
 
 def commits_dir(writer: int) -> str:
-    """The directory of writer ``writer``'s commit records.
-
-    Parameters
-    ----------
-    writer : int
-        The writer's id.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The directory of writer ``writer``'s commit records."""
     return f"{writer_dir(writer)}/commits"
 
 
 def commit_record(writer: int, seq: int) -> str:
-    """The path of writer ``writer``'s commit record ``seq``.
-
-    Parameters
-    ----------
-    writer : int
-        The writer's id.
-    seq : int
-        The record's sequence number.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The path of writer ``writer``'s commit record ``seq``."""
     return f"{commits_dir(writer)}/{seq:010d}.json"
 
 
@@ -198,24 +152,7 @@ def fragment_dir(writer: int, table: str, name: str) -> str:
 
     Both names are checked (:func:`stored_name`), as they come from commit records.
 
-    Parameters
-    ----------
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
-    name : str
-        A fragment (``f...``) or segment (``s...``) name.
-
-    Returns
-    -------
-    str
-        The path.
-
-    Raises
-    ------
-    UnsafeNameError
-        A name breaks the grammar.
+    Raises :class:`UnsafeNameError` where a name breaks the grammar.
     """
     where = f"{writer_dir(writer)}/data"
     stored_name("table", table, where)
@@ -227,70 +164,24 @@ def fragment_dir(writer: int, table: str, name: str) -> str:
 
 
 def fragment_name(seq: int) -> str:
-    """The name of fragment ``seq``: ``f<seq:010d>``.
-
-    Parameters
-    ----------
-    seq : int
-        The fragment's sequence number.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The name of fragment ``seq``: ``f<seq:010d>``."""
     return f"f{seq:010d}"
 
 
 def segment_name(seq: int) -> str:
-    """The name of segment ``seq``: ``s<seq:010d>``.
-
-    Parameters
-    ----------
-    seq : int
-        The segment's sequence number.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The name of segment ``seq``: ``s<seq:010d>``."""
     return f"s{seq:010d}"
 
 
 def checkpoint(number: int) -> str:
-    """The path of log checkpoint ``number``.
-
-    Parameters
-    ----------
-    number : int
-        The checkpoint's number.
-
-    Returns
-    -------
-    str
-        The path.
-    """
+    """The path of log checkpoint ``number``."""
     return f"{CHECKPOINTS}/{number:010d}.json"
 
 
 def state_dir(slot: str) -> str:
     """The directory of state slot ``slot``.
 
-    Parameters
-    ----------
-    slot : str
-        The slot's name (checked).
-
-    Returns
-    -------
-    str
-        The path.
-
-    Raises
-    ------
-    UnsafeNameError
-        The slot name breaks the grammar.
+    Raises :class:`UnsafeNameError` where a name breaks the grammar.
     """
     return f"{STATE}/{stored_name('state slot', slot, STATE)}"
 
@@ -298,22 +189,7 @@ def state_dir(slot: str) -> str:
 def state_record(slot: str, version: int) -> str:
     """The path of version ``version`` of state slot ``slot``'s record.
 
-    Parameters
-    ----------
-    slot : str
-        The slot's name (checked).
-    version : int
-        The version.
-
-    Returns
-    -------
-    str
-        The path.
-
-    Raises
-    ------
-    UnsafeNameError
-        The slot name breaks the grammar.
+    Raises :class:`UnsafeNameError` where a name breaks the grammar.
     """
     return f"{state_dir(slot)}/{version:010d}.json"
 
@@ -321,24 +197,7 @@ def state_record(slot: str, version: int) -> str:
 def state_payload(slot: str, token: str, name: str) -> str:
     """The object of state array ``name`` (``<array>.npy``) saved under ``token``.
 
-    Parameters
-    ----------
-    slot : str
-        The slot's name.
-    token : str
-        The payload token.
-    name : str
-        The array's object name.
-
-    Returns
-    -------
-    str
-        The path.
-
-    Raises
-    ------
-    UnsafeNameError
-        A name breaks the grammar.
+    Raises :class:`UnsafeNameError` where a name breaks the grammar.
     """
     stored_name("payload token", token, state_dir(slot))
     stored_name("state array", name, state_dir(slot))
