@@ -12,7 +12,6 @@ import io
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from replaystore.store.maintenance.verify import verify
 from replaystore.store.storage import Storage, open_storage
 from replaystore.tools.cli import main as cli_main
 from support.batches import dqn_batch
+from support.bounded import bounded
 
 DQN = dqn(8, 2, actions=5)
 COMMIT0 = layout.commit_record(0, 0)
@@ -415,22 +415,7 @@ def test_a_malformed_state_record_is_skipped_and_reported(url: str) -> None:
 
 # -- special files -----------------------------------------------------------------------------------
 def _bounded(fn: Callable[[], Any], seconds: float = 30.0) -> BaseException | None:
-    """Run ``fn`` on a daemon thread; what it raised (None: returned). Fails if it is still running
-    after ``seconds`` (a blocking open of a FIFO would never return)."""
-    out: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            fn()
-            out.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} still running after {seconds} s"
-    return out[0]
+    return bounded(fn, seconds)
 
 
 def _refused(problem: str) -> bool:

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from replaystore.store import ChunkCache, open_store, verify_store
 from replaystore.store.format import layout
 from replaystore.store.format.zarrio import chunk_path
 from replaystore.tools.cli import EXIT_CORRUPT, EXIT_DAMAGED
+from support.bounded import bounded
 from support.storecheck import Backend
 
 RAW = Schema("records", [Dense("obs", np.float32, (4,)), Dense("reward", np.float32)])
@@ -72,22 +72,7 @@ def _replace(root: str, path: str, special: str) -> None:
 
 
 def _bounded(fn: Callable[[], Any], seconds: float = TIMEOUT) -> BaseException | None:
-    """Run ``fn`` on a daemon thread; what it raised (None: returned). Fails if it is still
-    running after ``seconds`` (a blocking open of a FIFO would never return)."""
-    out: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            fn()
-            out.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} still running after {seconds} s (waiting on a special file?)"
-    return out[0]
+    return bounded(fn, seconds)
 
 
 def _refused(err: BaseException | None, path: str) -> None:
