@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from replaystore.codecs import Codec, LZ4Codec, ZstdCodec, codec_class, get_codec, register_codec, registered_codecs
 from replaystore.errors import CodecRegistrationError, CorruptObjectError, SchemaError, UnknownCodecError
@@ -169,6 +171,19 @@ def test_the_builtin_codecs_are_registered_classes() -> None:
         out = np.empty_like(block)
         codec.decode_into(data, out)
         assert np.array_equal(out, block)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st_.binary(min_size=1, max_size=4096), spec=st_.sampled_from(["zstd:1", "zstd:22", "lz4:1", "lz4:9",
+                                                                         "test_zlib:0", "test_zlib:9"]))
+def test_every_codec_round_trips_a_block_and_declares_its_size(data: bytes, spec: str) -> None:
+    codec = get_codec(spec)
+    raw = np.frombuffer(data, np.uint8)
+    encoded = np.frombuffer(codec.encode(raw), np.uint8)
+    assert codec.declared_size(encoded) == raw.size and encoded.size <= codec.max_encoded_bytes(raw.size)
+    out = np.empty_like(raw)
+    codec.decode_into(encoded, out)
+    assert out.tobytes() == data
 
 
 def _codec(**attrs: Any) -> type:
