@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from replaystore.errors import CodecRegistrationError, UnknownCodecError
+from replaystore.errors import CodecRegistrationError, SchemaError, UnknownCodecError
 
 __all__ = ["FORMAT_CODECS", "Codec", "LZ4Codec", "ZstdCodec", "codec_class", "get_codec", "register_codec",
            "registered_codecs"]
@@ -69,8 +69,6 @@ class Codec(abc.ABC):
     levels: ClassVar[tuple[int, int]]
 
     def __init__(self, level: int | None = None) -> None:
-        from replaystore.errors import SchemaError
-
         level = self.default_level if level is None else level
         lo, hi = self.levels
         if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not lo <= level <= hi:
@@ -279,8 +277,6 @@ def get_codec(codec: str, field: str | None = None) -> Codec:
     SchemaError
         The level is not an int the codec accepts.
     """
-    from replaystore.errors import SchemaError
-
     name, _, level = codec.partition(":")
     cls = codec_class(name, field)
     try:
