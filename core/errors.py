@@ -7,6 +7,7 @@ one field of a batch derive from :class:`FieldError` and carry ``field``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -26,6 +27,45 @@ class SchemaError(ReplayStoreError, ValueError):
     ``Ragged``) is constructed with bad arguments, when a schema document read back
     (``Schema.from_json``, Arrow metadata) is malformed, and when an Arrow schema
     cannot be mapped to a replaystore schema.
+    """
+
+
+class UnknownCodecError(SchemaError):
+    """A field names a codec this process has not registered.
+
+    Raised when a schema is built or a store's schema is read (a store written with a
+    codec registered only in the writer's process, see ``replaystore.codecs``).
+
+    Parameters
+    ----------
+    field : str or None
+        The field whose codec it is (None when looked up without a field).
+    codec : str
+        The codec's name, as given or read.
+    known : sequence of str
+        The names this process has registered.
+
+    Attributes
+    ----------
+    field, codec
+        As given.
+    """
+
+    def __init__(self, field: str | None, codec: str, known: Sequence[str]) -> None:
+        self.field = field
+        self.codec = codec
+        where = f"field {field!r}: " if field is not None else ""
+        super().__init__(f"{where}codec {codec!r} is not one of {sorted(known)} registered in this process "
+                         "(optionally with a level: 'zstd:3', ('lz4', 1)); a codec defined elsewhere must be "
+                         "registered with replaystore.codecs.register_codec before the store is opened")
+
+
+class CodecRegistrationError(ReplayStoreError, ValueError):
+    """A codec class cannot be registered: its name is taken, or the class is malformed.
+
+    Raised by ``replaystore.codecs.register_codec`` for a class that is not a concrete
+    ``Codec`` subclass, lacks a valid ``name``, ``default_level`` or ``levels``, or whose
+    name another codec class already has; the registry is left as it was.
     """
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import SchemaError
+from replaystore.codecs import codec_class, registered_codecs
+from replaystore.errors import SchemaError, UnknownCodecError
 
 _KINDS = "biuf"  # bool, signed int, unsigned int, float: fixed-width numeric only
 
@@ -59,11 +60,12 @@ def _check_dtype(name: str, dtype: Any) -> np.dtype:
     return native
 
 
-CODECS = {"zstd": (3, 1, 22), "lz4": (1, 1, 65537)}  # name: (default level, lowest, highest)
-
-
 def _check_codec(name: str, codec: Any) -> str | None:
-    """``codec`` as ``"<name>:<level>"`` (``"zstd"``, ``"zstd:5"``, ``("lz4", 1)`` ...), or None."""
+    """``codec`` as ``"<name>:<level>"`` (``"zstd"``, ``"zstd:5"``, ``("lz4", 1)`` ...), or None.
+
+    The name must be a codec registered in this process (``replaystore.codecs``), the
+    level an int in the range its class declares.
+    """
     if codec is None:
         return None
     if isinstance(codec, tuple) and len(codec) == 2:
@@ -76,10 +78,10 @@ def _check_codec(name: str, codec: Any) -> str | None:
             level = lv
     else:
         cname, level = codec, None
-    if cname not in CODECS:
-        raise SchemaError(f"field {name!r}: codec {codec!r} is not one of {sorted(CODECS)} "
-                          "(optionally with a level: 'zstd:3', ('lz4', 1))")
-    default, lo, hi = CODECS[cname]
+    if not isinstance(cname, str):
+        raise UnknownCodecError(name, repr(codec), registered_codecs())
+    cls = codec_class(cname, field=name)
+    default, (lo, hi) = cls.default_level, cls.levels
     level = default if level is None else level
     if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not lo <= level <= hi:
         raise SchemaError(f"field {name!r}: codec {cname!r} level must be an int in [{lo}, {hi}], got {level!r}")
@@ -119,7 +121,8 @@ class Dense:
     codec : str or tuple, optional
         Compress the field: ``"zstd"`` or ``"lz4"``, optionally with a level as
         ``"zstd:5"`` or ``("zstd", 5)`` (zstd 1-22, default 3; lz4 acceleration, default
-        1). Kept as ``"<name>:<level>"``. Records are compressed in small blocks
+        1), or the name of another codec registered with
+        ``replaystore.codecs.register_codec``. Kept as ``"<name>:<level>"``. Records are compressed in small blocks
         (docs/FORMAT.md, "Compressed fields"); None (default) stores them raw.
 
     Raises
@@ -127,7 +130,8 @@ class Dense:
     SchemaError
         A bad name, a dtype that is not fixed-width numeric or bool, a shape that
         is not positive ints, an ``id_bound`` that is not a positive int on an
-        integer dtype, or an unknown codec or level (the error names the field).
+        integer dtype, or an unknown codec or level (the error names the field;
+        an unregistered codec name raises its subclass ``UnknownCodecError``).
     """
 
     name: str

@@ -23,7 +23,13 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from replaystore.errors import CorruptObjectError, FormatVersionError, ReplayStoreError, UnsafeNameError
+from replaystore.errors import (
+    CorruptObjectError,
+    FormatVersionError,
+    ReplayStoreError,
+    UnknownCodecError,
+    UnsafeNameError,
+)
 from replaystore.schemas import Schema
 from replaystore.store.format import layout, records
 
@@ -145,7 +151,7 @@ def manifest(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         b.name("table", name, f"tables.{name}")
         try:
             schema = Schema.from_dict(b.mapping(doc, f"tables.{name}"))
-        except CorruptObjectError:
+        except (CorruptObjectError, UnknownCodecError):  # (a codec this process lacks: not damage)
             raise
         except (ReplayStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
             b.problem(f"field 'tables.{name}': not a valid schema document ({exc})")

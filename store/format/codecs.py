@@ -3,10 +3,15 @@
 A field declared with ``codec=`` (``"zstd:3"``, ``"lz4:1"``) is stored as a Zarr v3 array
 whose single chunk is a ``sharding_indexed`` shard: the records are cut into inner chunks
 of :data:`BLOCK` records (the last one padded with zeros), each compressed on its own
-(``bytes`` -> ``zstd``/``numcodecs.lz4`` -> ``crc32c``), followed by the shard index (per
-block its byte offset and length, little-endian uint64) and that index's CRC32C
-(docs/FORMAT.md, "Compressed fields"). A read decodes only the blocks holding the rows
-it wants; zarr-python reads the same arrays unchanged.
+(``bytes`` -> the codec -> ``crc32c``), followed by the shard index (per block its byte
+offset and length, little-endian uint64) and that index's CRC32C (docs/FORMAT.md,
+"Compressed fields"). A read decodes only the blocks holding the rows it wants;
+zarr-python reads the same arrays unchanged.
+
+The codecs themselves are classes in the registry of :mod:`replaystore.codecs`; this
+module asks a field's :class:`~replaystore.codecs.Codec` object for every step that
+depends on the codec and never branches on a codec's name. :func:`field_codecs` is where
+a table's fields split into raw ones (no codec) and sharded ones.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ import os
 from typing import Any
 
 import google_crc32c
-import numcodecs  # type: ignore[import-untyped]
 import numpy as np
 
+from replaystore.codecs import Codec, get_codec
 from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.format.zarrio import chunk_path, missing_chunk, open_cached, raw_bytes
 from replaystore.store.storage import ObjectStream, Storage
@@ -31,8 +36,8 @@ _CRC = 4
 _INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64
 
 
-def compressor(codec: str) -> Any:
-    """The numcodecs codec of a field's ``codec`` (``"zstd:3"``, ``"lz4:1"``).
+def compressor(codec: str) -> Codec:
+    """The codec object of a field's ``codec`` (``"zstd:3"``, ``"lz4:1"``).
 
     Parameters
     ----------
@@ -41,33 +46,42 @@ def compressor(codec: str) -> Any:
 
     Returns
     -------
-    numcodecs.abc.Codec
-        The codec (``encode``/``decode`` of bytes).
+    Codec
+        The codec (``encode`` of one block's bytes, ``decode_into``, ``declared_size``).
+
+    Raises
+    ------
+    UnknownCodecError
+        The codec's name is not registered in this process.
     """
-    name, _, level = codec.partition(":")
-    return numcodecs.Zstd(level=int(level)) if name == "zstd" else numcodecs.LZ4(acceleration=int(level))
+    return get_codec(codec)
 
 
-def zarr_codec(codec: str) -> dict:
-    """The Zarr v3 codec entry of ``codec`` (zarr-python's ``zstd``, or ``numcodecs.lz4``).
+def field_codecs(schema: Any) -> dict[str, Codec]:
+    """The codec object of each compressed dense field of ``schema``; raw fields have none.
+
+    The one split between the two layouts of a fragment's array: a name found here is a
+    shard of encoded blocks, any other a raw chunk.
 
     Parameters
     ----------
-    codec : str
-        A normalised codec.
+    schema : Schema
+        A table's schema.
 
     Returns
     -------
     dict
-        The entry of a ``codecs`` list.
+        ``{field: Codec}``.
+
+    Raises
+    ------
+    UnknownCodecError
+        A field's codec is not registered in this process (the error names the field).
     """
-    name, _, level = codec.partition(":")
-    if name == "zstd":
-        return {"name": "zstd", "configuration": {"level": int(level), "checksum": False}}
-    return {"name": "numcodecs.lz4", "configuration": {"acceleration": int(level)}}
+    return {f.name: get_codec(f.codec, field=f.name) for f in schema.dense_fields if f.codec is not None}
 
 
-def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: str) -> dict:
+def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: Codec) -> dict:
     """The ``zarr.json`` of a compressed fragment array: one shard of :data:`BLOCK`-record blocks.
 
     Parameters
@@ -76,8 +90,8 @@ def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: str) -> dict:
         The field's dtype.
     shape : tuple of int
         The array's shape ``(rows, *record shape)``.
-    codec : str
-        The field's normalised codec.
+    codec : Codec
+        The field's codec.
 
     Returns
     -------
@@ -92,7 +106,7 @@ def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: str) -> dict:
     little = {"name": "bytes", "configuration": {"endian": "little"}}
     meta["codecs"] = [{"name": "sharding_indexed", "configuration": {
         "chunk_shape": [BLOCK, *shape[1:]],
-        "codecs": [little, zarr_codec(codec), {"name": "crc32c"}],
+        "codecs": [little, codec.zarr_metadata(), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end"}}]
     return meta
@@ -111,13 +125,13 @@ class ShardWriter:
         The array's directory.
     ndim : int
         The array's number of dimensions.
-    codec : str
-        The field's normalised codec.
+    codec : Codec
+        The field's codec.
     """
 
-    def __init__(self, array_path: str, ndim: int, codec: str) -> None:
+    def __init__(self, array_path: str, ndim: int, codec: Codec) -> None:
         self.path = chunk_path(array_path, ndim)
-        self._codec = compressor(codec)
+        self._codec = codec
         self.blocks: list[bytes] = []  # compressed blocks, each followed by its CRC32C
         self.pending: list[np.ndarray] = []  # rows not yet a full block (copies)
         self.size = 0  # records appended
@@ -200,7 +214,7 @@ class ShardWriter:
 
 
 def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...],
-                  codec: str) -> str | None:
+                  codec: Codec) -> str | None:
     """What is wrong with a compressed array's shard, if anything; every block is decoded.
 
     The shard's size is checked against what its records can take before anything is
@@ -218,8 +232,8 @@ def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tup
         The field's dtype.
     shape : tuple of int
         ``(rows, *record shape)``.
-    codec : str
-        The field's normalised codec (as the schema says).
+    codec : Codec
+        The field's codec (as the schema says).
 
     Returns
     -------
@@ -245,11 +259,11 @@ def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tup
     return None
 
 
-def max_shard_bytes(rows: int, record_bytes: int) -> int:
+def max_shard_bytes(rows: int, record_bytes: int, codec: Codec) -> int:
     """The most bytes a shard of ``rows`` records of ``record_bytes`` each can take.
 
-    Each block at most its raw bytes plus what zstd or LZ4 add to incompressible data
-    (under 1/128 of them plus a few hundred bytes), and its checksum; then the index.
+    Each block at most what the codec gives for its raw bytes
+    (:meth:`~replaystore.codecs.Codec.max_encoded_bytes`), and its checksum; then the index.
 
     Parameters
     ----------
@@ -257,6 +271,8 @@ def max_shard_bytes(rows: int, record_bytes: int) -> int:
         The array's records.
     record_bytes : int
         Bytes of one record.
+    codec : Codec
+        The field's codec.
 
     Returns
     -------
@@ -265,7 +281,7 @@ def max_shard_bytes(rows: int, record_bytes: int) -> int:
     """
     blocks = max(1, math.ceil(rows / BLOCK))
     raw = BLOCK * record_bytes
-    return blocks * (raw + raw // 128 + 1024 + _CRC + _INDEX_ENTRY) + _CRC
+    return blocks * (codec.max_encoded_bytes(raw) + _CRC + _INDEX_ENTRY) + _CRC
 
 
 def _index(raw: np.ndarray, rows: int, path: str) -> np.ndarray:
@@ -302,31 +318,6 @@ def _index(raw: np.ndarray, rows: int, path: str) -> np.ndarray:
     return entries.astype(np.int64)
 
 
-def _declared_size(name: str, data: np.ndarray) -> int | None:
-    """The decoded size a compressed block's header declares (None: none it can be trusted for).
-
-    zstd: the frame header's content size (a frame without one is refused); numcodecs' LZ4:
-    its 4-byte little-endian prefix.
-    """
-    head = data[:18].tobytes()
-    if name == "lz4":
-        return int.from_bytes(head[:4], "little") if len(head) >= 4 else None
-    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
-        return None
-    descriptor = head[4]
-    fcs_flag, single, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
-    if descriptor & 0x08:  # reserved bit
-        return None
-    fcs = (single, 2, 4, 8)[fcs_flag]
-    if not fcs:
-        return None
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
-    if len(head) < pos + fcs:
-        return None
-    value = int.from_bytes(head[pos:pos + fcs], "little")
-    return value + 256 if fcs == 2 else value
-
-
 class CompressedArray:
     """A fragment's compressed array, read as rows: decodes only the blocks a read touches.
 
@@ -343,8 +334,8 @@ class CompressedArray:
         The field's dtype.
     shape : tuple of int
         ``(rows, *record shape)``.
-    codec : str
-        The field's normalised codec.
+    codec : Codec
+        The field's codec.
     cached : bool, optional
         Read through the storage's chunk cache (when it has one): the cache holds the
         compressed shard.
@@ -357,15 +348,14 @@ class CompressedArray:
 
     blocks_decoded = 0
 
-    def __init__(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], codec: str,
+    def __init__(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], codec: Codec,
                  cached: bool = True) -> None:
         self.storage, self.dtype, self.shape = storage, np.dtype(dtype), tuple(shape)
         self.ndim = len(shape)
         self.path = chunk_path(array_path, len(shape))
-        self._codec = compressor(codec)
-        self._codec_name = codec.partition(":")[0]
+        self._codec = codec
         self._cached = cached
-        self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])))
+        self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])), codec)
         self._raw: np.ndarray | None = None
         self._index: np.ndarray | None = None
 
@@ -420,15 +410,16 @@ class CompressedArray:
         if google_crc32c.value(data) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
             raise CorruptObjectError(self.path, f"crc32c checksum mismatch in block {block}")
         dest = out.view(np.uint8).reshape(-1)
-        declared = _declared_size(self._codec_name, data)
+        codec = self._codec
+        declared = codec.declared_size(data)
         if declared != dest.size:
             got = "no size" if declared is None else f"{declared} bytes"
             raise CorruptObjectError(self.path, f"block {block} declares {got} decoded, expected {dest.size} "
-                                                f"({self._codec_name}; run replaystore verify)")
+                                                f"({codec.name}; run replaystore verify)")
         try:
-            self._codec.decode(data, out=dest)
-        except (RuntimeError, ValueError, TypeError, MemoryError) as exc:  # numcodecs' decoding errors
-            raise CorruptObjectError(self.path, f"block {block} does not decode as {self._codec_name} "
+            codec.decode_into(data, dest)
+        except Exception as exc:  # (whatever a codec's decoder raises on damaged data)
+            raise CorruptObjectError(self.path, f"block {block} does not decode as {codec.name} "
                                                 f"({exc})") from None
         CompressedArray.blocks_decoded += 1
 

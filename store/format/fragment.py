@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.codecs import get_codec
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store.format import layout
@@ -330,7 +331,8 @@ class FragmentData:
             # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
-            codec = self.schema.compressed.get(name)
+            spec_codec = self.schema.compressed.get(name)  # (raw: no codec)
+            codec = None if spec_codec is None else get_codec(spec_codec, field=name)
             if codec is None and (seg is not None or shape[0]):  # (an empty array has no chunk)
                 # the exact size its descriptor implies (see check_chunk_size)
                 check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),

@@ -22,7 +22,7 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store.format import layout
-from replaystore.store.format.codecs import ShardWriter, shard_metadata
+from replaystore.store.format.codecs import ShardWriter, field_codecs, shard_metadata
 from replaystore.store.format.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.streamkeys import StreamKey, StreamKeys
 from replaystore.store.format.zarrio import ChunkWriter, array_object, group_object
@@ -68,7 +68,7 @@ class StagedFragment:
         self.streams = StreamKeys()
         self._specs = schema.zarr_layout()
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(INDEX_DTYPES, 1)
-        self._codecs = {f.name: f.codec for f in schema.dense_fields if f.codec is not None}
+        self._codecs = field_codecs(schema)
         self._chunks: dict[str, Any] = {  # ChunkWriter, or ShardWriter for compressed fields
             n: ShardWriter(f"{self.path}/{n}", d, self._codecs[n]) if n in self._codecs
             else ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}

@@ -13,7 +13,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadError
 from replaystore.schemas.fields import Ragged
 from replaystore.store.format import bodies, layout, records
-from replaystore.store.format.codecs import shard_problem
+from replaystore.store.format.codecs import field_codecs, shard_problem
 from replaystore.store.format.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.generations import foreign
 from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, verify_chunk
@@ -245,6 +245,7 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     problems: list[Problem] = []
     storage = store.storage
     schema = store.schemas[frag.table]
+    codecs = field_codecs(schema)
     for name, dtype, shape in _fragment_arrays(store, frag):
         base = f"{frag.path}/{name}"
         try:
@@ -259,8 +260,8 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
             continue
         cpath = chunk_path(base, len(shape))
         try:
-            if name in schema.compressed:  # size-checked, then each block decoded in turn
-                issue = shard_problem(storage, base, dtype, shape, schema.compressed[name])
+            if name in codecs:  # size-checked, then each block decoded in turn
+                issue = shard_problem(storage, base, dtype, shape, codecs[name])
                 data = None
             else:  # size-checked before it is read (mapped where local)
                 size, expected = storage.size(cpath), int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
