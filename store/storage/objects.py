@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import random
 import threading
@@ -322,8 +323,10 @@ class FsspecStorage(Storage):
         if paths:
             try:
                 self.fs.rm([self._p(p) for p in paths])
-            except FileNotFoundError:
-                pass
+            except FileNotFoundError:  # memory:// stops at the first absent path: the rest one by one
+                for path in paths:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm_file(self._p(path))
 
     def total_size(self, prefix: str = "") -> int:
         # docstring inherited:
