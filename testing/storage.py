@@ -277,7 +277,7 @@ class StorageTests:
         """``open_store`` on the backend: create, append, commit, read back, reopen and read again."""
         schema = transitions(obs_shape=2)
         rng = np.random.default_rng(7)
-        batch = {"obs": rng.random((5, 2), dtype=np.float32), "action": np.arange(5),
+        batch: dict[str, np.ndarray] = {"obs": rng.random((5, 2), dtype=np.float32), "action": np.arange(5),
                  "reward": rng.random(5, dtype=np.float32), "next_obs": rng.random((5, 2), dtype=np.float32),
                  "terminated": np.array([False, False, True, False, True])}
         st = open_store(storage, schema, mode="x")

@@ -275,4 +275,5 @@ def test_an_override_inherits_its_docstring_but_an_undocumented_method_is_caught
     Base.widened = lambda self, key: None  # type: ignore[attr-defined]
     Base.widened.__doc__ = "Widened.\n\nParameters\n----------\nkey : str\n    Its key.\n"  # type: ignore[attr-defined]
     problems = _check_class(Child, "Child")
-    assert problems == ["Child.put: no docstring", "Child.widened: parameters not under Parameters: ['extra']"], problems
+    assert problems == ["Child.put: no docstring",
+                        "Child.widened: parameters not under Parameters: ['extra']"], problems

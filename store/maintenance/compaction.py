@@ -310,7 +310,7 @@ def rightsize(storage: Storage, schema: Schema, writer: int, table: str, name: s
     if merged is None or merged.segment is None:  # (not one adjacent run: left as it is)
         return None
     rows, values = right_capacity(run)
-    seg = Segment(storage, schema, writer, table, segment, rows, values)  # type: ignore[arg-type]
+    seg = Segment(storage, schema, writer, table, segment, rows, values)
     try:
         seg.copy_from(run[0].path)
     except BaseException as exc:

@@ -174,7 +174,7 @@ class SegmentPool:
         capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
-        return Segment(self.storage, self.store.schemas[table], self.writer, table,  # type: ignore[arg-type]
+        return Segment(self.storage, self.store.schemas[table], self.writer, table,
                        layout.segment_name(next(self._names)), capacity, values,
                        may_delete=self.store._may_delete)
 
