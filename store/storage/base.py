@@ -13,10 +13,14 @@ import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
+
+
+T = TypeVar("T")
 
 
 def file_kind(mode: int) -> str:
@@ -62,6 +66,17 @@ class StorageUnavailableError(StorageError, OSError):
     Raised by any S3 operation; an ``OSError``, as a failed local write is. The
     operation that met it changed nothing visible.
     """
+
+
+def _each_or_none(get: Callable[[str], T], paths: Sequence[str]) -> list[T | None]:
+    """``get(path)`` for each path, None where it raises FileNotFoundError."""
+    out: list[T | None] = []
+    for path in paths:
+        try:
+            out.append(get(path))
+        except FileNotFoundError:
+            out.append(None)
+    return out
 
 
 def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
@@ -311,13 +326,7 @@ class Storage(abc.ABC):
         OSError
             Any error but absence.
         """
-        out: list[bytes | None] = []
-        for path in paths:
-            try:
-                out.append(self.read(path))
-            except FileNotFoundError:
-                out.append(None)
-        return out
+        return _each_or_none(self.read, paths)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """Each object's size in bytes, None where absent (any other error raises).
@@ -339,13 +348,7 @@ class Storage(abc.ABC):
         OSError
             Any error but absence.
         """
-        out: list[int | None] = []
-        for path in paths:
-            try:
-                out.append(self.size(path))
-            except FileNotFoundError:
-                out.append(None)
-        return out
+        return _each_or_none(self.size, paths)
 
     @abc.abstractmethod
     def write(self, path: str, data: bytes | memoryview) -> None:

@@ -68,3 +68,15 @@ def test_shipped_backends_declare_their_flags(tmp_path: Path) -> None:
     assert (memory.supports_local_paths, memory.supports_memory_map, memory.supports_in_place_writes) == (False,) * 3
     for st in (local, memory):
         assert st.supports_atomic_create and st.supports_consistent_listing and not st.remote
+
+
+def test_importing_replaystore_does_not_import_pytest() -> None:
+    """pytest is the ``test`` extra: only ``replaystore.testing`` imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, replaystore, replaystore.store, replaystore.store.storage, replaystore.loaders\n"
+            "assert 'pytest' not in sys.modules, 'pytest imported'\n"
+            "import replaystore.testing\n"
+            "assert 'pytest' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
