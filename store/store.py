@@ -1341,6 +1341,9 @@ def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None 
         ``schema`` differs from the stored schema.
     FormatVersionError
         The store was written in an unknown or newer format version.
+    StorageError
+        A :class:`Storage` given without ``supports_atomic_create`` or
+        ``supports_consistent_listing``, or with ``storage_options`` (nothing is written).
     StoreError
         A bad ``capacity``, ``schema`` or ``storage_options``; no schema to create a store
         with; a ``capacity`` that differs from the stored one.
