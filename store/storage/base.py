@@ -19,7 +19,6 @@ import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
 
-
 T = TypeVar("T")
 
 
