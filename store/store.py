@@ -429,7 +429,8 @@ class Store:
     @property
     def cache(self) -> ChunkCache | None:
         """The chunk cache this handle reads through (``open_store``'s ``cache``), if any."""
-        return None if self.storage.cache is None else self.storage.cache.cache
+        cache = chunkcache.store_cache(self.storage)
+        return None if cache is None else cache.cache
 
     @property
     def url(self) -> str:
@@ -1159,8 +1160,8 @@ class Store:
             "apparent_bytes": self.storage.apparent_size(),
             "state": self.state_slots(),
             # where this reader caches the store's chunk objects, and how much of them it holds
-            "chunk_cache": None if self.storage.cache is None else {
-                "directory": self.storage.cache.root, "bytes": self.storage.cache.size()},
+            "chunk_cache": None if (cache := chunkcache.store_cache(self.storage)) is None else {
+                "directory": cache.root, "bytes": cache.size()},
             "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
                            "fragments": len(t.reader.fragments),
                            "columns": column_bytes(self.storage, t.schema, t.reader.fragments)}
@@ -1276,7 +1277,7 @@ def _exists(url: str, mode: str) -> StoreExistsError:
                             "'w+' to replace it")
 
 
-def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *, mode: Mode = "a",
+def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None = None, *, mode: Mode = "a",
                capacity: int | None = None, storage_options: Mapping[str, Any] | None = None,
                cache: ChunkCache | str | os.PathLike[str] | bool | None = None) -> Store:
     """Open or create a store.
@@ -1297,9 +1298,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
 
     Parameters
     ----------
-    url : str
+    url : str or Storage
         A local path or an fsspec URL: ``file://``, ``memory://`` (this process only) or
-        ``s3://bucket/prefix``.
+        ``s3://bucket/prefix``; or a :class:`Storage` instance (a custom backend, docs/GUIDE.md).
     schema : Schema or mapping of str to Schema, optional
         One schema (table ``records``) or ``{table name: Schema}``. Required to create a store;
         checked against the stored one otherwise (omit it to open a store as it is).
@@ -1340,6 +1341,9 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
         ``schema`` differs from the stored schema.
     FormatVersionError
         The store was written in an unknown or newer format version.
+    StorageError
+        A :class:`Storage` given without ``supports_atomic_create`` or
+        ``supports_consistent_listing``, or with ``storage_options`` (nothing is written).
     StoreError
         A bad ``capacity``, ``schema`` or ``storage_options``; no schema to create a store
         with; a ``capacity`` that differs from the stored one.
@@ -1380,7 +1384,7 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
                          f"{type(storage_options).__name__}")
     storage = open_storage(url, storage_options)
     chunk_cache = chunkcache.choose(cache, storage.remote)  # (a bad argument raises here, whatever the backend)
-    if storage.local_path("") is not None:  # local files are read in place
+    if storage.supports_local_paths:  # local files are read in place
         chunk_cache = None
     if mode == "w+" and schemas is None:  # refused before the old store is deleted
         raise StoreError(f"{storage.url}: mode 'w+' creates a store, which needs a schema")
@@ -1413,7 +1417,7 @@ def open_store(url: str, schema: Schema | Mapping[str, Schema] | None = None, *,
     if capacity is not None and capacity != manifest["capacity"]:
         raise StoreError(f"{storage.url}: capacity {capacity} differs from the stored {manifest['capacity']}")
     if chunk_cache is not None:
-        storage.cache = chunk_cache.for_store(storage.url, manifest)
+        storage = chunkcache.CachingStorage(storage, chunk_cache.for_store(storage.url, manifest))
     store = Store(storage, manifest, mode, manifest_bytes)
     store.storage_options = dict(storage_options or {})
     return store

@@ -6,8 +6,10 @@ source ``replaystore.tools.ray_data``, every error class of
 ``replaystore.errors``, ``replaystore.store.storage`` and ``replaystore.store.sql``,
 the export/import functions of ``replaystore.tools.formats``, ``export_store``,
 ``import_store``, ``copy_store`` and the
-DQN helpers the README's examples import), and for each public
-method of each exported class, the docstring must exist, parse without numpydoc
+DQN helpers the README's examples import, and the storage layer's ``__all__``), and for each public
+method of each exported class, the docstring must exist (an override may inherit it: a
+method without a docstring of its own is checked against the docstring of the same method
+on its nearest base class that has one, the ``# docstring inherited`` convention), parse without numpydoc
 warnings, list every parameter of the signature under ``Parameters`` (a class
 lists its constructor's under ``Parameters`` or ``Attributes``), and carry a
 ``Returns`` or ``Yields`` section when the function returns something. The
@@ -29,6 +31,7 @@ from numpydoc.docscrape import NumpyDocString
 import replaystore.loaders
 import replaystore.schemas
 import replaystore.store
+import replaystore.store.storage
 
 
 def _pending() -> set[str]:
@@ -49,7 +52,7 @@ OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data", "replaysto
 
 
 def _exported() -> Iterator[tuple[str, Any]]:
-    for pkg in (replaystore.store, replaystore.loaders, replaystore.schemas):
+    for pkg in (replaystore.store, replaystore.loaders, replaystore.schemas, replaystore.store.storage):
         for name in pkg.__all__:
             yield name, getattr(pkg, name)
     for module_name in ERROR_MODULES:
@@ -125,8 +128,20 @@ def _returns_none(func: Callable[..., Any]) -> bool:
     return ann is None or ann == "None" or (ann is inspect.Signature.empty and func.__name__ == "__init__")
 
 
-def _check_function(func: Callable[..., Any], where: str) -> list[str]:
-    doc = _own_doc(func)
+def _inherited_doc(cls: type, name: str) -> str | None:
+    """The docstring of method ``name`` on the nearest class in ``cls``'s MRO that documents it."""
+    for klass in cls.__mro__:
+        attr = vars(klass).get(name)
+        if isinstance(attr, (staticmethod, classmethod)):
+            attr = attr.__func__
+        if attr is not None and getattr(attr, "__doc__", None):
+            return inspect.cleandoc(attr.__doc__)
+    return None
+
+
+def _check_function(func: Callable[..., Any], where: str, inherited: str | None = None) -> list[str]:
+    """Problems of ``func``'s docstring (its own, else ``inherited``: a base class's for an override)."""
+    doc = _own_doc(func) or inherited
     if not doc:
         return [f"{where}: no docstring"]
     parsed = _parse(doc, where)
@@ -175,9 +190,9 @@ def _check_class(cls: type, name: str) -> list[str]:
             else:
                 _parse(inspect.cleandoc(attr.__doc__), where)
         elif isinstance(attr, (staticmethod, classmethod)):
-            problems += _check_function(attr.__func__, where)
+            problems += _check_function(attr.__func__, where, _inherited_doc(cls, meth_name))
         elif inspect.isfunction(attr):
-            problems += _check_function(attr, where)
+            problems += _check_function(attr, where, _inherited_doc(cls, meth_name))
     return problems
 
 
@@ -204,3 +219,61 @@ def test_pending_names_exist() -> None:
     """The names skipped as pending are real entry points (a typo would skip nothing)."""
     exported = dict(_exported())
     assert _pending() <= set(exported), sorted(_pending() - set(exported))
+
+
+def test_an_override_inherits_its_docstring_but_an_undocumented_method_is_caught() -> None:
+    """``# docstring inherited``: an override is checked against its base's docstring; a method
+    documented nowhere, or whose inherited docstring misses one of its parameters, is reported."""
+
+    class Base:
+        """A base.
+
+        Parameters
+        ----------
+        x : int
+            A number.
+        """
+
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+        def get(self, key: str) -> int:
+            """A value.
+
+            Parameters
+            ----------
+            key : str
+                Its key.
+
+            Returns
+            -------
+            int
+                The value.
+            """
+            return 0
+
+    class Child(Base):
+        """A child.
+
+        Parameters
+        ----------
+        x : int
+            A number.
+        """
+
+        def get(self, key: str) -> int:
+            # docstring inherited
+            return 1
+
+        def put(self, key: str) -> None:
+            pass
+
+        def widened(self, key: str, extra: int) -> None:
+            pass
+
+    Base.__module__ = Child.__module__ = "replaystore.fake"
+    Base.widened = lambda self, key: None  # type: ignore[attr-defined]
+    Base.widened.__doc__ = "Widened.\n\nParameters\n----------\nkey : str\n    Its key.\n"  # type: ignore[attr-defined]
+    problems = _check_class(Child, "Child")
+    assert problems == ["Child.put: no docstring",
+                        "Child.widened: parameters not under Parameters: ['extra']"], problems

@@ -27,6 +27,7 @@ from replaystore.codecs import Codec, get_codec
 from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.format.zarrio import chunk_path, missing_chunk, open_cached, raw_bytes
 from replaystore.store.storage import ObjectStream, Storage
+from replaystore.store.storage.cache import store_cache
 
 BLOCK = 8
 """Records per compressed block (inner chunk). Measured on Atari frames (docs/PERFORMANCE.md):
@@ -375,7 +376,7 @@ class CompressedArray:
                         self._check_size(size)
                         # (mapped: nothing is allocated from the size; a 0-byte file cannot be mapped)
                         raw = np.memmap(f, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
-                elif st.cache is not None and self._cached:
+                elif self._cached and store_cache(st) is not None:
                     got = open_cached(st, self.path, np.dtype(np.uint8), (0,), checksum=False)
                     if isinstance(got, bytes):
                         raw = np.frombuffer(got, dtype=np.uint8)

@@ -32,7 +32,7 @@ from replaystore.store.format import layout
 from replaystore.store.format.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, SegmentRef
 from replaystore.store.format.streamkeys import StreamKey, StreamKeys
 from replaystore.store.format.zarrio import array_object, chunk_path, group_object, raw_bytes
-from replaystore.store.storage import LocalStorage
+from replaystore.store.storage import Storage
 
 MAX_STREAMS = 4096
 """Stream keys one segment may hold: every commit record repeats the segment's key list."""
@@ -267,7 +267,7 @@ class Segment:
 
     Parameters
     ----------
-    storage : LocalStorage
+    storage : Storage
         The store's local storage.
     schema : Schema
         The table's schema.
@@ -291,7 +291,7 @@ class Segment:
         Creating the files failed (a full disk, for instance); nothing is left.
     """
 
-    def __init__(self, storage: LocalStorage, schema: Schema, writer: int, table: str, name: str,
+    def __init__(self, storage: Storage, schema: Schema, writer: int, table: str, name: str,
                  capacity: int, value_capacity: dict[str, int], may_delete: Callable[[], bool] | None = None) -> None:
         self.storage, self.schema = storage, schema
         self.writer, self.table, self.name = writer, table, name

@@ -20,6 +20,7 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, StaleReadError
 from replaystore.store.storage import Buffer, ObjectStream, Storage
 from replaystore.store.storage.base import file_kind
+from replaystore.store.storage.cache import store_cache
 
 CRC_BYTES = 4
 
@@ -277,7 +278,7 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
         return np.zeros(shape, dtype=dtype)
     cpath = chunk_path(path, len(shape))
     offset = first * (int(np.prod(shape[1:])) * dtype.itemsize)
-    if storage.cache is None or not cached:
+    if not cached or store_cache(storage) is None:
         try:
             return storage.read_array(cpath, dtype, shape, offset)
         except FileNotFoundError:
@@ -303,7 +304,7 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
     Parameters
     ----------
     storage : Storage
-        The store's storage (with a cache).
+        The store's storage (a caching wrapper).
     cpath : str
         The chunk's path.
     dtype : numpy.dtype
@@ -325,10 +326,11 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
     CorruptObjectError
         A download fails its check.
     """
-    assert storage.cache is not None
+    cache = store_cache(storage)
+    assert cache is not None
     size = int(np.prod(shape)) * dtype.itemsize + CRC_BYTES if checksum else None
     try:
-        return storage.cache.open(cpath, storage, size,
+        return cache.open(cpath, storage, size,
                                   (lambda data: verify_chunk(data, dtype, shape)) if checksum else None)
     except FileNotFoundError:
         raise missing_chunk(cpath) from None

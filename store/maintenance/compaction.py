@@ -180,7 +180,7 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
     staged = StagedFragment(storage, schema, writer, table, name, run[0].row_start, may_delete=may_delete)
     try:
         datas = [FragmentData(storage, schema, f, cached=False) for f in run]  # read once: not worth a cache
-        if storage.local_path("") is None:  # object storage: one GET per array, issued concurrently
+        if not storage.supports_local_paths:  # object storage: one GET per array, issued concurrently
             names = [spec.name for spec in schema.zarr_layout()] + list(layout.INDEX_ARRAYS)
             with ThreadPoolExecutor(MERGE_FETCH_THREADS, thread_name_prefix="replaystore-fetch") as pool:
                 for _ in pool.map(lambda job: job[0].array(job[1]), [(d, n) for d in datas for n in names]):
@@ -310,7 +310,7 @@ def rightsize(storage: Storage, schema: Schema, writer: int, table: str, name: s
     if merged is None or merged.segment is None:  # (not one adjacent run: left as it is)
         return None
     rows, values = right_capacity(run)
-    seg = Segment(storage, schema, writer, table, segment, rows, values)  # type: ignore[arg-type]
+    seg = Segment(storage, schema, writer, table, segment, rows, values)
     try:
         seg.copy_from(run[0].path)
     except BaseException as exc:

@@ -313,6 +313,8 @@ def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
     with ``top_name=STATE`` and ``pattern=("*", "payload-*")``, the same for state payload
     directories (a saver killed right after creating one). Object stores have no directories.
     """
+    if not store.storage.supports_local_paths:
+        return {}
     top = store.storage.local_path(top_name)
     root = store.storage.local_path("")
     if top is None or root is None or not os.path.isdir(top):

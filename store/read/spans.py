@@ -72,7 +72,7 @@ class Layout:
         self._views: dict[str, np.ndarray] = {}
         self._mapped: dict[str, set[UnitKey]] = {}
         # object storage: map units as reads need them (mapping is a download), not all at first use
-        self.lazy = storage.local_path("") is None
+        self.lazy = not storage.supports_local_paths
 
     def _rows(self, frag: Fragment, name: str) -> int:
         """Rows of array ``name`` in ``frag``'s unit."""

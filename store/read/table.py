@@ -26,6 +26,7 @@ from replaystore.store.read.view import TableView, row_array
 from replaystore.store.read.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.read.vmap import available as contiguous_views_available
 from replaystore.store.storage import Storage
+from replaystore.store.storage.cache import store_cache
 
 
 class TableReader:
@@ -81,8 +82,7 @@ class TableReader:
         # contiguous views: the record arrays share one layout, each CSR group's values another
         self._layouts: dict[str, Layout] = {}
         # (compressed fields are not mappable: such tables gather per fragment, decoding blocks)
-        if contiguous and not schema.compressed and contiguous_views_available() and (storage.local_path("") is not None
-                                                            or storage.cache is not None):
+        if contiguous and not schema.compressed and contiguous_views_available() and storage.supports_memory_map:
             specs = schema.zarr_layout()
             self._layouts["records"] = Layout(storage, schema, [s for s in specs if s.role != "values"])
             for off, names in schema.offsets_groups.items():
@@ -314,8 +314,9 @@ class TableReader:
 
     def _forget(self, before: dict[tuple[int, str], Fragment], now: set[tuple[int, str]]) -> None:
         """What no longer shows will not be read: a chunk cache drops it first."""
-        if self.storage.cache is not None:
-            self.storage.cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
+        cache = store_cache(self.storage)
+        if cache is not None:
+            cache.forget([f.path for k, f in before.items() if k not in now and f.segment is None])
 
     def widen(self, extra: int) -> None:
         """Show ``extra`` more records than the capacity.

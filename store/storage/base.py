@@ -11,13 +11,15 @@ import abc
 import builtins
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, ReplayStoreError
-from replaystore.store.storage.cache import StoreCache
+
+T = TypeVar("T")
 
 
 def file_kind(mode: int) -> str:
@@ -63,6 +65,17 @@ class StorageUnavailableError(StorageError, OSError):
     Raised by any S3 operation; an ``OSError``, as a failed local write is. The
     operation that met it changed nothing visible.
     """
+
+
+def _each_or_none(get: Callable[[str], T], paths: Sequence[str]) -> list[T | None]:
+    """``get(path)`` for each path, None where it raises FileNotFoundError."""
+    out: list[T | None] = []
+    for path in paths:
+        try:
+            out.append(get(path))
+        except FileNotFoundError:
+            out.append(None)
+    return out
 
 
 def _too_large(path: str, size: int, limit: int) -> CorruptObjectError:
@@ -177,7 +190,10 @@ class Storage(abc.ABC):
 
     The protocol the format needs (docs/FORMAT.md, "Storage guarantees"); the
     backends are :class:`LocalStorage` and :class:`FsspecStorage`, made by
-    :func:`open_storage`.
+    :func:`open_storage`. A backend declares what it can do with the class-level
+    ``supports_*`` flags below; the store reads them instead of probing. A custom
+    backend is one subclass (``open_store`` accepts an instance), checked by
+    subclassing ``replaystore.testing.StorageTests``.
 
     Attributes
     ----------
@@ -185,17 +201,39 @@ class Storage(abc.ABC):
         The store's URL (a local root path, or the fsspec URL).
     remote : bool
         True for object stores across a network (S3): readers cache their chunk
-        objects locally.
-    cache : StoreCache or None
-        Where chunk reads (``zarrio.read_array``) go through a local disk cache;
-        set by ``open_store``.
+        objects locally by default and skip per-chunk size checks.
+    supports_atomic_create : bool
+        :meth:`create` is atomic create-if-absent. ``open_store`` refuses a backend
+        without it.
+    supports_consistent_listing : bool
+        :meth:`list` and :meth:`exists` see every object written or deleted before
+        (read-after-write). ``open_store`` refuses a backend without it.
+    supports_local_paths : bool
+        Objects are local files: :meth:`local_path` and :meth:`open_local` return
+        them (never None), objects sit in directories, and :meth:`walk`'s default
+        serves. Chunks are read in place (no chunk cache), compaction reads them one
+        by one, vacuum finds empty fragment directories.
+    supports_memory_map : bool
+        Chunk objects can be memory-mapped (local files, or the files of a chunk
+        cache): tables read through contiguous views.
+    supports_in_place_writes : bool
+        :meth:`create_sized` and :meth:`create_after` are implemented: the writer
+        of a format-2 store appends into preallocated segments.
     """
 
     url: str
     remote: bool = False
     """True for object stores across a network (S3): readers cache their chunk objects locally."""
-    cache: StoreCache | None = None
-    """Where chunk reads (``zarrio.read_array``) go through a local disk cache; set by ``open_store``."""
+    supports_atomic_create: bool = False
+    """:meth:`create` is atomic create-if-absent (``open_store`` refuses a backend without it)."""
+    supports_consistent_listing: bool = False
+    """Listings see every write and delete before them (``open_store`` refuses a backend without it)."""
+    supports_local_paths: bool = False
+    """Objects are local files: :meth:`local_path` and :meth:`open_local` return them."""
+    supports_memory_map: bool = False
+    """Chunk objects can be memory-mapped (local files or a chunk cache's): contiguous table views."""
+    supports_in_place_writes: bool = False
+    """:meth:`create_sized` and :meth:`create_after` work: format-2 writers append into segments."""
 
     @abc.abstractmethod
     def read(self, path: str) -> bytes:
@@ -287,13 +325,7 @@ class Storage(abc.ABC):
         OSError
             Any error but absence.
         """
-        out: list[bytes | None] = []
-        for path in paths:
-            try:
-                out.append(self.read(path))
-            except FileNotFoundError:
-                out.append(None)
-        return out
+        return _each_or_none(self.read, paths)
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """Each object's size in bytes, None where absent (any other error raises).
@@ -315,13 +347,7 @@ class Storage(abc.ABC):
         OSError
             Any error but absence.
         """
-        out: list[int | None] = []
-        for path in paths:
-            try:
-                out.append(self.size(path))
-            except FileNotFoundError:
-                out.append(None)
-        return out
+        return _each_or_none(self.size, paths)
 
     @abc.abstractmethod
     def write(self, path: str, data: bytes | memoryview) -> None:
@@ -361,6 +387,69 @@ class Storage(abc.ABC):
         OSError
             The create failed (nothing was created).
         """
+
+    def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """Create files of given sizes that read as zeros, and return read-write descriptors of them.
+
+        Backends with ``supports_in_place_writes`` only. Sparse where the filesystem
+        allows; durable, with their directory entries, once passed to
+        :meth:`write_objects` as ``created``. On error the files created are closed
+        and removed.
+
+        Parameters
+        ----------
+        sizes : mapping of str to int
+            Path of each file (none may exist) to its size in bytes.
+
+        Returns
+        -------
+        dict of str to int
+            Path to an open descriptor.
+
+        Raises
+        ------
+        FileExistsError
+            A file exists already.
+        OSError
+            Creating a file failed (a full disk, for instance).
+        NotImplementedError
+            The backend has no in-place writes.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no in-place writes")
+
+    def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
+        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``-ed.
+
+        Backends with ``supports_in_place_writes`` only. ``check()`` must have
+        returned (it may raise: then nothing is created) before the object is
+        published atomically, failing if the name exists.
+
+        Parameters
+        ----------
+        path : str
+            The object's '/'-separated path relative to the store root.
+        data : bytes
+            The object's bytes.
+        fds : sequence of int
+            Descriptors to ``fdatasync`` first.
+        check : callable, optional
+            Called after the syncs, before publishing.
+
+        Returns
+        -------
+        bool
+            True if created; False (writing nothing) if it exists.
+
+        Raises
+        ------
+        OSError
+            A write or sync failed (nothing was created).
+        NotImplementedError
+            The backend has no in-place writes.
+        Exception
+            Whatever ``check`` raises (nothing was created).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no in-place writes")
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
@@ -534,7 +623,8 @@ class Storage(abc.ABC):
         """
         return ObjectStream(path)
 
-    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = ()) -> None:
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
+                      created: Mapping[str, int] | None = None) -> None:
         """Write data objects and complete ``streams``, all durable when this returns.
 
         Each object is the concatenation of its buffers; each stream holds what was
@@ -547,12 +637,19 @@ class Storage(abc.ABC):
             Object path to the buffers it concatenates.
         streams : sequence of ObjectStream, optional
             Streams to complete (each holding what was written to it).
+        created : mapping of str to int, optional
+            Files made by :meth:`create_sized` (path -> descriptor), made durable too
+            (backends with ``supports_in_place_writes`` only).
 
         Raises
         ------
         OSError
             A write or sync failed (nothing references the objects).
+        NotImplementedError
+            ``created`` was given to a backend without in-place writes.
         """
+        if created:
+            raise NotImplementedError(f"{type(self).__name__} has no in-place writes (created=)")
         for path, parts in objects.items():
             # numpy declares ndarray's buffer protocol (__buffer__) only for Python >= 3.12
             data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)  # type: ignore[arg-type]
@@ -673,7 +770,7 @@ class Storage(abc.ABC):
     def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """Every object under ``prefix``, recursively, temporary (``.tmp-``) names included.
 
-        This default serves backends with a local path (``local_path``); others override it.
+        This default serves backends with ``supports_local_paths``; others override it.
 
         Parameters
         ----------
@@ -690,8 +787,8 @@ class Storage(abc.ABC):
         NotImplementedError
             The backend cannot list objects with their times.
         """
-        top = self.local_path(prefix)
-        root = self.local_path("")
+        top = self.local_path(prefix) if self.supports_local_paths else None
+        root = self.local_path("") if self.supports_local_paths else None
         if top is None or root is None:
             raise NotImplementedError(f"{type(self).__name__} cannot list objects with their times")
         out = []

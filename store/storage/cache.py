@@ -17,6 +17,7 @@ fsync, so a crash leaves a file whole or absent. The cache is not part of the fo
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import hashlib
@@ -28,13 +29,13 @@ import stat
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+import numpy as np
 
 from replaystore.errors import CorruptObjectError, StoreError
-
-if TYPE_CHECKING:
-    from replaystore.store.storage import Storage
+from replaystore.store.storage.base import Buffer, ObjectInfo, ObjectStream, Storage
 
 DEFAULT_MAX_BYTES = 32 << 30
 """The default budget (bytes): this, or half the free space of the cache's disk if less."""
@@ -420,3 +421,176 @@ def _files(top: str) -> list[tuple[int, int, str]]:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+class CachingStorage(Storage):
+    """A backend whose chunk reads go through a :class:`StoreCache`; everything else is delegated.
+
+    ``open_store`` wraps a backend without local files in one when a cache is asked
+    for (S3 by default). The readers of chunk objects (``zarrio.read_array``, a
+    segment's index) open them through :attr:`cache` and memory-map the cached
+    file; every :class:`Storage` method goes to the wrapped backend unchanged, and
+    so does any other attribute (``root``, ``fs``, ...). It declares the wrapped
+    backend's flags, and ``supports_memory_map`` (cached chunks are files).
+
+    Parameters
+    ----------
+    inner : Storage
+        The wrapped backend.
+    cache : StoreCache
+        The store's part of a :class:`ChunkCache`.
+
+    Attributes
+    ----------
+    inner : Storage
+        As given.
+    cache : StoreCache
+        As given.
+    """
+
+    supports_memory_map = True
+
+    def __init__(self, inner: Storage, cache: StoreCache) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.url = inner.url
+        self.remote = inner.remote
+        self.supports_atomic_create = inner.supports_atomic_create
+        self.supports_consistent_listing = inner.supports_consistent_listing
+        self.supports_local_paths = inner.supports_local_paths
+        self.supports_in_place_writes = inner.supports_in_place_writes
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped backend's attribute (called only for names this wrapper lacks)."""
+        if name == "inner":  # (not set yet: unpickling, or a failed __init__)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        """``CachingStorage(inner, root)``."""
+        return f"CachingStorage({self.inner!r}, {self.cache.root!r})"
+
+    def read(self, path: str) -> bytes:
+        # docstring inherited
+        return self.inner.read(path)
+
+    def download(self, path: str, local: str) -> None:
+        # docstring inherited
+        self.inner.download(path, local)
+
+    def read_capped(self, path: str, limit: int) -> bytes:
+        # docstring inherited
+        return self.inner.read_capped(path, limit)
+
+    def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
+        # docstring inherited
+        return self.inner.read_many(paths)
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        # docstring inherited
+        return self.inner.sizes(paths)
+
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        # docstring inherited
+        self.inner.write(path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        # docstring inherited
+        return self.inner.create(path, data)
+
+    def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        # docstring inherited
+        return self.inner.create_sized(sizes)
+
+    def create_after(self, path: str, data: bytes, fds: Sequence[int],
+                     check: Callable[[], None] | None = None) -> bool:
+        # docstring inherited
+        return self.inner.create_after(path, data, fds, check)
+
+    def exists(self, path: str) -> bool:
+        # docstring inherited
+        return self.inner.exists(path)
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        # docstring inherited
+        return self.inner.list(prefix)
+
+    def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
+        # docstring inherited
+        return self.inner.list_changed(prefix, token)
+
+    def delete(self, path: str) -> None:
+        # docstring inherited
+        self.inner.delete(path)
+
+    def size(self, path: str) -> int:
+        # docstring inherited
+        return self.inner.size(path)
+
+    def local_path(self, path: str) -> str | None:
+        # docstring inherited
+        return self.inner.local_path(path)
+
+    def open_local(self, path: str) -> int | None:
+        # docstring inherited
+        return self.inner.open_local(path)
+
+    def check_create(self) -> None:
+        # docstring inherited
+        self.inner.check_create()
+
+    def sync_dirs(self, paths: builtins.list[str]) -> None:
+        # docstring inherited
+        self.inner.sync_dirs(paths)
+
+    def open_stream(self, path: str) -> ObjectStream:
+        # docstring inherited
+        return self.inner.open_stream(path)
+
+    def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
+                      created: Mapping[str, int] | None = None) -> None:
+        # docstring inherited
+        if created is None:
+            self.inner.write_objects(objects, streams)
+        else:
+            self.inner.write_objects(objects, streams, created)
+
+    def read_array(self, path: str, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        # docstring inherited
+        return self.inner.read_array(path, dtype, shape, offset)
+
+    def total_size(self, prefix: str = "") -> int:
+        # docstring inherited
+        return self.inner.total_size(prefix)
+
+    def apparent_size(self, prefix: str = "") -> int:
+        # docstring inherited
+        return self.inner.apparent_size(prefix)
+
+    def is_dir(self, path: str) -> bool:
+        # docstring inherited
+        return self.inner.is_dir(path)
+
+    def delete_objects(self, paths: builtins.list[str]) -> None:
+        # docstring inherited
+        self.inner.delete_objects(paths)
+
+    def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        # docstring inherited
+        return self.inner.walk(prefix)
+
+
+def store_cache(storage: Storage) -> StoreCache | None:
+    """The chunk cache ``storage`` reads through: a :class:`CachingStorage`'s, else None.
+
+    Parameters
+    ----------
+    storage : Storage
+        A store's storage.
+
+    Returns
+    -------
+    StoreCache or None
+        Its cache, if it is a caching wrapper.
+    """
+    return storage.cache if isinstance(storage, CachingStorage) else None

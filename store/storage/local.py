@@ -89,6 +89,12 @@ class LocalStorage(Storage):
         The store's directory (need not exist yet).
     """
 
+    supports_atomic_create = True
+    supports_consistent_listing = True
+    supports_local_paths = True
+    supports_memory_map = True
+    supports_in_place_writes = True
+
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.real_root = os.path.realpath(self.root)  # a store reached through a symlink is that directory
@@ -127,60 +133,17 @@ class LocalStorage(Storage):
         return full
 
     def read(self, path: str) -> bytes:
-        """The whole file; refused unread where ``path`` is not a regular file.
-
-        Not a regular file: a FIFO, a device, a directory, a symlink to one. It is
-        opened non-blocking and checked with ``fstat`` first, so a FIFO never blocks
-        and ``/dev/zero`` is never read.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bytes
-            The whole object.
-
-        Raises
-        ------
-        CorruptObjectError
-            ``path`` is not a regular file (refused unread).
-        FileNotFoundError
-            The object is absent.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # The whole file; refused unread where ``path`` is not a regular file.
+        #
+        # Not a regular file: a FIFO, a device, a directory, a symlink to one. It is
+        # opened non-blocking and checked with ``fstat`` first, so a FIFO never blocks
+        # and ``/dev/zero`` is never read.
         return self.read_capped(path, None)
 
     def read_capped(self, path: str, limit: int | None) -> bytes:
-        """:meth:`read`, refused before reading where the file is over ``limit`` bytes.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        limit : int or None
-            The most bytes accepted (None: no limit).
-
-        Returns
-        -------
-        bytes
-            The whole object.
-
-        Raises
-        ------
-        CorruptObjectError
-            ``path`` is not a regular file, or is larger than ``limit`` bytes (refused
-            unread).
-        FileNotFoundError
-            The object is absent.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # :meth:`read`, refused before reading where the file is over ``limit`` bytes.
         fd = self.open_local(path)
         with open(fd, "rb", closefd=True) as f:
             size = os.fstat(fd).st_size
@@ -189,34 +152,14 @@ class LocalStorage(Storage):
             return f.read()
 
     def open_local(self, path: str) -> int:
-        """A read-only descriptor of ``path``'s file, checked to be a regular file; the caller closes it.
-
-        Opened non-blocking and checked with ``fstat`` before anything reads or maps
-        it, so a FIFO, a socket, a device or a directory in place of an object is
-        refused at once (never waited on, never read); the check is on the opened
-        file itself, so nothing can swap the file between check and use. A symbolic
-        link is followed only where it stays inside the store root.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        int
-            An open descriptor (close-on-exec) of a regular file.
-
-        Raises
-        ------
-        CorruptObjectError
-            ``path`` is not a regular file (refused unread).
-        FileNotFoundError
-            The object is absent.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # A read-only descriptor of ``path``'s file, checked to be a regular file; the caller closes it.
+        #
+        # Opened non-blocking and checked with ``fstat`` before anything reads or maps
+        # it, so a FIFO, a socket, a device or a directory in place of an object is
+        # refused at once (never waited on, never read); the check is on the opened
+        # file itself, so nothing can swap the file between check and use. A symbolic
+        # link is followed only where it stays inside the store root.
         try:
             fd = os.open(self._inside(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
@@ -301,78 +244,23 @@ class LocalStorage(Storage):
         self._entry_made(os.path.dirname(full))
 
     def write(self, path: str, data: bytes | memoryview) -> None:
-        """Write a data object durably (it is never referenced before this returns).
-
-        See :meth:`Storage.write`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        data : bytes
-            The object's bytes.
-
-        Raises
-        ------
-        OSError
-            The write failed (nothing references the object).
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         full = self._inside(path)
         self._makedirs(os.path.dirname(full))
         self._write_synced(full, data)
 
     def open_stream(self, path: str) -> ObjectStream:
-        """A local file written as the pieces come (no copy).
-
-        Complete only once passed to :meth:`write_objects`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        ObjectStream
-            The stream.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # A local file written as the pieces come (no copy).
+        #
+        # Complete only once passed to :meth:`write_objects`.
         return _FileStream(self, path)
 
     def create_sized(self, sizes: Mapping[str, int]) -> dict[str, int]:
-        """Create files of given sizes that read as zeros, and return read-write descriptors of them.
-
-        Sparse where the filesystem allows; durable, with their directory entries,
-        once passed to :meth:`write_objects` as ``created``. On error the files
-        created are closed and removed.
-
-        Parameters
-        ----------
-        sizes : mapping of str to int
-            Path of each file (none may exist) to its size in bytes.
-
-        Returns
-        -------
-        dict of str to int
-            Path to an open descriptor.
-
-        Raises
-        ------
-        FileExistsError
-            A file exists already.
-        UnsafeNameError
-            A path leaves the store root.
-        OSError
-            Creating a file failed (a full disk, for instance).
-        """
+        # docstring inherited:
+        # Sparse where the filesystem allows; durable, with their directory entries,
+        # once passed to :meth:`write_objects` as ``created``. On error the files
+        # created are closed and removed.
         fds: dict[str, int] = {}
         try:
             for path, size in sizes.items():
@@ -392,32 +280,15 @@ class LocalStorage(Storage):
 
     def write_objects(self, objects: Mapping[str, Sequence[Buffer]], streams: Sequence[ObjectStream] = (),
                       created: Mapping[str, int] | None = None) -> None:
-        """Write objects and complete streams with concurrent fsyncs; durable when this returns.
-
-        Hand each file stream's fsync to a thread pool, write each buffered stream
-        and object and hand its fsync over at once (the disk writes it back while
-        the next ones are written), then fsync the directories whose entries are not
-        yet durable (see the class) the same way; returns when every fsync has.
-        Concurrent fsyncs share journal commits, where one after another paid a
-        commit each. Nothing is referenced before this returns.
-
-        Parameters
-        ----------
-        objects : mapping of str to sequence of Buffer
-            Object path to the buffers it concatenates.
-        streams : sequence of ObjectStream, optional
-            Streams to complete (each holding what was written to it).
-        created : mapping of str to int, optional
-            Files made by :meth:`create_sized` (path -> descriptor), made durable too.
-
-        Raises
-        ------
-        OSError
-            A write or sync failed (nothing references the objects).
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # Write objects and complete streams with concurrent fsyncs; durable when this returns.
+        #
+        # Hand each file stream's fsync to a thread pool, write each buffered stream
+        # and object and hand its fsync over at once (the disk writes it back while
+        # the next ones are written), then fsync the directories whose entries are not
+        # yet durable (see the class) the same way; returns when every fsync has.
+        # Concurrent fsyncs share journal commits, where one after another paid a
+        # commit each. Nothing is referenced before this returns.
         pool = self._fsync_pool()
         files: list[Any] = []
         created = created or {}
@@ -471,89 +342,27 @@ class LocalStorage(Storage):
         self._synced(directory, count, children)
 
     def sync_dirs(self, paths: list[str]) -> None:
-        """Make the directory entries of written ``paths`` durable.
-
-        Their directories and the directories above them up to the root, where this
-        handle has not already (see the class). A write may have created directories
-        (a fragment's, its arrays'): the entry of each new directory lives in its
-        parent, so the parents must be synced too, or a power loss after the commit
-        record is durable could still lose the data it references.
-
-        Parameters
-        ----------
-        paths : sequence of str
-            Object paths.
-
-        Raises
-        ------
-        OSError
-            An fsync failed.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # Make the directory entries of written ``paths`` durable.
+        #
+        # Their directories and the directories above them up to the root, where this
+        # handle has not already (see the class). A write may have created directories
+        # (a fragment's, its arrays'): the entry of each new directory lives in its
+        # parent, so the parents must be synced too, or a power loss after the commit
+        # record is durable could still lose the data it references.
         self._sync_entries(paths)
 
     def create(self, path: str, data: bytes) -> bool:
-        """Create ``path`` atomically and durably if absent.
-
-        See :meth:`Storage.create`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        data : bytes
-            The object's bytes.
-
-        Returns
-        -------
-        bool
-            True if created; False (writing nothing) if it exists.
-
-        Raises
-        ------
-        OSError
-            The create failed (nothing was created).
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # Create ``path`` atomically and durably if absent.
         return self.create_after(path, data, ())
 
     def create_after(self, path: str, data: bytes, fds: Sequence[int], check: Callable[[], None] | None = None) -> bool:
-        """:meth:`create`, publishing ``path`` only once the descriptors ``fds`` are ``fdatasync``-ed.
-
-        The fdatasyncs run concurrently with the new file's own fsync (one journal
-        commit can cover both), and ``check()`` must have returned (it may raise:
-        then nothing is created). The file is written under a temporary name and
-        published by ``link(2)``, atomic and failing if the name exists.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        data : bytes
-            The object's bytes.
-        fds : sequence of int
-            Descriptors to ``fdatasync`` first.
-        check : callable, optional
-            Called after the syncs, before publishing.
-
-        Returns
-        -------
-        bool
-            True if created; False (writing nothing) if it exists.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` leaves the store root.
-        OSError
-            A write or sync failed (nothing was created).
-        Exception
-            Whatever ``check`` raises (nothing was created).
-        """
+        # docstring inherited:
+        # The fdatasyncs run concurrently with the new file's own fsync (one journal
+        # commit can cover both), and ``check()`` must have returned (it may raise:
+        # then nothing is created). The file is written under a temporary name and
+        # published by ``link(2)``, atomic and failing if the name exists.
         full = self._inside(path)
         directory = os.path.dirname(full)
         new_root = not os.path.isdir(self.root)
@@ -583,83 +392,25 @@ class LocalStorage(Storage):
             self._sync_entries([path])
 
     def exists(self, path: str) -> bool:
-        """Whether an object exists at ``path``.
-
-        See :meth:`Storage.exists`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bool
-            Whether an object (or a prefix) exists at ``path``.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         return os.path.exists(self._p(path))
 
     def list(self, prefix: str) -> list[str]:
-        """Names (not paths) directly under ``prefix``; empty if none.
-
-        See :meth:`Storage.list`.
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        list of str
-            Sorted names (temporary ``.tmp-`` names left out).
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         try:
             return sorted(n for n in os.listdir(self._p(prefix)) if not n.startswith(".tmp-"))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def list_changed(self, prefix: str, token: object) -> tuple[builtins.list[str] | None, object]:
-        """``(list(prefix), token)``, or ``(None, token)`` where no subdirectory came or went.
-
-        Where the filesystem counts a directory's subdirectories in its link count
-        (2 + their number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an
-        unchanged count means none came or went: the directory is stat'ed first,
-        then listed, and the count is a token only if it matches the listing (a
-        subdirectory made in between shows as a change next time).
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-        token : object
-            What the previous call returned (None: none).
-
-        Returns
-        -------
-        names : list of str or None
-            The listing, or None where nothing changed.
-        token : object
-            Pass to the next call.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # ``(list(prefix), token)``, or ``(None, token)`` where no subdirectory came or went.
+        #
+        # Where the filesystem counts a directory's subdirectories in its link count
+        # (2 + their number: ext4, XFS, tmpfs; not btrfs, and not ext4 past 65,000), an
+        # unchanged count means none came or went: the directory is stat'ed first,
+        # then listed, and the count is a token only if it matches the listing (a
+        # subdirectory made in between shows as a change next time).
         full = self._p(prefix)
         try:
             links = os.stat(full).st_nlink
@@ -676,23 +427,7 @@ class LocalStorage(Storage):
         return sorted(n for n, _ in entries if not n.startswith(".tmp-")), (links if links == dirs + 2 else None)
 
     def delete(self, path: str) -> None:
-        """Remove an object or, recursively, a prefix; absent paths are ignored.
-
-        See :meth:`Storage.delete`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Raises
-        ------
-        OSError
-            A delete failed.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         import shutil
 
         full = self._inside(path, follow_last=False)
@@ -710,129 +445,37 @@ class LocalStorage(Storage):
                 pass
 
     def size(self, path: str) -> int:
-        """The size of object ``path`` in bytes.
-
-        See :meth:`Storage.size`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        int
-            The object's size in bytes.
-
-        Raises
-        ------
-        CorruptObjectError
-            ``path`` is not a regular file (a FIFO, a directory: no object's size).
-        FileNotFoundError
-            The object is absent.
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         st = os.stat(self._p(path))
         if not stat.S_ISREG(st.st_mode):
             raise CorruptObjectError(path, f"not a regular file ({file_kind(st.st_mode)})")
         return st.st_size
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes ``prefix`` occupies on disk, counted as ``du -s --block-size=1`` counts them.
-
-        Allocated blocks (``st_blocks * 512``, without following links) of ``prefix`` itself
-        and of every file, directory and link under it, a file with several links once. A
-        segment's chunk files are sparse past what was written: their holes take no blocks.
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        int
-            Bytes (0 if ``prefix`` is absent).
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # Bytes ``prefix`` occupies on disk, counted as ``du -s --block-size=1`` counts them.
+        #
+        # Allocated blocks (``st_blocks * 512``, without following links) of ``prefix`` itself
+        # and of every file, directory and link under it, a file with several links once. A
+        # segment's chunk files are sparse past what was written: their holes take no blocks.
         return _du(self._p(prefix), apparent=False)
 
     def apparent_size(self, prefix: str = "") -> int:
-        """Bytes ``prefix`` holds by the sizes of its entries, counted as ``du -s -b`` counts them.
-
-        ``st_size`` (without following links) of ``prefix`` itself and of every file,
-        directory and link under it, a file with several links once. A sparse file's
-        unwritten tail counts; :meth:`total_size` counts allocated blocks.
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        int
-            Bytes (0 if ``prefix`` is absent).
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # Bytes ``prefix`` holds by the sizes of its entries, counted as ``du -s -b`` counts them.
+        #
+        # ``st_size`` (without following links) of ``prefix`` itself and of every file,
+        # directory and link under it, a file with several links once. A sparse file's
+        # unwritten tail counts; :meth:`total_size` counts allocated blocks.
         return _du(self._p(prefix), apparent=True)
 
     def is_dir(self, path: str) -> bool:
-        """Whether ``path`` is a prefix (directory) of objects.
-
-        See :meth:`Storage.is_dir`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bool
-            Whether ``path`` is a prefix (directory) of objects.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited
         return os.path.isdir(self._p(path))
 
     def local_path(self, path: str) -> str | None:
-        """The file of ``path`` under the store root (for memory-mapping).
-
-        See :meth:`Storage.local_path`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        str or None
-            The file's path, or None for backends without local files.
-
-        Raises
-        ------
-        UnsafeNameError
-            ``path`` is not a relative path inside the store, or leads outside its root
-            through a symbolic link.
-        """
+        # docstring inherited:
+        # The file of ``path`` under the store root (for memory-mapping).
         return self._inside(path)
 
 

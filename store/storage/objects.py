@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import random
 import threading
@@ -126,6 +127,9 @@ class FsspecStorage(Storage):
         The fsspec filesystem offers no known create-if-absent primitive.
     """
 
+    supports_atomic_create = True  # (a filesystem without create-if-absent is refused at construction)
+    supports_consistent_listing = True  # (S3 listings are never cached)
+
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
 
@@ -158,72 +162,18 @@ class FsspecStorage(Storage):
         return f"{self.root}/{path}" if path else self.root
 
     def read(self, path: str) -> bytes:
-        """The whole object ``path``.
-
-        See :meth:`Storage.read`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bytes
-            The whole object.
-
-        Raises
-        ------
-        FileNotFoundError
-            The object is absent.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # The whole object ``path``.
         return self.fs.cat_file(self._p(path))
 
     def download(self, path: str, local: str) -> None:
-        """Write the object to the local file ``local``.
-
-        See :meth:`Storage.download`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        local : str
-            The local file to write.
-
-        Raises
-        ------
-        FileNotFoundError
-            The object is absent.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Write the object to the local file ``local``.
         self.fs.get_file(self._p(path), local)  # s3fs: one GET, the body copied in 64 KiB pieces
 
     def read_many(self, paths: Sequence[str]) -> list[bytes | None]:
-        """Each object whole, None where absent; read concurrently.
-
-        See :meth:`Storage.read_many`.
-
-        Parameters
-        ----------
-        paths : sequence of str
-            Object paths.
-
-        Returns
-        -------
-        list of bytes or None
-            Each object whole, None where absent.
-
-        Raises
-        ------
-        OSError
-            Any error but absence.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Each object whole, None where absent; read concurrently.
         if len(paths) < 2:
             return super().read_many(paths)
         full = [self._p(p) for p in paths]
@@ -242,27 +192,8 @@ class FsspecStorage(Storage):
         return out
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
-        """Each object's size in bytes, None where absent; asked concurrently.
-
-        See :meth:`Storage.sizes`.
-
-        Parameters
-        ----------
-        paths : sequence of str
-            Object paths.
-
-        Returns
-        -------
-        list of int or None
-            Each object's size, None where absent.
-
-        Raises
-        ------
-        OSError
-            Any error but absence.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Each object's size in bytes, None where absent; asked concurrently.
         if len(paths) < 2:
             return super().sizes(paths)
         try:
@@ -271,50 +202,12 @@ class FsspecStorage(Storage):
             return super().sizes(paths)
 
     def write(self, path: str, data: bytes | memoryview) -> None:
-        """Write a data object durably (it is never referenced before this returns).
-
-        See :meth:`Storage.write`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        data : bytes
-            The object's bytes.
-
-        Raises
-        ------
-        OSError
-            The write failed (nothing references the object).
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         self.fs.pipe_file(self._p(path), bytes(data))
 
     def create(self, path: str, data: bytes) -> bool:
-        """Create ``path`` atomically and durably if absent.
-
-        See :meth:`Storage.create`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-        data : bytes
-            The object's bytes.
-
-        Returns
-        -------
-        bool
-            True if created; False (writing nothing) if it exists.
-
-        Raises
-        ------
-        OSError
-            The create failed (nothing was created).
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Create ``path`` atomically and durably if absent.
         full = self._p(path)
         if self._create_mode == "lock":
             with _MEMORY_LOCK:
@@ -326,22 +219,14 @@ class FsspecStorage(Storage):
         return self._conditional_put(full, data)
 
     def check_create(self) -> None:
-        """Refuse an S3-API endpoint that ignores ``If-None-Match: *``.
-
-        Checked once per endpoint and bucket: before the first create-if-absent
-        through an endpoint, create a fresh probe object twice: the second create
-        must fail. A server that overwrites instead would let two writers both take
-        one commit number (one commit lost), so the store is refused before anything
-        else is created.
-
-        Raises
-        ------
-        StorageError
-            The storage does not honour create-if-absent.
-        StorageError
-            An S3-API endpoint ignores ``If-None-Match: *``, or a conditional create kept
-            answering 409.
-        """
+        # docstring inherited:
+        # Refuse an S3-API endpoint that ignores ``If-None-Match: *``.
+        #
+        # Checked once per endpoint and bucket: before the first create-if-absent
+        # through an endpoint, create a fresh probe object twice: the second create
+        # must fail. A server that overwrites instead would let two writers both take
+        # one commit number (one commit lost), so the store is refused before anything
+        # else is created.
         if self._create_mode != "conditional-put":
             return
         key = (repr(sorted(self.storage_options.items())), self.root.split("/", 1)[0])
@@ -398,47 +283,11 @@ class FsspecStorage(Storage):
             return False
 
     def exists(self, path: str) -> bool:
-        """Whether an object exists at ``path``.
-
-        See :meth:`Storage.exists`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bool
-            Whether an object (or a prefix) exists at ``path``.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         return self.fs.exists(self._p(path))
 
     def list(self, prefix: str) -> list[str]:
-        """Names (not paths) directly under ``prefix``; empty if none.
-
-        See :meth:`Storage.list`.
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        list of str
-            Sorted names (temporary ``.tmp-`` names left out).
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         full = self._p(prefix)
         try:
             entries = self.fs.ls(full, detail=False, refresh=True) if self._create_mode != "lock" \
@@ -450,22 +299,7 @@ class FsspecStorage(Storage):
         return sorted(n for n in names if not n.startswith(".tmp-"))
 
     def delete(self, path: str) -> None:
-        """Remove an object or, recursively, a prefix; absent paths are ignored.
-
-        See :meth:`Storage.delete`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Raises
-        ------
-        OSError
-            A delete failed.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         full = self._p(path)
         try:
             if self.fs.isdir(full):
@@ -476,115 +310,35 @@ class FsspecStorage(Storage):
             pass
 
     def size(self, path: str) -> int:
-        """The size of object ``path`` in bytes.
-
-        See :meth:`Storage.size`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        int
-            The object's size in bytes.
-
-        Raises
-        ------
-        FileNotFoundError
-            The object is absent.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         return int(self.fs.size(self._p(path)))
 
     def is_dir(self, path: str) -> bool:
-        """Whether ``path`` is a prefix (directory) of objects.
-
-        See :meth:`Storage.is_dir`.
-
-        Parameters
-        ----------
-        path : str
-            The object's '/'-separated path relative to the store root.
-
-        Returns
-        -------
-        bool
-            Whether ``path`` is a prefix (directory) of objects.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited
         return bool(self.fs.isdir(self._p(path)))
 
     def delete_objects(self, paths: builtins.list[str]) -> None:
-        """One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list).
-
-        Parameters
-        ----------
-        paths : sequence of str
-            Object paths.
-
-        Raises
-        ------
-        OSError
-            A delete failed.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # One bulk request per 1000 objects on S3 (s3fs ``rm`` of a list).
         if paths:
             try:
                 self.fs.rm([self._p(p) for p in paths])
-            except FileNotFoundError:
-                pass
+            except FileNotFoundError:  # memory:// stops at the first absent path: the rest one by one
+                for path in paths:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm_file(self._p(path))
 
     def total_size(self, prefix: str = "") -> int:
-        """Bytes stored under ``prefix``: the sizes one recursive listing reports.
-
-        S3: one ``LIST`` per 1000 objects, so an object deleted meanwhile (a
-        compaction's originals) is no error.
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        int
-            Bytes.
-
-        Raises
-        ------
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Bytes stored under ``prefix``: the sizes one recursive listing reports.
+        #
+        # S3: one ``LIST`` per 1000 objects, so an object deleted meanwhile (a
+        # compaction's originals) is no error.
         return sum(o.size for o in self.walk(prefix))
 
     def walk(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        """Every object under ``prefix`` with its size and modification time (S3: LastModified).
-
-        Parameters
-        ----------
-        prefix : str
-            A path prefix ('' for the root).
-
-        Returns
-        -------
-        list of ObjectInfo
-            Sorted by path.
-
-        Raises
-        ------
-        NotImplementedError
-            The backend cannot list objects with their times.
-        StorageUnavailableError
-            The backend could not be reached or refused the request (S3).
-        """
+        # docstring inherited:
+        # Every object under ``prefix`` with its size and modification time (S3: LastModified).
         full = self._p(prefix)
         if self._create_mode != "lock":
             self.fs.invalidate_cache(full)

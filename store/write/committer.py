@@ -115,7 +115,7 @@ class Committer:
                     for seg in segments:
                         seg.check_present()
 
-                return self.storage.create_after(path, data, fds, check)  # type: ignore[attr-defined]
+                return self.storage.create_after(path, data, fds, check)
             return self.storage.create(path, data)
 
         def create() -> None:

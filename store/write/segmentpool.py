@@ -17,7 +17,6 @@ from replaystore.store.format.fragment import Fragment
 from replaystore.store.format.segment import VALUES_PER_ROW, Segment
 from replaystore.store.format.staging import StagedFragment
 from replaystore.store.format.streamkeys import StreamKey
-from replaystore.store.storage import LocalStorage
 from replaystore.store.write.committer import Committer
 from replaystore.store.write.iothreads import IOThreads
 from replaystore.store.write.sizing import segment_rows
@@ -59,7 +58,7 @@ class SegmentPool:
         self._io = io
         self._committer = committer
         # format 2 on local storage: appends go to open segments instead of staged fragments
-        self.segmented = isinstance(self.storage, LocalStorage) and store.manifest["format_version"] >= 2
+        self.segmented = self.storage.supports_in_place_writes and store.manifest["format_version"] >= 2
         self.staged: dict[str, StagedFragment] = {}  # per table: the fragment the pending appends are in
         self.open: dict[str, Segment] = {}  # per table: the segment appends go to
         self.filling: dict[str, list[Segment]] = {t: [] for t in store.schemas}  # the pending appends' segments
@@ -175,7 +174,7 @@ class SegmentPool:
         capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
-        return Segment(self.storage, self.store.schemas[table], self.writer, table,  # type: ignore[arg-type]
+        return Segment(self.storage, self.store.schemas[table], self.writer, table,
                        layout.segment_name(next(self._names)), capacity, values,
                        may_delete=self.store._may_delete)
 

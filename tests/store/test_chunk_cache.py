@@ -211,11 +211,16 @@ def test_cache_arguments(tmp_path: Path) -> None:
         with pytest.raises(StoreError, match="max_bytes"):
             ChunkCache(tmp_path, max_bytes=bad)  # type: ignore[arg-type]
     local = open_store(str(tmp_path / "st"), DQN, mode="w", cache=tmp_path / "cache")
-    assert local.cache is None and local.storage.cache is None  # local stores are read in place
+    # local stores are read in place: not wrapped
+    assert local.cache is None and not isinstance(local.storage, chunkcache_module.CachingStorage)
     memory = open_store("memory://cache-args", DQN, mode="w+")
     assert memory.cache is None  # memory:// only when asked
     memory = open_store("memory://cache-args", mode="r", cache=True)
     assert memory.cache is not None and memory.cache.directory == chunkcache_module.default_directory()
+    # the cache wraps the backend: chunk reads are mapped from its files, the rest is the backend's
+    assert isinstance(memory.storage, chunkcache_module.CachingStorage)
+    assert isinstance(memory.storage.inner, FsspecStorage) and memory.storage.supports_memory_map
+    assert not memory.storage.inner.supports_memory_map and memory.storage.url == "memory://cache-args"
     assert chunkcache_module.default_directory() == os.environ["REPLAYSTORE_CACHE_DIR"]  # this test session's
 
 
