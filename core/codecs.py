@@ -287,7 +287,13 @@ def get_codec(codec: str, field: str | None = None) -> Codec:
 
 
 class ZstdCodec(Codec):
-    """Zstandard (zarr-python's ``zstd``): a level from 1 to 22, default 3."""
+    """Zstandard (zarr-python's ``zstd``).
+
+    Parameters
+    ----------
+    level : int, optional
+        From 1 to 22; default 3.
+    """
 
     name = "zstd"
     default_level = 3
@@ -332,7 +338,13 @@ class ZstdCodec(Codec):
 
 
 class LZ4Codec(Codec):
-    """LZ4 (zarr-python's ``numcodecs.lz4``): an acceleration from 1 to 65537, default 1."""
+    """LZ4 (zarr-python's ``numcodecs.lz4``).
+
+    Parameters
+    ----------
+    level : int, optional
+        The acceleration, from 1 to 65537; default 1.
+    """
 
     name = "lz4"
     default_level = 1

@@ -6,7 +6,8 @@ source ``replaystore.tools.ray_data``, every error class of
 ``replaystore.errors``, ``replaystore.store.storage`` and ``replaystore.store.sql``,
 the export/import functions of ``replaystore.tools.formats``, ``export_store``,
 ``import_store``, ``copy_store`` and the
-DQN helpers the README's examples import, and the storage layer's ``__all__``), and for each public
+DQN helpers the README's examples import, and the ``__all__`` of the storage layer and of
+``replaystore.codecs``), and for each public
 method of each exported class, the docstring must exist (an override may inherit it: a
 method without a docstring of its own is checked against the docstring of the same method
 on its nearest base class that has one, the ``# docstring inherited`` convention), parse without numpydoc
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 from numpydoc.docscrape import NumpyDocString
 
+import replaystore.codecs
 import replaystore.loaders
 import replaystore.schemas
 import replaystore.store
@@ -52,7 +54,8 @@ OPTIONAL_PACKAGES = ["replaystore.gym", "replaystore.tools.ray_data", "replaysto
 
 
 def _exported() -> Iterator[tuple[str, Any]]:
-    for pkg in (replaystore.store, replaystore.loaders, replaystore.schemas, replaystore.store.storage):
+    for pkg in (replaystore.store, replaystore.loaders, replaystore.schemas, replaystore.store.storage,
+                replaystore.codecs):
         for name in pkg.__all__:
             yield name, getattr(pkg, name)
     for module_name in ERROR_MODULES:
