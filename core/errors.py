@@ -177,6 +177,16 @@ class StoreError(ReplayStoreError):
     """
 
 
+class UnknownColumnError(UnknownFieldError, StoreError):
+    """A read named a column the table does not have.
+
+    Raised by every read method that takes ``columns=`` (``read``, ``read_columns``,
+    ``scan``, ``scan_schema``) on a ``Store``, ``Table`` or ``TableView``, at the call and
+    before anything is read. It is an :class:`UnknownFieldError` (``field`` is the first
+    unknown name, ``expected`` lists the columns there are) and a :class:`StoreError`.
+    """
+
+
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """No store exists at the URL (and the mode does not create one).
 
