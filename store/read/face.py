@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from replaystore.store.read.index import StreamIndex
 
 
-class Reader(Protocol):
-    """What a snapshot's reads need of its table's reader (``TableReader``, store/read/table.py)."""
+class _Named(Protocol):
+    """A table's name and schema (what both a reader and a view carry)."""
 
     @property
     def name(self) -> str:
@@ -45,6 +45,10 @@ class Reader(Protocol):
     @property
     def schema(self) -> Schema:
         """The table's schema."""
+
+
+class Reader(_Named, Protocol):
+    """What a snapshot's reads need of its table's reader (``TableReader``, store/read/table.py)."""
 
     @property
     def view(self) -> Any:
@@ -70,16 +74,8 @@ class Reader(Protocol):
         """How reads of ``view`` open fragment data."""
 
 
-class Snapshot(Protocol):
+class Snapshot(_Named, Protocol):
     """What the read face needs of a view (``TableView``, store/read/view.py)."""
-
-    @property
-    def name(self) -> str:
-        """The table's name."""
-
-    @property
-    def schema(self) -> Schema:
-        """The table's schema."""
 
     @property
     def first_ids(self) -> np.ndarray:
