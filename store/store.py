@@ -36,7 +36,6 @@ from replaystore.store.storage.cache import ChunkCache
 from replaystore.store.write.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
-
     from replaystore.store.maintenance.vacuum import VacuumReport
     from replaystore.store.read.view import TableView
 
