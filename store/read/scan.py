@@ -78,8 +78,7 @@ def scan_projection(full: pa.Schema, columns: Sequence[str] | None, table: str =
     names = list(full.names) if columns is None else ([columns] if isinstance(columns, str) else list(columns))
     unknown = [c for c in names if full.get_field_index(c) < 0]
     if unknown:
-        raise UnknownColumnError(str(unknown[0]), f"a column of table {table!r} ({full.names})",
-                                 "a name the table does not have")
+        raise UnknownColumnError(table, unknown, full.names)
     return pa.schema([full.field(c) for c in names], metadata=full.metadata)
 
 

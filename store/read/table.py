@@ -475,8 +475,7 @@ class TableReader:
             known = {n for n, _, _ in self._dense} | {n for _, values in self._ragged for n, _ in values}
             unknown = [n for n in key if n not in known]
             if unknown:
-                raise UnknownColumnError(str(unknown[0]), f"a dense or ragged field of table {self.name!r} "
-                                        f"({sorted(known)})", "a name the schema does not have")
+                raise UnknownColumnError(self.name, unknown, sorted(known))
             dense = [d for d in self._dense if d[0] in names]
             ragged = [(off, [(n, dt) for n, dt in values if n in names]) for off, values in self._ragged]
             plan = self._plans[key] = (dense, [(off, values) for off, values in ragged if values])

@@ -8,6 +8,7 @@ a small in-memory model of what was appended.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import uuid
 from typing import Any
 
@@ -139,7 +140,10 @@ def test_an_unknown_column_is_the_same_typed_error_on_every_face(face: str) -> N
             call()
         # one type for every read: a field error (as read raised) and a store error (as scan raised)
         assert isinstance(info.value, UnknownFieldError) and isinstance(info.value, StoreError)
-        assert info.value.field == "nope"
+        assert info.value.field == "nope" and info.value.unknown == ["nope"] and info.value.table == "records"
+        assert "has no column" in str(info.value)
+        again = pickle.loads(pickle.dumps(info.value))  # it crosses process boundaries intact
+        assert type(again) is UnknownColumnError and str(again) == str(info.value)
     with pytest.raises(UnknownColumnError, match="'telemetry'"):  # batch metadata is not per record
         reader.read([0], columns=["telemetry"])
 
