@@ -217,6 +217,43 @@ class StoreError(ReplayStoreError):
     """
 
 
+class UnknownColumnError(UnknownFieldError, StoreError):
+    """A read named a column the table does not have.
+
+    Raised by every read method that takes ``columns=`` (``read``, ``read_columns``,
+    ``scan``, ``scan_schema``) on a ``Store``, ``Table`` or ``TableView``, at the call and
+    before anything is read. It is an :class:`UnknownFieldError` (``field`` is the first
+    unknown name, ``expected`` lists the columns there are) and a :class:`StoreError`.
+
+    Parameters
+    ----------
+    table : str
+        The table's name.
+    unknown : sequence of str
+        The names the table does not have (at least one), in the order asked.
+    columns : sequence of str
+        The names the read could have asked for.
+
+    Attributes
+    ----------
+    table : str
+        As given.
+    unknown : list of str
+        As given.
+    """
+
+    def __init__(self, table: str, unknown: Sequence[str], columns: Sequence[str]) -> None:
+        self.table = table
+        self.unknown = [str(u) for u in unknown]
+        self._columns = list(columns)
+        super().__init__(self.unknown[0], f"a column of table {table!r} ({list(columns)})",
+                         "a name the table does not have", f"table {table!r} has no column(s) {self.unknown}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (pickled by its arguments: it crosses from DataLoader workers and Ray tasks)
+        return type(self), (self.table, self.unknown, self._columns)
+
+
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """No store exists at the URL (and the mode does not create one).
 

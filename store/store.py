@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
@@ -23,24 +23,20 @@ from replaystore.errors import (
     StoreNotFoundError,
     StoreReplacedError,
 )
-from replaystore.schemas import Columns, Schema
+from replaystore.schemas import Schema
 from replaystore.store.format import bodies, layout, records
 from replaystore.store.format.codecs import column_bytes
 from replaystore.store.format.generations import claim_name, foreign, new_generation, store_generation
-from replaystore.store.read.index import StreamKey
+from replaystore.store.read.face import ReadFace
 from replaystore.store.read.log import CLOSE, CommitLog
 from replaystore.store.read.table import TableReader
-from replaystore.store.read.view import row_array
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.storage import cache as chunkcache
 from replaystore.store.storage.cache import ChunkCache
 from replaystore.store.write.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from replaystore.store.maintenance.vacuum import VacuumReport
-    from replaystore.store.read.index import StreamIndex
     from replaystore.store.read.view import TableView
 
 Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
@@ -53,12 +49,13 @@ STATE_KEEP_LAST = 2
 DEFAULT_TABLE = "records"
 
 
-class Table:
+class Table(ReadFace):
     """One table of a store: the read API over its visible records.
 
     What is visible changes only when the store refreshes (:meth:`Store.refresh`, or a
     writer of this handle committing); :meth:`view` returns it as an immutable
-    :class:`~replaystore.store.read.view.TableView` snapshot. The methods here read the
+    :class:`~replaystore.store.read.view.TableView` snapshot. The read methods (shared with
+    ``TableView`` and ``Store``: :class:`~replaystore.store.read.face.ReadFace`) read the
     table's current view.
 
     Parameters
@@ -85,11 +82,6 @@ class Table:
     def capacity(self) -> int | None:
         """The store's capacity in records per table (None: unbounded), plus any :meth:`widen`."""
         return self.reader.capacity
-
-    def __len__(self) -> int:
-        """Visible records. Cost: O(1) once the view is current."""
-        self.reader.sync()
-        return len(self.reader)
 
     def total_committed(self) -> int:
         """Records ever committed to the table, as of the store's last refresh: evicted ones included.
@@ -123,6 +115,11 @@ class Table:
         self.reader.sync()
         return self.reader.view
 
+    def _snapshot(self) -> TableView:
+        # docstring inherited (the current view, after following the commits the store has seen)
+        self.reader.sync()
+        return self.reader.view
+
     def widen(self, extra: int) -> None:
         """Show ``extra`` more records than the capacity.
 
@@ -143,248 +140,14 @@ class Table:
         """
         self.reader.widen(extra)
 
-    def read(self, rows: Any, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """The records at row ids ``rows``, in that order.
 
-        Parameters
-        ----------
-        rows : array_like of int
-            Visible row ids (any order, repeats allowed).
-        columns : sequence of str, optional
-            Field names to read (default: every dense and ragged field); a ragged field
-            brings its CSR offsets array; a nested field (``obs``) all its leaves.
-
-        Returns
-        -------
-        dict of str to numpy.ndarray
-            Dense arrays; ragged values with their offsets (rebased to 0); a nested field's
-            leaves as a nested dict (tuples for Tuple nodes) under its name.
-
-        Raises
-        ------
-        UnknownFieldError
-            A name in ``columns`` that is not a dense or ragged field.
-        RowError
-            A row id that is not visible.
-
-        Notes
-        -----
-        Cost: one gather per array read (contiguous views) or per array and fragment
-        touched; the arrays of other columns are not read.
-        """
-        self.reader.sync()
-        nesting = self.reader.schema.nesting
-        if nesting is None:
-            return self.reader.read(rows, columns)
-        return nesting.nest(self.reader.read(rows, nesting.columns(columns)))
-
-    def read_columns(self, rows: Any, columns: Sequence[str] | None = None) -> Columns:
-        """:meth:`read` as :class:`~replaystore.schemas.Columns` (same errors and cost).
-
-        Parameters
-        ----------
-        rows : array_like of int
-            Visible row ids (any order, repeats allowed).
-        columns : sequence of str, optional
-            Field names to read (default: every dense and ragged field).
-
-        Returns
-        -------
-        Columns
-            The records, field by field.
-        """
-        return self.view().read_columns(rows, columns)
-
-    def scan(self, columns: Sequence[str] | None = None, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
-        """Stream the visible records in row-id order as Arrow record batches.
-
-        What ``st.sql`` and the exporters read. The records are those of :meth:`view` at
-        the call: a refresh while iterating does not change them.
-
-        Parameters
-        ----------
-        columns : sequence of str, optional
-            Columns, in that order (default: ``row, stream, step, reset``, every field but
-            batch metadata, ``writer, commit, commit_time``); see :meth:`scan_schema`.
-        batch_rows : int, optional
-            Records per batch at most (default ``SCAN_ROWS``, 65536).
-
-        Returns
-        -------
-        iterator of pyarrow.RecordBatch
-            Read lazily, one fragment at a time. Cost: the named columns' objects, once;
-            memory bounded by ``batch_rows``.
-
-        Raises
-        ------
-        StoreError
-            An unknown column (named) or a bad ``batch_rows``.
-        StaleReadError
-            While iterating: records reclaimed since the call (capacity, compaction).
-        """
-        return self.view().scan(columns, batch_rows)
-
-    def scan_schema(self, columns: Sequence[str] | None = None) -> pa.Schema:
-        """The Arrow schema of :meth:`scan`'s batches (see :meth:`TableView.scan_schema`).
-
-        Parameters
-        ----------
-        columns : sequence of str, optional
-            As for :meth:`scan`.
-
-        Returns
-        -------
-        pyarrow.Schema
-            Cost: O(fragments).
-
-        Raises
-        ------
-        StoreError
-            An unknown column (named).
-        """
-        return self.view().scan_schema(columns)
-
-    def stream_index(self) -> StreamIndex:
-        """The (stream, step) index of the visible records, as of the current view.
-
-        Shared and followed incrementally across refreshes (the same object while it can
-        be followed): read it, never change it.
-
-        Returns
-        -------
-        StreamIndex
-            Cost: built on first use (reads every visible fragment's index arrays), then
-            the rows that changed per refresh.
-        """
-        self.reader.sync()
-        return self.reader.index
-
-    def row_ids(self) -> np.ndarray:
-        """Every visible row id, ascending (single-writer stores: ``0 .. n-1`` until eviction).
-
-        Returns
-        -------
-        numpy.ndarray
-            int64. Cost: O(records).
-        """
-        self.reader.sync()
-        return self.reader.row_ids()
-
-    def rows_at(self, positions: Any) -> np.ndarray:
-        """Row ids of visible positions ``0 <= p < len`` (for uniform sampling).
-
-        Parameters
-        ----------
-        positions : array_like of int
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids. Cost: one search per position, none where the visible rows are
-            one run of row ids.
-
-        Raises
-        ------
-        RowError
-            A position outside ``[0, len)``.
-        """
-        self.reader.sync()
-        return self.reader.rows_at(positions)
-
-    def streams(self) -> list[StreamKey]:
-        """Keys of the streams with visible records.
-
-        Returns
-        -------
-        list of int or str
-            Stream keys. Cost: the stream index (see :meth:`stream_index`).
-        """
-        self.reader.sync()
-        return self.reader.index.streams()
-
-    def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
-        """One stream's visible records, in step order.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-
-        Returns
-        -------
-        tuple of numpy.ndarray
-            ``(row ids, steps)``, both int64 copies (empty for an unknown stream). Cost: a copy
-            of the stream's slice of the index.
-        """
-        self.reader.sync()
-        rows, steps = self.reader.index.stream_rows(stream)
-        return rows.copy(), steps.copy()
-
-    def runs(self, stream: StreamKey) -> np.ndarray:
-        """Contiguous step runs of a stream; gaps lie between runs.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 ``[[first step, last step], ...]``, shape ``(runs, 2)``. Cost: one pass over
-            the stream's steps.
-        """
-        self.reader.sync()
-        return self.reader.index.runs(stream)
-
-    def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
-        """Row ids of ``(stream, step)`` pairs.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-        steps : int or array_like of int
-            Steps of that stream.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids shaped like ``steps``; -1 where the step is not visible. Cost: a
-            binary search per step.
-        """
-        self.reader.sync()
-        return self.reader.index.lookup(stream, steps)
-
-    def index_of(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(stream keys, steps, resets)`` of visible row ids (see :meth:`TableView.index_of`).
-
-        Parameters
-        ----------
-        rows : array_like of int
-            Visible row ids.
-
-        Returns
-        -------
-        tuple of numpy.ndarray
-            Stream keys (object array), steps (int64), resets (bool). Cost: one read of the
-            index arrays per fragment touched.
-
-        Raises
-        ------
-        RowError
-            A row id that is not visible.
-        """
-        self.reader.sync()
-        return self.reader.index_arrays(row_array(rows).reshape(-1))
-
-
-class Store:
+class Store(ReadFace):
     """A replaystore store: named tables, a commit log, state slots.
 
     Obtain one from :func:`open_store`. A single-table store answers the read methods of
-    :class:`Table` itself (``len(st)``, ``st.read``, ``st.streams``, ...); with several
-    tables, use :meth:`table`.
+    :class:`Table` itself (``len(st)``, ``st.read``, ``st.scan``, ``st.streams``, ...: the
+    shared :class:`~replaystore.store.read.face.ReadFace`); with several tables they raise
+    :class:`StoreError`: use :meth:`table`.
 
     Parameters
     ----------
@@ -481,152 +244,9 @@ class Store:
         """The schema of the store's only table; :class:`StoreError` if it has several."""
         return self.default.schema
 
-    def __len__(self) -> int:
-        """The number of visible records of the only table (after following new commits)."""
-        return len(self.default)
-
-    def read(self, rows: Any) -> dict[str, np.ndarray]:
-        """The records at ``rows`` of the only table, in that order.
-
-        Parameters
-        ----------
-        rows : array_like of int
-            Row ids of visible records (:meth:`row_ids`, :meth:`lookup`).
-
-        Returns
-        -------
-        dict of str to numpy.ndarray
-            One array per field: dense fields ``(len(rows), *shape)``; ragged values with
-            their offsets rebased to start at 0.
-
-        Raises
-        ------
-        StoreError
-            The store has several tables (use :meth:`table`).
-        RowError
-            A row id is not a visible record (never written, or evicted).
-        StaleReadError
-            Rows this handle still showed were evicted and their storage reclaimed.
-        CorruptObjectError
-            A stored object fails its checks.
-
-        Notes
-        -----
-        Cost: a refresh of the view if the log changed, then one gather per array.
-        """
-        return self.default.read(rows)
-
-    def row_ids(self) -> np.ndarray:
-        """Every visible row id of the only table, ascending (see :meth:`Table.row_ids`).
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids.
-
-        Raises
-        ------
-        StoreError
-            The store has several tables.
-
-        Notes
-        -----
-        Cost: one array of ``len(self)`` ids.
-        """
-        return self.default.row_ids()
-
-    def streams(self) -> list[StreamKey]:
-        """The keys of the streams with visible records in the only table.
-
-        Returns
-        -------
-        list of int or str
-            Stream keys.
-
-        Raises
-        ------
-        StoreError
-            The store has several tables.
-
-        Notes
-        -----
-        Cost: a list of the stream index's keys.
-        """
-        return self.default.streams()
-
-    def rows(self, stream: StreamKey) -> tuple[np.ndarray, np.ndarray]:
-        """One stream's visible records in the only table, in step order.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-
-        Returns
-        -------
-        tuple of numpy.ndarray
-            ``(row ids, steps)``, both int64 (empty for an unknown stream).
-
-        Raises
-        ------
-        StoreError
-            The store has several tables.
-
-        Notes
-        -----
-        Cost: a copy of the stream's slice of the index.
-        """
-        return self.default.rows(stream)
-
-    def runs(self, stream: StreamKey) -> np.ndarray:
-        """Contiguous step runs of one stream in the only table; gaps lie between runs.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 ``[[first step, last step], ...]``, shape ``(runs, 2)``.
-
-        Raises
-        ------
-        StoreError
-            The store has several tables.
-
-        Notes
-        -----
-        Cost: one pass over the stream's steps.
-        """
-        return self.default.runs(stream)
-
-    def lookup(self, stream: StreamKey, steps: Any) -> np.ndarray:
-        """Row ids of ``(stream, step)`` pairs in the only table.
-
-        Parameters
-        ----------
-        stream : int or str
-            The stream key.
-        steps : int or array_like of int
-            Steps of that stream.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids shaped like ``steps``; -1 where the step is not visible.
-
-        Raises
-        ------
-        StoreError
-            The store has several tables.
-
-        Notes
-        -----
-        Cost: a binary search per step.
-        """
-        return self.default.lookup(stream, steps)
+    def _snapshot(self) -> TableView:
+        # docstring inherited (the only table's current view)
+        return self.default._snapshot()
 
     # -- log ------------------------------------------------------------------------
     def refresh(self) -> bool:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from replaystore.store.format.streamkeys import StreamKey
+from replaystore.store.read.rows import row_array
 from replaystore.store.read.segments import Segments, grown
-from replaystore.store.read.view import row_array
 
 _TOUCHED_KEPT = 64  # changes whose touched streams the index remembers for followers
 

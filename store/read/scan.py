@@ -2,61 +2,54 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import StoreError
+from replaystore.errors import StoreError, UnknownColumnError
 from replaystore.schemas import Schema
 from replaystore.schemas.arrow import arrow_type, dense_to_arrow, ragged_to_arrow
 from replaystore.schemas.fields import BatchMeta, Dense, Ragged
-from replaystore.store.format.fragment import FragmentData
-from replaystore.store.read.table import TableReader
-from replaystore.store.read.view import FragmentInfo, TableView
+from replaystore.store.format.fragment import Fragment, FragmentData
+from replaystore.store.read.fraginfo import FragmentInfo
 from replaystore.store.storage import Storage
 
 SCAN_ROWS = 65536
 """Records per scanned batch by default (memory stays bounded by this, whatever the table's size)."""
 
 
-def _view_of(source: TableView | TableReader) -> TableView:
-    if isinstance(source, TableReader):
-        source.sync()
-        return source.view
-    return source
-
-
-def _stream_type(view: TableView) -> pa.DataType:
-    keys = {k for f in view._frags for k in f.streams}
+def _stream_type(frags: Sequence[Fragment]) -> pa.DataType:
+    keys = {k for f in frags for k in f.streams}
     return pa.int64() if all(isinstance(k, int) for k in keys) else pa.string()
 
 
-def scan_schema(source: TableView | TableReader) -> pa.Schema:
-    """The scanned columns of a table's view.
+def scan_schema(schema: Schema, frags: Sequence[Fragment]) -> pa.Schema:
+    """The scanned columns of a table of ``schema`` whose visible fragments are ``frags``.
 
     ``row``, ``stream``, ``step``, ``reset``, the schema's fields, then ``writer``, ``commit``
     (its seq) and ``commit_time``.
 
     Parameters
     ----------
-    source : TableView
-        The view (a ``TableReader``: its current view).
+    schema : Schema
+        The table's schema.
+    frags : sequence of Fragment
+        The visible fragments (a view's).
 
     Returns
     -------
     pyarrow.Schema
-        ``stream`` is int64 where every key of the view is an int, else string. Cost: O(fragments).
+        ``stream`` is int64 where every key of ``frags`` is an int, else string. Cost: O(fragments).
     """
-    view = _view_of(source)
-    fields = [pa.field("row", pa.int64(), nullable=False), pa.field("stream", _stream_type(view), nullable=False),
+    fields = [pa.field("row", pa.int64(), nullable=False), pa.field("stream", _stream_type(frags), nullable=False),
               pa.field("step", pa.int64(), nullable=False), pa.field("reset", pa.bool_(), nullable=False)]
-    for f in view.schema.fields:
+    for f in schema.fields:
         if not isinstance(f, BatchMeta):
             fields.append(pa.field(f.name, arrow_type(f), nullable=False))
     fields += [pa.field("writer", pa.int32(), nullable=False), pa.field("commit", pa.int64(), nullable=False),
                pa.field("commit_time", pa.timestamp("ns", tz="UTC"), nullable=False)]
-    arrow_schema = view.schema.to_arrow()
+    arrow_schema = schema.to_arrow()
     return pa.schema(fields, metadata=arrow_schema.metadata)
 
 
@@ -79,17 +72,34 @@ def scan_projection(full: pa.Schema, columns: Sequence[str] | None, table: str =
 
     Raises
     ------
-    StoreError
-        Naming the columns ``full`` does not have.
+    UnknownColumnError
+        Naming the first column ``full`` does not have.
     """
     names = list(full.names) if columns is None else ([columns] if isinstance(columns, str) else list(columns))
     unknown = [c for c in names if full.get_field_index(c) < 0]
     if unknown:
-        raise StoreError(f"table {table!r} has no column(s) {unknown}; columns: {full.names}")
+        raise UnknownColumnError(table, unknown, full.names)
     return pa.schema([full.field(c) for c in names], metadata=full.metadata)
 
 
-def _batch_rows(batch_rows: int | None) -> int:
+def check_batch_rows(batch_rows: int | None) -> int:
+    """``batch_rows`` as the records per scanned batch (None: :data:`SCAN_ROWS`).
+
+    Parameters
+    ----------
+    batch_rows : int or None
+        Records per batch at most.
+
+    Returns
+    -------
+    int
+        A positive int.
+
+    Raises
+    ------
+    StoreError
+        ``batch_rows`` is not a positive int.
+    """
     if batch_rows is None:
         return SCAN_ROWS
     if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or batch_rows <= 0:
@@ -97,26 +107,29 @@ def _batch_rows(batch_rows: int | None) -> int:
     return batch_rows
 
 
-def scan(source: TableView | TableReader, columns: Sequence[str] | None = None, batch_rows: int | None = None,
-         ) -> Iterator[pa.RecordBatch]:
-    """Visible records of a view in row-id order, ``batch_rows`` at a time, with only ``columns``.
+def scan_fragments(data_of: Callable[[Fragment], FragmentData], frags: Sequence[Fragment], vis_from: Sequence[int],
+                   schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The visible records of ``frags`` in order, ``batch_rows`` at a time, with the columns of ``schema``.
 
-    This is ``TableView.scan`` and ``Table.scan``.
+    Parameters
+    ----------
+    data_of : callable
+        Opens a fragment's data (``TableReader._data_of`` of the view).
+    frags : sequence of Fragment
+        The fragments, in row-id order.
+    vis_from : sequence of int
+        Each one's first visible local row.
+    schema : pyarrow.Schema
+        A :func:`scan_schema` of the table or a :func:`scan_projection` of it.
+    batch_rows : int
+        Records per batch at most.
 
-    Only the arrays behind the requested columns are read: selecting two fields of
-    a wide table reads two fields' objects. Unknown columns and a bad ``batch_rows``
-    raise StoreError at the call; records reclaimed since the view was taken raise
-    StaleReadError while iterating.
+    Yields
+    ------
+    pyarrow.RecordBatch
+        Read lazily, a fragment at a time.
     """
-    view = _view_of(source)
-    rows = _batch_rows(batch_rows)
-    schema = scan_projection(scan_schema(view), columns, view.name)
-    return _scan_view(view, schema, rows)
-
-
-def _scan_view(view: TableView, schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    data_of = view._reader._data_of(view)
-    for frag, vis in zip(view._frags, view.visible_from.tolist(), strict=True):
+    for frag, vis in zip(frags, vis_from, strict=True):
         yield from scan_data(data_of(frag), vis, schema, batch_rows)
 
 
@@ -155,7 +168,7 @@ def scan_fragment(storage: Storage, table_schema: Schema, fragment: FragmentInfo
     StaleReadError
         While iterating: the fragment's objects are gone (compacted or reclaimed).
     """
-    rows = _batch_rows(batch_rows)
+    rows = check_batch_rows(batch_rows)
     first = fragment.visible_from if start is None else int(start)
     return scan_data(FragmentData(storage, table_schema, fragment._fragment), first, schema, rows, stop)
 

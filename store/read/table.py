@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownFieldError
+from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownColumnError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.csr import gather_csr
 from replaystore.store.format.fragment import Fragment, FragmentData
@@ -21,8 +21,9 @@ from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, chunk_size
 from replaystore.store.read import retention
 from replaystore.store.read.index import Piece, StreamIndex
 from replaystore.store.read.log import CommitLog
+from replaystore.store.read.rows import row_array
 from replaystore.store.read.spans import Layout
-from replaystore.store.read.view import TableView, row_array
+from replaystore.store.read.view import TableView
 from replaystore.store.read.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
 from replaystore.store.read.vmap import available as contiguous_views_available
 from replaystore.store.storage import Storage
@@ -461,7 +462,7 @@ class TableReader:
 
         Raises
         ------
-        UnknownFieldError
+        UnknownColumnError
             The first name that is not a dense or ragged field.
         """
         if columns is None:
@@ -475,8 +476,7 @@ class TableReader:
             known = {n for n, _, _ in self._dense} | {n for _, values in self._ragged for n, _ in values}
             unknown = [n for n in key if n not in known]
             if unknown:
-                raise UnknownFieldError(str(unknown[0]), f"a dense or ragged field of table {self.name!r} "
-                                        f"({sorted(known)})", "a name the schema does not have")
+                raise UnknownColumnError(self.name, unknown, sorted(known))
             dense = [d for d in self._dense if d[0] in names]
             ragged = [(off, [(n, dt) for n, dt in values if n in names]) for off, values in self._ragged]
             plan = self._plans[key] = (dense, [(off, values) for off, values in ragged if values])
@@ -501,7 +501,7 @@ class TableReader:
 
         Raises
         ------
-        UnknownFieldError
+        UnknownColumnError
             An unknown name in ``columns``.
         RowError
             A row id not visible in ``view``.

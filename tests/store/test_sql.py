@@ -129,10 +129,8 @@ def test_bad_sql_is_a_typed_error(ppo_store):
 
 
 def test_scans_stream_in_bounded_batches(ppo_store):
-    from replaystore.store.read.scan import scan
-
     st, _ = ppo_store
-    batches = list(scan(st.default.reader, ["row", "obs"], batch_rows=16))
+    batches = list(st.default.scan(["row", "obs"], batch_rows=16))
     assert max(b.num_rows for b in batches) == 16
     assert sum(b.num_rows for b in batches) == 200
 

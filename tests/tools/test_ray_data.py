@@ -32,7 +32,6 @@ import ray
 from replaystore.errors import StaleReadError, StoreError
 from replaystore.store import open_store
 from replaystore.store.format import layout
-from replaystore.store.read.scan import scan, scan_schema
 from replaystore.store.storage import open_storage
 from replaystore.tools.ray_data import ReplayStoreDatasource, read_replaystore
 from support.batches import dqn_batch
@@ -130,7 +129,7 @@ def check_identical(got: pa.Table, url: str, storage_options: dict[str, Any] | N
             want = take_rows(st.schema, stream_batch(SEED, i, j, int(b)), steps[at] % size)
             assert not same_records(take_rows(st.schema, arrays, at), want), (key, b)
     # and the whole table, columns and types, against the store's own scan
-    want = pa.Table.from_batches(list(scan(table.reader)), schema=scan_schema(table.reader))
+    want = pa.Table.from_batches(list(table.scan()), schema=table.scan_schema())
     assert got.schema.equals(want.schema, check_metadata=False)
     assert got.equals(want), "Ray Data's table differs from the store's scan"
 
@@ -138,8 +137,7 @@ def check_identical(got: pa.Table, url: str, storage_options: dict[str, Any] | N
 def test_round_trip_four_writer_processes(ray_cluster: None, local_store: tuple[str, int]) -> None:
     url, total = local_store
     ds = read_replaystore(url)
-    reader = open_store(url, mode="r").default.reader
-    full = scan_schema(reader)
+    full = open_store(url, mode="r").default.scan_schema()
     # the store's Arrow types: ragged fields as large_list, [8]-vectors as fixed_size_list
     assert ds.schema().base_schema.equals(full, check_metadata=False)
     assert pa.types.is_large_list(full.field("legal_ids").type)
@@ -253,8 +251,8 @@ def test_snapshot_survives_compaction_of_its_fragments(ray_cluster: None, tmp_pa
     for b in range(7):
         w.append(stream_batch(SEED, 0, 0, b), stream="w0-0")
         w.commit()
-    reader = open_store(url, mode="r").default.reader
-    before = pa.Table.from_batches(list(scan(reader)), schema=scan_schema(reader))
+    table = open_store(url, mode="r").default
+    before = pa.Table.from_batches(list(table.scan()), schema=table.scan_schema())
     source = ReplayStoreDatasource(url)
     assert len(source.fragments) == 7
     w.append(stream_batch(SEED, 0, 0, 7), stream="w0-0")
