@@ -154,3 +154,23 @@ def test_the_removed_internals_are_not_exported_again() -> None:
     assert not exports & internals, sorted(exports & internals)
     maintenance = public_module_exports(ROOT)["maintenance"] or set()
     assert {"verify_store", "Problem", "live_objects", "read_state_record"} <= maintenance
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports from, at any level (functions, ``TYPE_CHECKING`` blocks)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_maintenance_and_the_sql_face_sit_on_one_side_of_store_py() -> None:
+    """Nothing under store/maintenance imports store.py or sql.py; store.py never imports sql.py."""
+    found = [f"{p.relative_to(ROOT)}: {m}" for p in sorted((ROOT / "store" / "maintenance").rglob("*.py"))
+             for m in _imports_of(p) if m in (f"{STORE}.store", f"{STORE}.sql")]
+    found += [f"store/store.py: {m}" for m in _imports_of(ROOT / "store" / "store.py")
+              if m == f"{STORE}.sql" or m.startswith(f"{STORE}.sql.")]
+    assert not found, found
