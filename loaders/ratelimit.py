@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replaystore.errors import RateLimitTimeout, SamplerParameterError
-from replaystore.store import Store, Table, layout
+from replaystore.store import Store, Table, check_slot_name, state_slot_names
 
 if TYPE_CHECKING:
     from replaystore.loaders.base import Request, StoreSampler
@@ -80,8 +80,8 @@ def slot_values(store: Store, name: str, table: str, skip: str | None = None) ->
         listing of ``state/`` and one small record per matching slot.
     """
     prefix, out = f"{SLOT_PREFIX}{name}.", {}
-    for slot in store.storage.list(layout.STATE):
-        if slot.startswith(prefix) and slot != skip and layout.name_problem("state slot", slot) is None:
+    for slot in state_slot_names(store):
+        if slot.startswith(prefix) and slot != skip:
             saved = store.load_state(slot)
             if saved is not None and saved[0].get("table") == table:
                 out[slot] = saved[0].get("samples")
@@ -503,7 +503,7 @@ class SampleGate:
         self.table: Table = sampler.table
         self.name = limiter.name or self.table.name
         self.prefix = f"{SLOT_PREFIX}{self.name}."
-        self.slot = layout.given_name("state slot", self.prefix + sampler.name, "rate-limiter slot")
+        self.slot = check_slot_name(self.prefix + sampler.name, "rate-limiter slot")
         self._warned: dict[str, Any] = {}  # slot -> the bad value last warned about
         saved = store.load_state(self.slot)
         own = saved[0].get("samples") if saved is not None and saved[0].get("table") == self.table.name else 0

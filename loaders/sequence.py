@@ -9,7 +9,8 @@ import numpy as np
 
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.limits import MAX_WINDOW, check_size
-from replaystore.store import Segments, StreamIndex, grown
+from replaystore.segments import Segments, grown
+from replaystore.store import StreamIndex
 
 
 @dataclass

@@ -9,7 +9,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from replaystore.errors import (
 )
 from replaystore.schemas import Schema
 from replaystore.store.format import bodies, layout, records
+from replaystore.store.format.bodies import load_npy
 from replaystore.store.format.codecs import column_bytes
 from replaystore.store.format.generations import claim_name, foreign, new_generation, store_generation
 from replaystore.store.read.face import ReadFace
@@ -47,6 +48,42 @@ CREATE_EXCLUSIVE: tuple[Mode, ...] = ("w", "w-", "x")
 STATE_KEEP_LAST = 2
 """Versions of a state slot kept by default (``save_state``, ``vacuum``)."""
 DEFAULT_TABLE = "records"
+
+
+class SqlFace(Protocol):
+    """What :meth:`Store.sql` and :meth:`Store.duckdb` call: the SQL face over a store.
+
+    ``replaystore.store.sql`` sits above this module (it reads a ``Store``), and this module
+    never imports it (the imports run one way): the package's ``__init__``, above both,
+    registers a face that runs ``sql.query`` and ``sql.connect`` with :func:`register_sql_face`,
+    so every ``Store`` has it.
+    """
+
+    def query(self, store: Store, query: str, unsafe: bool) -> Any:
+        """Run ``query`` over ``store``; see :meth:`Store.sql`."""
+
+    def connect(self, store: Store, connection: Any, unsafe: bool) -> Any:
+        """A DuckDB connection with the store's views; see :meth:`Store.duckdb`."""
+
+
+_SQL_FACE: list[SqlFace] = []
+
+
+def register_sql_face(face: SqlFace) -> None:
+    """Make ``face`` the SQL face of every store (the package's ``__init__`` calls this once).
+
+    Parameters
+    ----------
+    face : SqlFace
+        The face :meth:`Store.sql` and :meth:`Store.duckdb` call.
+    """
+    _SQL_FACE[:] = [face]
+
+
+def _sql_face() -> SqlFace:
+    if not _SQL_FACE:  # (never: importing this module runs the package's __init__, which registers it)
+        raise StoreError("the SQL face is not registered: import replaystore.store")
+    return _SQL_FACE[0]
 
 
 class Table(ReadFace):
@@ -496,9 +533,7 @@ class Store(ReadFace):
         >>> st.sql("SELECT stream, sum(reward) AS r FROM records GROUP BY stream ORDER BY stream").to_pylist()
         [{'stream': 'a', 'r': 1.5}, {'stream': 'b', 'r': 1.5}]
         """
-        from replaystore.store.sql import query as run_query
-
-        return run_query(self, query, unsafe=unsafe)
+        return _sql_face().query(self, query, unsafe)
 
     def duckdb(self, connection: Any = None, unsafe: bool = False) -> Any:
         """A DuckDB connection with this store's views registered (see :meth:`sql`).
@@ -525,9 +560,7 @@ class Store(ReadFace):
         -----
         Cost: registering one lazily scanned view per table; nothing is read until queried.
         """
-        from replaystore.store.sql import connect
-
-        return connect(self, connection, unsafe=unsafe)
+        return _sql_face().connect(self, connection, unsafe)
 
     # -- state slots -------------------------------------------------------------------
     def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
@@ -805,57 +838,6 @@ class Store(ReadFace):
 
     def __repr__(self) -> str:
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
-
-
-def load_npy(path: str, data: bytes) -> np.ndarray:
-    """The array a state payload ``.npy`` object holds, checked before anything is allocated from it.
-
-    The header's shape and dtype must describe exactly the bytes that follow it: a header that
-    claims more (or fewer) is damage, never an allocation of its claimed size; object dtypes
-    (pickles) are refused. Cost: one copy of the data.
-
-    Parameters
-    ----------
-    path : str
-        The object's path, named in errors.
-    data : bytes
-        Its bytes.
-
-    Returns
-    -------
-    numpy.ndarray
-        A new, writable array.
-
-    Raises
-    ------
-    CorruptObjectError
-        Not a ``.npy`` document, an object dtype, or a header whose shape and dtype do not
-        match the data's size.
-    """
-    from numpy.lib import format as npy
-
-    f = io.BytesIO(data)
-    try:
-        version = npy.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = npy.read_array_header_1_0(f, max_header_size=1 << 16)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = npy.read_array_header_2_0(f, max_header_size=1 << 16)
-        else:
-            raise ValueError(f"unknown .npy version {version}")
-    except (ValueError, TypeError, SyntaxError, EOFError) as exc:
-        raise CorruptObjectError(path, f"not a .npy array ({exc})") from None
-    if dtype.hasobject:
-        raise CorruptObjectError(path, f"dtype {dtype}: holds Python objects (a pickle), refused")
-    count = 1
-    for n in shape:
-        count *= int(n)
-    nbytes = count * dtype.itemsize
-    if nbytes != len(data) - f.tell():
-        raise CorruptObjectError(path, f"its header claims shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
-                                       f"{len(data) - f.tell()} bytes follow it")
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=f.tell())
-    return arr.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def _check_keep_last(keep_last: int) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptObjectError, StoreError, StoreExistsError
-from replaystore.store import Store, layout, open_store, read_state_record, verify_store
+from replaystore.store import open_store
+from replaystore.store.maintenance import MANIFEST, live_objects, verify_store
 from replaystore.store.storage import Storage, open_storage
 
 
@@ -94,28 +95,6 @@ def _copy_object(src: Storage, dst: Storage, path: str, report: CopyReport) -> N
     report.objects += 1
 
 
-def _data_units(st: Store) -> list[str]:
-    """Directories of the data units the live log names (a segment once for all its fragments)."""
-    return sorted({f.path for w in st.log.writers.values() for frags in w.fragments.values() for f in frags.values()})
-
-
-def _state_objects(st: Store) -> list[str]:
-    """Every state record of every slot and the payload objects it names."""
-    out = []
-    for slot, info in st.state_slots().items():
-        for version in info["versions"]:
-            path = layout.state_record(slot, version)
-            try:  # checked as load_state checks it: a damaged record is a CorruptObjectError naming it
-                body = read_state_record(st.storage, slot, version)
-            except FileNotFoundError:  # superseded by a save meanwhile
-                continue
-            arrays = body.get("arrays")
-            if not isinstance(arrays, dict):  # (as load_state would: a record whose payloads cannot be named)
-                raise CorruptObjectError(path, f"field 'arrays': expected a JSON object, got {type(arrays).__name__}")
-            out += [path, *(layout.state_payload_of(slot, name, p, path) for name, p in arrays.items())]
-    return out
-
-
 def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | None = None,
                dst_options: Mapping[str, Any] | None = None) -> CopyReport:
     """Copy the store at ``src_url`` into a new store at ``dst_url`` and verify it.
@@ -162,12 +141,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
         raise StoreExistsError(f"{dst.url}: not empty; copy needs a new (or empty) destination")
     src.refresh()
     snapshot = {t: src.table(t).row_ids() for t in src.tables}
-    paths = [layout.writer_record(w) for w in sorted(src.log.writers)]
-    paths += [layout.commit_record(w, seq)
-              for w, wlog in sorted(src.log.writers.items()) for seq in range(wlog.next_seq)]
-    for unit in _data_units(src):
-        paths += [o.path for o in src.storage.walk(unit) if not o.path.rsplit("/", 1)[-1].startswith(".tmp-")]
-    paths += _state_objects(src)
+    paths = live_objects(src)
     report = CopyReport()
     for path in paths:
         try:
@@ -175,8 +149,8 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
         except FileNotFoundError:  # (a reclaimed unit, or gone since: the verification below decides)
             continue
     dst.sync_dirs(paths)
-    manifest = src.storage.read(layout.MANIFEST)
-    if not dst.create(layout.MANIFEST, manifest):
+    manifest = src.storage.read(MANIFEST)
+    if not dst.create(MANIFEST, manifest):
         raise StoreExistsError(f"{dst.url}: a store was created here during the copy")
     report.objects += 1
     report.bytes += len(manifest)
@@ -184,7 +158,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
     problems = verify_store(copied)
     if problems:
-        dst.delete(layout.MANIFEST)  # a copy that does not verify is no store
+        dst.delete(MANIFEST)  # a copy that does not verify is no store
         damaged = verify_store(src)  # (only when the copy fails: a damaged source is named as such)
         if damaged:
             raise CorruptObjectError(damaged[0].path, f"the source store is damaged: {damaged[0].problem} "

@@ -9,7 +9,8 @@ from typing import Any
 from tqdm import tqdm
 
 from replaystore.errors import ReplayStoreError
-from replaystore.store import Problem, Store, open_store, verify_store
+from replaystore.store import Store, open_store
+from replaystore.store.maintenance import Problem, verify_store
 
 
 def _size(n: int) -> str:

@@ -17,6 +17,7 @@ besides.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
@@ -520,3 +521,54 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str], generat
                                      f"capacity {body['capacity']!r} ({path}): the manifest changed after the "
                                      "store was created; no writer writes or reclaims until it is restored "
                                      "(run replaystore verify)")
+
+
+def load_npy(path: str, data: bytes) -> np.ndarray:
+    """The array a state payload ``.npy`` object holds, checked before anything is allocated from it.
+
+    The header's shape and dtype must describe exactly the bytes that follow it: a header that
+    claims more (or fewer) is damage, never an allocation of its claimed size; object dtypes
+    (pickles) are refused. Cost: one copy of the data.
+
+    Parameters
+    ----------
+    path : str
+        The object's path, named in errors.
+    data : bytes
+        Its bytes.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new, writable array.
+
+    Raises
+    ------
+    CorruptObjectError
+        Not a ``.npy`` document, an object dtype, or a header whose shape and dtype do not
+        match the data's size.
+    """
+    from numpy.lib import format as npy
+
+    f = io.BytesIO(data)
+    try:
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(f, max_header_size=1 << 16)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npy.read_array_header_2_0(f, max_header_size=1 << 16)
+        else:
+            raise ValueError(f"unknown .npy version {version}")
+    except (ValueError, TypeError, SyntaxError, EOFError) as exc:
+        raise CorruptObjectError(path, f"not a .npy array ({exc})") from None
+    if dtype.hasobject:
+        raise CorruptObjectError(path, f"dtype {dtype}: holds Python objects (a pickle), refused")
+    count = 1
+    for n in shape:
+        count *= int(n)
+    nbytes = count * dtype.itemsize
+    if nbytes != len(data) - f.tell():
+        raise CorruptObjectError(path, f"its header claims shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
+                                       f"{len(data) - f.tell()} bytes follow it")
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=f.tell())
+    return arr.reshape(shape, order="F" if fortran else "C").copy()

@@ -32,7 +32,7 @@ from replaystore.store.format import layout, records
 from replaystore.store.storage import ObjectInfo
 
 if TYPE_CHECKING:
-    from replaystore.store.store import Store
+    from replaystore.store.maintenance.base import OpenStore
 
 DEFAULT_OLDER_THAN_S = 3600.0
 DEFAULT_STATE_KEEP_LAST = 2  # (store.STATE_KEEP_LAST: this module is imported by store.py lazily)
@@ -109,7 +109,7 @@ def _unit_of(path: str) -> tuple[str, str] | None:
     return None
 
 
-def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
+def _live_fragments(store: OpenStore) -> tuple[set[str], dict[str, str]]:
     """Fragment directories the live log lists, and removed ones -> the commit record removing them.
 
     A segment-backed fragment's directory is its segment's: a segment no longer listed counts
@@ -133,7 +133,7 @@ def _live_fragments(store: Store) -> tuple[set[str], dict[str, str]]:
     return live, removed
 
 
-def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], set[str]]:
+def _named_payloads(store: OpenStore, objects: list[ObjectInfo]) -> tuple[set[str], set[str]]:
     """Payload directories named by state records, and slots with a record that cannot be read."""
     named: set[str] = set()
     unreadable: set[str] = set()
@@ -149,7 +149,7 @@ def _named_payloads(store: Store, objects: list[ObjectInfo]) -> tuple[set[str], 
     return named, unreadable
 
 
-def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
+def _superseded_states(store: OpenStore, objects: list[ObjectInfo], keep_last: int,
                        unreadable: set[str]) -> dict[str, list[ObjectInfo]]:
     """State record path -> the record and its payload objects, for superseded records.
 
@@ -178,7 +178,7 @@ def _superseded_states(store: Store, objects: list[ObjectInfo], keep_last: int,
     return out
 
 
-def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
+def find_garbage(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
     """Classify the store's unreferenced objects (deletes nothing).
 
@@ -187,7 +187,7 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
 
     Parameters
     ----------
-    store : Store
+    store : OpenStore
         The opened store.
     older_than_s : float, optional
         Units younger than this many seconds go to ``recent``.
@@ -251,7 +251,7 @@ def find_garbage(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S,
     return report
 
 
-def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
+def vacuum(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
            state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
     """Delete every garbage unit older than ``older_than_s`` (see the module docstring).
 
@@ -261,7 +261,7 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
 
     Parameters
     ----------
-    store : Store
+    store : OpenStore
         The opened store (writable).
     older_than_s : float, optional
         Only units unreferenced for at least this many seconds go.
@@ -294,7 +294,7 @@ def vacuum(store: Store, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bo
     return report
 
 
-def _keep_referenced(store: Store, report: VacuumReport) -> None:
+def _keep_referenced(store: OpenStore, report: VacuumReport) -> None:
     """Read the log again right before deleting and keep every fragment unit a new commit references.
 
     A commit created since :func:`find_garbage` read the log (its objects were listed
@@ -305,7 +305,7 @@ def _keep_referenced(store: Store, report: VacuumReport) -> None:
     report.deleted = [u for u in report.deleted if not (u.kind == "fragment" and u.path in live)]
 
 
-def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
+def _empty_fragment_dirs(store: OpenStore, top_name: str = layout.WRITERS,
                          pattern: tuple[str, ...] = ("*", "data", "*", "*")) -> dict[str, int]:
     """Local filesystems: empty fragment directories -> their newest directory mtime.
 
@@ -333,7 +333,7 @@ def _empty_fragment_dirs(store: Store, top_name: str = layout.WRITERS,
     return out
 
 
-def _prune_empty_dirs(store: Store, unit: Unit) -> None:
+def _prune_empty_dirs(store: OpenStore, unit: Unit) -> None:
     """Remove a deleted unit's now-empty directories (local filesystems; object stores have none)."""
     if unit.kind == "state":  # a record and its payload directories
         for path in sorted({"/".join(o.path.split("/")[:3]) for o in unit.objects[1:]}):

@@ -13,13 +13,14 @@ import numpy as np
 from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadError
 from replaystore.schemas.fields import Ragged
 from replaystore.store.format import bodies, layout, records
+from replaystore.store.format.bodies import load_npy
 from replaystore.store.format.codecs import field_codecs, shard_problem
 from replaystore.store.format.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.generations import foreign
 from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, verify_chunk
+from replaystore.store.maintenance.base import OpenStore
 from replaystore.store.read.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.read.table import TableReader
-from replaystore.store.store import Store, load_npy
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def _state_check(path: str, slot: str, version: int, arrays: dict[str, str]) -> 
     return check
 
 
-def _check_payloads(store: Store, arrays: dict[str, str]) -> list[Problem]:
+def _check_payloads(store: OpenStore, arrays: dict[str, str]) -> list[Problem]:
     """Each payload a state record names reads back as the ``.npy`` array its header describes."""
     problems = []
     for p in arrays.values():
@@ -65,7 +66,7 @@ def _check_payloads(store: Store, arrays: dict[str, str]) -> list[Problem]:
     return problems
 
 
-def _check_record(store: Store, path: str,
+def _check_record(store: OpenStore, path: str,
                   check: Callable[[dict[str, Any]], object] | None = None) -> Problem | None:
     """A record document reads back whole and its body passes ``check`` (store/format/bodies.py)."""
     try:
@@ -79,7 +80,7 @@ def _check_record(store: Store, path: str,
     return None
 
 
-def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int, int]:
+def _check_commits(store: OpenStore, writer: int) -> tuple[list[Problem], int, int]:
     """Writer ``writer``'s commit records.
 
     Each well-formed and in its place, numbered densely from 0, none after a close record
@@ -118,7 +119,7 @@ def _check_commits(store: Store, writer: int) -> tuple[list[Problem], int, int]:
     return problems, len(seqs), len(listed) - len(seqs)
 
 
-def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list[Problem]:
+def _check_checkpoint(store: OpenStore, number: int, listed: dict[int, int]) -> list[Problem]:
     """A log checkpoint reads back whole and holds exactly what its commit records say.
 
     Each writer's next seq, closed flag and live fragments; ``listed``: the number of
@@ -150,7 +151,7 @@ def _check_checkpoint(store: Store, number: int, listed: dict[int, int]) -> list
     return problems
 
 
-def _fragment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...]]]:
+def _fragment_arrays(store: OpenStore, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...]]]:
     schema = store.schemas[frag.table]
     for spec in schema.zarr_layout():
         yield spec.name, spec.dtype, shape_of(frag, schema, spec)
@@ -159,7 +160,7 @@ def _fragment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dty
     yield "_reset", RESET, (frag.rows,)
 
 
-def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...], str]]:
+def _segment_arrays(store: OpenStore, frag: Fragment) -> Iterator[tuple[str, np.dtype, tuple[int, ...], str]]:
     """Each array of ``frag``'s segment: name, dtype, stored shape and role."""
     schema = store.schemas[frag.table]
     seg = frag.segment
@@ -177,7 +178,7 @@ def _segment_arrays(store: Store, frag: Fragment) -> Iterator[tuple[str, np.dtyp
         yield name, dtype, (seg.capacity,), "dense"
 
 
-def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
+def _check_segment_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
     """A segment-backed fragment.
 
     Its segment's arrays have their declared shapes, the bytes each of its parts wrote match
@@ -239,7 +240,7 @@ def _check_segment_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
-def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
+def _check_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
     if frag.segment is not None:
         return _check_segment_fragment(store, frag)
     problems: list[Problem] = []
@@ -285,7 +286,7 @@ def _check_fragment(store: Store, frag: Fragment) -> list[Problem]:
     return problems
 
 
-def _replay(store: Store) -> dict[str, list[Fragment]]:
+def _replay(store: OpenStore) -> dict[str, list[Fragment]]:
     """Apply every commit record from the first, as a reader opening without a checkpoint does.
 
     Then view each table as a new reader would, whatever ``store`` has applied already:
@@ -301,7 +302,7 @@ def _replay(store: Store) -> dict[str, list[Fragment]]:
                                     contiguous=False).fragments) for table in store.tables}
 
 
-def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[Problem]:
+def verify(store: OpenStore, progress: Callable[[int], None] | None = None) -> list[Problem]:
     """Every problem found; empty means everything reads back and every checksum matches.
 
     Checks the manifest, writer records, commit records, checkpoints (against
@@ -310,7 +311,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> list[
 
     Parameters
     ----------
-    store : Store
+    store : OpenStore
         The opened store.
     progress : callable, optional
         Called with the number of fragments checked so far.

@@ -1,6 +1,6 @@
 """The (stream, step) index: rows of a stream in step order, contiguous runs, lookups.
 
-Each stream's entries are one segment of growable column buffers (store/read/segments.py),
+Each stream's entries are one segment of growable column buffers (core/segments.py, ``replaystore.segments``),
 so a store change is applied at the cost of the change (:meth:`StreamIndex.apply`):
 entries after a stream's last step are appended, entries at its head are dropped, and
 only a stream whose middle changed (out-of-order arrival across writers, an eviction
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replaystore.segments import Segments, grown
 from replaystore.store.format.streamkeys import StreamKey
 from replaystore.store.read.rows import row_array
-from replaystore.store.read.segments import Segments, grown
 
 _TOUCHED_KEPT = 64  # changes whose touched streams the index remembers for followers
 

@@ -35,7 +35,8 @@ from replaystore.errors import BufferArgumentError, SchemaMismatchError
 from replaystore.gym import recorded_episodes
 from replaystore.integrations.sb3 import ReplayStoreBuffer, ReplayStoreDictBuffer, resume_learning_starts
 from replaystore.loaders import iter_episodes
-from replaystore.store import open_store, verify_store
+from replaystore.store import open_store
+from replaystore.store.maintenance import verify_store
 from support.dictenv import DictObsEnv
 
 TESTS_DIR = Path(__file__).resolve().parents[1]

@@ -21,8 +21,9 @@ import pytest
 
 from replaystore.errors import CorruptObjectError, RowIdTypeError
 from replaystore.schemas import dqn
-from replaystore.store import Store, open_store, verify_store
+from replaystore.store import Store, open_store
 from replaystore.store.format import layout, records
+from replaystore.store.maintenance import verify_store
 from replaystore.tools.cli import main as cli_main
 from support.batches import dqn_batch
 from support.s3 import S3Server

@@ -19,9 +19,10 @@ from replaystore.codecs import Codec, LZ4Codec, ZstdCodec, codec_class, get_code
 from replaystore.errors import CodecRegistrationError, CorruptObjectError, SchemaError, UnknownCodecError
 from replaystore.loaders import UniformSampler
 from replaystore.schemas import Dense, Schema
-from replaystore.store import open_store, verify_store
+from replaystore.store import open_store
 from replaystore.store.format import layout
 from replaystore.store.format.codecs import BLOCK
+from replaystore.store.maintenance import verify_store
 from support.storecheck import Backend
 
 

@@ -89,7 +89,7 @@ def test_codec_survives_the_schema_document() -> None:
 
 
 def test_verify_accepts_intact_shards_and_reports_a_damaged_block(tmp_path) -> None:
-    from replaystore.store import verify_store
+    from replaystore.store.maintenance import verify_store
 
     st, _ = _fill(Backend(str(tmp_path / "st")), (3 * BLOCK,))
     assert verify_store(st) == []

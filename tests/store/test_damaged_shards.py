@@ -18,10 +18,11 @@ import pytest
 
 from replaystore.errors import CorruptObjectError
 from replaystore.schemas import Dense, Schema
-from replaystore.store import open_store, verify_store
+from replaystore.store import open_store
 from replaystore.store.format import layout, records
 from replaystore.store.format.codecs import BLOCK, compressor
 from replaystore.store.format.zarrio import chunk_path
+from replaystore.store.maintenance import verify_store
 from replaystore.tools.cli import EXIT_DAMAGED
 from support.storecheck import Backend
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from replaystore.schemas import transitions
+from replaystore.segments import Segments
 from replaystore.store import StreamIndex, open_store
-from replaystore.store.read.segments import Segments
 from support.indexops import KEYS, Scenario, batch, ops
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

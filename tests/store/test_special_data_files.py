@@ -21,9 +21,10 @@ import pytest
 
 from replaystore.errors import CorruptObjectError
 from replaystore.schemas import Dense, Schema
-from replaystore.store import ChunkCache, open_store, verify_store
+from replaystore.store import ChunkCache, open_store
 from replaystore.store.format import layout
 from replaystore.store.format.zarrio import chunk_path
+from replaystore.store.maintenance import verify_store
 from replaystore.tools.cli import EXIT_CORRUPT, EXIT_DAMAGED
 from support.bounded import bounded
 from support.storecheck import Backend

@@ -474,7 +474,8 @@ def _run_op(op: str, root: str, expected: Expected, scratch: Path) -> tuple[str,
     import pyarrow as pa
 
     from replaystore.loaders import UniformSampler
-    from replaystore.store import open_store, verify_store
+    from replaystore.store import open_store
+    from replaystore.store.maintenance import verify_store
 
     if op.startswith("cli "):
         cmd = op[4:]
