@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from replaystore.errors import ReadOnlyError, StoreError, StoreReplacedError
-from replaystore.store.format import bodies, layout, records
+from replaystore.store.format import records
 from replaystore.store.format.fragment import Fragment
 from replaystore.store.format.segment import Segment
 from replaystore.store.format.staging import StagedFragment
@@ -102,7 +102,7 @@ class Writer:
         """The store handle written through (what the rate limiter is handed)."""
         ctx = self._context = store.write_context()
         self.storage = ctx.storage
-        self.id = self._register()
+        self.id = liveness.register(self.storage, ctx.tables.capacity, ctx.generation)
         lock_fd = liveness.hold(self.storage, self.id)  # held until closed (store/write/liveness.py)
         # released by close(), or when the writer is collected unclosed (it is then gone)
         self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd is not None else None
@@ -134,24 +134,6 @@ class Writer:
     @seq.setter
     def seq(self, value: int) -> None:
         self._committer.seq = value
-
-    def _register(self) -> int:
-        """Take the next free writer number.
-
-        Its registration records the capacity this writer works under. CorruptObjectError,
-        registering nothing, where the manifest's capacity differs from one an earlier writer
-        registered under (:func:`bodies.check_capacity`).
-        """
-        names = self.storage.list(layout.WRITERS)
-        ctx = self._context
-        bodies.check_capacity(self.storage, ctx.tables.capacity, names, ctx.generation)
-        n = len(names)
-        doc = {**liveness.registration(self.storage), "capacity": ctx.tables.capacity,
-               "generation": ctx.generation}
-        while True:
-            if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
-                return n
-            n += 1
 
     # -- appending --------------------------------------------------------------------
     def append(self, batch: Any, stream: Any = None, step: Any = None, reset: Any = None, *,
