@@ -34,6 +34,7 @@ from replaystore.store.read.table import TableReader
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.storage import cache as chunkcache
 from replaystore.store.storage.cache import ChunkCache
+from replaystore.store.write.context import Guard, Tables, WriteContext
 from replaystore.store.write.writer import InsertLimiter, Writer
 
 if TYPE_CHECKING:
@@ -382,6 +383,26 @@ class Store(ReadFace):
         """
         self.check_current()
         return Writer(self, rate_limiter=rate_limiter)
+
+    def write_context(self) -> WriteContext:
+        """What this handle's writers receive: its storage, tables, log and replace checks.
+
+        Internal: :class:`Writer` calls it; users call :meth:`writer` (docs/INTERNALS.md,
+        "Writer").
+
+        Returns
+        -------
+        WriteContext
+            A new context bound to this handle.
+
+        Notes
+        -----
+        Cost: O(1).
+        """
+        tables = Tables(self.schemas, self.capacity, lambda name: self._tables[name].reader, self.refresh)
+        guard = Guard(self.check_current, self._may_delete, self._as_replaced)
+        return WriteContext(self.storage, self.generation, self.manifest["format_version"], tables, self.log,
+                            guard, self._apply_created)
 
     def replaced(self) -> bool:
         """Whether the store this handle opened was replaced (``mode="w+"``), or is being replaced.

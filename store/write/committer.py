@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replaystore.errors import CorruptObjectError, StoreError, StoreReplacedError
 from replaystore.store.format import bodies, layout, records
 from replaystore.store.format.generations import foreign
 from replaystore.store.format.segment import Segment
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
+from replaystore.store.storage import Storage
+from replaystore.store.write.context import Guard, Tables
 
 
 class Committer:
@@ -31,21 +30,35 @@ class Committer:
 
     Parameters
     ----------
-    store : Store
-        The writer's store handle (its storage; its log's newest commit time).
+    storage : Storage
+        The store's storage.
     writer : int
         The writer's number.
+    generation : str
+        The store's generation, which every record carries.
+    after_ns : int
+        The newest commit time of the handle's log: this writer's records come after it.
+    guard : Guard
+        The handle's replace checks.
+    tables : Tables
+        The store's tables (their capacity; the refresh of a capped store's view).
+    show_created : Callable[[int, dict[int, bytes]], None]
+        Shows the records this writer created through the handle (see :meth:`refresh_view`).
     """
 
-    def __init__(self, store: Store, writer: int) -> None:
-        self.store = store
-        self.storage = store.storage
+    def __init__(self, storage: Storage, writer: int, *, generation: str, after_ns: int, guard: Guard,
+                 tables: Tables, show_created: Callable[[int, dict[int, bytes]], None]) -> None:
+        self.storage = storage
         self.writer = writer
+        self.generation = generation
+        self.guard = guard
+        self.tables = tables
+        self.show_created = show_created
         self.lock = threading.Lock()
         self.seq = 0
         # commit times only move forward, even if this host's clock is behind the log's
-        self._time_ns = store.log.time_ns
-        self.created: dict[int, bytes] = {}  # records created and not yet applied to self.store (by seq)
+        self._time_ns = after_ns
+        self.created: dict[int, bytes] = {}  # records created and not yet shown through the handle (by seq)
         # the one commit record being made durable on the committer thread, and the error that broke
         # the writer if making one failed (its records, and every later append, are lost)
         self._thread: ThreadPoolExecutor | None = None
@@ -105,7 +118,7 @@ class Committer:
         with ``wait=False``).
         """
         self.settle()
-        body["generation"] = self.store.generation
+        body["generation"] = self.generation
         path, data = layout.commit_record(self.writer, seq), records.encode(body)
         fds = [fd for seg in segments for fd in seg.dirty_fds()]
 
@@ -119,13 +132,13 @@ class Committer:
             return self.storage.create(path, data)
 
         def create() -> None:
-            with self.store._as_replaced():  # (a replace deleting its segments under it fails it so)
+            with self.guard.as_replaced():  # (a replace deleting its segments under it fails it so)
                 make()
 
         def make() -> None:
             created = attempt()
             if not created:
-                self.store.check_current()  # (replaced: the record there is the new store's)
+                self.guard.check_current()  # (replaced: the record there is the new store's)
                 if self._foreign_record(path, seq):
                     self.storage.delete(path)
                     created = attempt()
@@ -148,7 +161,7 @@ class Committer:
             body = bodies.commit(path, records.decode(path, records.read(self.storage, path)), self.writer, seq)
         except (FileNotFoundError, CorruptObjectError):
             return False
-        return foreign(body, self.store.generation)
+        return foreign(body, self.generation)
 
     def settle(self) -> None:
         """Wait for the record being made on the committer thread, if any (under ``lock``).
@@ -192,9 +205,9 @@ class Committer:
 
         Cost: O(records created since the last call); a refresh of the log in a capped store.
         """
-        if self.store.capacity is not None:
-            self.store.refresh()
-        self.store._apply_created(self.writer, self.created)
+        if self.tables.capacity is not None:
+            self.tables.refresh()
+        self.show_created(self.writer, self.created)
 
     def shutdown(self) -> None:
         """Wait for the committer thread's work and stop it.

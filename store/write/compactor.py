@@ -12,17 +12,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from replaystore.store.format import layout
 from replaystore.store.format.fragment import Fragment, coalesce
 from replaystore.store.maintenance.compaction import due_run, full_runs, rewrite, rightsize, segment_runs, underfilled
+from replaystore.store.storage import Storage
 from replaystore.store.write.committer import Committer
+from replaystore.store.write.context import Guard, Tables
 from replaystore.store.write.reclaimer import Reclaimer
 from replaystore.store.write.sizing import max_fragment_rows
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
 
 
 class Compactor:
@@ -35,8 +33,8 @@ class Compactor:
 
     Parameters
     ----------
-    store : Store
-        The writer's store handle.
+    storage : Storage
+        The store's storage.
     writer : int
         The writer's number.
     names : Iterator[int]
@@ -47,12 +45,18 @@ class Compactor:
         The writer's reclaimer (merged-away fragments are trashed there).
     fragments : dict[str, list[Fragment]]
         The writer's committed fragments per table (``Writer.fragments``; under the committer's lock).
+    tables : Tables
+        The store's tables (schemas, capacity; the handle's readers tell what is fully visible).
+    guard : Guard
+        The handle's replace checks (nothing is written or deleted in a replaced store).
     """
 
-    def __init__(self, store: Store, writer: int, names: Iterator[int], committer: Committer,
-                 reclaimer: Reclaimer, fragments: dict[str, list[Fragment]]) -> None:
-        self.store = store
-        self.storage = store.storage
+    def __init__(self, storage: Storage, writer: int, names: Iterator[int], committer: Committer,
+                 reclaimer: Reclaimer, fragments: dict[str, list[Fragment]], *, tables: Tables,
+                 guard: Guard) -> None:
+        self.storage = storage
+        self.tables = tables
+        self.guard = guard
         self.writer = writer
         self._names = names
         self._committer = committer
@@ -62,13 +66,13 @@ class Compactor:
         self._merging: Future[bool] | None = None
 
     def _max_rows(self) -> int:
-        return max_fragment_rows(self.store.capacity)
+        return max_fragment_rows(self.tables.capacity)
 
     def _new_name(self) -> str:
         return layout.fragment_name(next(self._names))  # itertools.count: atomic under the GIL
 
     def _fully_visible(self, table: str) -> set[str]:
-        reader = self.store.table(table).reader
+        reader = self.tables.reader(table)
         return {f.name for f, v in zip(reader.fragments, reader.vis_from, strict=True)
                 if v == 0 and f.writer == self.writer}
 
@@ -113,7 +117,7 @@ class Compactor:
             self._committer.settle()
         self._committer.refresh_view()
         max_rows, merges = self._max_rows(), 0
-        for table in self.store.schemas:
+        for table in self.tables.schemas:
             visible = self._fully_visible(table)
             with self._committer.lock:
                 frags = list(self._fragments[table])
@@ -159,7 +163,7 @@ class Compactor:
         """
         done = 0
         self._committer.refresh_view()
-        for table, schema in self.store.schemas.items():
+        for table, schema in self.tables.schemas.items():
             visible = self._fully_visible(table)
             with self._committer.lock:
                 frags = list(self._fragments[table])
@@ -249,12 +253,12 @@ class Compactor:
 
         Cost: reads and rewrites the run's records (none for a run of one segment's fragments).
         """
-        self.store.check_current()  # (a replaced store's writer writes nothing into the new store)
+        self.guard.check_current()  # (a replaced store's writer writes nothing into the new store)
         merged = coalesce(run, self._new_name())
         if merged is not None:
             return self._publish(table, run, merged, None)
-        done = rewrite(self.storage, self.store.schemas[table], self.writer, table, self._new_name(), run,
-                       may_delete=self.store._may_delete)
+        done = rewrite(self.storage, self.tables.schemas[table], self.writer, table, self._new_name(), run,
+                       may_delete=self.guard.may_delete)
         return done is not None and self._publish(table, run, *done)
 
     def _publish(self, table: str, run: list[Fragment], merged: Fragment, path: str | None) -> bool:
@@ -267,7 +271,7 @@ class Compactor:
         with committer.lock:
             live = {f.name for f in self._fragments[table]}
             if not all(f.name in live for f in run):
-                if path is not None and self.store._may_delete():
+                if path is not None and self.guard.may_delete():
                     self.storage.delete(path)
                 return False
             seq, now = committer.seq, committer.now()

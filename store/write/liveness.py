@@ -7,6 +7,8 @@ the log (its ``close`` record); one that was killed is known dead only this way:
 registered on this host declaring the lock, and the lock can be taken. Anything short of
 that (another host, a registration without ``lock``, a filesystem refusing locks, an
 unreadable registration) counts as alive: being wrong that way only keeps storage longer.
+
+:func:`register` creates a new writer's registration and so takes its number.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import socket
 import time
 
 from replaystore.errors import CorruptObjectError
-from replaystore.store.format import layout, records
+from replaystore.store.format import bodies, layout, records
 from replaystore.store.storage import Storage
 
 LOCK = "flock"  # the registration's "lock" value: its writer holds a flock on it while alive
@@ -29,6 +31,23 @@ def registration(storage: Storage) -> dict[str, object]:
     if storage.local_path(layout.WRITERS) is not None:
         doc["lock"] = LOCK
     return doc
+
+
+def register(storage: Storage, capacity: int | None, generation: str) -> int:
+    """Take the next free writer number: create its registration (create-if-absent), return the number.
+
+    The registration records the capacity the writer works under and the store's generation.
+    CorruptObjectError, registering nothing, where ``capacity`` differs from one an earlier
+    writer registered under (:func:`~replaystore.store.format.bodies.check_capacity`).
+    """
+    names = storage.list(layout.WRITERS)
+    bodies.check_capacity(storage, capacity, names, generation)
+    n = len(names)
+    doc = {**registration(storage), "capacity": capacity, "generation": generation}
+    while True:
+        if storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
+            return n
+        n += 1
 
 
 def hold(storage: Storage, writer: int) -> int | None:

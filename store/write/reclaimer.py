@@ -12,18 +12,18 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from replaystore.store.format import layout
 from replaystore.store.format.fragment import Fragment
 from replaystore.store.read import retention
+from replaystore.store.read.log import CommitLog
+from replaystore.store.storage import Storage
 from replaystore.store.write import liveness
 from replaystore.store.write.committer import Committer
+from replaystore.store.write.context import Tables
 from replaystore.store.write.iothreads import IOThreads
 from replaystore.store.write.segmentpool import SegmentPool
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
 
 TRASH_GRACE_NS = 30 * 10**9
 """How long a compacted-away fragment stays stored after the merge replacing it (readers lag)."""
@@ -43,8 +43,8 @@ class Reclaimer:
 
     Parameters
     ----------
-    store : Store
-        The writer's store handle (its view decides what is evicted).
+    storage : Storage
+        The store's storage.
     writer : int
         The writer's number.
     io : IOThreads
@@ -55,12 +55,20 @@ class Reclaimer:
         The writer's segment pool (segments in use; sealing an evicted open segment).
     committer : Committer
         The writer's committer (the segments its record in flight references).
+    tables : Tables
+        The store's tables (their capacity; the handle's view, which decides what is evicted).
+    log : CommitLog
+        The handle's commit log (the other writers' logs).
+    may_delete : Callable[[], bool]
+        Whether the handle's writers may delete storage (the store is not replaced).
     """
 
-    def __init__(self, store: Store, writer: int, io: IOThreads, lock: threading.Lock, segments: SegmentPool,
-                 committer: Committer) -> None:
-        self.store = store
-        self.storage = store.storage
+    def __init__(self, storage: Storage, writer: int, io: IOThreads, lock: threading.Lock, segments: SegmentPool,
+                 committer: Committer, *, tables: Tables, log: CommitLog, may_delete: Callable[[], bool]) -> None:
+        self.storage = storage
+        self.tables = tables
+        self.log = log
+        self._ask_may_delete = may_delete
         self.writer = writer
         self._io = io
         self._lock = lock
@@ -90,11 +98,11 @@ class Reclaimer:
         Cost: O(fragments of the view).
         """
         out: dict[str, list[Fragment]] = {}
-        cap = self.store.capacity
+        cap = self.tables.capacity
         if cap is None:
             return out
-        for table in self.store.schemas:
-            reader = self.store.table(table).reader
+        for table in self.tables.schemas:
+            reader = self.tables.reader(table)
             mine = {f.name for f in fragments[table]}
             gone = [f for f in reader.evicted_fragments(retention.grace(cap))
                     if f.writer == self.writer and f.name in mine]
@@ -137,9 +145,9 @@ class Reclaimer:
         """
         self._may_delete = None  # (asked again, once, by the first deletion of this reclaim)
         now = time.time_ns()
-        cap = self.store.capacity
-        retained = {t: self.store.table(t).reader.retained_parts(retention.grace(cap))
-                    for t in self.store.schemas} if cap is not None else {}
+        cap = self.tables.capacity
+        retained = {t: self.tables.reader(t).retained_parts(retention.grace(cap))
+                    for t in self.tables.schemas} if cap is not None else {}
         for path in list(self.undeleted):
             self.undeleted.pop(path, None)
             self.delete_later(path)
@@ -159,8 +167,8 @@ class Reclaimer:
         if cap is None:
             return
         mine = self._segments.in_use() | self._committer.in_flight_segments
-        for table in self.store.schemas:
-            counts = self.store.table(table).reader.evicted_rows(retention.grace(cap))
+        for table in self.tables.schemas:
+            counts = self.tables.reader(table).evicted_rows(retention.grace(cap))
             self._segments.seal_if_evicted(table, counts)
             for path in sorted(retention.reclaimable(counts, self.writer, mine, self.is_gone)):
                 self.delete_later(path)
@@ -193,7 +201,7 @@ class Reclaimer:
         Cost: O(writers of the view); a listing per table per writer swept.
         """
         swept = 0
-        for writer, wlog in sorted(self.store.log.writers.items(), reverse=True):
+        for writer, wlog in sorted(self.log.writers.items(), reverse=True):
             if swept >= CLOSED_SWEEPS_PER_RECLAIM:
                 break
             if writer == self.writer or writer in self._swept or not wlog.closed:
@@ -215,10 +223,10 @@ class Reclaimer:
         Cost: a listing per table and (unless ``final``) a refresh of the log.
         """
         self._swept.add(writer)
-        listed = {t: self.storage.list(f"{layout.writer_dir(writer)}/data/{t}") for t in self.store.schemas}
+        listed = {t: self.storage.list(f"{layout.writer_dir(writer)}/data/{t}") for t in self.tables.schemas}
         if not final:
-            self.store.refresh()
-        wlog = self.store.log.writers.get(writer)
+            self.tables.refresh()
+        wlog = self.log.writers.get(writer)
         for table, names in listed.items():
             frags = wlog.fragments.get(table, {}).values() if wlog is not None else ()
             live = {f.segment.name if f.segment is not None else f.name for f in frags}
@@ -240,7 +248,7 @@ class Reclaimer:
 
         Cost: O(1), or a probe of its liveness lock.
         """
-        wlog = self.store.log.writers.get(writer)
+        wlog = self.log.writers.get(writer)
         if wlog is not None and wlog.closed:
             return True
         if writer not in self._dead and liveness.is_dead(self.storage, writer):
@@ -266,7 +274,7 @@ class Reclaimer:
         if self._may_delete is None:
             # a replaced store's paths may name the new store's storage (its writers may have these
             # numbers): a replaced store's writer deletes nothing (nor one that cannot tell)
-            self._may_delete = self.store._may_delete()
+            self._may_delete = self._ask_may_delete()
         if not self._may_delete:
             return
         self._deleting.add(path)

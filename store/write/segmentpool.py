@@ -7,22 +7,20 @@ with a spare segment created ahead (docs/FORMAT.md, "Segments").
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
-from replaystore.schemas import Columns
+from replaystore.schemas import Columns, Schema
 from replaystore.store.format import layout
 from replaystore.store.format.fragment import Fragment
 from replaystore.store.format.segment import VALUES_PER_ROW, Segment
 from replaystore.store.format.staging import StagedFragment
 from replaystore.store.format.streamkeys import StreamKey
+from replaystore.store.storage import Storage
 from replaystore.store.write.committer import Committer
+from replaystore.store.write.context import Guard
 from replaystore.store.write.iothreads import IOThreads
 from replaystore.store.write.sizing import segment_rows
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
 
 
 class SegmentPool:
@@ -37,8 +35,8 @@ class SegmentPool:
 
     Parameters
     ----------
-    store : Store
-        The writer's store handle (storage, schemas, capacity, format version).
+    storage : Storage
+        The store's storage.
     writer : int
         The writer's number.
     names : Iterator[int]
@@ -47,21 +45,32 @@ class SegmentPool:
         The writer's I/O threads (spares are created there).
     committer : Committer
         The writer's committer (the record in flight, whose files a sealed segment may hold).
+    schemas : Mapping[str, Schema]
+        The store's tables' schemas.
+    capacity : int or None
+        The store's capacity in records (segment sizes follow it).
+    format_version : int
+        The manifest's format version (format 2 on local storage: appends go to segments).
+    guard : Guard
+        The handle's replace checks (nothing is created or deleted in a replaced store).
     """
 
-    def __init__(self, store: Store, writer: int, names: Iterator[int], io: IOThreads,
-                 committer: Committer) -> None:
-        self.store = store
-        self.storage = store.storage
+    def __init__(self, storage: Storage, writer: int, names: Iterator[int], io: IOThreads,
+                 committer: Committer, *, schemas: Mapping[str, Schema], capacity: int | None,
+                 format_version: int, guard: Guard) -> None:
+        self.storage = storage
+        self.schemas = schemas
+        self.capacity = capacity
+        self.guard = guard
         self.writer = writer
         self._names = names
         self._io = io
         self._committer = committer
         # format 2 on local storage: appends go to open segments instead of staged fragments
-        self.segmented = self.storage.supports_in_place_writes and store.manifest["format_version"] >= 2
+        self.segmented = self.storage.supports_in_place_writes and format_version >= 2
         self.staged: dict[str, StagedFragment] = {}  # per table: the fragment the pending appends are in
         self.open: dict[str, Segment] = {}  # per table: the segment appends go to
-        self.filling: dict[str, list[Segment]] = {t: [] for t in store.schemas}  # the pending appends' segments
+        self.filling: dict[str, list[Segment]] = {t: [] for t in schemas}  # the pending appends' segments
         self.spares: dict[str, Future[Segment]] = {}  # per table: the next segment, created ahead
 
     def target(self, table: str, cols: Columns, streams: list[StreamKey], next_row: int) -> StagedFragment | Segment:
@@ -90,7 +99,7 @@ class SegmentPool:
 
         Cost: O(1); a segment's creation (~10 ms) on a rollover without a spare.
         """
-        if self.segmented and not self.store.schemas[table].compressed:
+        if self.segmented and not self.schemas[table].compressed:
             return self.segment(table, cols, streams, next_row)
         return self.stage(table, next_row)  # (compressed fields: shards are written whole, never in place)
 
@@ -113,7 +122,7 @@ class SegmentPool:
         """
         frag = self.staged.get(table)
         if frag is None:
-            frag = self.staged[table] = StagedFragment(self.storage, self.store.schemas[table], self.writer, table,
+            frag = self.staged[table] = StagedFragment(self.storage, self.schemas[table], self.writer, table,
                                                        self._new_name(), next_row, buffered=True)
         return frag
 
@@ -170,13 +179,13 @@ class SegmentPool:
         Its values capacity is sized from ``nnz`` values per CSR group over ``sample_rows``
         records (docs/FORMAT.md, "Segments").
         """
-        self.store.check_current()  # (never create files where the new store's writer may have this number)
+        self.guard.check_current()  # (never create files where the new store's writer may have this number)
         capacity = max(self.segment_rows(table), rows)
         values = {off: max(capacity * VALUES_PER_ROW, 2 * -(-v * capacity // max(sample_rows, 1)))
                   for off, v in nnz.items()}
-        return Segment(self.storage, self.store.schemas[table], self.writer, table,
+        return Segment(self.storage, self.schemas[table], self.writer, table,
                        layout.segment_name(next(self._names)), capacity, values,
-                       may_delete=self.store._may_delete)
+                       may_delete=self.guard.may_delete)
 
     def segment_rows(self, table: str) -> int:
         """Rows of a new segment of ``table`` unless an append needs more (see ``sizing.segment_rows``).
@@ -193,7 +202,7 @@ class SegmentPool:
 
         Cost: O(fields).
         """
-        return segment_rows(self.store.schemas[table], self.store.capacity)
+        return segment_rows(self.schemas[table], self.capacity)
 
     def _take_spare(self, table: str, rows: int, nnz: dict[str, int]) -> Segment | None:
         """The table's spare segment if it holds an append of these sizes (and no vacuum deleted it)."""
@@ -215,7 +224,7 @@ class SegmentPool:
         In a replaced store's location the path may name the new store's segment (a writer there
         may have this writer's number); this writer's own was deleted by the replace.
         """
-        if self.store._may_delete():
+        if self.guard.may_delete():
             self.storage.delete(path)
 
     def _drop_segment(self, seg: Segment) -> None:
@@ -252,7 +261,7 @@ class SegmentPool:
 
         Cost: a staged fragment's write and fsync; O(segments) otherwise.
         """
-        if not self.segmented or self.store.schemas[table].compressed:
+        if not self.segmented or self.schemas[table].compressed:
             return [self.staged[table].finish([(seq, now, rows)])]
         segs = [s for s in self.filling[table] if s.pending] or self.filling[table][-1:]  # (empty appends)
         segments += segs

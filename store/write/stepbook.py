@@ -7,7 +7,7 @@ good by a commit (:meth:`StepBook.commit`) and undone by a discard (:meth:`StepB
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,9 +15,7 @@ from replaystore.errors import StepOrderError
 from replaystore.schemas.validate import to_numpy
 from replaystore.store.format.streamkeys import Coded, StreamKey, group_positions
 from replaystore.store.format.streamkeys import check_step_range as _check_range
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
+from replaystore.store.write.context import Tables
 
 Key = tuple[str, StreamKey]
 """A stream of a table: ``(table, stream key)``."""
@@ -48,12 +46,13 @@ class StepBook:
 
     Parameters
     ----------
-    store : Store
-        The writer's store handle (refreshed for streams this writer has not written).
+    tables : Tables
+        The store's tables: their readers, and the refresh (for streams this writer has not
+        written).
     """
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
         self.last_step: dict[Key, int] = {}
         self.last_done: dict[Key, bool] = {}
         # what the appends since the last commit replaced in those two maps (None: absent), so that
@@ -170,9 +169,9 @@ class StepBook:
             # A stream this writer has not written yet: ask a current view, once per append. The
             # handle's view may predate another writer's commits to this stream (auto steps would
             # then repeat stored steps) or reference fragments reclaimed since (StaleReadError).
-            self.store.refresh()
+            self.tables.refresh()
             self._fresh = True
-        reader = self.store.table(table).reader
+        reader = self.tables.reader(table)
         last = reader.index.last_step(key) if reader.lists_stream(key) else None
         if last is not None:
             self.last_step[(table, key)] = last

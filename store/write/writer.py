@@ -16,10 +16,10 @@ import os
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from replaystore.errors import ReadOnlyError, StoreError, StoreReplacedError
-from replaystore.store.format import bodies, layout, records
+from replaystore.store.format import records
 from replaystore.store.format.fragment import Fragment
 from replaystore.store.format.segment import Segment
 from replaystore.store.format.staging import StagedFragment
@@ -28,13 +28,11 @@ from replaystore.store.write import liveness
 from replaystore.store.write.batches import convert
 from replaystore.store.write.committer import Committer
 from replaystore.store.write.compactor import Compactor
+from replaystore.store.write.context import WriteHost
 from replaystore.store.write.iothreads import IOThreads
 from replaystore.store.write.reclaimer import Reclaimer
 from replaystore.store.write.segmentpool import SegmentPool
 from replaystore.store.write.stepbook import StepBook
-
-if TYPE_CHECKING:
-    from replaystore.store.store import Store
 
 
 @dataclass
@@ -48,7 +46,7 @@ class _Pending:
 class InsertLimiter(Protocol):
     """What ``Writer(rate_limiter=)`` takes: ``replaystore.loaders.RateLimiter`` (kept duck-typed here)."""
 
-    def admit_inserts(self, store: Store, counts: Mapping[str, int]) -> None:
+    def admit_inserts(self, store: Any, counts: Mapping[str, int]) -> None:
         """Return once ``counts`` records (per table) may be committed; raise if they may not in time."""
 
 
@@ -80,7 +78,8 @@ class Writer:
     Parameters
     ----------
     store : Store
-        The store handle to write through (use ``store.writer()``).
+        The store handle to write through (use ``store.writer()``); the writer and its parts
+        receive from it only its :class:`~replaystore.store.write.context.WriteContext`.
     rate_limiter : InsertLimiter, optional
         A ``replaystore.loaders.RateLimiter``: each :meth:`commit` first waits while the
         table's inserts are too far ahead of the samples drawn under it (docs/GUIDE.md, "Rate
@@ -96,26 +95,33 @@ class Writer:
     Cost: a listing of the writer records and one create-if-absent per number tried.
     """
 
-    def __init__(self, store: Store, *, rate_limiter: InsertLimiter | None = None) -> None:
+    def __init__(self, store: WriteHost, *, rate_limiter: InsertLimiter | None = None) -> None:
         if store.mode == "r":
             raise ReadOnlyError("store opened read-only (mode='r'): writer() is not allowed")
         self.store = store
-        self.storage = store.storage
-        self.id = self._register()
+        """The store handle written through (what the rate limiter is handed)."""
+        ctx = self._context = store.write_context()
+        self.storage = ctx.storage
+        self.id = liveness.register(self.storage, ctx.tables.capacity, ctx.generation)
         lock_fd = liveness.hold(self.storage, self.id)  # held until closed (store/write/liveness.py)
         # released by close(), or when the writer is collected unclosed (it is then gone)
         self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd is not None else None
-        self.next_row = dict.fromkeys(store.schemas, 0)
+        tables, guard = ctx.tables, ctx.guard
+        self.next_row = dict.fromkeys(tables.schemas, 0)
         # this writer's committed fragments; shared with the compaction thread under the committer's lock
-        self.fragments: dict[str, list[Fragment]] = {t: [] for t in store.schemas}
-        self._pending: dict[str, list[_Pending]] = {t: [] for t in store.schemas}
+        self.fragments: dict[str, list[Fragment]] = {t: [] for t in tables.schemas}
+        self._pending: dict[str, list[_Pending]] = {t: [] for t in tables.schemas}
         names = itertools.count()  # fragment and segment names f0000000000, s0000000001, ...
         self._io = IOThreads(self.id)
-        self._steps = StepBook(store)
-        self._committer = Committer(store, self.id)
-        self._segments = SegmentPool(store, self.id, names, self._io, self._committer)
-        self._reclaimer = Reclaimer(store, self.id, self._io, self._committer.lock, self._segments, self._committer)
-        self._compactor = Compactor(store, self.id, names, self._committer, self._reclaimer, self.fragments)
+        self._steps = StepBook(tables)
+        self._committer = Committer(self.storage, self.id, generation=ctx.generation, after_ns=ctx.log.time_ns,
+                                    guard=guard, tables=tables, show_created=ctx.show_created)
+        self._segments = SegmentPool(self.storage, self.id, names, self._io, self._committer, schemas=tables.schemas,
+                                     capacity=tables.capacity, format_version=ctx.format_version, guard=guard)
+        self._reclaimer = Reclaimer(self.storage, self.id, self._io, self._committer.lock, self._segments,
+                                    self._committer, tables=tables, log=ctx.log, may_delete=guard.may_delete)
+        self._compactor = Compactor(self.storage, self.id, names, self._committer, self._reclaimer, self.fragments,
+                                    tables=tables, guard=guard)
         self.closed = False
         self.rate_limiter = rate_limiter
         """Throttles :meth:`commit` (see ``replaystore.loaders.RateLimiter.admit_inserts``); None: off."""
@@ -128,23 +134,6 @@ class Writer:
     @seq.setter
     def seq(self, value: int) -> None:
         self._committer.seq = value
-
-    def _register(self) -> int:
-        """Take the next free writer number.
-
-        Its registration records the capacity this writer works under. CorruptObjectError,
-        registering nothing, where the manifest's capacity differs from one an earlier writer
-        registered under (:func:`bodies.check_capacity`).
-        """
-        names = self.storage.list(layout.WRITERS)
-        bodies.check_capacity(self.storage, self.store.capacity, names, self.store.generation)
-        n = len(names)
-        doc = {**liveness.registration(self.storage), "capacity": self.store.capacity,
-               "generation": self.store.generation}
-        while True:
-            if self.storage.create(layout.writer_record(n), records.encode({"writer": n, **doc})):
-                return n
-            n += 1
 
     # -- appending --------------------------------------------------------------------
     def append(self, batch: Any, stream: Any = None, step: Any = None, reset: Any = None, *,
@@ -193,12 +182,12 @@ class Writer:
         self._check_open()
         book = self._steps
         book.begin()
-        tables = convert(self.store.schemas, batch, 0 if stream is None else stream, stream is None, reset, table,
-                         book)
+        tables = convert(self._context.tables.schemas, batch, 0 if stream is None else stream, stream is None, reset,
+                         table, book)
         steps = {name: book.steps(name, coded, step) for name, (_, coded, _) in tables.items()}
         added: list[tuple[StagedFragment | Segment, Any]] = []
         try:
-            with self.store._as_replaced():  # (a replace deleting the segment it writes fails it so)
+            with self._context.guard.as_replaced():  # (a replace deleting the segment it writes fails it so)
                 for name, (cols, (codes, streams), resets) in tables.items():
                     frag = self._segments.target(name, cols, streams, self.next_row[name])
                     mark = frag.mark()
@@ -276,7 +265,7 @@ class Writer:
         # here, not after this commit's record is queued, or a pipelined commit would wait for itself
         compactor.collect(wait=True)
         # a replaced store's writer writes nothing more: the new store's writers may have its number
-        self.store.check_current()
+        self._context.guard.check_current()
         rows: dict[str, tuple[int, int]] = {}
         with committer.lock:  # a background merge publishes between commits, never inside one
             seq, now = committer.seq, committer.now()
@@ -285,7 +274,7 @@ class Writer:
             new_frags: dict[str, list[Fragment]] = {}
             retired = self._reclaimer.retire(self.fragments)
             segments: list[Segment] = []  # whose pending bytes become durable with the record's file
-            with self.store._as_replaced():  # (a replace that deletes what this commit writes fails it so)
+            with self._context.guard.as_replaced():  # (a replace that deletes what this commit writes fails it so)
                 self._fill(body, seq, now, new_frags, retired, segments, rows)
                 committer.create(seq, body, segments, wait=wait)
             for table, frags in new_frags.items():
@@ -300,9 +289,10 @@ class Writer:
         self._segments.close_staged(set(new_frags))
         self._steps.commit()
         committer.refresh_view()
-        if self.store.log.checkpoint_due() and self.store._may_delete():  # (it deletes older checkpoints)
-            self.store.refresh()  # (a checkpoint of every writer's newest state: readers start there)
-            self.store.log.write_checkpoint()
+        ctx = self._context
+        if ctx.log.checkpoint_due() and ctx.guard.may_delete():  # (it deletes older checkpoints)
+            ctx.tables.refresh()  # (a checkpoint of every writer's newest state: readers start there)
+            ctx.log.write_checkpoint()
         self._reclaimer.reclaim()
         compactor.schedule()
         return CommitResult(self.id, seq, rows)
@@ -474,7 +464,7 @@ class Writer:
         its commits.
         """
         try:
-            self.store.check_current()  # (a replaced store's writer: no record in the new store)
+            self._context.guard.check_current()  # (a replaced store's writer: no record in the new store)
             committer = self._committer
             with committer.lock:
                 seq, now = committer.seq, committer.now()
