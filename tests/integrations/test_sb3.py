@@ -120,7 +120,9 @@ def check_samples(buf: Any, want: dict[bytes, tuple[Any, ...]], n: int = 512) ->
         assert _key(s.next_observations, i) == nb and float(s.dones[i, 0]) == done
 
 
-# -- learning -------------------------------------------------------------------------------
+# -- learning (the training to a return threshold is slow-marked; the default run trains with the buffer in
+# test_sac_and_td3_on_pendulum and test_dqn_save_del_collect_load_keeps_the_pending_steps) --------------------
+@pytest.mark.slow
 def test_dqn_cartpole_learns_with_the_store_buffer(tmp_path: Path) -> None:
     """Seeded DQN (rl-zoo CartPole settings, a smaller net, 3k steps) with our buffer: a return far above random
     (~22). ~1k gradient steps: ~6 s on 2 quiet cores."""

@@ -373,9 +373,11 @@ def crash_trials(place: Place, cfg: CrashConfig) -> Counter:
         return sum((f.result() for f in futures), Counter())
 
 
-# a log checkpoint every 3 records applied (about one per commit), so kills land in their creation too
-DEFAULT = CrashConfig(trials=50, seed=20240601, capacity=None, max_records=6, max_appends=3, streams=3,
+# a log checkpoint every 3 records applied (about one per commit), so kills land in their creation too;
+# the default run kills 16 children, the soak (slow marker, CI) 50 (as the default run did before)
+DEFAULT = CrashConfig(trials=16, seed=20240601, capacity=None, max_records=6, max_appends=3, streams=3,
                       max_after=10, spread=1.5, checkpoint_every=3)
+SOAK = replace(DEFAULT, trials=50)
 
 
 def frequent_checkpoints(cfg: CrashConfig, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -384,30 +386,50 @@ def frequent_checkpoints(cfg: CrashConfig, monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(log_module, "CHECKPOINT_EVERY", cfg.checkpoint_every)
 
 
-def test_sigkill_during_append_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    frequent_checkpoints(DEFAULT, monkeypatch)
-    stats = crash_trials(Place(str(tmp_path)), DEFAULT)
+def check_append_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: CrashConfig) -> None:
+    frequent_checkpoints(cfg, monkeypatch)
+    stats = crash_trials(Place(str(tmp_path)), cfg)
     print(dict(stats))
-    assert stats["trials"] == DEFAULT.trials
-    assert stats["log checkpoints written"] > DEFAULT.trials, stats  # stores reopened from them throughout
+    assert stats["trials"] == cfg.trials
+    assert stats["log checkpoints written"] > cfg.trials, stats  # stores reopened from them throughout
     # the kills must have hit real work, not just idle children: most trials got commits in,
     # and some kills landed inside a commit (between its data and its record)
-    assert stats["trials with a commit"] >= DEFAULT.trials // 2, stats
+    assert stats["trials with a commit"] >= cfg.trials // 2, stats
     assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+
+
+def test_sigkill_during_append_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_append_and_commit(tmp_path, monkeypatch, DEFAULT)
+
+
+@pytest.mark.slow
+def test_sigkill_during_append_and_commit_soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_append_and_commit(tmp_path, monkeypatch, SOAK)
 
 
 # the same with pipelined commits (wait=False): a kill lands while the committer thread makes the
 # last commit durable, or between it and the next (no log checkpoints: the run above covers them)
-PIPELINED = CrashConfig(trials=30, seed=20261202, capacity=None, max_records=6, max_appends=3, streams=3,
+# (default run: 12 children; the soak, slow marker: 30)
+PIPELINED = CrashConfig(trials=12, seed=20261202, capacity=None, max_records=6, max_appends=3, streams=3,
                         max_after=10, spread=1.5, pipelined=True)
+PIPELINED_SOAK = replace(PIPELINED, trials=30)
+
+
+def check_pipelined(tmp_path: Path, cfg: CrashConfig) -> None:
+    stats = crash_trials(Place(str(tmp_path)), cfg)
+    print(dict(stats))
+    assert stats["trials"] == cfg.trials
+    assert stats["trials with a commit"] >= cfg.trials // 2, stats
+    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
 
 
 def test_sigkill_with_pipelined_commits(tmp_path: Path) -> None:
-    stats = crash_trials(Place(str(tmp_path)), PIPELINED)
-    print(dict(stats))
-    assert stats["trials"] == PIPELINED.trials
-    assert stats["trials with a commit"] >= PIPELINED.trials // 2, stats
-    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+    check_pipelined(tmp_path, PIPELINED)
+
+
+@pytest.mark.slow
+def test_sigkill_with_pipelined_commits_soak(tmp_path: Path) -> None:
+    check_pipelined(tmp_path, PIPELINED_SOAK)
 
 
 # one batch of 1-2 records per commit: a writer compacts from its 8th commit on (half the random kills

@@ -1,13 +1,24 @@
-"""The README's main command: `replaystore demo DIR` runs end to end and shows what it promises."""
+"""The README's main command: `replaystore demo DIR` runs end to end and shows what it promises.
+
+The whole command (its 2,200 training minibatches and the learning it shows) is marked ``slow``; the default
+run keeps the same pipeline in process with short training and evaluation (its collection by two writer
+processes, the resume check, DuckDB and both exports at full size), without the learning check."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import re
 import subprocess
+from pathlib import Path
+
+import pytest
 
 from replaystore.store import open_store
+from replaystore.tools import demo
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     r = subprocess.run(["replaystore", "demo", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -20,6 +31,11 @@ def test_demo_runs_end_to_end(tmp_path):
     random_first, random_second = int(baseline.group(1)), int(baseline.group(2))
     trained_first, trained_second = rates[0]
     assert trained_first > random_first + 10 and trained_second > random_second + 10
+    check_demo_store(tmp_path, out)
+
+
+def check_demo_store(tmp_path: Path, out: str) -> None:
+    """What the demo promises besides the learning: the resume check, the summary, the store, the exports."""
     assert "next minibatch identical to the uninterrupted run: yes" in out
     assert "first_mover_result" in out  # the DuckDB summary
     st = open_store(str(tmp_path / "tictactoe-dqn"), mode="r")
@@ -27,3 +43,16 @@ def test_demo_runs_end_to_end(tmp_path):
     assert st.load_state("demo-per") is not None and st.load_state("demo-qnet") is not None
     assert any((tmp_path / "export-parquet").rglob("*.parquet"))
     assert (tmp_path / "export-minari" / "tictactoe" / "random-v0" / "data" / "metadata.json").exists()
+
+
+def test_demo_pipeline_with_short_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's pipeline in process, with 40 + 20 minibatches and 20 evaluation games a seat."""
+    monkeypatch.setattr(demo, "TRAIN_STEPS", 40)
+    monkeypatch.setattr(demo, "RESUME_STEPS", 20)
+    monkeypatch.setattr(demo, "win_rate", functools.partial(demo.win_rate, games=20))
+    assert demo.run_demo(argparse.Namespace(dir=str(tmp_path))) == 0
+    out = capsys.readouterr().out
+    assert "committed by 2 writers" in out
+    assert "after 40 prioritized minibatches" in out and "after 20 more minibatches" in out
+    check_demo_store(tmp_path, out)
