@@ -498,12 +498,15 @@ class ReplayStoreStorage(StoreStorage):
         own cursor stands would rewrite its newest records: never an append. Nor is a run from a
         writer whose cursor stood at ``start`` when this storage last wrote (in this process):
         that writer did not move behind this storage's back, so the run rewrites the records
-        written since (``storage.set`` at the cursor, then the writer's own ``extend``).
+        written since (``storage.set`` at the cursor, then the writer's own ``extend``). Nor is
+        a run from a writer whose cursor has not moved since this storage last wrote: that
+        writer wrote nothing since, so the run is a ``storage.set`` at another index.
         """
         if end == self._cursor:
             return False
         seen = self._writers_seen if self._cursor_pid == os.getpid() else {}
-        return any(cursor == end and seen.get(id(writer)) != start for writer, cursor in self._round_robin_cursors())
+        return any(cursor == end and seen.get(id(writer)) not in (start, cursor)
+                   for writer, cursor in self._round_robin_cursors())
 
     def _not_an_append(self, idx: torch.Tensor, why: str) -> str:
         shown = idx.tolist()

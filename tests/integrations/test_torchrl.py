@@ -389,6 +389,21 @@ def test_a_writer_run_over_records_set_since_is_refused(tmp_path: Path) -> None:
     assert ours.storage[:]["key"].tolist() == [0, 1, 4]
 
 
+def test_a_set_away_from_the_cursor_is_refused_while_the_buffers_writer_has_not_moved() -> None:
+    """``storage.set(-1, td)`` after ``storage.set(0, td)`` on a buffer of 3: index -1 is position 2, not the
+    cursor 1. The buffer's round-robin writer still stands where it stood at the last write (it wrote
+    nothing), so the run is no writer's append (LazyTensorStorage writes position 2 and shows position 1,
+    never written, as a record)."""
+    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(f"memory://torchrl-writes/{next(_memory_urls)}",
+                                                             capacity=3))
+    ours.storage.set(0, _keyed([1])[0])
+    with pytest.raises(AppendOnlyError, match=r"index -1 .*next append goes at index 1"):
+        ours.storage.set(-1, _keyed([2])[0])
+    assert ours.storage[:]["key"].tolist() == [1]
+    ours.storage.set(1, _keyed([3])[0])  # (a set at the cursor still appends)
+    assert ours.storage[:]["key"].tolist() == [1, 3]
+
+
 _WRITES = hs.one_of(
     hs.tuples(hs.just("extend"), hs.integers(1, 7)),
     hs.tuples(hs.just("add"), hs.just(0)),
