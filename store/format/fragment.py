@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.codecs import get_codec
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store.format import layout
-from replaystore.store.format.codecs import CompressedArray
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.streamkeys import STREAM_CODE, StreamKey
 from replaystore.store.format.zarrio import CRC_BYTES, check_chunk_size, chunk_path, read_array
 from replaystore.store.storage import Storage
@@ -331,19 +330,15 @@ class FragmentData:
             # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
-            spec_codec = self.schema.compressed.get(name)  # (raw: no codec)
-            codec = None if spec_codec is None else get_codec(spec_codec, field=name)
-            if codec is None and (seg is not None or shape[0]):  # (an empty array has no chunk)
-                # the exact size its descriptor implies (see check_chunk_size)
-                check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),
-                                 self.chunk_bytes(name, dtype, shape))
-            if codec is not None:  # a shard of compressed blocks, decoded as rows are read
-                shard: Any = CompressedArray(self.storage, f"{self.frag.path}/{name}", dtype, shape, codec,
-                                             cached=self.cached)
-                arr = shard
-            elif seg is None:
-                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, cached=self.cached))
-            elif name in self._values:  # values: the segment's, up to this fragment's end
+            if seg is None:  # raw chunk or shard of compressed blocks (decoded as rows are read), size-checked
+                arr = encoding_of(self.schema, name).read(self.storage, f"{self.frag.path}/{name}", dtype, shape,
+                                                          cached=self.cached)
+                self._arrays[name] = arr
+                return arr
+            # a segment's (raw: compressed tables use none), the exact size its descriptor implies
+            check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),
+                             self.chunk_bytes(name, dtype, shape))
+            if name in self._values:  # values: the segment's, up to this fragment's end
                 shape = (self.frag.value_end(self._values[name]),)
                 arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, checksum=False))
             else:  # rows [row, row + rows) of the segment's array (offsets: one more)
