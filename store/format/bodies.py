@@ -479,8 +479,6 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str], generat
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     capacity : int or None
         The manifest's capacity.
     names : list of str

@@ -11,9 +11,9 @@ zarr-python reads the same arrays unchanged.
 The codecs themselves are classes in the registry of :mod:`replaystore.codecs`; this
 module asks a field's :class:`~replaystore.codecs.Codec` object for every step that
 depends on the codec and never branches on a codec's name. A field's :class:`ChunkEncoding`
-(:class:`RawChunks` or :class:`Shards`, chosen once per field by :func:`field_encodings` or
-:func:`encoding_of`) is where a table's arrays split into raw ones and sharded ones: staging,
-reading, verifying and size accounting ask it.
+(:class:`RawChunks` or :class:`Shards`, chosen once per field by :func:`encoding_of`) is
+where a table's arrays split into raw ones and sharded ones: staging, reading, verifying
+and size accounting ask it.
 """
 
 from __future__ import annotations
@@ -72,30 +72,6 @@ def compressor(codec: str) -> Codec:
     return get_codec(codec)
 
 
-def field_codecs(schema: Any) -> dict[str, Codec]:
-    """The codec object of each compressed dense field of ``schema``; raw fields have none.
-
-    A name found here is a shard of encoded blocks, any other a raw chunk (the
-    :class:`ChunkEncoding` of each array is chosen from it: :func:`field_encodings`).
-
-    Parameters
-    ----------
-    schema : Schema
-        A table's schema.
-
-    Returns
-    -------
-    dict
-        ``{field: Codec}``.
-
-    Raises
-    ------
-    UnknownCodecError
-        A field's codec is not registered in this process (the error names the field).
-    """
-    return {f.name: get_codec(f.codec, field=f.name) for f in schema.dense_fields if f.codec is not None}
-
-
 def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: Codec) -> dict:
     """The ``zarr.json`` of a compressed fragment array: one shard of :data:`BLOCK`-record blocks.
 
@@ -136,10 +112,6 @@ class ShardWriter:
 
     Parameters
     ----------
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
     codec : Codec
         The field's codec.
     """
@@ -228,52 +200,6 @@ class ShardWriter:
         self.stream = None
 
 
-def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...],
-                  codec: Codec) -> str | None:
-    """What is wrong with a compressed array's shard, if anything; every block is decoded.
-
-    The shard's size is checked against what its records can take before anything is
-    read; then its index (checksum, blocks tiling the data), and each block in turn
-    (checksum, declared size, decoding) into one block's buffer: memory stays bounded
-    by one block (plus the shard itself on object storage, read whole).
-
-    Parameters
-    ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
-    dtype : numpy.dtype
-        The field's dtype.
-    shape : tuple of int
-        ``(rows, *record shape)``.
-    codec : Codec
-        The field's codec (as the schema says).
-
-    Returns
-    -------
-    str or None
-        None for an intact shard, else the problem.
-
-    Raises
-    ------
-    FileNotFoundError
-        The shard is absent.
-    """
-    shard = CompressedArray(storage, array_path, dtype, shape, codec, cached=False)
-    try:
-        size = storage.size(shard.path)
-        if size > shard.max_bytes:
-            return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
-                    f"({shard.max_bytes}): refused unread")
-        shard.check()
-    except CorruptObjectError as exc:
-        return str(exc).split(": ", 1)[-1]
-    except StaleReadError:  # (how a read names a missing chunk)
-        raise FileNotFoundError(shard.path) from None
-    return None
-
-
 def max_shard_bytes(rows: int, record_bytes: int, codec: Codec) -> int:
     """The most bytes a shard of ``rows`` records of ``record_bytes`` each can take.
 
@@ -341,10 +267,6 @@ class CompressedArray:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
     dtype : numpy.dtype
         The field's dtype.
     shape : tuple of int
@@ -541,26 +463,21 @@ class CompressedArray:
 class ChunkEncoding:
     """How a field's array is stored in a fragment of its own: raw chunks or shards.
 
-    Chosen once per field (:func:`encoding_of`, :func:`field_encodings`); staging,
+    Chosen once per field (:func:`encoding_of`); staging,
     reading, verifying and size accounting ask it instead of branching on the codec.
     Segment-backed fragments are raw (compressed tables do not use segments).
-    In every method, ``array_path`` is the array's directory in the fragment,
-    ``dtype`` its dtype and ``shape`` ``(rows, *record shape)`` (values: the value count).
+
+    Every method takes the same arguments: ``storage`` the store's storage; ``array_path``
+    the array's directory in the fragment; ``ndim`` its number of dimensions; ``dtype``
+    its dtype; ``shape`` ``(rows, *record shape)`` (values: the value count), as the
+    fragment's descriptor implies. A missing chunk raises ``FileNotFoundError`` or
+    ``StaleReadError``.
     """
 
     def writer(self, storage: Storage, array_path: str, ndim: int, buffered: bool) -> Any:
         """The writer of the array's chunk object, appended along axis 0.
 
-        Parameters
-        ----------
-        storage : Storage
-            The store's storage.
-        array_path : str
-            The array's directory.
-        ndim : int
-            The array's number of dimensions.
-        buffered : bool
-            Keep copies until completion (raw chunks; shards always buffer).
+        ``buffered``: keep copies until completion (raw chunks; a shard always buffers).
 
         Returns
         -------
@@ -572,15 +489,6 @@ class ChunkEncoding:
     def metadata(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
         """The array's ``zarr.json`` object.
 
-        Parameters
-        ----------
-        array_path : str
-            The array's directory.
-        dtype : numpy.dtype
-            Its dtype.
-        shape : tuple of int
-            Its shape.
-
         Returns
         -------
         dict of str to list of Buffer
@@ -590,32 +498,12 @@ class ChunkEncoding:
 
     def read(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], *,
              cached: bool) -> Any:
-        """The array of a fragment of its own, size-checked (decoded as rows are read, if sharded).
-
-        Parameters
-        ----------
-        storage : Storage
-            The store's storage.
-        array_path : str
-            The array's directory.
-        dtype : numpy.dtype
-            Its dtype.
-        shape : tuple of int
-            Its shape, as the fragment's descriptor implies.
-        cached : bool
-            Read through the storage's chunk cache (when it has one).
+        """The array, its chunk's size checked first (``cached``: through the storage's chunk cache).
 
         Returns
         -------
         numpy.ndarray or CompressedArray
-            The rows.
-
-        Raises
-        ------
-        StaleReadError
-            The chunk is gone.
-        CorruptObjectError
-            The chunk's size is not what the descriptor implies.
+            The rows (a shard's decoded as they are read).
         """
         raise NotImplementedError
 
@@ -623,55 +511,21 @@ class ChunkEncoding:
               shape: tuple[int, ...]) -> tuple[str | None, Buffer | None]:
         """What is wrong with the array's non-empty chunk, if anything: size first, then content.
 
-        Parameters
-        ----------
-        storage : Storage
-            The store's storage.
-        array_path : str
-            The array's directory.
-        dtype : numpy.dtype
-            Its dtype.
-        shape : tuple of int
-            Its shape (``shape[0] > 0``).
-
         Returns
         -------
         tuple
             The problem (None if intact) and the chunk's bytes where they were read whole
             (raw chunks; None for shards, decoded block by block).
-
-        Raises
-        ------
-        FileNotFoundError
-            The chunk is absent.
-        StaleReadError
-            The chunk is absent (as a read names it).
         """
         raise NotImplementedError
 
     def stored_bytes(self, storage: Storage, array_paths: list[str], ndim: int, raw: int) -> int:
-        """The bytes the array's chunks take over non-empty fragments.
-
-        Parameters
-        ----------
-        storage : Storage
-            The store's storage.
-        array_paths : list of str
-            The array's directory in each non-empty fragment.
-        ndim : int
-            The array's number of dimensions.
-        raw : int
-            Their records' raw bytes.
+        """The bytes the chunks at ``array_paths`` take (non-empty fragments'), whose records take ``raw`` raw.
 
         Returns
         -------
         int
             Bytes.
-
-        Raises
-        ------
-        StaleReadError
-            A chunk is gone.
         """
         raise NotImplementedError
 
@@ -740,7 +594,22 @@ class Shards(ChunkEncoding):
     def check(self, storage: Storage, array_path: str, dtype: np.dtype,
               shape: tuple[int, ...]) -> tuple[str | None, Buffer | None]:
         # docstring inherited
-        return shard_problem(storage, array_path, dtype, shape, self.codec), None
+        # The size against what the records can take before anything is read; then the index
+        # (checksum, blocks tiling the data), and each block in turn (checksum, declared size,
+        # decoding) into one block's buffer: memory stays bounded by one block (plus the shard
+        # itself on object storage, read whole).
+        shard = CompressedArray(storage, array_path, dtype, shape, self.codec, cached=False)
+        try:
+            size = storage.size(shard.path)
+            if size > shard.max_bytes:
+                return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
+                        f"({shard.max_bytes}): refused unread"), None
+            shard.check()
+        except CorruptObjectError as exc:
+            return str(exc).split(": ", 1)[-1], None
+        except StaleReadError:  # (how a read names a missing chunk)
+            raise FileNotFoundError(shard.path) from None
+        return None, None
 
     def stored_bytes(self, storage: Storage, array_paths: list[str], ndim: int, raw: int) -> int:
         # docstring inherited
@@ -763,8 +632,6 @@ def encoding_of(schema: Any, name: str) -> ChunkEncoding:
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     name : str
         The array.
 
@@ -782,28 +649,6 @@ def encoding_of(schema: Any, name: str) -> ChunkEncoding:
     return RAW if codec is None else Shards(get_codec(codec, field=name))
 
 
-def field_encodings(schema: Any) -> dict[str, ChunkEncoding]:
-    """The encoding of each array of ``schema``'s Zarr layout (see :func:`encoding_of`).
-
-    Parameters
-    ----------
-    schema : Schema
-        The table's schema.
-
-    Returns
-    -------
-    dict of str to ChunkEncoding
-        Per array name.
-
-    Raises
-    ------
-    UnknownCodecError
-        A field's codec is not registered in this process (the error names the field).
-    """
-    codecs = field_codecs(schema)
-    return {s.name: Shards(codecs[s.name]) if s.name in codecs else RAW for s in schema.zarr_layout()}
-
-
 def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[str, Any]]:
     """Per dense field of a table: bytes stored, bytes raw and codec, over fragments ``frags``.
 
@@ -812,10 +657,6 @@ def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[st
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
     frags : sequence of Fragment
         The table's live fragments.
 
@@ -835,10 +676,9 @@ def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[st
     """
     out: dict[str, dict[str, Any]] = {}
     rows = sum(f.rows for f in frags)
-    encodings = field_encodings(schema)
     for f in schema.dense_fields:
         raw = rows * np.dtype(f.dtype).itemsize * int(np.prod(f.shape))
         paths = [f"{frag.path}/{f.name}" for frag in frags if frag.rows]
-        out[f.name] = {"stored": encodings[f.name].stored_bytes(storage, paths, 1 + len(f.shape), raw),
+        out[f.name] = {"stored": encoding_of(schema, f.name).stored_bytes(storage, paths, 1 + len(f.shape), raw),
                        "raw": raw, "codec": f.codec}
     return out

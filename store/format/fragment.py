@@ -94,10 +94,6 @@ class Fragment:
 
     Attributes
     ----------
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The fragment's name.
     row_start : int
@@ -193,10 +189,6 @@ class Fragment:
 
         Parameters
         ----------
-        writer : int
-            The writer's id.
-        table : str
-            The table's name.
         d : dict of str to Any
             As :meth:`to_dict` writes it.
 
@@ -275,10 +267,6 @@ class FragmentData:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
     frag : Fragment
         The fragment.
     cached : bool, optional

@@ -102,8 +102,6 @@ def read(storage: Storage, path: str) -> bytes:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     path : str
         The document's path.
 

@@ -193,8 +193,6 @@ def segment_shapes(schema: Schema, capacity: int,
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     capacity : int
         The segment's rows.
     value_capacity : mapping of str to int
@@ -224,8 +222,6 @@ def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, in
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     capacity : int
         The segment's rows.
     value_capacity : mapping of str to int
@@ -242,11 +238,6 @@ def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, in
 
 def fixed_row_bytes(schema: Schema) -> int:
     """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted).
-
-    Parameters
-    ----------
-    schema : Schema
-        The table's schema.
 
     Returns
     -------
@@ -269,12 +260,6 @@ class Segment:
     ----------
     storage : Storage
         The store's local storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The segment's name.
     capacity : int

@@ -21,7 +21,7 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store.format import layout
-from replaystore.store.format.codecs import RAW, field_encodings
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.streamkeys import StreamKey, StreamKeys
 from replaystore.store.format.zarrio import group_object
@@ -35,14 +35,6 @@ class StagedFragment:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The fragment's name.
     row_start : int
@@ -67,7 +59,7 @@ class StagedFragment:
         self.streams = StreamKeys()
         self._specs = schema.zarr_layout()
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(INDEX_DTYPES, 1)
-        self._encodings = field_encodings(schema) | dict.fromkeys(INDEX_DTYPES, RAW)
+        self._encodings = {n: encoding_of(schema, n) for n in ndims}
         self._chunks: dict[str, Any] = {  # ChunkWriter, or ShardWriter for compressed fields
             n: self._encodings[n].writer(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left

@@ -32,13 +32,6 @@ def _data_type(dtype: np.dtype) -> str:
 def chunk_path(array_path: str, ndim: int) -> str:
     """The path of an array's single chunk object: ``<array>/c/0/0...``.
 
-    Parameters
-    ----------
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
-
     Returns
     -------
     str
@@ -129,12 +122,6 @@ class ChunkWriter:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
     buffered : bool, optional
         Keep the pieces in memory until :meth:`finish`.
     """
@@ -247,8 +234,6 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     path : str
         The array's directory.
     dtype : numpy.dtype
@@ -341,8 +326,6 @@ def chunk_size(storage: Storage, cpath: str) -> int | None:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     cpath : str
         The chunk's path.
 
@@ -385,8 +368,6 @@ def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     cpath : str
         The chunk's path.
     expected : int

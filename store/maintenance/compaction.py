@@ -3,6 +3,9 @@
 Which of a writer's fragments to merge is decided here, from their sizes, segments and row
 ranges alone; the writer's compactor (store/write/compactor.py) runs the merges and publishes them with
 ``compact`` commit records.
+
+Arguments named as in :mod:`replaystore.store.format` (``storage``, ``schema``, ``writer``,
+``table``) mean the same here (see its docstring).
 """
 
 from __future__ import annotations
@@ -149,14 +152,6 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The new fragment's name.
     run : list of Fragment
@@ -249,8 +244,6 @@ def underfilled(schema: Schema, run: list[Fragment]) -> bool:
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     run : list of Fragment
         Every live fragment the segment backs.
 
@@ -279,12 +272,6 @@ def rightsize(storage: Storage, schema: Schema, writer: int, table: str, name: s
     ----------
     storage : Storage
         The store's storage (local).
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The new fragment's name.
     segment : str

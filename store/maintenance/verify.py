@@ -14,7 +14,7 @@ from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadEr
 from replaystore.schemas.fields import Ragged
 from replaystore.store.format import bodies, layout, records
 from replaystore.store.format.bodies import load_npy
-from replaystore.store.format.codecs import RAW, field_encodings
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.generations import foreign
 from replaystore.store.format.zarrio import chunk_path
@@ -246,7 +246,6 @@ def _check_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
     problems: list[Problem] = []
     storage = store.storage
     schema = store.schemas[frag.table]
-    encodings = field_encodings(schema)
     for name, dtype, shape in _fragment_arrays(store, frag):
         base = f"{frag.path}/{name}"
         try:
@@ -262,7 +261,7 @@ def _check_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
         cpath = chunk_path(base, len(shape))
         try:
             # size-checked first; a raw chunk read whole (mapped where local), a shard block by block
-            issue, data = encodings.get(name, RAW).check(storage, base, dtype, shape)
+            issue, data = encoding_of(schema, name).check(storage, base, dtype, shape)
         except (FileNotFoundError, StaleReadError):
             problems.append(Problem(cpath, "missing"))
             continue
