@@ -187,10 +187,7 @@ class Fragment:
     def from_dict(cls, writer: int, table: str, d: dict[str, Any]) -> Fragment:
         """The fragment a commit record describes (checked by store/format/bodies.py first).
 
-        Parameters
-        ----------
-        d : dict of str to Any
-            As :meth:`to_dict` writes it.
+        ``d`` is as :meth:`to_dict` writes it.
 
         Returns
         -------

@@ -218,14 +218,7 @@ def segment_shapes(schema: Schema, capacity: int,
 
 
 def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, int]) -> int:
-    """The bytes of a segment's chunk files (their sizes) at this capacity.
-
-    Parameters
-    ----------
-    capacity : int
-        The segment's rows.
-    value_capacity : mapping of str to int
-        Its values per CSR group (offsets array name).
+    """The bytes of a segment's chunk files (their sizes) at this capacity (as :func:`segment_shapes`).
 
     Returns
     -------
@@ -343,22 +336,10 @@ class Segment:
             resets: np.ndarray) -> None:
         """Write ``cols``' records at their place (the caller checked :meth:`fits`).
 
-        All or nothing: a failure forgets the partial add (nothing committed is ever
-        touched). Cost: one ``pwrite`` and a CRC32C extension per array; write-back
-        starts in the background.
-
-        Parameters
-        ----------
-        cols : Columns
-            The records.
-        codes : numpy.ndarray
-            Per record, its index into ``streams``.
-        streams : sequence of StreamKey
-            The batch's stream keys.
-        steps : numpy.ndarray
-            Per record, its step.
-        resets : numpy.ndarray
-            Per record, its reset flag.
+        The arguments are those of ``StagedFragment.add`` (store/format/staging.py). All or
+        nothing: a failure forgets the partial add (nothing committed is ever touched).
+        Cost: one ``pwrite`` and a CRC32C extension per array; write-back starts in the
+        background.
 
         Raises
         ------

@@ -33,12 +33,10 @@ Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 class StagedFragment:
     """One fragment of writer ``writer``'s table, open for adding records in order.
 
+    ``name`` and ``row_start`` are the :class:`Fragment`'s that :meth:`finish` describes.
+
     Parameters
     ----------
-    name : str
-        The fragment's name.
-    row_start : int
-        The writer's local row of its first record.
     buffered : bool, optional
         Keep copies of the records until :meth:`finish` (see the module docstring).
     may_delete : callable, optional

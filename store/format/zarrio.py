@@ -75,16 +75,10 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...], checksum: bool = Tru
 
 
 def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict[str, list[Buffer]]:
-    """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`).
+    """The ``zarr.json`` object of the Zarr v3 array ``path`` of ``dtype`` and ``shape`` (chunk: :class:`ChunkWriter`).
 
     Parameters
     ----------
-    path : str
-        The array's directory.
-    dtype : numpy.dtype
-        The array's dtype.
-    shape : tuple of int
-        The array's shape.
     checksum : bool, optional
         See :func:`array_metadata`.
 

@@ -5,7 +5,8 @@ ranges alone; the writer's compactor (store/write/compactor.py) runs the merges 
 ``compact`` commit records.
 
 Arguments named as in :mod:`replaystore.store.format` (``storage``, ``schema``, ``writer``,
-``table``) mean the same here (see its docstring).
+``table``) mean the same here (see its docstring); ``frags`` is a writer's fragments in row
+order and ``max_rows`` the fragment size cap.
 """
 
 from __future__ import annotations
@@ -54,13 +55,6 @@ def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     merge at least doubles a record's fragment and each record is rewritten
     O(log n) times.
 
-    Parameters
-    ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
-    max_rows : int
-        The fragment size cap.
-
     Returns
     -------
     list of Fragment
@@ -87,13 +81,6 @@ def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     Segment-backed fragments of one segment, to be described as one, or small
     fragments.
 
-    Parameters
-    ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
-    max_rows : int
-        The fragment size cap.
-
     Returns
     -------
     list of Fragment
@@ -113,12 +100,8 @@ def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[l
 
     Parameters
     ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
     visible : set of str
         Names of the fragments every reader sees whole.
-    max_rows : int
-        The fragment size cap.
 
     Returns
     -------
