@@ -530,8 +530,6 @@ def load_npy(path: str, data: bytes) -> np.ndarray:
 
     Parameters
     ----------
-    path : str
-        The object's path, named in errors.
     data : bytes
         Its bytes.
 

@@ -65,8 +65,6 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
     Parameters
     ----------
-    path : str
-        The object's path, named in errors.
     data : bytes
         The document.
 

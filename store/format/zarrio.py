@@ -284,8 +284,6 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
     ----------
     storage : Storage
         The store's storage (a caching wrapper).
-    cpath : str
-        The chunk's path.
     dtype : numpy.dtype
         The array's dtype.
     shape : tuple of int
@@ -317,11 +315,6 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
 
 def chunk_size(storage: Storage, cpath: str) -> int | None:
     """The size of chunk ``cpath`` in bytes, without opening it; None on object storage.
-
-    Parameters
-    ----------
-    cpath : str
-        The chunk's path.
 
     Returns
     -------
@@ -362,8 +355,6 @@ def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
 
     Parameters
     ----------
-    cpath : str
-        The chunk's path.
     expected : int
         Its size in bytes: the data and, for a fragment's chunk, its 4-byte CRC32C.
 
@@ -386,11 +377,6 @@ def missing_chunk(cpath: str) -> StaleReadError:
     """The error for a chunk a live commit referenced that is gone.
 
     It was reclaimed after the reader's view was taken (or the store is damaged).
-
-    Parameters
-    ----------
-    cpath : str
-        The chunk's path.
 
     Returns
     -------
