@@ -479,8 +479,6 @@ def check_capacity(storage: Any, capacity: int | None, names: list[str], generat
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     capacity : int or None
         The manifest's capacity.
     names : list of str
@@ -532,8 +530,6 @@ def load_npy(path: str, data: bytes) -> np.ndarray:
 
     Parameters
     ----------
-    path : str
-        The object's path, named in errors.
     data : bytes
         Its bytes.
 

@@ -10,12 +10,15 @@ zarr-python reads the same arrays unchanged.
 
 The codecs themselves are classes in the registry of :mod:`replaystore.codecs`; this
 module asks a field's :class:`~replaystore.codecs.Codec` object for every step that
-depends on the codec and never branches on a codec's name. :func:`field_codecs` is where
-a table's fields split into raw ones (no codec) and sharded ones.
+depends on the codec and never branches on a codec's name. A field's :class:`ChunkEncoding`
+(:class:`RawChunks` or :class:`Shards`, chosen once per field by :func:`encoding_of`) is
+where a table's arrays split into raw ones and sharded ones: staging, reading, verifying
+and size accounting ask it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -25,8 +28,19 @@ import numpy as np
 
 from replaystore.codecs import Codec, get_codec
 from replaystore.errors import CorruptObjectError, StaleReadError
-from replaystore.store.format.zarrio import chunk_path, missing_chunk, open_cached, raw_bytes
-from replaystore.store.storage import ObjectStream, Storage
+from replaystore.store.format.zarrio import (
+    CRC_BYTES,
+    ChunkWriter,
+    array_object,
+    check_chunk_size,
+    chunk_path,
+    missing_chunk,
+    open_cached,
+    raw_bytes,
+    read_array,
+    verify_chunk,
+)
+from replaystore.store.storage import Buffer, ObjectStream, Storage
 from replaystore.store.storage.cache import store_cache
 
 BLOCK = 8
@@ -56,30 +70,6 @@ def compressor(codec: str) -> Codec:
         The codec's name is not registered in this process.
     """
     return get_codec(codec)
-
-
-def field_codecs(schema: Any) -> dict[str, Codec]:
-    """The codec object of each compressed dense field of ``schema``; raw fields have none.
-
-    The one split between the two layouts of a fragment's array: a name found here is a
-    shard of encoded blocks, any other a raw chunk.
-
-    Parameters
-    ----------
-    schema : Schema
-        A table's schema.
-
-    Returns
-    -------
-    dict
-        ``{field: Codec}``.
-
-    Raises
-    ------
-    UnknownCodecError
-        A field's codec is not registered in this process (the error names the field).
-    """
-    return {f.name: get_codec(f.codec, field=f.name) for f in schema.dense_fields if f.codec is not None}
 
 
 def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: Codec) -> dict:
@@ -122,10 +112,6 @@ class ShardWriter:
 
     Parameters
     ----------
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
     codec : Codec
         The field's codec.
     """
@@ -214,52 +200,6 @@ class ShardWriter:
         self.stream = None
 
 
-def shard_problem(storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...],
-                  codec: Codec) -> str | None:
-    """What is wrong with a compressed array's shard, if anything; every block is decoded.
-
-    The shard's size is checked against what its records can take before anything is
-    read; then its index (checksum, blocks tiling the data), and each block in turn
-    (checksum, declared size, decoding) into one block's buffer: memory stays bounded
-    by one block (plus the shard itself on object storage, read whole).
-
-    Parameters
-    ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
-    dtype : numpy.dtype
-        The field's dtype.
-    shape : tuple of int
-        ``(rows, *record shape)``.
-    codec : Codec
-        The field's codec (as the schema says).
-
-    Returns
-    -------
-    str or None
-        None for an intact shard, else the problem.
-
-    Raises
-    ------
-    FileNotFoundError
-        The shard is absent.
-    """
-    shard = CompressedArray(storage, array_path, dtype, shape, codec, cached=False)
-    try:
-        size = storage.size(shard.path)
-        if size > shard.max_bytes:
-            return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
-                    f"({shard.max_bytes}): refused unread")
-        shard.check()
-    except CorruptObjectError as exc:
-        return str(exc).split(": ", 1)[-1]
-    except StaleReadError:  # (how a read names a missing chunk)
-        raise FileNotFoundError(shard.path) from None
-    return None
-
-
 def max_shard_bytes(rows: int, record_bytes: int, codec: Codec) -> int:
     """The most bytes a shard of ``rows`` records of ``record_bytes`` each can take.
 
@@ -327,10 +267,6 @@ class CompressedArray:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
     dtype : numpy.dtype
         The field's dtype.
     shape : tuple of int
@@ -524,6 +460,195 @@ class CompressedArray:
         return len(self._load()[0])
 
 
+class ChunkEncoding:
+    """How a field's array is stored in a fragment of its own: raw chunks or shards.
+
+    Chosen once per field (:func:`encoding_of`); staging,
+    reading, verifying and size accounting ask it instead of branching on the codec.
+    Segment-backed fragments are raw (compressed tables do not use segments).
+
+    Every method takes the same arguments: ``storage`` the store's storage; ``array_path``
+    the array's directory in the fragment; ``ndim`` its number of dimensions; ``dtype``
+    its dtype; ``shape`` ``(rows, *record shape)`` (values: the value count), as the
+    fragment's descriptor implies. A missing chunk raises ``FileNotFoundError`` or
+    ``StaleReadError``.
+    """
+
+    def writer(self, storage: Storage, array_path: str, ndim: int, buffered: bool) -> Any:
+        """The writer of the array's chunk object, appended along axis 0.
+
+        ``buffered``: keep copies until completion (raw chunks; a shard always buffers).
+
+        Returns
+        -------
+        ChunkWriter or ShardWriter
+            The writer.
+        """
+        raise NotImplementedError
+
+    def metadata(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
+        """The array's ``zarr.json`` object.
+
+        Returns
+        -------
+        dict of str to list of Buffer
+            Object path to its bytes, for ``Storage.write_objects``.
+        """
+        raise NotImplementedError
+
+    def read(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], *,
+             cached: bool) -> Any:
+        """The array, its chunk's size checked first (``cached``: through the storage's chunk cache).
+
+        Returns
+        -------
+        numpy.ndarray or CompressedArray
+            The rows (a shard's decoded as they are read).
+        """
+        raise NotImplementedError
+
+    def check(self, storage: Storage, array_path: str, dtype: np.dtype,
+              shape: tuple[int, ...]) -> tuple[str | None, Buffer | None]:
+        """What is wrong with the array's non-empty chunk, if anything: size first, then content.
+
+        Returns
+        -------
+        tuple
+            The problem (None if intact) and the chunk's bytes where they were read whole
+            (raw chunks; None for shards, decoded block by block).
+        """
+        raise NotImplementedError
+
+    def stored_bytes(self, storage: Storage, array_paths: list[str], ndim: int, raw: int) -> int:
+        """The bytes the chunks at ``array_paths`` take (non-empty fragments'), whose records take ``raw`` raw.
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
+        raise NotImplementedError
+
+
+class RawChunks(ChunkEncoding):
+    """A raw chunk: the records' little-endian bytes and a CRC32C (docs/FORMAT.md)."""
+
+    codec = None
+
+    def writer(self, storage: Storage, array_path: str, ndim: int, buffered: bool) -> Any:
+        # docstring inherited
+        return ChunkWriter(storage, array_path, ndim, buffered)
+
+    def metadata(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
+        # docstring inherited
+        return array_object(array_path, dtype, shape)
+
+    def read(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], *,
+             cached: bool) -> Any:
+        # docstring inherited
+        if shape[0]:  # (an empty array has no chunk) the exact size its descriptor implies
+            check_chunk_size(storage, chunk_path(array_path, len(shape)),
+                             shape[0] * int(np.prod(shape[1:])) * dtype.itemsize + CRC_BYTES)
+        return np.asarray(read_array(storage, array_path, dtype, shape, cached=cached))
+
+    def check(self, storage: Storage, array_path: str, dtype: np.dtype,
+              shape: tuple[int, ...]) -> tuple[str | None, Buffer | None]:
+        # docstring inherited
+        cpath = chunk_path(array_path, len(shape))
+        size, expected = storage.size(cpath), int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
+        if size != expected:  # size-checked before it is read (mapped where local)
+            return f"size {size} bytes, expected {expected}", None
+        data = storage.read_array(cpath, np.dtype(np.uint8), (size,))
+        return verify_chunk(data, dtype, shape), data
+
+    def stored_bytes(self, storage: Storage, array_paths: list[str], ndim: int, raw: int) -> int:
+        # docstring inherited
+        return raw
+
+
+class Shards(ChunkEncoding):
+    """A shard of compressed blocks (see the module docstring).
+
+    Parameters
+    ----------
+    codec : Codec
+        The field's codec.
+    """
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+
+    def writer(self, storage: Storage, array_path: str, ndim: int, buffered: bool) -> Any:
+        # docstring inherited
+        return ShardWriter(array_path, ndim, self.codec)
+
+    def metadata(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, list[Buffer]]:
+        # docstring inherited
+        return {f"{array_path}/zarr.json": [json.dumps(shard_metadata(np.dtype(dtype), shape, self.codec)).encode()]}
+
+    def read(self, storage: Storage, array_path: str, dtype: np.dtype, shape: tuple[int, ...], *,
+             cached: bool) -> Any:
+        # docstring inherited
+        return CompressedArray(storage, array_path, dtype, shape, self.codec, cached=cached)
+
+    def check(self, storage: Storage, array_path: str, dtype: np.dtype,
+              shape: tuple[int, ...]) -> tuple[str | None, Buffer | None]:
+        # docstring inherited
+        # The size against what the records can take before anything is read; then the index
+        # (checksum, blocks tiling the data), and each block in turn (checksum, declared size,
+        # decoding) into one block's buffer: memory stays bounded by one block (plus the shard
+        # itself on object storage, read whole).
+        shard = CompressedArray(storage, array_path, dtype, shape, self.codec, cached=False)
+        try:
+            size = storage.size(shard.path)
+            if size > shard.max_bytes:
+                return (f"size {size} bytes, more than a shard of {shape[0]} records can take "
+                        f"({shard.max_bytes}): refused unread"), None
+            shard.check()
+        except CorruptObjectError as exc:
+            return str(exc).split(": ", 1)[-1], None
+        except StaleReadError:  # (how a read names a missing chunk)
+            raise FileNotFoundError(shard.path) from None
+        return None, None
+
+    def stored_bytes(self, storage: Storage, array_paths: list[str], ndim: int, raw: int) -> int:
+        # docstring inherited
+        stored = 0
+        for array_path in array_paths:
+            path = chunk_path(array_path, ndim)
+            try:
+                stored += storage.size(path)
+            except FileNotFoundError:
+                raise missing_chunk(path) from None
+        return stored
+
+
+RAW = RawChunks()
+"""The encoding of every array without a codec (index arrays, CSR arrays, raw dense fields)."""
+
+
+def encoding_of(schema: Any, name: str) -> ChunkEncoding:
+    """The encoding of ``schema``'s array ``name`` (any array of a fragment, index arrays too).
+
+    Parameters
+    ----------
+    name : str
+        The array.
+
+    Returns
+    -------
+    ChunkEncoding
+        :class:`Shards` of its codec for a compressed field, else :data:`RAW`.
+
+    Raises
+    ------
+    UnknownCodecError
+        The field's codec is not registered in this process (the error names the field).
+    """
+    codec = schema.compressed.get(name)
+    return RAW if codec is None else Shards(get_codec(codec, field=name))
+
+
 def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[str, Any]]:
     """Per dense field of a table: bytes stored, bytes raw and codec, over fragments ``frags``.
 
@@ -532,10 +657,6 @@ def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[st
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
     frags : sequence of Fragment
         The table's live fragments.
 
@@ -557,15 +678,7 @@ def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[st
     rows = sum(f.rows for f in frags)
     for f in schema.dense_fields:
         raw = rows * np.dtype(f.dtype).itemsize * int(np.prod(f.shape))
-        stored = raw
-        if f.codec is not None:
-            stored = 0
-            for frag in frags:
-                if frag.rows:
-                    path = chunk_path(f"{frag.path}/{f.name}", 1 + len(f.shape))
-                    try:
-                        stored += storage.size(path)
-                    except FileNotFoundError:
-                        raise missing_chunk(path) from None
-        out[f.name] = {"stored": stored, "raw": raw, "codec": f.codec}
+        paths = [f"{frag.path}/{f.name}" for frag in frags if frag.rows]
+        out[f.name] = {"stored": encoding_of(schema, f.name).stored_bytes(storage, paths, 1 + len(f.shape), raw),
+                       "raw": raw, "codec": f.codec}
     return out

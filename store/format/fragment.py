@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.codecs import get_codec
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.layout import ArraySpec
 from replaystore.store.format import layout
-from replaystore.store.format.codecs import CompressedArray
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.streamkeys import STREAM_CODE, StreamKey
 from replaystore.store.format.zarrio import CRC_BYTES, check_chunk_size, chunk_path, read_array
 from replaystore.store.storage import Storage
@@ -95,10 +94,6 @@ class Fragment:
 
     Attributes
     ----------
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The fragment's name.
     row_start : int
@@ -192,14 +187,7 @@ class Fragment:
     def from_dict(cls, writer: int, table: str, d: dict[str, Any]) -> Fragment:
         """The fragment a commit record describes (checked by store/format/bodies.py first).
 
-        Parameters
-        ----------
-        writer : int
-            The writer's id.
-        table : str
-            The table's name.
-        d : dict of str to Any
-            As :meth:`to_dict` writes it.
+        ``d`` is as :meth:`to_dict` writes it.
 
         Returns
         -------
@@ -276,10 +264,6 @@ class FragmentData:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
     frag : Fragment
         The fragment.
     cached : bool, optional
@@ -331,19 +315,15 @@ class FragmentData:
             # np.memmap's Python-level __getitem__/__array_finalize__ cost several microseconds
             # per gather, which dominated the random-row read path (docs/PERFORMANCE.md).
             seg = self.frag.segment
-            spec_codec = self.schema.compressed.get(name)  # (raw: no codec)
-            codec = None if spec_codec is None else get_codec(spec_codec, field=name)
-            if codec is None and (seg is not None or shape[0]):  # (an empty array has no chunk)
-                # the exact size its descriptor implies (see check_chunk_size)
-                check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),
-                                 self.chunk_bytes(name, dtype, shape))
-            if codec is not None:  # a shard of compressed blocks, decoded as rows are read
-                shard: Any = CompressedArray(self.storage, f"{self.frag.path}/{name}", dtype, shape, codec,
-                                             cached=self.cached)
-                arr = shard
-            elif seg is None:
-                arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, cached=self.cached))
-            elif name in self._values:  # values: the segment's, up to this fragment's end
+            if seg is None:  # raw chunk or shard of compressed blocks (decoded as rows are read), size-checked
+                arr = encoding_of(self.schema, name).read(self.storage, f"{self.frag.path}/{name}", dtype, shape,
+                                                          cached=self.cached)
+                self._arrays[name] = arr
+                return arr
+            # a segment's (raw: compressed tables use none), the exact size its descriptor implies
+            check_chunk_size(self.storage, chunk_path(f"{self.frag.path}/{name}", len(shape)),
+                             self.chunk_bytes(name, dtype, shape))
+            if name in self._values:  # values: the segment's, up to this fragment's end
                 shape = (self.frag.value_end(self._values[name]),)
                 arr = np.asarray(read_array(self.storage, f"{self.frag.path}/{name}", dtype, shape, checksum=False))
             else:  # rows [row, row + rows) of the segment's array (offsets: one more)

@@ -244,8 +244,6 @@ def row_id(writer: int, local: int) -> int:
 
     Parameters
     ----------
-    writer : int
-        The writer's id.
     local : int
         The writer's local row.
 

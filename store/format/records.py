@@ -65,8 +65,6 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
     Parameters
     ----------
-    path : str
-        The object's path, named in errors.
     data : bytes
         The document.
 
@@ -102,8 +100,6 @@ def read(storage: Storage, path: str) -> bytes:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     path : str
         The document's path.
 

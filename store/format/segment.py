@@ -193,8 +193,6 @@ def segment_shapes(schema: Schema, capacity: int,
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     capacity : int
         The segment's rows.
     value_capacity : mapping of str to int
@@ -220,16 +218,7 @@ def segment_shapes(schema: Schema, capacity: int,
 
 
 def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, int]) -> int:
-    """The bytes of a segment's chunk files (their sizes) at this capacity.
-
-    Parameters
-    ----------
-    schema : Schema
-        The table's schema.
-    capacity : int
-        The segment's rows.
-    value_capacity : mapping of str to int
-        Its values per CSR group (offsets array name).
+    """The bytes of a segment's chunk files (their sizes) at this capacity (as :func:`segment_shapes`).
 
     Returns
     -------
@@ -242,11 +231,6 @@ def segment_bytes(schema: Schema, capacity: int, value_capacity: Mapping[str, in
 
 def fixed_row_bytes(schema: Schema) -> int:
     """Bytes one record takes in a segment's dense, offsets and index arrays (CSR values not counted).
-
-    Parameters
-    ----------
-    schema : Schema
-        The table's schema.
 
     Returns
     -------
@@ -269,12 +253,6 @@ class Segment:
     ----------
     storage : Storage
         The store's local storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The segment's name.
     capacity : int
@@ -358,22 +336,10 @@ class Segment:
             resets: np.ndarray) -> None:
         """Write ``cols``' records at their place (the caller checked :meth:`fits`).
 
-        All or nothing: a failure forgets the partial add (nothing committed is ever
-        touched). Cost: one ``pwrite`` and a CRC32C extension per array; write-back
-        starts in the background.
-
-        Parameters
-        ----------
-        cols : Columns
-            The records.
-        codes : numpy.ndarray
-            Per record, its index into ``streams``.
-        streams : sequence of StreamKey
-            The batch's stream keys.
-        steps : numpy.ndarray
-            Per record, its step.
-        resets : numpy.ndarray
-            Per record, its reset flag.
+        The arguments are those of ``StagedFragment.add`` (store/format/staging.py). All or
+        nothing: a failure forgets the partial add (nothing committed is ever touched).
+        Cost: one ``pwrite`` and a CRC32C extension per array; write-back starts in the
+        background.
 
         Raises
         ------

@@ -12,7 +12,6 @@ objects, which vacuum removes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,10 +21,10 @@ from replaystore.errors import StoreError
 from replaystore.schemas import Columns, Schema
 from replaystore.schemas.fields import OFFSETS_DTYPE
 from replaystore.store.format import layout
-from replaystore.store.format.codecs import ShardWriter, field_codecs, shard_metadata
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.fragment import INDEX_DTYPES, RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.streamkeys import StreamKey, StreamKeys
-from replaystore.store.format.zarrio import ChunkWriter, array_object, group_object
+from replaystore.store.format.zarrio import group_object
 from replaystore.store.storage import Buffer, Storage
 
 Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
@@ -34,20 +33,10 @@ Mark = tuple[int, dict[str, int], int, dict[str, tuple[int, int]]]
 class StagedFragment:
     """One fragment of writer ``writer``'s table, open for adding records in order.
 
+    ``name`` and ``row_start`` are the :class:`Fragment`'s that :meth:`finish` describes.
+
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
-    name : str
-        The fragment's name.
-    row_start : int
-        The writer's local row of its first record.
     buffered : bool, optional
         Keep copies of the records until :meth:`finish` (see the module docstring).
     may_delete : callable, optional
@@ -68,10 +57,9 @@ class StagedFragment:
         self.streams = StreamKeys()
         self._specs = schema.zarr_layout()
         ndims = {s.name: 1 + len(s.trailing_shape) for s in self._specs} | dict.fromkeys(INDEX_DTYPES, 1)
-        self._codecs = field_codecs(schema)
+        self._encodings = {n: encoding_of(schema, n) for n in ndims}
         self._chunks: dict[str, Any] = {  # ChunkWriter, or ShardWriter for compressed fields
-            n: ShardWriter(f"{self.path}/{n}", d, self._codecs[n]) if n in self._codecs
-            else ChunkWriter(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
+            n: self._encodings[n].writer(storage, f"{self.path}/{n}", d, buffered) for n, d in ndims.items()}
         self.broken = False  # a failed add could not be undone: only abort() is left
 
     def add(self, cols: Columns, codes: np.ndarray, streams: Sequence[StreamKey], steps: np.ndarray,
@@ -184,15 +172,9 @@ class StagedFragment:
         frag = Fragment(self.writer, self.table, self.name, self.row_start, self.rows, dict(self.nnz),
                         list(self.streams.keys), parts)
         objects: dict[str, list[Buffer]] = {}
-        for spec in self._specs:
-            shape = shape_of(frag, self.schema, spec)
-            if spec.name in self._codecs:
-                meta = shard_metadata(np.dtype(spec.dtype), shape, self._codecs[spec.name])
-                objects[f"{self.path}/{spec.name}/zarr.json"] = [json.dumps(meta).encode()]
-            else:
-                objects.update(array_object(f"{self.path}/{spec.name}", np.dtype(spec.dtype), shape))
-        for name, dtype in INDEX_DTYPES.items():
-            objects.update(array_object(f"{self.path}/{name}", dtype, (self.rows,)))
+        arrays = [(s.name, np.dtype(s.dtype), shape_of(frag, self.schema, s)) for s in self._specs]
+        for name, dtype, shape in [*arrays, *((n, d, (self.rows,)) for n, d in INDEX_DTYPES.items())]:
+            objects.update(self._encodings[name].metadata(f"{self.path}/{name}", dtype, shape))
         objects.update(group_object(self.path, {"replaystore": frag.to_dict()}))
         streams = [s for s in (c.finish() for c in self._chunks.values()) if s is not None]
         self.storage.write_objects(objects, streams)

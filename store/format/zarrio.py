@@ -32,13 +32,6 @@ def _data_type(dtype: np.dtype) -> str:
 def chunk_path(array_path: str, ndim: int) -> str:
     """The path of an array's single chunk object: ``<array>/c/0/0...``.
 
-    Parameters
-    ----------
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
-
     Returns
     -------
     str
@@ -82,16 +75,10 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...], checksum: bool = Tru
 
 
 def array_object(path: str, dtype: np.dtype, shape: tuple[int, ...], checksum: bool = True) -> dict[str, list[Buffer]]:
-    """The ``zarr.json`` object of a Zarr v3 array at ``path`` (its chunk: :class:`ChunkWriter`).
+    """The ``zarr.json`` object of the Zarr v3 array ``path`` of ``dtype`` and ``shape`` (chunk: :class:`ChunkWriter`).
 
     Parameters
     ----------
-    path : str
-        The array's directory.
-    dtype : numpy.dtype
-        The array's dtype.
-    shape : tuple of int
-        The array's shape.
     checksum : bool, optional
         See :func:`array_metadata`.
 
@@ -129,12 +116,6 @@ class ChunkWriter:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    array_path : str
-        The array's directory.
-    ndim : int
-        The array's number of dimensions.
     buffered : bool, optional
         Keep the pieces in memory until :meth:`finish`.
     """
@@ -247,8 +228,6 @@ def read_array(storage: Storage, path: str, dtype: np.dtype, shape: tuple[int, .
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     path : str
         The array's directory.
     dtype : numpy.dtype
@@ -305,8 +284,6 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
     ----------
     storage : Storage
         The store's storage (a caching wrapper).
-    cpath : str
-        The chunk's path.
     dtype : numpy.dtype
         The array's dtype.
     shape : tuple of int
@@ -338,13 +315,6 @@ def open_cached(storage: Storage, cpath: str, dtype: np.dtype, shape: tuple[int,
 
 def chunk_size(storage: Storage, cpath: str) -> int | None:
     """The size of chunk ``cpath`` in bytes, without opening it; None on object storage.
-
-    Parameters
-    ----------
-    storage : Storage
-        The store's storage.
-    cpath : str
-        The chunk's path.
 
     Returns
     -------
@@ -385,10 +355,6 @@ def check_chunk_size(storage: Storage, cpath: str, expected: int) -> None:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    cpath : str
-        The chunk's path.
     expected : int
         Its size in bytes: the data and, for a fragment's chunk, its 4-byte CRC32C.
 
@@ -411,11 +377,6 @@ def missing_chunk(cpath: str) -> StaleReadError:
     """The error for a chunk a live commit referenced that is gone.
 
     It was reclaimed after the reader's view was taken (or the store is damaged).
-
-    Parameters
-    ----------
-    cpath : str
-        The chunk's path.
 
     Returns
     -------

@@ -3,6 +3,10 @@
 Which of a writer's fragments to merge is decided here, from their sizes, segments and row
 ranges alone; the writer's compactor (store/write/compactor.py) runs the merges and publishes them with
 ``compact`` commit records.
+
+Arguments named as in :mod:`replaystore.store.format` (``storage``, ``schema``, ``writer``,
+``table``) mean the same here (see its docstring); ``frags`` is a writer's fragments in row
+order and ``max_rows`` the fragment size cap.
 """
 
 from __future__ import annotations
@@ -51,13 +55,6 @@ def tiered_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     merge at least doubles a record's fragment and each record is rewritten
     O(log n) times.
 
-    Parameters
-    ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
-    max_rows : int
-        The fragment size cap.
-
     Returns
     -------
     list of Fragment
@@ -84,13 +81,6 @@ def due_run(frags: list[Fragment], max_rows: int) -> list[Fragment]:
     Segment-backed fragments of one segment, to be described as one, or small
     fragments.
 
-    Parameters
-    ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
-    max_rows : int
-        The fragment size cap.
-
     Returns
     -------
     list of Fragment
@@ -110,12 +100,8 @@ def full_runs(frags: list[Fragment], visible: set[str], max_rows: int) -> list[l
 
     Parameters
     ----------
-    frags : list of Fragment
-        A writer's fragments in row order.
     visible : set of str
         Names of the fragments every reader sees whole.
-    max_rows : int
-        The fragment size cap.
 
     Returns
     -------
@@ -149,14 +135,6 @@ def rewrite(storage: Storage, schema: Schema, writer: int, table: str, name: str
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The new fragment's name.
     run : list of Fragment
@@ -249,8 +227,6 @@ def underfilled(schema: Schema, run: list[Fragment]) -> bool:
 
     Parameters
     ----------
-    schema : Schema
-        The table's schema.
     run : list of Fragment
         Every live fragment the segment backs.
 
@@ -279,12 +255,6 @@ def rightsize(storage: Storage, schema: Schema, writer: int, table: str, name: s
     ----------
     storage : Storage
         The store's storage (local).
-    schema : Schema
-        The table's schema.
-    writer : int
-        The writer's id.
-    table : str
-        The table's name.
     name : str
         The new fragment's name.
     segment : str

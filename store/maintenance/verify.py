@@ -14,10 +14,10 @@ from replaystore.errors import CorruptObjectError, ReplayStoreError, StaleReadEr
 from replaystore.schemas.fields import Ragged
 from replaystore.store.format import bodies, layout, records
 from replaystore.store.format.bodies import load_npy
-from replaystore.store.format.codecs import field_codecs, shard_problem
+from replaystore.store.format.codecs import encoding_of
 from replaystore.store.format.fragment import RESET, STEP, STREAM_CODE, Fragment, shape_of
 from replaystore.store.format.generations import foreign
-from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, verify_chunk
+from replaystore.store.format.zarrio import chunk_path
 from replaystore.store.maintenance.base import OpenStore
 from replaystore.store.read.log import CLOSE, CommitLog, decode_checkpoint
 from replaystore.store.read.table import TableReader
@@ -246,7 +246,6 @@ def _check_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
     problems: list[Problem] = []
     storage = store.storage
     schema = store.schemas[frag.table]
-    codecs = field_codecs(schema)
     for name, dtype, shape in _fragment_arrays(store, frag):
         base = f"{frag.path}/{name}"
         try:
@@ -261,16 +260,8 @@ def _check_fragment(store: OpenStore, frag: Fragment) -> list[Problem]:
             continue
         cpath = chunk_path(base, len(shape))
         try:
-            if name in codecs:  # size-checked, then each block decoded in turn
-                issue = shard_problem(storage, base, dtype, shape, codecs[name])
-                data = None
-            else:  # size-checked before it is read (mapped where local)
-                size, expected = storage.size(cpath), int(np.prod(shape)) * dtype.itemsize + CRC_BYTES
-                if size != expected:
-                    problems.append(Problem(cpath, f"size {size} bytes, expected {expected}"))
-                    continue
-                data = storage.read_array(cpath, np.dtype(np.uint8), (size,))
-                issue = verify_chunk(data, dtype, shape)
+            # size-checked first; a raw chunk read whole (mapped where local), a shard block by block
+            issue, data = encoding_of(schema, name).check(storage, base, dtype, shape)
         except (FileNotFoundError, StaleReadError):
             problems.append(Problem(cpath, "missing"))
             continue

@@ -3,6 +3,9 @@
 A log checkpoint (docs/FORMAT.md, "Log checkpoints") summarises the records applied up to
 a position per writer, so that opening a store reads one object and the records after it
 instead of every record ever written.
+
+Arguments named as in :mod:`replaystore.store.format` (``storage``, ``schema``, ``writer``,
+``table``) mean the same here (see its docstring).
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ class WriterLog:
 
     Attributes
     ----------
-    writer : int
-        The writer's id.
     next_seq : int
         The sequence number of the next record to apply.
     closed : bool
@@ -71,11 +72,6 @@ class WriterLog:
         """The writer's live fragments of ``table`` in row-id order (kept until they change).
 
         Cost: a sort of the writer's fragments when they changed; a lookup otherwise.
-
-        Parameters
-        ----------
-        table : str
-            The table's name.
 
         Returns
         -------
@@ -145,8 +141,6 @@ class CommitInfo:
 
     Attributes
     ----------
-    writer : int
-        The writer's id.
     seq : int
         The record's sequence number.
     body : dict of str to Any
@@ -167,8 +161,6 @@ class CommitLog:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     tables : list of str or mapping of str to Schema
         The known tables; with schemas, records are also checked against their
         CSR offsets arrays.
@@ -282,8 +274,6 @@ class CommitLog:
 
         Parameters
         ----------
-        writer : int
-            The writer's id.
         created : dict of int to bytes
             Seq to the record's bytes, as stored; consumed.
 
@@ -343,11 +333,6 @@ class CommitLog:
         A writer's row ids all follow those of lower writer numbers. Cost: the
         fragments of the writers whose records were applied since the last call.
 
-        Parameters
-        ----------
-        table : str
-            The table's name.
-
         Returns
         -------
         list of Fragment
@@ -377,11 +362,6 @@ class CommitLog:
         count each writer's records of a table from 0). Exact where the log was read from
         the first records or from a checkpoint with ``committed`` counts; from an older
         checkpoint, fragments removed before it are not counted. Cost: O(writers).
-
-        Parameters
-        ----------
-        table : str
-            The table's name.
 
         Returns
         -------
