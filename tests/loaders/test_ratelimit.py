@@ -284,7 +284,9 @@ def test_two_learners_share_one_limiter(new_url: Callable[[], str]) -> None:
         # the collector starts only once both learners' clocks ran out on an empty table, as when its
         # start-up (imports) outlasts their timeout on a loaded machine: they must wait on, not end
         for c in learners:
-            early = c.line(60)["early_timeout"]
+            doc = c.line(60)
+            assert "early_timeout" in doc, f"the learner ended on an empty table: {doc}"
+            early = doc["early_timeout"]
             assert (early["inserts"], early["samples"], early["size"]) == (0, 0, 0)
         collector = Child("collector", url=url, records=5, commits=40, pace=0.02)
         assert collector.result(60) == {"committed": 200}
