@@ -11,7 +11,11 @@ JSON lines on stdout, flushed at once. Roles:
   value: a forged or damaged sample count), then prints ``{"forged": slot}``.
 - ``learner``: builds a sampler with a :class:`~replaystore.loaders.RateLimiter`, prints
   ``{"ready": own count}``, then draws minibatches until the limiter times out (or
-  ``max_batches``), checking the rule after each draw, and prints a summary.
+  ``max_batches``), checking the rule after each draw, and prints a summary. With
+  ``until_inserts``, a timeout met while fewer records are committed is not the end: the
+  collector is still on its way (slow to start or stalled on a loaded machine), so it prints
+  ``{"early_timeout": counts}`` and draws on. The limiter's timeout then only detects the
+  end, once all inserts are in, and never races the collector's start-up.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def _limiter(args: dict[str, Any]) -> Any:
 
 
 def learner(url: str, limiter: dict[str, Any], batch_size: int, name: str, resume: bool = False,
-            max_batches: int | None = None, kind: str = "uniform") -> None:
+            max_batches: int | None = None, kind: str = "uniform", until_inserts: int | None = None) -> None:
     from replaystore.errors import RateLimitTimeout
     from replaystore.loaders import PrioritizedSampler, UniformSampler
     from replaystore.store import open_store
@@ -102,13 +106,18 @@ def learner(url: str, limiter: dict[str, Any], batch_size: int, name: str, resum
     gate = sampler.rate_limit
     assert gate is not None
     _say({"ready": gate.own, "batches_drawn": sampler.batches_drawn})
-    batches, worst, first, timed_out = 0, -float("inf"), None, None
+    batches, worst, first, timed_out, early = 0, -float("inf"), None, None, 0
     while max_batches is None or batches < max_batches:
         try:
             request = sampler.sample()
         except RateLimitTimeout as exc:
-            timed_out = {"inserts": exc.inserts, "samples": exc.samples, "size": exc.size,
-                         "waited_for": exc.waited_for}
+            counts = {"inserts": exc.inserts, "samples": exc.samples, "size": exc.size,
+                      "waited_for": exc.waited_for}
+            if until_inserts is not None and exc.inserts < until_inserts:
+                early += 1  # a timeout counts nothing: the next draw waits again
+                _say({"early_timeout": counts})
+                continue
+            timed_out = counts
             break
         inserts, samples, size = gate.counts()
         assert len(request.rows) == batch_size
@@ -119,7 +128,7 @@ def learner(url: str, limiter: dict[str, Any], batch_size: int, name: str, resum
         batches += 1
     sampler.save()
     _say({"batches": batches, "own": gate.own, "worst": worst, "first": first, "timed_out": timed_out,
-          "batches_drawn": sampler.batches_drawn})
+          "batches_drawn": sampler.batches_drawn, "early_timeouts": early})
 
 
 class Child:
@@ -148,6 +157,20 @@ class Child:
             self.buf += chunk
         text, self.buf = self.buf.split(b"\n", 1)
         return json.loads(text)
+
+    def lines_until(self, key: str, timeout: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The lines before the first with ``key``, and that line; each within ``timeout`` seconds."""
+        before = []
+        while key not in (doc := self.line(timeout)):
+            before.append(doc)
+        return before, doc
+
+    def summary(self, timeout: float) -> dict[str, Any]:
+        """A learner's summary line (after any ``early_timeout`` lines), then its exit (status 0)."""
+        before, doc = self.lines_until("batches", timeout)
+        assert all("early_timeout" in d for d in before), before
+        assert self.proc.wait(timeout) == 0, f"exit {self.proc.returncode}; stderr: {self.stderr()}"
+        return doc
 
     def result(self, timeout: float) -> dict[str, Any]:
         """The next JSON line, then the child's exit (status 0), within ``timeout`` seconds."""
