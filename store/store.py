@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import time
-import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 
 from replaystore.errors import (
-    CorruptObjectError,
     ModeError,
     ReadOnlyError,
     SchemaMismatchError,
@@ -25,12 +21,12 @@ from replaystore.errors import (
 )
 from replaystore.schemas import Schema
 from replaystore.store.format import bodies, layout, records
-from replaystore.store.format.bodies import load_npy
 from replaystore.store.format.codecs import column_bytes
-from replaystore.store.format.generations import claim_name, foreign, new_generation, store_generation
+from replaystore.store.format.generations import claim_name, new_generation, store_generation
 from replaystore.store.read.face import ReadFace
 from replaystore.store.read.log import CLOSE, CommitLog
 from replaystore.store.read.table import TableReader
+from replaystore.store.state import STATE_KEEP_LAST, StateSlots
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.storage import cache as chunkcache
 from replaystore.store.storage.cache import ChunkCache
@@ -46,8 +42,6 @@ Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 CREATE_EXCLUSIVE: tuple[Mode, ...] = ("w", "w-", "x")
 """The modes that create a store and refuse a location that already holds one."""
-STATE_KEEP_LAST = 2
-"""Versions of a state slot kept by default (``save_state``, ``vacuum``)."""
 DEFAULT_TABLE = "records"
 
 
@@ -223,6 +217,7 @@ class Store(ReadFace):
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
+        self._states = StateSlots(storage, self.generation, mode == "r", self.check_current, self._may_delete)
         self.closed = False
         self.storage_options: dict[str, Any] = {}
 
@@ -583,174 +578,25 @@ class Store(ReadFace):
         """
         return _sql_face().connect(self, connection, unsafe)
 
-    # -- state slots -------------------------------------------------------------------
-    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
+    # -- state slots: forwarded to StateSlots (store/state.py), whose docstrings they carry ------
+    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,  # noqa: D102
                    keep_last: int = STATE_KEEP_LAST) -> int:
-        """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version.
+        return self._states.save(slot, doc, arrays, keep_last=keep_last)
 
-        Parameters
-        ----------
-        slot : str
-            The slot's name (docs/FORMAT.md, "Object names": no ``/``, not starting with ``.``).
-        doc : mapping
-            A JSON document (str keys; no NaN or infinity).
-        arrays : mapping of str to numpy.ndarray, optional
-            Named arrays (names as slot names); never pickled (object arrays are refused).
-        keep_last : int, default 2
-            How many versions of the slot to keep (>= 1): once the new version's record
-            exists, the versions older than the newest ``keep_last`` are deleted, each record
-            before its arrays (docs/FORMAT.md, "State slots").
-
-        Returns
-        -------
-        int
-            The new version number.
-
-        Raises
-        ------
-        ReadOnlyError
-            The store was opened with mode ``"r"``.
-        InvalidNameError
-            ``slot`` or an array name breaks the name grammar.
-        MetadataError
-            ``doc`` is not a JSON document.
-        StoreReplacedError
-            The store was replaced (``mode="w+"``) since this handle opened it (nothing saved).
-        StoreError
-            A bad ``keep_last``.
-
-        Notes
-        -----
-        Cost: a read of the manifest (see :meth:`check_current`), one object per array and one
-        record, plus a listing of the slot and the deletion of what it no longer keeps.
-        """
-        if self.mode == "r":
-            raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
-        layout.given_name("state slot", slot, "save_state slot")
-        for name in arrays or {}:
-            layout.given_name("state array", name, "save_state arrays")
-        _check_keep_last(keep_last)
-        doc = records.json_document("state", dict(doc))
-        self.check_current()  # (a replaced store's saver writes nothing into the new store)
-        token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
-        names = {}
-        for name, arr in (arrays or {}).items():
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-            path = layout.state_payload(slot, token, f"{name}.npy")
-            self.storage.write(path, buf.getvalue())
-            names[name] = path
-        self.storage.sync_dirs(list(names.values()))
-        version = self._latest_state(slot) + 1
-        while True:
-            body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names,
-                    "generation": self.generation}
-            if self.storage.create(layout.state_record(slot, version), records.encode(body)):
-                break
-            version += 1
-        if self._may_delete():  # (nor deletes the new store's versions)
-            self._drop_states(slot, version, keep_last)
-        return version
-
-    def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
-        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved``.
-
-        ``saved`` was just created, intact. Each record goes first, then its arrays, so that a
-        crash at any instant leaves every remaining record whole (arrays of a deleted record
-        are vacuum's).
-        """
-        # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
-        older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
-        for version in older:
-            path = layout.state_record(slot, version)
-            try:
-                body = records.decode(path, self.storage.read(path))
-                payloads = {"/".join(layout.state_payload_of(slot, name, p, path).split("/")[:3])
-                            for name, p in body["arrays"].items()}
-            except (CorruptObjectError, FileNotFoundError, KeyError, TypeError, AttributeError):
-                payloads = set()  # (damaged or unsafe: its arrays, if any, are left to vacuum)
-            self.storage.delete(path)
-            for payload in sorted(payloads):
-                self.storage.delete(payload)
+    save_state.__doc__ = StateSlots.save.__doc__
 
     def _state_versions(self, slot: str) -> list[int]:
-        return sorted(int(n[:-5]) for n in self.storage.list(layout.state_dir(slot))
-                      if n.endswith(".json") and n[:-5].isdigit())
+        return self._states.versions(slot)
 
-    def _latest_state(self, slot: str) -> int:
-        return max(self._state_versions(slot), default=-1)
+    def state_slots(self) -> dict[str, dict[str, Any]]:  # noqa: D102
+        return self._states.slots()
 
-    def state_slots(self) -> dict[str, dict[str, Any]]:
-        """Every state slot with its saved versions and size.
+    state_slots.__doc__ = StateSlots.slots.__doc__
 
-        Returns
-        -------
-        dict
-            ``{slot: {"versions": [V, ...], "bytes": n}}``: versions ascending, bytes stored
-            under the slot (records and arrays).
+    def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:  # noqa: D102
+        return self._states.load(slot)
 
-        Notes
-        -----
-        Cost: a listing of ``state/`` and of each slot.
-        """
-        out = {}
-        for slot in self.storage.list(layout.STATE):
-            versions = self._state_versions(slot)
-            if versions:
-                out[slot] = {"versions": versions, "bytes": self.storage.total_size(layout.state_dir(slot))}
-        return out
-
-    def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-        """The latest saved ``(doc, arrays)`` of a slot.
-
-        A damaged latest record (or one whose arrays are missing) is skipped with a
-        warning naming it, and the newest intact version is returned instead. Versions that
-        a concurrent save deleted while this load read them are not damage: the slot is
-        listed again.
-
-        Parameters
-        ----------
-        slot : str
-            The slot's name.
-
-        Returns
-        -------
-        tuple of (dict, dict of str to numpy.ndarray) or None
-            The document and the arrays of the newest intact version; None if the slot has
-            none (never saved, or every version damaged).
-
-        Raises
-        ------
-        InvalidNameError
-            ``slot`` breaks the name grammar.
-
-        Notes
-        -----
-        Cost: a listing and the newest intact version's objects.
-        """
-        layout.given_name("state slot", slot, "load_state slot")
-        seen = -1
-        while True:
-            versions = self._state_versions(slot)
-            if not versions or versions[-1] <= seen:
-                return None
-            seen = versions[-1]
-            for version in reversed(versions):
-                path = layout.state_record(slot, version)
-                try:
-                    body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
-                    if foreign(body, self.generation):
-                        continue  # a replaced store's saver left it: not this store's
-                    arrays = {name: load_npy(p, self.storage.read(p)) for name, p in body["arrays"].items()}
-                except FileNotFoundError as exc:
-                    if version not in self._state_versions(slot):
-                        continue  # superseded and deleted meanwhile by a save (keep_last)
-                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
-                    continue
-                except (CorruptObjectError, ValueError) as exc:
-                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
-                    continue
-                return body["doc"], arrays
+    load_state.__doc__ = StateSlots.load.__doc__
 
     # -- storage ---------------------------------------------------------------------------
     def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False,
@@ -859,11 +705,6 @@ class Store(ReadFace):
 
     def __repr__(self) -> str:
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
-
-
-def _check_keep_last(keep_last: int) -> None:
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise StoreError(f"keep_last: expected an int >= 1 (state versions to keep), got {keep_last!r}")
 
 
 def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Schema] | None:
