@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
@@ -17,14 +17,14 @@ from replaystore.errors import (
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
-    StoreReplacedError,
 )
 from replaystore.schemas import Schema
-from replaystore.store.format import bodies, layout, records
+from replaystore.store.format import layout, records
 from replaystore.store.format.codecs import column_bytes
-from replaystore.store.format.generations import claim_name, new_generation, store_generation
+from replaystore.store.format.generations import new_generation, store_generation
 from replaystore.store.read.face import ReadFace
 from replaystore.store.read.log import CLOSE, CommitLog
+from replaystore.store.read.manifest import ReplaceWatch, read_manifest
 from replaystore.store.read.table import TableReader
 from replaystore.store.state import STATE_KEEP_LAST, StateSlots
 from replaystore.store.storage import Storage, open_storage
@@ -209,10 +209,8 @@ class Store(ReadFace):
         self.generation = store_generation(manifest)
         """The store's generation (docs/FORMAT.md, "Replacing a store"): every record this handle's
         writers create carries it, and records of another generation are not this store's."""
-        self._manifest_bytes = records.encode(manifest) if manifest_bytes is None else manifest_bytes
-        self._claim = claim_name(self._manifest_bytes)  # created by whoever replaces this store
-        self._manifest_stat: tuple[int, ...] | None = None  # (local: the manifest file last found current)
-        self._manifest_file = storage.local_path(layout.MANIFEST)
+        self._watch = ReplaceWatch(storage, records.encode(manifest) if manifest_bytes is None else manifest_bytes,
+                                   self.generation)
         self.log = CommitLog(storage, self.schemas, generation=self.generation)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
@@ -399,102 +397,22 @@ class Store(ReadFace):
         return WriteContext(self.storage, self.generation, self.manifest["format_version"], tables, self.log,
                             guard, self._apply_created)
 
-    def replaced(self) -> bool:
-        """Whether the store this handle opened was replaced (``mode="w+"``), or is being replaced.
+    # -- replace checks: forwarded to ReplaceWatch (store/read/manifest.py), whose docstrings they carry
+    def replaced(self) -> bool:  # noqa: D102
+        return self._watch.replaced()
 
-        True when the location's manifest is gone or is another store's (another generation),
-        or when the store's replace claim exists (an opener is deleting it).
-
-        Returns
-        -------
-        bool
-            True once replaced, or once its replace began.
-
-        Raises
-        ------
-        CorruptObjectError
-            The manifest now there is damaged.
-        FormatVersionError
-            The manifest now there is not one this replaystore reads.
-
-        Notes
-        -----
-        Cost: one read of the manifest (parsed only when its bytes differ from the handle's) and
-        one of the replace claim, concurrent on object storage; on local disk two ``stat`` calls
-        once the manifest file was found current (a new manifest is a new file).
-        """
-        local = self._manifest_file
-        key = None
-        if local is not None:
-            try:
-                st = os.stat(local)
-            except (FileNotFoundError, NotADirectoryError):
-                return True
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            claimed = os.path.lexists(os.path.join(os.path.dirname(local), self._claim))
-            if key == self._manifest_stat or claimed:
-                return claimed
-        try:
-            data, claim = self.storage.read_many([layout.MANIFEST, self._claim])
-        except (FileNotFoundError, NotADirectoryError):
-            return True
-        if data is None or claim is not None:
-            return True
-        if data == self._manifest_bytes:
-            self._manifest_stat = key  # (taken before the read: the file read is that one)
-            return False
-        body = bodies.manifest(self.storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
-        return store_generation(body) != self.generation
+    replaced.__doc__ = ReplaceWatch.replaced.__doc__
 
     def _may_delete(self) -> bool:
-        """Whether this handle's writers may delete storage: the store is not replaced (nor unknown)."""
-        try:
-            return not self.replaced()
-        except Exception:  # noqa: BLE001 - (a damaged manifest now: delete nothing; vacuum's)
-            return False
+        return self._watch.may_delete()
 
-    @contextlib.contextmanager
-    def _as_replaced(self) -> Iterator[None]:
-        """Raise :class:`StoreReplacedError` for a failure a replace caused.
+    def _as_replaced(self) -> contextlib.AbstractContextManager[None]:
+        return self._watch.as_replaced()
 
-        Any error inside, once the store is found replaced: a replace deleted the writer's
-        storage under it.
-        """
-        try:
-            yield
-        except StoreReplacedError:
-            raise
-        except Exception as exc:
-            try:
-                replaced = self.replaced()
-            except Exception:  # noqa: BLE001 - (the original error is the one to report)
-                replaced = False
-            if replaced:
-                raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') while this handle wrote "
-                                         f"({exc}); open it again") from exc
-            raise
+    def check_current(self) -> None:  # noqa: D102
+        self._watch.check_current()
 
-    def check_current(self) -> None:
-        """Raise :class:`StoreReplacedError` if the store this handle opened was replaced.
-
-        Writers call it before each commit writes anything, and before they delete
-        storage: a replaced store's writer writes nothing more into the new store.
-
-        Raises
-        ------
-        StoreReplacedError
-            The store was replaced (``mode="w+"``) since this handle opened it, or is being
-            replaced.
-        CorruptObjectError
-            The manifest now there is damaged.
-
-        Notes
-        -----
-        Cost: one read of the manifest (see :meth:`replaced`).
-        """
-        if self.replaced():
-            raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
-                                     "it; open it again")
+    check_current.__doc__ = ReplaceWatch.check_current.__doc__
 
     @property
     def writers(self) -> list[int]:
@@ -720,20 +638,8 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
 
 
 def _read_manifest(storage: Storage) -> dict[str, Any] | None:
-    read = _read_manifest_bytes(storage)
+    read = read_manifest(storage)
     return None if read is None else read[0]
-
-
-def _read_manifest_bytes(storage: Storage) -> tuple[dict[str, Any], bytes] | None:
-    """The manifest's checked body and its bytes as stored; None if there is none."""
-    try:
-        data = records.read(storage, layout.MANIFEST)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
-    # format and version first (FormatVersionError), then every field (CorruptObjectError)
-    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data)), data
 
 
 def _exists(url: str, mode: str) -> StoreExistsError:
@@ -856,7 +762,7 @@ def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None 
         from replaystore.store.maintenance.replace import clear_for_create
 
         clear_for_create(storage)
-    read = _read_manifest_bytes(storage)
+    read = read_manifest(storage)
     manifest, manifest_bytes = (None, None) if read is None else read
     if manifest is None:
         if mode in ("r", "r+"):
@@ -869,7 +775,7 @@ def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None 
         created = storage.create(layout.MANIFEST, records.encode(body))
         if not created and mode in CREATE_EXCLUSIVE:  # a concurrent creator won
             raise _exists(storage.url, mode)
-        read = _read_manifest_bytes(storage)  # (theirs, if a concurrent creator won)
+        read = read_manifest(storage)  # (theirs, if a concurrent creator won)
         assert read is not None
         manifest, manifest_bytes = read
     elif mode in CREATE_EXCLUSIVE:
