@@ -20,11 +20,11 @@ from replaystore.errors import (
 )
 from replaystore.schemas import Schema
 from replaystore.store.format import layout, records
-from replaystore.store.format.codecs import column_bytes
 from replaystore.store.format.generations import new_generation, store_generation
 from replaystore.store.read.face import ReadFace
 from replaystore.store.read.log import CLOSE, CommitLog
 from replaystore.store.read.manifest import ReplaceWatch, read_manifest
+from replaystore.store.read.summary import summary
 from replaystore.store.read.table import TableReader
 from replaystore.store.state import STATE_KEEP_LAST, StateSlots
 from replaystore.store.storage import Storage, open_storage
@@ -565,15 +565,9 @@ class Store(ReadFace):
         Returns
         -------
         dict
-            ``url``, ``format_version``, ``capacity``, ``writers``, ``writers_closed``,
-            ``commits``, ``log_checkpoint``, ``bytes`` (the storage the store occupies; local:
-            what ``du -s --block-size=1`` reports, allocated blocks of the root and of every
-            directory, file and link under it, hard links once), ``apparent_bytes`` (the sum
-            of its objects' sizes; local: what ``du -sb`` reports, counting the unwritten,
-            sparse tail of segments; on object storage the two are equal), ``state``
-            (:meth:`state_slots`), ``chunk_cache`` and per table
-            its schema name, records, streams, fragments and ``columns`` (per dense field its
-            ``stored`` and ``raw`` bytes and ``codec``).
+            The keys :func:`~replaystore.store.read.summary.summary` lists: ``url``,
+            ``format_version``, ``capacity``, writers and commits, ``bytes`` and
+            ``apparent_bytes``, ``state`` (:meth:`state_slots`), ``chunk_cache``, ``tables``.
 
         Raises
         ------
@@ -585,26 +579,7 @@ class Store(ReadFace):
         Cost: a refresh, a walk of the store's objects and a listing of each slot.
         """
         self.refresh()
-        return {
-            "url": self.url,
-            "format_version": self.manifest["format_version"],
-            "capacity": self.capacity,
-            "writers": len(self.log.writers),
-            "writers_closed": sum(w.closed for w in self.log.writers.values()),
-            # every record but close records (each writer's last, if it closed): no history read
-            "commits": sum(w.next_seq - w.closed for w in self.log.writers.values()),
-            "log_checkpoint": self.log.checkpoint,
-            "bytes": self.storage.total_size(),
-            "apparent_bytes": self.storage.apparent_size(),
-            "state": self.state_slots(),
-            # where this reader caches the store's chunk objects, and how much of them it holds
-            "chunk_cache": None if (cache := chunkcache.store_cache(self.storage)) is None else {
-                "directory": cache.root, "bytes": cache.size()},
-            "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
-                           "fragments": len(t.reader.fragments),
-                           "columns": column_bytes(self.storage, t.schema, t.reader.fragments)}
-                       for n, t in self._tables.items()},
-        }
+        return summary(self.storage, self.log, self.manifest, self.state_slots(), self._tables)
 
     def close(self) -> None:
         """Mark the handle closed.
