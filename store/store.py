@@ -22,7 +22,8 @@ from replaystore.schemas import Schema
 from replaystore.store.format import layout, records
 from replaystore.store.format.generations import new_generation, store_generation
 from replaystore.store.read.face import ReadFace
-from replaystore.store.read.log import CLOSE, CommitLog
+from replaystore.store.read.follow import LogFollower
+from replaystore.store.read.log import CommitLog
 from replaystore.store.read.manifest import ReplaceWatch, read_manifest
 from replaystore.store.read.summary import summary
 from replaystore.store.read.table import TableReader
@@ -215,6 +216,7 @@ class Store(ReadFace):
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
+        self._follower = LogFollower(self.log, lambda: (t.reader for t in self._tables.values()))
         self._states = StateSlots(storage, self.generation, mode == "r", self.check_current, self._may_delete)
         self.closed = False
         self.storage_options: dict[str, Any] = {}
@@ -279,72 +281,19 @@ class Store(ReadFace):
         # docstring inherited (the only table's current view)
         return self.default._snapshot()
 
-    # -- log ------------------------------------------------------------------------
-    def refresh(self) -> bool:
-        """Pick up commits made since the last refresh, by any writer.
+    # -- log: forwarded to LogFollower (store/read/follow.py), whose docstrings they carry ---------
+    def refresh(self) -> bool:  # noqa: D102
+        return self._follower.refresh()
 
-        Each table that changed gets a new :class:`~replaystore.store.read.view.TableView`
-        (``Table.view()``); views taken before stay as they were.
-
-        Returns
-        -------
-        bool
-            True if any commit was applied.
-
-        Raises
-        ------
-        CorruptObjectError
-            A new commit record is damaged.
-
-        Notes
-        -----
-        Cost: a listing of the writers (skipped on local disk while it cannot have changed),
-        one probe per writer that has not closed, plus the new records; the tables' views
-        then follow what changed.
-        """
-        changed = self.log.refresh()
-        if changed:
-            self._sync_tables()
-        return changed
+    refresh.__doc__ = LogFollower.refresh.__doc__
 
     def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
-        """Show the records writer ``writer`` of this process created, without reading storage.
+        self._follower.apply_created(writer, created)
 
-        See ``CommitLog.apply_created``; a handle that has not read the store yet refreshes.
-        """
-        applied = self.log.apply_created(writer, created)
-        if applied is None:
-            self.refresh()
-        elif applied:
-            self._sync_tables()
+    def commits(self) -> list[dict[str, Any]]:  # noqa: D102
+        return self._follower.commits()
 
-    def _sync_tables(self) -> None:
-        for t in self._tables.values():
-            t.reader.sync()
-
-    def commits(self) -> list[dict[str, Any]]:
-        """Every applied commit (``append`` and ``compact``), oldest first.
-
-        A writer's ``close`` record is not listed: it commits nothing.
-
-        Returns
-        -------
-        list of dict
-            The commit record bodies: ``writer``, ``seq``, ``time_ns``, ``kind``, ``metadata``
-            and per table the per-append batch metadata; ordered by commit time, then writer and
-            seq.
-
-        Raises
-        ------
-        CorruptObjectError
-            A commit record is damaged.
-
-        Notes
-        -----
-        Cost: the first call reads the records back from storage (opening keeps none in
-        memory); later calls cost only what was applied since.
-        """
-        return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
+    commits.__doc__ = LogFollower.commits.__doc__
 
     def writer(self, *, rate_limiter: InsertLimiter | None = None) -> Writer:
         """Register a new writer (one per process; several processes may write at once).
