@@ -3,34 +3,31 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import time
-import uuid
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 
 from replaystore.errors import (
-    CorruptObjectError,
     ModeError,
     ReadOnlyError,
     SchemaMismatchError,
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
-    StoreReplacedError,
 )
 from replaystore.schemas import Schema
-from replaystore.store.format import bodies, layout, records
-from replaystore.store.format.bodies import load_npy
-from replaystore.store.format.codecs import column_bytes
-from replaystore.store.format.generations import claim_name, foreign, new_generation, store_generation
+from replaystore.store.format import layout, records
+from replaystore.store.format.generations import new_generation, store_generation
 from replaystore.store.read.face import ReadFace
-from replaystore.store.read.log import CLOSE, CommitLog
+from replaystore.store.read.follow import LogFollower
+from replaystore.store.read.log import CommitLog
+from replaystore.store.read.manifest import ReplaceWatch, read_manifest
+from replaystore.store.read.summary import summary
 from replaystore.store.read.table import TableReader
+from replaystore.store.state import STATE_KEEP_LAST, StateSlots
 from replaystore.store.storage import Storage, open_storage
 from replaystore.store.storage import cache as chunkcache
 from replaystore.store.storage.cache import ChunkCache
@@ -46,8 +43,6 @@ Mode = Literal["r", "r+", "a", "w", "w-", "x", "w+"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 CREATE_EXCLUSIVE: tuple[Mode, ...] = ("w", "w-", "x")
 """The modes that create a store and refuse a location that already holds one."""
-STATE_KEEP_LAST = 2
-"""Versions of a state slot kept by default (``save_state``, ``vacuum``)."""
 DEFAULT_TABLE = "records"
 
 
@@ -215,14 +210,14 @@ class Store(ReadFace):
         self.generation = store_generation(manifest)
         """The store's generation (docs/FORMAT.md, "Replacing a store"): every record this handle's
         writers create carries it, and records of another generation are not this store's."""
-        self._manifest_bytes = records.encode(manifest) if manifest_bytes is None else manifest_bytes
-        self._claim = claim_name(self._manifest_bytes)  # created by whoever replaces this store
-        self._manifest_stat: tuple[int, ...] | None = None  # (local: the manifest file last found current)
-        self._manifest_file = storage.local_path(layout.MANIFEST)
+        self._watch = ReplaceWatch(storage, records.encode(manifest) if manifest_bytes is None else manifest_bytes,
+                                   self.generation)
         self.log = CommitLog(storage, self.schemas, generation=self.generation)
         self.log.refresh()
         self._tables = {n: Table(TableReader(storage, self.log, n, s, self.capacity))
                         for n, s in self.schemas.items()}
+        self._follower = LogFollower(self.log, lambda: (t.reader for t in self._tables.values()))
+        self._states = StateSlots(storage, self.generation, mode == "r", self.check_current, self._may_delete)
         self.closed = False
         self.storage_options: dict[str, Any] = {}
 
@@ -286,72 +281,19 @@ class Store(ReadFace):
         # docstring inherited (the only table's current view)
         return self.default._snapshot()
 
-    # -- log ------------------------------------------------------------------------
-    def refresh(self) -> bool:
-        """Pick up commits made since the last refresh, by any writer.
+    # -- log: forwarded to LogFollower (store/read/follow.py), whose docstrings they carry ---------
+    def refresh(self) -> bool:  # noqa: D102
+        return self._follower.refresh()
 
-        Each table that changed gets a new :class:`~replaystore.store.read.view.TableView`
-        (``Table.view()``); views taken before stay as they were.
-
-        Returns
-        -------
-        bool
-            True if any commit was applied.
-
-        Raises
-        ------
-        CorruptObjectError
-            A new commit record is damaged.
-
-        Notes
-        -----
-        Cost: a listing of the writers (skipped on local disk while it cannot have changed),
-        one probe per writer that has not closed, plus the new records; the tables' views
-        then follow what changed.
-        """
-        changed = self.log.refresh()
-        if changed:
-            self._sync_tables()
-        return changed
+    refresh.__doc__ = LogFollower.refresh.__doc__
 
     def _apply_created(self, writer: int, created: dict[int, bytes]) -> None:
-        """Show the records writer ``writer`` of this process created, without reading storage.
+        self._follower.apply_created(writer, created)
 
-        See ``CommitLog.apply_created``; a handle that has not read the store yet refreshes.
-        """
-        applied = self.log.apply_created(writer, created)
-        if applied is None:
-            self.refresh()
-        elif applied:
-            self._sync_tables()
+    def commits(self) -> list[dict[str, Any]]:  # noqa: D102
+        return self._follower.commits()
 
-    def _sync_tables(self) -> None:
-        for t in self._tables.values():
-            t.reader.sync()
-
-    def commits(self) -> list[dict[str, Any]]:
-        """Every applied commit (``append`` and ``compact``), oldest first.
-
-        A writer's ``close`` record is not listed: it commits nothing.
-
-        Returns
-        -------
-        list of dict
-            The commit record bodies: ``writer``, ``seq``, ``time_ns``, ``kind``, ``metadata``
-            and per table the per-append batch metadata; ordered by commit time, then writer and
-            seq.
-
-        Raises
-        ------
-        CorruptObjectError
-            A commit record is damaged.
-
-        Notes
-        -----
-        Cost: the first call reads the records back from storage (opening keeps none in
-        memory); later calls cost only what was applied since.
-        """
-        return [c.body for c in self.log.history() if c.body.get("kind") != CLOSE]
+    commits.__doc__ = LogFollower.commits.__doc__
 
     def writer(self, *, rate_limiter: InsertLimiter | None = None) -> Writer:
         """Register a new writer (one per process; several processes may write at once).
@@ -404,102 +346,22 @@ class Store(ReadFace):
         return WriteContext(self.storage, self.generation, self.manifest["format_version"], tables, self.log,
                             guard, self._apply_created)
 
-    def replaced(self) -> bool:
-        """Whether the store this handle opened was replaced (``mode="w+"``), or is being replaced.
+    # -- replace checks: forwarded to ReplaceWatch (store/read/manifest.py), whose docstrings they carry
+    def replaced(self) -> bool:  # noqa: D102
+        return self._watch.replaced()
 
-        True when the location's manifest is gone or is another store's (another generation),
-        or when the store's replace claim exists (an opener is deleting it).
-
-        Returns
-        -------
-        bool
-            True once replaced, or once its replace began.
-
-        Raises
-        ------
-        CorruptObjectError
-            The manifest now there is damaged.
-        FormatVersionError
-            The manifest now there is not one this replaystore reads.
-
-        Notes
-        -----
-        Cost: one read of the manifest (parsed only when its bytes differ from the handle's) and
-        one of the replace claim, concurrent on object storage; on local disk two ``stat`` calls
-        once the manifest file was found current (a new manifest is a new file).
-        """
-        local = self._manifest_file
-        key = None
-        if local is not None:
-            try:
-                st = os.stat(local)
-            except (FileNotFoundError, NotADirectoryError):
-                return True
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            claimed = os.path.lexists(os.path.join(os.path.dirname(local), self._claim))
-            if key == self._manifest_stat or claimed:
-                return claimed
-        try:
-            data, claim = self.storage.read_many([layout.MANIFEST, self._claim])
-        except (FileNotFoundError, NotADirectoryError):
-            return True
-        if data is None or claim is not None:
-            return True
-        if data == self._manifest_bytes:
-            self._manifest_stat = key  # (taken before the read: the file read is that one)
-            return False
-        body = bodies.manifest(self.storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data))
-        return store_generation(body) != self.generation
+    replaced.__doc__ = ReplaceWatch.replaced.__doc__
 
     def _may_delete(self) -> bool:
-        """Whether this handle's writers may delete storage: the store is not replaced (nor unknown)."""
-        try:
-            return not self.replaced()
-        except Exception:  # noqa: BLE001 - (a damaged manifest now: delete nothing; vacuum's)
-            return False
+        return self._watch.may_delete()
 
-    @contextlib.contextmanager
-    def _as_replaced(self) -> Iterator[None]:
-        """Raise :class:`StoreReplacedError` for a failure a replace caused.
+    def _as_replaced(self) -> contextlib.AbstractContextManager[None]:
+        return self._watch.as_replaced()
 
-        Any error inside, once the store is found replaced: a replace deleted the writer's
-        storage under it.
-        """
-        try:
-            yield
-        except StoreReplacedError:
-            raise
-        except Exception as exc:
-            try:
-                replaced = self.replaced()
-            except Exception:  # noqa: BLE001 - (the original error is the one to report)
-                replaced = False
-            if replaced:
-                raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') while this handle wrote "
-                                         f"({exc}); open it again") from exc
-            raise
+    def check_current(self) -> None:  # noqa: D102
+        self._watch.check_current()
 
-    def check_current(self) -> None:
-        """Raise :class:`StoreReplacedError` if the store this handle opened was replaced.
-
-        Writers call it before each commit writes anything, and before they delete
-        storage: a replaced store's writer writes nothing more into the new store.
-
-        Raises
-        ------
-        StoreReplacedError
-            The store was replaced (``mode="w+"``) since this handle opened it, or is being
-            replaced.
-        CorruptObjectError
-            The manifest now there is damaged.
-
-        Notes
-        -----
-        Cost: one read of the manifest (see :meth:`replaced`).
-        """
-        if self.replaced():
-            raise StoreReplacedError(f"{self.url}: the store was replaced (mode 'w+') since this handle opened "
-                                     "it; open it again")
+    check_current.__doc__ = ReplaceWatch.check_current.__doc__
 
     @property
     def writers(self) -> list[int]:
@@ -583,174 +445,25 @@ class Store(ReadFace):
         """
         return _sql_face().connect(self, connection, unsafe)
 
-    # -- state slots -------------------------------------------------------------------
-    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
+    # -- state slots: forwarded to StateSlots (store/state.py), whose docstrings they carry ------
+    def save_state(self, slot: str, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,  # noqa: D102
                    keep_last: int = STATE_KEEP_LAST) -> int:
-        """Persist a JSON document plus named arrays (``.npy``, no pickle) as the slot's next version.
+        return self._states.save(slot, doc, arrays, keep_last=keep_last)
 
-        Parameters
-        ----------
-        slot : str
-            The slot's name (docs/FORMAT.md, "Object names": no ``/``, not starting with ``.``).
-        doc : mapping
-            A JSON document (str keys; no NaN or infinity).
-        arrays : mapping of str to numpy.ndarray, optional
-            Named arrays (names as slot names); never pickled (object arrays are refused).
-        keep_last : int, default 2
-            How many versions of the slot to keep (>= 1): once the new version's record
-            exists, the versions older than the newest ``keep_last`` are deleted, each record
-            before its arrays (docs/FORMAT.md, "State slots").
-
-        Returns
-        -------
-        int
-            The new version number.
-
-        Raises
-        ------
-        ReadOnlyError
-            The store was opened with mode ``"r"``.
-        InvalidNameError
-            ``slot`` or an array name breaks the name grammar.
-        MetadataError
-            ``doc`` is not a JSON document.
-        StoreReplacedError
-            The store was replaced (``mode="w+"``) since this handle opened it (nothing saved).
-        StoreError
-            A bad ``keep_last``.
-
-        Notes
-        -----
-        Cost: a read of the manifest (see :meth:`check_current`), one object per array and one
-        record, plus a listing of the slot and the deletion of what it no longer keeps.
-        """
-        if self.mode == "r":
-            raise ReadOnlyError("store opened read-only (mode='r'): save_state is not allowed")
-        layout.given_name("state slot", slot, "save_state slot")
-        for name in arrays or {}:
-            layout.given_name("state array", name, "save_state arrays")
-        _check_keep_last(keep_last)
-        doc = records.json_document("state", dict(doc))
-        self.check_current()  # (a replaced store's saver writes nothing into the new store)
-        token = uuid.uuid4().hex  # payloads of this attempt only: a racing saver never overwrites them
-        names = {}
-        for name, arr in (arrays or {}).items():
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-            path = layout.state_payload(slot, token, f"{name}.npy")
-            self.storage.write(path, buf.getvalue())
-            names[name] = path
-        self.storage.sync_dirs(list(names.values()))
-        version = self._latest_state(slot) + 1
-        while True:
-            body = {"slot": slot, "version": version, "time_ns": time.time_ns(), "doc": doc, "arrays": names,
-                    "generation": self.generation}
-            if self.storage.create(layout.state_record(slot, version), records.encode(body)):
-                break
-            version += 1
-        if self._may_delete():  # (nor deletes the new store's versions)
-            self._drop_states(slot, version, keep_last)
-        return version
-
-    def _drop_states(self, slot: str, saved: int, keep_last: int) -> None:
-        """Delete the slot's versions older than the newest ``keep_last`` up to ``saved``.
-
-        ``saved`` was just created, intact. Each record goes first, then its arrays, so that a
-        crash at any instant leaves every remaining record whole (arrays of a deleted record
-        are vacuum's).
-        """
-        # (``saved`` counted even if a stale listing misses it: it is the newest of what is kept)
-        older = sorted({v for v in self._state_versions(slot) if v < saved} | {saved})[:-keep_last]
-        for version in older:
-            path = layout.state_record(slot, version)
-            try:
-                body = records.decode(path, self.storage.read(path))
-                payloads = {"/".join(layout.state_payload_of(slot, name, p, path).split("/")[:3])
-                            for name, p in body["arrays"].items()}
-            except (CorruptObjectError, FileNotFoundError, KeyError, TypeError, AttributeError):
-                payloads = set()  # (damaged or unsafe: its arrays, if any, are left to vacuum)
-            self.storage.delete(path)
-            for payload in sorted(payloads):
-                self.storage.delete(payload)
+    save_state.__doc__ = StateSlots.save.__doc__
 
     def _state_versions(self, slot: str) -> list[int]:
-        return sorted(int(n[:-5]) for n in self.storage.list(layout.state_dir(slot))
-                      if n.endswith(".json") and n[:-5].isdigit())
+        return self._states.versions(slot)
 
-    def _latest_state(self, slot: str) -> int:
-        return max(self._state_versions(slot), default=-1)
+    def state_slots(self) -> dict[str, dict[str, Any]]:  # noqa: D102
+        return self._states.slots()
 
-    def state_slots(self) -> dict[str, dict[str, Any]]:
-        """Every state slot with its saved versions and size.
+    state_slots.__doc__ = StateSlots.slots.__doc__
 
-        Returns
-        -------
-        dict
-            ``{slot: {"versions": [V, ...], "bytes": n}}``: versions ascending, bytes stored
-            under the slot (records and arrays).
+    def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:  # noqa: D102
+        return self._states.load(slot)
 
-        Notes
-        -----
-        Cost: a listing of ``state/`` and of each slot.
-        """
-        out = {}
-        for slot in self.storage.list(layout.STATE):
-            versions = self._state_versions(slot)
-            if versions:
-                out[slot] = {"versions": versions, "bytes": self.storage.total_size(layout.state_dir(slot))}
-        return out
-
-    def load_state(self, slot: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-        """The latest saved ``(doc, arrays)`` of a slot.
-
-        A damaged latest record (or one whose arrays are missing) is skipped with a
-        warning naming it, and the newest intact version is returned instead. Versions that
-        a concurrent save deleted while this load read them are not damage: the slot is
-        listed again.
-
-        Parameters
-        ----------
-        slot : str
-            The slot's name.
-
-        Returns
-        -------
-        tuple of (dict, dict of str to numpy.ndarray) or None
-            The document and the arrays of the newest intact version; None if the slot has
-            none (never saved, or every version damaged).
-
-        Raises
-        ------
-        InvalidNameError
-            ``slot`` breaks the name grammar.
-
-        Notes
-        -----
-        Cost: a listing and the newest intact version's objects.
-        """
-        layout.given_name("state slot", slot, "load_state slot")
-        seen = -1
-        while True:
-            versions = self._state_versions(slot)
-            if not versions or versions[-1] <= seen:
-                return None
-            seen = versions[-1]
-            for version in reversed(versions):
-                path = layout.state_record(slot, version)
-                try:
-                    body = bodies.state(path, records.decode(path, records.read(self.storage, path)), slot, version)
-                    if foreign(body, self.generation):
-                        continue  # a replaced store's saver left it: not this store's
-                    arrays = {name: load_npy(p, self.storage.read(p)) for name, p in body["arrays"].items()}
-                except FileNotFoundError as exc:
-                    if version not in self._state_versions(slot):
-                        continue  # superseded and deleted meanwhile by a save (keep_last)
-                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
-                    continue
-                except (CorruptObjectError, ValueError) as exc:
-                    warnings.warn(f"state slot {slot!r}: skipping damaged version {version} ({exc})", stacklevel=2)
-                    continue
-                return body["doc"], arrays
+    load_state.__doc__ = StateSlots.load.__doc__
 
     # -- storage ---------------------------------------------------------------------------
     def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False,
@@ -801,15 +514,9 @@ class Store(ReadFace):
         Returns
         -------
         dict
-            ``url``, ``format_version``, ``capacity``, ``writers``, ``writers_closed``,
-            ``commits``, ``log_checkpoint``, ``bytes`` (the storage the store occupies; local:
-            what ``du -s --block-size=1`` reports, allocated blocks of the root and of every
-            directory, file and link under it, hard links once), ``apparent_bytes`` (the sum
-            of its objects' sizes; local: what ``du -sb`` reports, counting the unwritten,
-            sparse tail of segments; on object storage the two are equal), ``state``
-            (:meth:`state_slots`), ``chunk_cache`` and per table
-            its schema name, records, streams, fragments and ``columns`` (per dense field its
-            ``stored`` and ``raw`` bytes and ``codec``).
+            The keys :func:`~replaystore.store.read.summary.summary` lists: ``url``,
+            ``format_version``, ``capacity``, writers and commits, ``bytes`` and
+            ``apparent_bytes``, ``state`` (:meth:`state_slots`), ``chunk_cache``, ``tables``.
 
         Raises
         ------
@@ -821,26 +528,7 @@ class Store(ReadFace):
         Cost: a refresh, a walk of the store's objects and a listing of each slot.
         """
         self.refresh()
-        return {
-            "url": self.url,
-            "format_version": self.manifest["format_version"],
-            "capacity": self.capacity,
-            "writers": len(self.log.writers),
-            "writers_closed": sum(w.closed for w in self.log.writers.values()),
-            # every record but close records (each writer's last, if it closed): no history read
-            "commits": sum(w.next_seq - w.closed for w in self.log.writers.values()),
-            "log_checkpoint": self.log.checkpoint,
-            "bytes": self.storage.total_size(),
-            "apparent_bytes": self.storage.apparent_size(),
-            "state": self.state_slots(),
-            # where this reader caches the store's chunk objects, and how much of them it holds
-            "chunk_cache": None if (cache := chunkcache.store_cache(self.storage)) is None else {
-                "directory": cache.root, "bytes": cache.size()},
-            "tables": {n: {"schema": t.schema.name, "records": len(t), "streams": len(t.streams()),
-                           "fragments": len(t.reader.fragments),
-                           "columns": column_bytes(self.storage, t.schema, t.reader.fragments)}
-                       for n, t in self._tables.items()},
-        }
+        return summary(self.storage, self.log, self.manifest, self.state_slots(), self._tables)
 
     def close(self) -> None:
         """Mark the handle closed.
@@ -861,11 +549,6 @@ class Store(ReadFace):
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
 
 
-def _check_keep_last(keep_last: int) -> None:
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise StoreError(f"keep_last: expected an int >= 1 (state versions to keep), got {keep_last!r}")
-
-
 def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Schema] | None:
     if schema is None:
         return None
@@ -879,20 +562,8 @@ def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Sche
 
 
 def _read_manifest(storage: Storage) -> dict[str, Any] | None:
-    read = _read_manifest_bytes(storage)
+    read = read_manifest(storage)
     return None if read is None else read[0]
-
-
-def _read_manifest_bytes(storage: Storage) -> tuple[dict[str, Any], bytes] | None:
-    """The manifest's checked body and its bytes as stored; None if there is none."""
-    try:
-        data = records.read(storage, layout.MANIFEST)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise StoreNotFoundError(f"{storage.url}: a file, not a store directory") from None
-    # format and version first (FormatVersionError), then every field (CorruptObjectError)
-    return bodies.manifest(storage.url, layout.MANIFEST, records.decode(layout.MANIFEST, data)), data
 
 
 def _exists(url: str, mode: str) -> StoreExistsError:
@@ -1015,7 +686,7 @@ def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None 
         from replaystore.store.maintenance.replace import clear_for_create
 
         clear_for_create(storage)
-    read = _read_manifest_bytes(storage)
+    read = read_manifest(storage)
     manifest, manifest_bytes = (None, None) if read is None else read
     if manifest is None:
         if mode in ("r", "r+"):
@@ -1028,7 +699,7 @@ def open_store(url: str | Storage, schema: Schema | Mapping[str, Schema] | None 
         created = storage.create(layout.MANIFEST, records.encode(body))
         if not created and mode in CREATE_EXCLUSIVE:  # a concurrent creator won
             raise _exists(storage.url, mode)
-        read = _read_manifest_bytes(storage)  # (theirs, if a concurrent creator won)
+        read = read_manifest(storage)  # (theirs, if a concurrent creator won)
         assert read is not None
         manifest, manifest_bytes = read
     elif mode in CREATE_EXCLUSIVE:

@@ -16,6 +16,7 @@ from replaystore.errors import CorruptObjectError, StoreError, StoreReplacedErro
 from replaystore.store.format import bodies, layout, records
 from replaystore.store.format.generations import foreign
 from replaystore.store.format.segment import Segment
+from replaystore.store.read.log import CLOSE
 from replaystore.store.storage import Storage
 from replaystore.store.write.context import Guard, Tables
 
@@ -208,6 +209,16 @@ class Committer:
         if self.tables.capacity is not None:
             self.tables.refresh()
         self.show_created(self.writer, self.created)
+
+    def create_close(self) -> None:
+        """Create the writer's last record, ``close``: it commits nothing.
+
+        Readers stop probing for the writer's commits once they reach it. Cost: one record.
+        """
+        with self.lock:
+            seq, now = self.seq, self.now()
+            self.create(seq, {"writer": self.writer, "seq": seq, "time_ns": now, "kind": CLOSE, "metadata": {},
+                              "tables": {}})
 
     def shutdown(self) -> None:
         """Wait for the committer thread's work and stop it.

@@ -23,24 +23,16 @@ from replaystore.store.format import records
 from replaystore.store.format.fragment import Fragment
 from replaystore.store.format.segment import Segment
 from replaystore.store.format.staging import StagedFragment
-from replaystore.store.read.log import CLOSE
 from replaystore.store.write import liveness
 from replaystore.store.write.batches import convert
 from replaystore.store.write.committer import Committer
 from replaystore.store.write.compactor import Compactor
 from replaystore.store.write.context import WriteHost
 from replaystore.store.write.iothreads import IOThreads
+from replaystore.store.write.pending import PendingAppends
 from replaystore.store.write.reclaimer import Reclaimer
 from replaystore.store.write.segmentpool import SegmentPool
 from replaystore.store.write.stepbook import StepBook
-
-
-@dataclass
-class _Pending:
-    """One append of a table: its records are in the table's staged fragment or segments."""
-
-    rows: int
-    meta: dict[str, Any]
 
 
 class InsertLimiter(Protocol):
@@ -110,7 +102,6 @@ class Writer:
         self.next_row = dict.fromkeys(tables.schemas, 0)
         # this writer's committed fragments; shared with the compaction thread under the committer's lock
         self.fragments: dict[str, list[Fragment]] = {t: [] for t in tables.schemas}
-        self._pending: dict[str, list[_Pending]] = {t: [] for t in tables.schemas}
         names = itertools.count()  # fragment and segment names f0000000000, s0000000001, ...
         self._io = IOThreads(self.id)
         self._steps = StepBook(tables)
@@ -118,6 +109,7 @@ class Writer:
                                     guard=guard, tables=tables, show_created=ctx.show_created)
         self._segments = SegmentPool(self.storage, self.id, names, self._io, self._committer, schemas=tables.schemas,
                                      capacity=tables.capacity, format_version=ctx.format_version, guard=guard)
+        self._pending = PendingAppends(tables.schemas, self._segments)
         self._reclaimer = Reclaimer(self.storage, self.id, self._io, self._committer.lock, self._segments,
                                     self._committer, tables=tables, log=ctx.log, may_delete=guard.may_delete)
         self._compactor = Compactor(self.storage, self.id, names, self._committer, self._reclaimer, self.fragments,
@@ -198,7 +190,7 @@ class Writer:
                 frag.rollback(mark)
             raise
         for name, (cols, _, _) in tables.items():
-            self._pending[name].append(_Pending(len(cols), dict(cols.meta)))
+            self._pending.add(name, len(cols), dict(cols.meta))
         book.accept()
         return sum(len(cols) for cols, _, _ in tables.values())
 
@@ -251,7 +243,7 @@ class Writer:
         self._check_open()
         compactor, committer = self._compactor, self._committer
         compactor.collect()
-        if not any(self._pending.values()) and metadata is None:
+        if not self._pending and metadata is None:
             if wait:
                 self.wait()
             return None
@@ -259,8 +251,7 @@ class Writer:
         with committer.lock:
             committer.settle()
         if self.rate_limiter is not None:  # (after the commit in flight is counted) may wait, or raise
-            self.rate_limiter.admit_inserts(self.store, {t: sum(p.rows for p in ps)
-                                                         for t, ps in self._pending.items() if ps})
+            self.rate_limiter.admit_inserts(self.store, self._pending.counts())
         # the merge scheduled by the last commit publishes after that commit's record: waited for
         # here, not after this commit's record is queued, or a pipelined commit would wait for itself
         compactor.collect(wait=True)
@@ -275,7 +266,7 @@ class Writer:
             retired = self._reclaimer.retire(self.fragments)
             segments: list[Segment] = []  # whose pending bytes become durable with the record's file
             with self._context.guard.as_replaced():  # (a replace that deletes what this commit writes fails it so)
-                self._fill(body, seq, now, new_frags, retired, segments, rows)
+                self._pending.fill(body, seq, now, new_frags, retired, segments, rows)
                 committer.create(seq, body, segments, wait=wait)
             for table, frags in new_frags.items():
                 self.fragments[table] += frags
@@ -284,8 +275,7 @@ class Writer:
             for table, frags in retired.items():
                 gone = {f.name for f in frags}
                 self.fragments[table] = [f for f in self.fragments[table] if f.name not in gone]
-        for pending in self._pending.values():
-            pending.clear()
+        self._pending.clear()
         self._segments.close_staged(set(new_frags))
         self._steps.commit()
         committer.refresh_view()
@@ -296,26 +286,6 @@ class Writer:
         self._reclaimer.reclaim()
         compactor.schedule()
         return CommitResult(self.id, seq, rows)
-
-    def _fill(self, body: dict[str, Any], seq: int, now: int, new_frags: dict[str, list[Fragment]],
-              retired: dict[str, list[Fragment]], segments: list[Segment], rows: dict[str, tuple[int, int]]) -> None:
-        """Finish the pending appends' fragments and describe them (and ``retired``) in ``body``."""
-        for table, pending in self._pending.items():
-            change: dict[str, Any] = {}
-            if pending:
-                frags = new_frags[table] = self._segments.finish(table, seq, now, sum(p.rows for p in pending),
-                                                                 segments)
-                lo = frags[0].row_start
-                appends = []
-                for p in pending:
-                    appends.append({"rows": [lo, lo + p.rows], "meta": p.meta})
-                    lo += p.rows
-                change.update({"add": [f.to_dict() for f in frags], "appends": appends})
-                rows[table] = (frags[0].first_id, frags[-1].first_id + frags[-1].rows)
-            if retired.get(table):
-                change["remove"] = [f.name for f in retired[table]]
-            if change:
-                body["tables"][table] = change
 
     def wait(self) -> None:
         """Wait until the commit made with ``commit(wait=False)``, if any, is durable and visible.
@@ -394,8 +364,7 @@ class Writer:
         """
         with self._committer.lock:
             self._committer.settle()
-        for pending in self._pending.values():
-            pending.clear()
+        self._pending.clear()
         self._segments.discard()
         self._steps.rollback()
 
@@ -465,11 +434,7 @@ class Writer:
         """
         try:
             self._context.guard.check_current()  # (a replaced store's writer: no record in the new store)
-            committer = self._committer
-            with committer.lock:
-                seq, now = committer.seq, committer.now()
-                committer.create(seq, {"writer": self.id, "seq": seq, "time_ns": now, "kind": CLOSE,
-                                       "metadata": {}, "tables": {}})
+            self._committer.create_close()
         finally:
             self._release()
 
