@@ -14,11 +14,11 @@ import numpy as np
 from replaystore.compiled import kernels
 from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownColumnError
 from replaystore.schemas import Columns, Schema
-from replaystore.schemas.csr import gather_csr
 from replaystore.store.format.fragment import Fragment, FragmentData
 from replaystore.store.format.streamkeys import StreamKey
 from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, chunk_size
 from replaystore.store.read import retention
+from replaystore.store.read.gather import empty, gather, gather_fragments, group
 from replaystore.store.read.index import Piece, StreamIndex
 from replaystore.store.read.log import CommitLog
 from replaystore.store.read.rows import row_array
@@ -525,7 +525,10 @@ class TableReader:
             dense, ragged = self.plan(columns)
         rows = row_array(rows).reshape(-1)
         if not len(rows):
-            return self._empty(dense, ragged)
+            return empty(dense, ragged)
+        csr = self._csr
+        if ragged and csr is _UNASKED:  # (asked at the first ragged gather: opening a store never loads numba)
+            csr = self._csr = kernels("replaystore.store.read.csrkernels")
         # (a column subset on object storage reads per fragment: mapping a fragment maps every array)
         if self._layouts and v is self.view and (columns is None or self._unmapped is None):
             try:
@@ -542,52 +545,14 @@ class TableReader:
                 self._unmapped = None
             else:
                 shift = v._view_shift.take(frag_i, axis=0)  # type: ignore[union-attr]
-                return self._gather(self._views.__getitem__, rows + shift[:, 0],
-                                    {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
-                                    dense, ragged, v)
+                return gather(self._views.__getitem__, rows + shift[:, 0],
+                              {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
+                              dense, ragged, v, csr)
         frag_i, local = self.locate(rows, v)
         data_of = self._data_of(v)
-        n = len(rows)
         if len(v._frags) == 1 or not np.any(frag_i != frag_i[0]):
-            return self._gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v)
-        order = np.argsort(frag_i, kind="stable")
-        sorted_i = frag_i[order]
-        cuts = (np.flatnonzero(sorted_i[1:] != sorted_i[:-1]) + 1).tolist()
-        spans = list(zip([0, *cuts], [*cuts, n], strict=True))
-        datas = [data_of(v._frags[int(sorted_i[s])]) for s, _ in spans]
-        sorted_local = local[order]
-        locs = [sorted_local[s:e] for s, e in spans]
-        inv = np.empty(n, dtype=np.int64)
-        inv[order] = np.arange(n, dtype=np.int64)
-        out: dict[str, np.ndarray] = {}
-        for name, shape, dtype in dense:
-            buf = np.empty((n, *shape), dtype=dtype)
-            for data, loc, (s, e) in zip(datas, locs, spans, strict=True):
-                data.array(name).take(loc, axis=0, out=buf[s:e], mode="clip")  # loc checked by locate
-            out[name] = buf.take(inv, axis=0)
-        if ragged:
-            # (start, end) offsets index pairs: one take per fragment and offsets array
-            pairs = sorted_local[:, None] + _PAIR
-            for off_name, values in ragged:
-                bounds = np.empty((n, 2), dtype=np.int64)
-                for data, (s, e) in zip(datas, spans, strict=True):
-                    data.array(off_name).take(pairs[s:e], out=bounds[s:e], mode="clip")
-                starts = bounds[:, 0]
-                counts = bounds[:, 1] - starts
-                sorted_offsets = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(counts, out=sorted_offsets[1:])
-                # index of each gathered value in its own fragment's values array
-                value_index = np.arange(int(sorted_offsets[-1]), dtype=np.int64) + np.repeat(
-                    starts - sorted_offsets[:-1], counts)
-                new_offsets, perm = gather_csr(sorted_offsets, inv)
-                out[off_name] = new_offsets
-                for name, dtype in values:
-                    buf = np.empty(len(value_index), dtype=dtype)
-                    for data, (s, e) in zip(datas, spans, strict=True):
-                        lo, hi = int(sorted_offsets[s]), int(sorted_offsets[e])
-                        data.array(name).take(value_index[lo:hi], out=buf[lo:hi])  # raises on bad offsets
-                    out[name] = buf.take(perm)
-        return out
+            return gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v, csr)
+        return gather_fragments(data_of, v._frags, frag_i, local, dense, ragged)
 
     def _map_touched(self, frag_i: np.ndarray, v: TableView) -> None:
         """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
@@ -604,78 +569,6 @@ class TableReader:
         for lay in self._layouts.values():
             lay.map_units(frags)
         unmapped[touched] = False
-
-    def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray,
-                shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray, dense: list[Any], ragged: list[Any],
-                v: TableView) -> dict[str, np.ndarray]:
-        """Records at rows ``loc`` of ``array(name)`` for the arrays of ``dense`` and ``ragged``, in that order.
-
-        ``array`` is one fragment's arrays (``shifts`` None) or the contiguous views, where
-        ``shifts[offsets]`` is the base row of each record's fragment in that group's values.
-        """
-        out: dict[str, np.ndarray] = {}
-        for name, _, _ in dense:
-            out[name] = array(name).take(loc, axis=0)
-        if ragged and self._csr is _UNASKED:
-            self._csr = kernels("replaystore.store.read.csrkernels")
-        if ragged and self._csr is not None:
-            csr = self._csr
-            assert isinstance(csr, ModuleType)  # asked just above
-            for off_name, values in ragged:
-                new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
-                shift = _NO_SHIFT if shifts is None else shifts[off_name]
-                ok, value_index = csr.csr_index(
-                    array(off_name), loc, shift, v._max_nnz[off_name], new_offsets)
-                if not ok:
-                    offsets = array(off_name)
-                    raise self._bad_offsets(off_name, offsets.take(loc), offsets.take(loc + 1), frag_i, v)
-                out[off_name] = new_offsets
-                for name, _ in values:
-                    out[name] = array(name).take(value_index)
-        elif ragged:
-            # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
-            # as much as the work)
-            loc1 = loc + 1
-            for off_name, values in ragged:
-                offsets = array(off_name)
-                starts, ends = offsets.take(loc), offsets.take(loc1)
-                top = v._max_nnz[off_name]  # as unsigned, a negative offset is above it too
-                if _max(starts.view(np.uint64)) > top or _max(ends.view(np.uint64)) > top:
-                    raise self._bad_offsets(off_name, starts, ends, frag_i, v)
-                counts = ends - starts
-                cum = _cumsum(counts)
-                first = ends - cum  # each record's first value index, less its place in the output
-                if shifts is not None:
-                    first += shifts[off_name]
-                try:
-                    value_index = first.repeat(counts)  # (bounded: every count <= top)
-                except ValueError:  # a negative count
-                    raise self._bad_offsets(off_name, starts, ends, frag_i, v) from None
-                value_index += np.arange(len(value_index), dtype=np.int64)
-                out[off_name] = np.concatenate((_ZERO, cum))
-                for name, _ in values:
-                    out[name] = array(name).take(value_index)
-        return out
-
-    def _bad_offsets(self, off_name: str, starts: np.ndarray, ends: np.ndarray,
-                     frag_i: np.ndarray, v: TableView) -> CorruptObjectError:
-        """The error for a gather whose offsets ``starts``/``ends`` point outside their fragment's values.
-
-        Reads check only what keeps a gather bounded (no negative offset or count, no end
-        beyond the largest fragment's values); offsets damaged within that range read wrong
-        values, as any damaged data would: ``replaystore verify`` finds them by checksum.
-        """
-        bad = (ends < starts) | (starts < 0) | (ends > v._nnz[off_name][frag_i])
-        frag = v._frags[int(frag_i[np.argmax(bad)])]
-        return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
-
-    def _empty(self, dense: list[Any], ragged: list[Any]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in dense}
-        for off_name, values in ragged:
-            out[off_name] = np.zeros(1, dtype=np.int64)
-            for name, dtype in values:
-                out[name] = np.empty(0, dtype=dtype)
-        return out
 
     def read_columns(self, rows: Any) -> Columns:
         """Every column of the records at row ids ``rows`` as :class:`Columns` (see :meth:`read`)."""
@@ -709,7 +602,7 @@ class TableReader:
         streams = np.empty(len(rows), dtype=object)
         steps = np.empty(len(rows), dtype=np.int64)
         resets = np.empty(len(rows), dtype=bool)
-        for fi, pos in _group(frag_i):
+        for fi, pos in group(frag_i):
             frag = v._frags[fi]
             data = data_of(frag)
             loc = local[pos]
@@ -819,24 +712,7 @@ cost in array operations, redoing grows with the fragments; they cross at 50-70 
 _REBUILD_MIN = 1 << 16
 """Rows changed below which the stream index always follows a change rather than rebuilding."""
 
-_PAIR = np.array([0, 1], dtype=np.int64)
-"""Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
-
-_ZERO = np.zeros(1, dtype=np.int64)
 _ROWS = operator.attrgetter("rows")
-_NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
-_max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
-
-
-def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """Positions grouped by fragment: ``[(fragment index, positions), ...]``."""
-    if not len(frag_i):
-        return []
-    if frag_i[0] == frag_i[-1] and (frag_i == frag_i[0]).all():  # one fragment: no sort
-        return [(int(frag_i[0]), np.arange(len(frag_i)))]
-    order = np.argsort(frag_i, kind="stable")
-    sorted_i = frag_i[order]
-    cuts = np.flatnonzero(np.diff(sorted_i)) + 1
-    return [(int(sorted_i[s]), order[s:e]) for s, e in zip(np.r_[0, cuts], np.r_[cuts, len(order)], strict=True)]
+_max, _and = np.maximum.reduce, np.bitwise_and.reduce
 
