@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownColumnError
+from replaystore.errors import RowError, StaleReadError, UnknownColumnError
 from replaystore.schemas import Columns, Schema
 from replaystore.store.format.fragment import Fragment, FragmentData
 from replaystore.store.format.streamkeys import StreamKey
-from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, chunk_size
 from replaystore.store.read import retention
 from replaystore.store.read.gather import empty, gather, gather_fragments, group
 from replaystore.store.read.index import Piece, StreamIndex
 from replaystore.store.read.log import CommitLog
 from replaystore.store.read.rows import row_array
+from replaystore.store.read.sizecheck import SizeCheck
 from replaystore.store.read.spans import Layout
 from replaystore.store.read.view import TableView
 from replaystore.store.read.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
@@ -73,10 +73,7 @@ class TableReader:
         ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
         self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
         self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
-        # fragments whose claimed rows were checked against their data (check_sizes), and the
-        # size of each segment's ``_reset`` chunk
-        self._sized: set[tuple[int, str]] = set()
-        self._seg_sizes: dict[tuple[int, str], int] = {}
+        self._sizes = SizeCheck(storage)  # which fragments' claimed rows were checked against their data
         # the compiled CSR index (store/read/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
         self._csr: ModuleType | None | object = _UNASKED
@@ -148,82 +145,12 @@ class TableReader:
         # next sync checks again)
         new = None if len(frags) <= _REDO_UP_TO else self._follow(old, frags, ids, vis_all, version)
         if new is None:
-            self.check_sizes(frags)
+            self._sizes.check(frags)
         if self._index is not None and self._index_view is None:
             self._index_view = (old, self._data)
         self._version = version
         self.view = new if new is not None else self._fresh(frags, ids, vis_all, version)
         self._views = None
-
-    def check_sizes(self, frags: Sequence[Fragment]) -> None:
-        """Check the row count each of ``frags`` claims against its data's real size (once per fragment).
-
-        A commit record's ``rows`` (and a segment's ``capacity``) is what ``len``, ``row_ids``,
-        samplers and the contiguous views size themselves by; a checksum-valid record claiming
-        more rows than the data holds would make them allocate for, and draw, records that do
-        not exist. The ``_reset`` index array takes one byte per record, so its chunk's size is
-        the fragment's real row count: it must hold exactly ``rows`` bytes and its CRC32C (a
-        segment's: exactly ``capacity`` bytes). Cost: one ``stat`` per fragment (per segment)
-        not checked before, on local storage and ``memory://``; on object storage one round
-        trip of concurrent HEAD requests for all the fragments not checked before.
-
-        Parameters
-        ----------
-        frags : sequence of Fragment
-            Live fragments of the table.
-
-        Raises
-        ------
-        CorruptObjectError
-            A fragment's ``_reset`` chunk is not a regular file of the size its row count
-            implies (names the chunk and the fragment).
-        UnsafeNameError
-            The chunk's path leads outside the store through a symbolic link.
-        """
-        sized = self._sized
-        remote: list[tuple[Fragment, int, int, str]] = []  # (object storage: sizes asked together)
-        for frag in frags:
-            key = (frag.writer, frag.name)
-            if key in sized:
-                continue
-            seg = frag.segment
-            if seg is None:
-                claimed, expected = frag.rows, frag.rows + CRC_BYTES
-            else:
-                claimed, expected = seg.capacity, seg.capacity
-            if not claimed:
-                sized.add(key)
-                continue
-            cpath = chunk_path(f"{frag.path}/_reset", 1)
-            if self.storage.remote:
-                remote.append((frag, claimed, expected, cpath))
-                continue
-            size = self._seg_sizes.get(frag.group) if seg is not None else None
-            if size is None:
-                try:
-                    size = chunk_size(self.storage, cpath)
-                except StaleReadError:  # gone: reclaimed since the log was read (a read raises it again)
-                    continue
-                if size is None:
-                    continue
-                if seg is not None:
-                    self._seg_sizes[frag.group] = size
-            self._check_size(frag, claimed, expected, cpath, size)
-        if remote:
-            for (frag, claimed, expected, cpath), size in zip(
-                    remote, self.storage.sizes([r[3] for r in remote]), strict=True):
-                if size is not None:  # (None: gone, reclaimed since the log was read; a read raises it)
-                    self._check_size(frag, claimed, expected, cpath, size)
-
-    def _check_size(self, frag: Fragment, claimed: int, expected: int, cpath: str, size: int) -> None:
-        """Refuse ``frag`` unless its ``_reset`` chunk ``cpath`` has the ``expected`` size; else remember it checked."""
-        if size != expected:
-            seg = frag.segment
-            what = (f"segment {seg.name!r} of {claimed} rows (commit record of fragment {frag.name!r})"
-                    if seg is not None else f"fragment {frag.name!r} of {claimed} rows (its commit record)")
-            raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
-                                            "do not exist (run replaystore verify)")
-        self._sized.add((frag.writer, frag.name))
 
     def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
         """The view of the live fragments ``frags``, computed afresh; the caches moved to it.
@@ -238,9 +165,7 @@ class TableReader:
         first_ids = np.array([f.first_id for f in visible], dtype=np.int64)
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
-        self._sized &= live
-        groups = {f.group for f in frags}
-        self._seg_sizes = {k: v for k, v in self._seg_sizes.items() if k in groups}
+        self._sizes.keep(frags)
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         bases = {key: lay.place(visible) for key, lay in self._layouts.items()}
         self._unmapped = (np.ones(len(visible), dtype=bool)
@@ -268,7 +193,7 @@ class TableReader:
         removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
         if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
             return None
-        self.check_sizes(added)  # (before anything changes)
+        self._sizes.check(added)  # (before anything changes)
         keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
         gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
         came = [new[i] for i in np.flatnonzero(keep & ~kept)]
@@ -294,7 +219,7 @@ class TableReader:
         first_ids = splice(o.first_ids, [f.first_id for f in came])
         ends = splice(o.ends, [f.first_id + f.rows for f in came])
         left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
-        self._sized -= left
+        self._sizes.drop(left)
         if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
             self._data = {k: v for k, v in self._data.items() if k not in left}
         relaid = False
