@@ -12,19 +12,20 @@ from typing import Any
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import RowError, StaleReadError, UnknownColumnError
+from replaystore.errors import RowError, UnknownColumnError
 from replaystore.schemas import Columns, Schema
 from replaystore.store.format.fragment import Fragment, FragmentData
 from replaystore.store.format.streamkeys import StreamKey
 from replaystore.store.read import retention
 from replaystore.store.read.gather import empty, gather, gather_fragments, group
-from replaystore.store.read.index import Piece, StreamIndex
+from replaystore.store.read.index import StreamIndex
+from replaystore.store.read.indexkeeper import IndexKeeper
 from replaystore.store.read.log import CommitLog
 from replaystore.store.read.rows import row_array
 from replaystore.store.read.sizecheck import SizeCheck
 from replaystore.store.read.spans import Layout
 from replaystore.store.read.view import TableView
-from replaystore.store.read.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
+from replaystore.store.read.viewdiff import identities, pair
 from replaystore.store.read.vmap import available as contiguous_views_available
 from replaystore.store.storage import Storage
 from replaystore.store.storage.cache import store_cache
@@ -57,17 +58,7 @@ class TableReader:
         self.capacity = capacity
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
-        self._index: StreamIndex | None = None
-        # per stream key of the index: (first_id, position in its stream list) of the first
-        # visible fragment listing it, in the index's key order (see grown_order)
-        self._key_at: dict[StreamKey, tuple[int, int]] = {}
-        # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
-        self._listed: set[StreamKey] = set()
-        self._listed_from: set[tuple[int, str]] = set()
-        self._listed_version = -1
-        # the view the index describes (and the fragment data it read), where the current one
-        # differs: followed on next use
-        self._index_view: tuple[TableView, dict[tuple[int, str], FragmentData]] | None = None
+        self._streams = IndexKeeper(storage, schema)  # the stream index, followed across syncs
         # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
         self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
         ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
@@ -146,8 +137,7 @@ class TableReader:
         new = None if len(frags) <= _REDO_UP_TO else self._follow(old, frags, ids, vis_all, version)
         if new is None:
             self._sizes.check(frags)
-        if self._index is not None and self._index_view is None:
-            self._index_view = (old, self._data)
+        self._streams.replaced(old, self._data)
         self._version = version
         self.view = new if new is not None else self._fresh(frags, ids, vis_all, version)
         self._views = None
@@ -545,85 +535,17 @@ class TableReader:
         index. (True may still mean no visible records: keys of fragments evicted or
         compacted since stay listed.) Cost: fragments not seen before.
         """
-        if self._listed_version != self._version:
-            self._listed_version = self._version
-            for f in self.fragments:
-                if (f.writer, f.name) not in self._listed_from:
-                    self._listed_from.add((f.writer, f.name))
-                    self._listed.update(f.streams)
-        return key in self._listed
+        return self._streams.lists_stream(key, self.view._frags, self._version)
 
     @property
     def index(self) -> StreamIndex:
         """The (stream, step) index of visible rows.
 
         Built on first use, then followed across the changes :meth:`sync` saw since, at the cost
-        of the change (:meth:`_follow_index`), when next used (a writer that only appends never
-        pays for it).
+        of the change (:class:`~replaystore.store.read.indexkeeper.IndexKeeper`), when next used
+        (a writer that only appends never pays for it).
         """
-        if self._index_view is not None:
-            (old, datas), self._index_view = self._index_view, None
-            if not self._follow_index(list(old._frags), old.visible_from, old._live_ids[old._shown], datas):
-                self._index = None
-        if self._index is None:
-            parts = []
-            for frag, v in zip(self.fragments, self.vis_from, strict=True):
-                data = self.data(frag)
-                parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
-                              np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
-            self._index = StreamIndex.build(parts)
-            self._key_at = first_listings(list(self.fragments))
-        return self._index
-
-    def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
-                      datas: dict[tuple[int, str], FragmentData]) -> bool:
-        """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream index.
-
-        The old view's objects are ``ids``. The change is the row-id intervals that appeared or left (appends,
-        eviction; compaction replaces fragments without changing them), and the new stream
-        order. Cost: array operations over both views (:func:`pair`) + the fragments and
-        rows changed (see StreamIndex.apply for what a stream's update costs).
-
-        False, and the index is rebuilt on next use, where that is cheaper or the only way:
-        the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
-        index arrays of rows that left the view can no longer be read (their fragment was
-        reclaimed before this reader saw them go); the change contradicts the index.
-        """
-        assert self._index is not None
-        # only fragments that are not the same objects, visible from the same row, in both views
-        # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
-        # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept, stays = pair(ids, vis_from, self.view._live_ids[self.view._shown], self.vis_from)
-        gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
-        old = intervals([frags[i] for i in gone], vis_from[gone])
-        new = intervals([self.fragments[i] for i in came], self.vis_from[came])
-        appeared, left = subtract(new, old), subtract(old, new)
-        changed = sum(hi - lo for _, lo, hi in appeared + left)
-        if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
-            return False
-        try:
-            added = [self._piece(self.data(frag), frag, lo, hi, steps=True) for frag, lo, hi in appeared]
-            removed = [self._piece(datas.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag),
-                                   frag, lo, hi, steps=False) for frag, lo, hi in left]
-        except StaleReadError:
-            return False
-        grown = grown_order(self._key_at, self._index.keys, [frags[i] for i in gone],
-                             [self.fragments[i] for i in came])
-        if grown is not None:
-            known = self._index.slot_of
-            return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
-        self._key_at = first_listings(list(self.fragments))
-        return self._index.apply(added, removed, keys=list(self._key_at))
-
-    @staticmethod
-    def _piece(data: FragmentData, frag: Fragment, lo: int, hi: int, steps: bool) -> Piece:
-        """Index entries of ``frag``'s local rows ``[lo, hi)``."""
-        rows = np.arange(frag.first_id + lo, frag.first_id + hi, dtype=np.int64)
-        codes = np.asarray(data.array("_stream")[lo:hi])
-        if not steps:
-            return Piece(frag.streams, codes, rows)
-        return Piece(frag.streams, codes, rows, np.asarray(data.array("_step")[lo:hi]),
-                     np.asarray(data.array("_reset")[lo:hi]))
+        return self._streams.index(self.view, self.data)
 
 
 _FOLLOW_MIN = 8
@@ -633,9 +555,6 @@ _REDO_UP_TO = 64
 """Live fragments up to which :meth:`TableReader.sync` redoes its view: following has a fixed
 cost in array operations, redoing grows with the fragments; they cross at 50-70 fragments
 (``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Following a commit vs redoing the view")."""
-
-_REBUILD_MIN = 1 << 16
-"""Rows changed below which the stream index always follows a change rather than rebuilding."""
 
 _ROWS = operator.attrgetter("rows")
 _UNASKED = object()
