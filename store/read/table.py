@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import operator
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -25,7 +23,8 @@ from replaystore.store.read.rows import row_array
 from replaystore.store.read.sizecheck import SizeCheck
 from replaystore.store.read.spans import Layout
 from replaystore.store.read.view import TableView
-from replaystore.store.read.viewdiff import identities, pair
+from replaystore.store.read.viewdiff import identities
+from replaystore.store.read.viewstep import ViewStep
 from replaystore.store.read.vmap import available as contiguous_views_available
 from replaystore.store.storage import Storage
 from replaystore.store.storage.cache import store_cache
@@ -172,43 +171,16 @@ class TableReader:
 
         ``ids`` are their objects, each visible from local row ``vis_all``. A fragment that is
         the same object, visible from the same row, in both views keeps what was computed for
-        it; the rest is computed for what changed. Cost: array operations over both views
-        (:func:`pair`), plus what changed. None, with nothing changed, where more than a
-        quarter of the fragments changed.
+        it; the rest is computed for what changed (:class:`~replaystore.store.read.viewstep.ViewStep`).
+        None, with nothing changed, where more than a quarter of the fragments changed.
         """
-        was, shown = o._live, o._shown
-        head, tail, src, kept, stays = pair(o._live_ids, o._live_from, ids, vis_all)
-        old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
-        vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
-        removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
-        if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
+        step = ViewStep.between(o, frags, ids, vis_all, _FOLLOW_MIN)
+        if step is None:
             return None
-        self._sizes.check(added)  # (before anything changes)
-        keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
-        gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
-        came = [new[i] for i in np.flatnonzero(keep & ~kept)]
-        lo = int(np.count_nonzero(shown[:head]))  # the visible fragments between: [lo, hi) of the old view
-        hi = lo + int(np.count_nonzero(old_shown))
-        # per new visible fragment between: its old visible index if it stays, else -1 (computed now)
-        rank = lo + np.cumsum(old_shown) - 1
-        take = np.full(len(new), -1, dtype=np.int64)
-        take[kept] = rank[src[kept]]
-        take = take[keep]
-        fresh = take < 0
-
-        def splice(was_: np.ndarray, computed: np.ndarray | list[int]) -> np.ndarray:
-            mid = np.empty(len(take), dtype=was_.dtype)
-            mid[~fresh] = was_[take[~fresh]]
-            mid[fresh] = computed
-            return np.concatenate((was_[:lo], mid, was_[hi:]))
-
-        new_shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
+        self._sizes.check(step.added)  # (before anything changes)
+        gone, came, visible, splice = step.gone, step.came, step.visible, step.splice
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
-        visible = [*o._frags[:lo], *itertools.compress(new, keep.tolist()), *o._frags[hi:]]
-        vis_from = np.concatenate((o.visible_from[:lo], vis_new[keep], o.visible_from[hi:]))
-        first_ids = splice(o.first_ids, [f.first_id for f in came])
-        ends = splice(o.ends, [f.first_id + f.rows for f in came])
-        left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
+        left = {(f.writer, f.name) for f in step.removed} - {(f.writer, f.name) for f in step.added}
         self._sizes.drop(left)
         if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
             self._data = {k: v for k, v in self._data.items() if k not in left}
@@ -225,8 +197,8 @@ class TableReader:
             self._unmapped = (np.ones(len(visible), dtype=bool) if relaid
                               else splice(self._unmapped, np.ones(len(came), dtype=bool)))
         nnz = {off: splice(v, [f.value_end(off) for f in came]) for off, v in o._nnz.items()}
-        return TableView.build(self, version, visible, first_ids, vis_from, ends, bases,
-                               [off for off, _ in self._ragged], nnz, frags, ids, new_shown, vis_all)
+        return TableView.build(self, version, visible, step.first_ids, step.vis_from, step.ends, bases,
+                               [off for off, _ in self._ragged], nnz, frags, ids, step.shown, vis_all)
 
     def _forget(self, before: dict[tuple[int, str], Fragment], now: set[tuple[int, str]]) -> None:
         """What no longer shows will not be read: a chunk cache drops it first."""
@@ -556,7 +528,6 @@ _REDO_UP_TO = 64
 cost in array operations, redoing grows with the fragments; they cross at 50-70 fragments
 (``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Following a commit vs redoing the view")."""
 
-_ROWS = operator.attrgetter("rows")
 _UNASKED = object()
 _max, _and = np.maximum.reduce, np.bitwise_and.reduce
 
