@@ -1,4 +1,4 @@
-"""Gathers of records from a table's arrays: the CSR index, the per-fragment gather, their errors.
+"""Gathers of records from a table's arrays: the CSR index, the per-fragment gather, the index arrays.
 
 Pure functions over arrays and one :class:`~replaystore.store.read.view.TableView`: the table's
 reader (store/read/table.py) chooses the arrays (contiguous views or one fragment's) and calls
@@ -216,6 +216,38 @@ def empty(dense: list[Any], ragged: list[Any]) -> dict[str, np.ndarray]:
         for name, dtype in values:
             out[name] = np.empty(0, dtype=dtype)
     return out
+
+
+def gather_index(data_of: Callable[[Fragment], FragmentData], frags: Sequence[Fragment], frag_i: np.ndarray,
+                 local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(stream keys as object array, steps, resets)`` of the records at ``(frag_i, local)``.
+
+    Parameters
+    ----------
+    data_of : callable
+        Opens a fragment's data (asked for the fragments ``frag_i`` names only).
+    frags : sequence of Fragment
+        The view's visible fragments.
+    frag_i, local : numpy.ndarray
+        Each record's visible fragment index and local row.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        Cost: one read of the index arrays per fragment touched.
+    """
+    streams = np.empty(len(frag_i), dtype=object)
+    steps = np.empty(len(frag_i), dtype=np.int64)
+    resets = np.empty(len(frag_i), dtype=bool)
+    for fi, pos in group(frag_i):
+        frag = frags[fi]
+        data = data_of(frag)
+        loc = local[pos]
+        keys = np.array(frag.streams + [None], dtype=object)[:-1]
+        streams[pos] = keys[data.array("_stream")[loc]]
+        steps[pos] = data.array("_step")[loc]
+        resets[pos] = data.array("_reset")[loc]
+    return streams, steps, resets
 
 
 def group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -10,15 +10,16 @@ from typing import Any
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import RowError, UnknownColumnError
+from replaystore.errors import RowError
 from replaystore.schemas import Columns, Schema
 from replaystore.store.format.fragment import Fragment, FragmentData
 from replaystore.store.format.streamkeys import StreamKey
 from replaystore.store.read import retention
-from replaystore.store.read.gather import empty, gather, gather_fragments, group
+from replaystore.store.read.gather import empty, gather, gather_fragments, gather_index
 from replaystore.store.read.index import StreamIndex
 from replaystore.store.read.indexkeeper import IndexKeeper
 from replaystore.store.read.log import CommitLog
+from replaystore.store.read.plan import ReadPlans
 from replaystore.store.read.rows import row_array
 from replaystore.store.read.sizecheck import SizeCheck
 from replaystore.store.read.spans import Layout
@@ -58,11 +59,9 @@ class TableReader:
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
         self._streams = IndexKeeper(storage, schema)  # the stream index, followed across syncs
-        # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
-        self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
-        ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
-        self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
-        self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
+        # read plans: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
+        self._plans = ReadPlans(name, schema)
+        self._dense, self._ragged = self._plans.dense, self._plans.ragged
         self._sizes = SizeCheck(storage)  # which fragments' claimed rows were checked against their data
         # the compiled CSR index (store/read/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
@@ -332,43 +331,6 @@ class TableReader:
             return self.data
         return lambda frag: self._data.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
 
-    def plan(self, columns: Sequence[str] | None) -> tuple[list[Any], list[Any]]:
-        """The read plan of ``columns``.
-
-        Parameters
-        ----------
-        columns : sequence of str or None
-            Field names (None: every dense and ragged field).
-
-        Returns
-        -------
-        tuple of list
-            ``[(name, trailing shape, dtype)]`` of the dense fields and ``[(offsets, [(name,
-            dtype)])]`` of the CSR groups with a named value field. Cost: O(fields), once per
-            distinct ``columns`` (then cached).
-
-        Raises
-        ------
-        UnknownColumnError
-            The first name that is not a dense or ragged field.
-        """
-        if columns is None:
-            return self._dense, self._ragged
-        if isinstance(columns, str):
-            columns = [columns]
-        key = tuple(columns)
-        plan = self._plans.get(key)
-        if plan is None:
-            names = set(key)
-            known = {n for n, _, _ in self._dense} | {n for _, values in self._ragged for n, _ in values}
-            unknown = [n for n in key if n not in known]
-            if unknown:
-                raise UnknownColumnError(self.name, unknown, sorted(known))
-            dense = [d for d in self._dense if d[0] in names]
-            ragged = [(off, [(n, dt) for n, dt in values if n in names]) for off, values in self._ragged]
-            plan = self._plans[key] = (dense, [(off, values) for off, values in ragged if values])
-        return plan
-
     def read(self, rows: Any, columns: Sequence[str] | None = None, view: TableView | None = None,
              ) -> dict[str, np.ndarray]:
         """The records at ``rows`` in that order: dense fields, ragged values and rebased offsets.
@@ -409,7 +371,7 @@ class TableReader:
         v = self.view if view is None else view
         dense, ragged = self._dense, self._ragged
         if columns is not None:
-            dense, ragged = self.plan(columns)
+            dense, ragged = self._plans.of(columns)
         rows = row_array(rows).reshape(-1)
         if not len(rows):
             return empty(dense, ragged)
@@ -485,19 +447,7 @@ class TableReader:
         """
         v = self.view if view is None else view
         frag_i, local = self.locate(rows, v)
-        data_of = self._data_of(v)
-        streams = np.empty(len(rows), dtype=object)
-        steps = np.empty(len(rows), dtype=np.int64)
-        resets = np.empty(len(rows), dtype=bool)
-        for fi, pos in group(frag_i):
-            frag = v._frags[fi]
-            data = data_of(frag)
-            loc = local[pos]
-            keys = np.array(frag.streams + [None], dtype=object)[:-1]
-            streams[pos] = keys[data.array("_stream")[loc]]
-            steps[pos] = data.array("_step")[loc]
-            resets[pos] = data.array("_reset")[loc]
-        return streams, steps, resets
+        return gather_index(self._data_of(v), v._frags, frag_i, local)
 
     # -- stream index -----------------------------------------------------------------
     def lists_stream(self, key: StreamKey) -> bool:
