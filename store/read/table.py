@@ -20,9 +20,10 @@ from replaystore.store.read.index import StreamIndex
 from replaystore.store.read.indexkeeper import IndexKeeper
 from replaystore.store.read.log import CommitLog
 from replaystore.store.read.plan import ReadPlans
+from replaystore.store.read.rowids import fragment_of, locate
 from replaystore.store.read.rows import row_array
 from replaystore.store.read.sizecheck import SizeCheck
-from replaystore.store.read.spans import Layout
+from replaystore.store.read.spans import Layout, map_touched
 from replaystore.store.read.view import TableView
 from replaystore.store.read.viewdiff import identities
 from replaystore.store.read.viewstep import ViewStep
@@ -294,23 +295,7 @@ class TableReader:
         RowError
             A row id that is not visible in ``view``.
         """
-        v = self.view if view is None else view
-        rows = row_array(rows)
-        if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
-            local = rows - int(v.first_ids[0])
-            if local.min() >= v.visible_from[0] and local.max() < v.ends[0] - v.first_ids[0]:
-                return np.zeros(rows.shape, dtype=np.int64), local
-        ic = self._fragment_of(rows, v)
-        return ic, rows - v.first_ids[ic]
-
-    def _fragment_of(self, rows: np.ndarray, v: TableView) -> np.ndarray:
-        """The visible fragment index of each of ``rows`` (int64); RowError for any other id."""
-        j = v._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
-        if rows.size and not _and(j, axis=None) & 1:  # all odd iff the AND of all has bit 0
-            bad = rows[(j & 1) == 0][:5].tolist()
-            raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
-        j >>= 1
-        return j
+        return locate(self.view if view is None else view, rows)
 
     # -- data -----------------------------------------------------------------------
     def data(self, frag: Fragment) -> FragmentData:
@@ -383,9 +368,9 @@ class TableReader:
             try:
                 if self._views is None:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
-                frag_i = self._fragment_of(rows, v)
+                frag_i = fragment_of(v, rows)
                 if self._unmapped is not None:
-                    self._map_touched(frag_i, v)
+                    map_touched(self._layouts.values(), self._unmapped, frag_i, v._frags)
             except OSError as exc:  # address space refused (e.g. ulimit -v), a cache that cannot keep
                 # objects: gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
@@ -397,27 +382,11 @@ class TableReader:
                 return gather(self._views.__getitem__, rows + shift[:, 0],
                               {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
                               dense, ragged, v, csr)
-        frag_i, local = self.locate(rows, v)
+        frag_i, local = locate(v, rows)
         data_of = self._data_of(v)
         if len(v._frags) == 1 or not np.any(frag_i != frag_i[0]):
             return gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v, csr)
         return gather_fragments(data_of, v._frags, frag_i, local, dense, ragged)
-
-    def _map_touched(self, frag_i: np.ndarray, v: TableView) -> None:
-        """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
-
-        On object storage each is a download into the chunk cache, on first use only.
-        """
-        unmapped = self._unmapped
-        assert unmapped is not None
-        need = frag_i[unmapped.take(frag_i)]
-        if not need.size:
-            return
-        touched = np.unique(need)
-        frags = [v._frags[i] for i in touched.tolist()]
-        for lay in self._layouts.values():
-            lay.map_units(frags)
-        unmapped[touched] = False
 
     def read_columns(self, rows: Any) -> Columns:
         """Every column of the records at row ids ``rows`` as :class:`Columns` (see :meth:`read`)."""
@@ -446,7 +415,7 @@ class TableReader:
             A row id that is not visible in ``view``.
         """
         v = self.view if view is None else view
-        frag_i, local = self.locate(rows, v)
+        frag_i, local = locate(v, rows)
         return gather_index(self._data_of(v), v._frags, frag_i, local)
 
     # -- stream index -----------------------------------------------------------------
@@ -479,5 +448,5 @@ cost in array operations, redoing grows with the fragments; they cross at 50-70 
 (``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Following a commit vs redoing the view")."""
 
 _UNASKED = object()
-_max, _and = np.maximum.reduce, np.bitwise_and.reduce
+_max = np.maximum.reduce
 
