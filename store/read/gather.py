@@ -42,7 +42,7 @@ def gather(array: Callable[[str], np.ndarray], loc: np.ndarray, shifts: dict[str
     frag_i : numpy.ndarray
         Each record's visible fragment index in ``v`` (named by errors).
     dense, ragged : list
-        The read plan (see ``TableReader.plan``).
+        The read plan (see ``ReadPlans.of``, store/read/plan.py).
     v : TableView
         The view read.
     csr : module or None
@@ -113,7 +113,7 @@ def gather_fragments(data_of: Callable[[Fragment], FragmentData], frags: Sequenc
         Each record's visible fragment index and local row (checked by ``TableReader.locate``),
         more than one fragment among them.
     dense, ragged : list
-        The read plan (see ``TableReader.plan``).
+        The read plan (see ``ReadPlans.of``, store/read/plan.py).
 
     Returns
     -------
@@ -203,7 +203,7 @@ def empty(dense: list[Any], ragged: list[Any]) -> dict[str, np.ndarray]:
     Parameters
     ----------
     dense, ragged : list
-        The read plan (see ``TableReader.plan``).
+        The read plan (see ``ReadPlans.of``, store/read/plan.py).
 
     Returns
     -------
