@@ -20,7 +20,7 @@ import collections
 import errno
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -273,7 +273,7 @@ class Layout:
         mapped.add(k)
 
 
-def map_touched(layouts: Iterable[Layout], unmapped: np.ndarray, frag_i: np.ndarray,
+def map_touched(layouts: Mapping[str, Layout], unmapped: np.ndarray, frag_i: np.ndarray,
                 frags: Sequence[Fragment]) -> None:
     """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
 
@@ -281,7 +281,7 @@ def map_touched(layouts: Iterable[Layout], unmapped: np.ndarray, frag_i: np.ndar
 
     Parameters
     ----------
-    layouts : iterable of Layout
+    layouts : mapping of str to Layout
         A table's (lazy) layouts.
     unmapped : numpy.ndarray
         Per visible fragment, whether it is still to map (updated).
@@ -295,6 +295,6 @@ def map_touched(layouts: Iterable[Layout], unmapped: np.ndarray, frag_i: np.ndar
         return
     touched = np.unique(need)
     mapped = [frags[i] for i in touched.tolist()]
-    for lay in layouts:
+    for lay in layouts.values():
         lay.map_units(mapped)
     unmapped[touched] = False

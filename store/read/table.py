@@ -370,7 +370,7 @@ class TableReader:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
                 frag_i = fragment_of(v, rows)
                 if self._unmapped is not None:
-                    map_touched(self._layouts.values(), self._unmapped, frag_i, v._frags)
+                    map_touched(self._layouts, self._unmapped, frag_i, v._frags)
             except OSError as exc:  # address space refused (e.g. ulimit -v), a cache that cannot keep
                 # objects: gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
