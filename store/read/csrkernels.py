@@ -1,4 +1,4 @@
-"""Compiled (numba) CSR gather index for ``TableReader._gather``: one call per offsets group.
+"""Compiled (numba) CSR gather index for ``gather.gather`` (store/read/gather.py): one call per offsets group.
 
 Imported through :func:`replaystore.compiled.kernels` (numba loads, not turned off). The
 numpy twin in store/read/table.py takes each record's start and end offsets, checks them, and

@@ -20,6 +20,7 @@ import collections
 import errno
 import math
 import os
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -270,3 +271,30 @@ class Layout:
         except EOFError as exc:
             raise CorruptObjectError(cpath, str(exc)) from None
         mapped.add(k)
+
+
+def map_touched(layouts: Mapping[str, Layout], unmapped: np.ndarray, frag_i: np.ndarray,
+                frags: Sequence[Fragment]) -> None:
+    """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
+
+    On object storage each is a download into the chunk cache, on first use only.
+
+    Parameters
+    ----------
+    layouts : mapping of str to Layout
+        A table's (lazy) layouts.
+    unmapped : numpy.ndarray
+        Per visible fragment, whether it is still to map (updated).
+    frag_i : numpy.ndarray
+        The visible fragment index of each record a read gathers.
+    frags : sequence of Fragment
+        The view's visible fragments.
+    """
+    need = frag_i[unmapped.take(frag_i)]
+    if not need.size:
+        return
+    touched = np.unique(need)
+    mapped = [frags[i] for i in touched.tolist()]
+    for lay in layouts.values():
+        lay.map_units(mapped)
+    unmapped[touched] = False

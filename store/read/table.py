@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import operator
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -12,19 +10,23 @@ from typing import Any
 import numpy as np
 
 from replaystore.compiled import kernels
-from replaystore.errors import CorruptObjectError, RowError, StaleReadError, UnknownColumnError
+from replaystore.errors import RowError
 from replaystore.schemas import Columns, Schema
-from replaystore.schemas.csr import gather_csr
 from replaystore.store.format.fragment import Fragment, FragmentData
 from replaystore.store.format.streamkeys import StreamKey
-from replaystore.store.format.zarrio import CRC_BYTES, chunk_path, chunk_size
 from replaystore.store.read import retention
-from replaystore.store.read.index import Piece, StreamIndex
+from replaystore.store.read.gather import empty, gather, gather_fragments, gather_index
+from replaystore.store.read.index import StreamIndex
+from replaystore.store.read.indexkeeper import IndexKeeper
 from replaystore.store.read.log import CommitLog
+from replaystore.store.read.plan import ReadPlans
+from replaystore.store.read.rowids import fragment_of, locate
 from replaystore.store.read.rows import row_array
-from replaystore.store.read.spans import Layout
+from replaystore.store.read.sizecheck import SizeCheck
+from replaystore.store.read.spans import Layout, map_touched
 from replaystore.store.read.view import TableView
-from replaystore.store.read.viewdiff import first_listings, grown_order, identities, intervals, pair, subtract
+from replaystore.store.read.viewdiff import identities
+from replaystore.store.read.viewstep import ViewStep
 from replaystore.store.read.vmap import available as contiguous_views_available
 from replaystore.store.storage import Storage
 from replaystore.store.storage.cache import store_cache
@@ -57,26 +59,11 @@ class TableReader:
         self.capacity = capacity
         self._version = -1
         self._data: dict[tuple[int, str], FragmentData] = {}
-        self._index: StreamIndex | None = None
-        # per stream key of the index: (first_id, position in its stream list) of the first
-        # visible fragment listing it, in the index's key order (see grown_order)
-        self._key_at: dict[StreamKey, tuple[int, int]] = {}
-        # stream keys listed by any fragment this reader has seen visible (see ``lists_stream``)
-        self._listed: set[StreamKey] = set()
-        self._listed_from: set[tuple[int, str]] = set()
-        self._listed_version = -1
-        # the view the index describes (and the fragment data it read), where the current one
-        # differs: followed on next use
-        self._index_view: tuple[TableView, dict[tuple[int, str], FragmentData]] | None = None
-        # read plan: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
-        self._dense = [(f.name, tuple(f.shape), np.dtype(f.dtype)) for f in schema.dense_fields]
-        ragged_dtypes = {f.name: np.dtype(f.dtype) for f in schema.ragged_fields}
-        self._ragged = [(off, [(n, ragged_dtypes[n]) for n in names]) for off, names in schema.offsets_groups.items()]
-        self._plans: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
-        # fragments whose claimed rows were checked against their data (check_sizes), and the
-        # size of each segment's ``_reset`` chunk
-        self._sized: set[tuple[int, str]] = set()
-        self._seg_sizes: dict[tuple[int, str], int] = {}
+        self._streams = IndexKeeper(storage, schema)  # the stream index, followed across syncs
+        # read plans: (name, trailing shape, dtype) per dense field; (offsets, [(name, dtype)]) per CSR group
+        self._plans = ReadPlans(name, schema)
+        self._dense, self._ragged = self._plans.dense, self._plans.ragged
+        self._sizes = SizeCheck(storage)  # which fragments' claimed rows were checked against their data
         # the compiled CSR index (store/read/csrkernels.py) or None: asked at the first ragged gather, so
         # that opening a store never loads numba
         self._csr: ModuleType | None | object = _UNASKED
@@ -148,82 +135,11 @@ class TableReader:
         # next sync checks again)
         new = None if len(frags) <= _REDO_UP_TO else self._follow(old, frags, ids, vis_all, version)
         if new is None:
-            self.check_sizes(frags)
-        if self._index is not None and self._index_view is None:
-            self._index_view = (old, self._data)
+            self._sizes.check(frags)
+        self._streams.replaced(old, self._data)
         self._version = version
         self.view = new if new is not None else self._fresh(frags, ids, vis_all, version)
         self._views = None
-
-    def check_sizes(self, frags: Sequence[Fragment]) -> None:
-        """Check the row count each of ``frags`` claims against its data's real size (once per fragment).
-
-        A commit record's ``rows`` (and a segment's ``capacity``) is what ``len``, ``row_ids``,
-        samplers and the contiguous views size themselves by; a checksum-valid record claiming
-        more rows than the data holds would make them allocate for, and draw, records that do
-        not exist. The ``_reset`` index array takes one byte per record, so its chunk's size is
-        the fragment's real row count: it must hold exactly ``rows`` bytes and its CRC32C (a
-        segment's: exactly ``capacity`` bytes). Cost: one ``stat`` per fragment (per segment)
-        not checked before, on local storage and ``memory://``; on object storage one round
-        trip of concurrent HEAD requests for all the fragments not checked before.
-
-        Parameters
-        ----------
-        frags : sequence of Fragment
-            Live fragments of the table.
-
-        Raises
-        ------
-        CorruptObjectError
-            A fragment's ``_reset`` chunk is not a regular file of the size its row count
-            implies (names the chunk and the fragment).
-        UnsafeNameError
-            The chunk's path leads outside the store through a symbolic link.
-        """
-        sized = self._sized
-        remote: list[tuple[Fragment, int, int, str]] = []  # (object storage: sizes asked together)
-        for frag in frags:
-            key = (frag.writer, frag.name)
-            if key in sized:
-                continue
-            seg = frag.segment
-            if seg is None:
-                claimed, expected = frag.rows, frag.rows + CRC_BYTES
-            else:
-                claimed, expected = seg.capacity, seg.capacity
-            if not claimed:
-                sized.add(key)
-                continue
-            cpath = chunk_path(f"{frag.path}/_reset", 1)
-            if self.storage.remote:
-                remote.append((frag, claimed, expected, cpath))
-                continue
-            size = self._seg_sizes.get(frag.group) if seg is not None else None
-            if size is None:
-                try:
-                    size = chunk_size(self.storage, cpath)
-                except StaleReadError:  # gone: reclaimed since the log was read (a read raises it again)
-                    continue
-                if size is None:
-                    continue
-                if seg is not None:
-                    self._seg_sizes[frag.group] = size
-            self._check_size(frag, claimed, expected, cpath, size)
-        if remote:
-            for (frag, claimed, expected, cpath), size in zip(
-                    remote, self.storage.sizes([r[3] for r in remote]), strict=True):
-                if size is not None:  # (None: gone, reclaimed since the log was read; a read raises it)
-                    self._check_size(frag, claimed, expected, cpath, size)
-
-    def _check_size(self, frag: Fragment, claimed: int, expected: int, cpath: str, size: int) -> None:
-        """Refuse ``frag`` unless its ``_reset`` chunk ``cpath`` has the ``expected`` size; else remember it checked."""
-        if size != expected:
-            seg = frag.segment
-            what = (f"segment {seg.name!r} of {claimed} rows (commit record of fragment {frag.name!r})"
-                    if seg is not None else f"fragment {frag.name!r} of {claimed} rows (its commit record)")
-            raise CorruptObjectError(cpath, f"{size} bytes, but {what} needs {expected}: the records it claims "
-                                            "do not exist (run replaystore verify)")
-        self._sized.add((frag.writer, frag.name))
 
     def _fresh(self, frags: list[Fragment], ids: np.ndarray, vis_all: np.ndarray, version: int) -> TableView:
         """The view of the live fragments ``frags``, computed afresh; the caches moved to it.
@@ -238,9 +154,7 @@ class TableReader:
         first_ids = np.array([f.first_id for f in visible], dtype=np.int64)
         live = {(f.writer, f.name) for f in frags}
         self._data = {k: v for k, v in self._data.items() if k in live}
-        self._sized &= live
-        groups = {f.group for f in frags}
-        self._seg_sizes = {k: v for k, v in self._seg_sizes.items() if k in groups}
+        self._sizes.keep(frags)
         # base row of each visible fragment per layout, and each fragment's value count per CSR group
         bases = {key: lay.place(visible) for key, lay in self._layouts.items()}
         self._unmapped = (np.ones(len(visible), dtype=bool)
@@ -257,44 +171,17 @@ class TableReader:
 
         ``ids`` are their objects, each visible from local row ``vis_all``. A fragment that is
         the same object, visible from the same row, in both views keeps what was computed for
-        it; the rest is computed for what changed. Cost: array operations over both views
-        (:func:`pair`), plus what changed. None, with nothing changed, where more than a
-        quarter of the fragments changed.
+        it; the rest is computed for what changed (:class:`~replaystore.store.read.viewstep.ViewStep`).
+        None, with nothing changed, where more than a quarter of the fragments changed.
         """
-        was, shown = o._live, o._shown
-        head, tail, src, kept, stays = pair(o._live_ids, o._live_from, ids, vis_all)
-        old, new = was[head:len(was) - tail], frags[head:len(frags) - tail]
-        vis_new, old_shown = vis_all[head:len(frags) - tail], shown[head:len(shown) - tail]
-        removed, added = [old[i] for i in np.flatnonzero(~stays)], [new[i] for i in np.flatnonzero(~kept)]
-        if len(removed) + len(added) > max(_FOLLOW_MIN, len(frags) // 4):
+        step = ViewStep.between(o, frags, ids, vis_all, _FOLLOW_MIN)
+        if step is None:
             return None
-        self.check_sizes(added)  # (before anything changes)
-        keep = vis_new < np.fromiter(map(_ROWS, new), dtype=np.int64, count=len(new))
-        gone = [old[i] for i in np.flatnonzero(old_shown & ~stays)]
-        came = [new[i] for i in np.flatnonzero(keep & ~kept)]
-        lo = int(np.count_nonzero(shown[:head]))  # the visible fragments between: [lo, hi) of the old view
-        hi = lo + int(np.count_nonzero(old_shown))
-        # per new visible fragment between: its old visible index if it stays, else -1 (computed now)
-        rank = lo + np.cumsum(old_shown) - 1
-        take = np.full(len(new), -1, dtype=np.int64)
-        take[kept] = rank[src[kept]]
-        take = take[keep]
-        fresh = take < 0
-
-        def splice(was_: np.ndarray, computed: np.ndarray | list[int]) -> np.ndarray:
-            mid = np.empty(len(take), dtype=was_.dtype)
-            mid[~fresh] = was_[take[~fresh]]
-            mid[fresh] = computed
-            return np.concatenate((was_[:lo], mid, was_[hi:]))
-
-        new_shown = np.concatenate((shown[:head], keep, shown[len(shown) - tail:]))
+        self._sizes.check(step.added)  # (before anything changes)
+        gone, came, visible, splice = step.gone, step.came, step.visible, step.splice
         self._forget({(f.writer, f.name): f for f in gone}, {(f.writer, f.name) for f in came})
-        visible = [*o._frags[:lo], *itertools.compress(new, keep.tolist()), *o._frags[hi:]]
-        vis_from = np.concatenate((o.visible_from[:lo], vis_new[keep], o.visible_from[hi:]))
-        first_ids = splice(o.first_ids, [f.first_id for f in came])
-        ends = splice(o.ends, [f.first_id + f.rows for f in came])
-        left = {(f.writer, f.name) for f in removed} - {(f.writer, f.name) for f in added}
-        self._sized -= left
+        left = {(f.writer, f.name) for f in step.removed} - {(f.writer, f.name) for f in step.added}
+        self._sizes.drop(left)
         if any(k in self._data for k in left):  # (a new dict: the index's previous view keeps the old one)
             self._data = {k: v for k, v in self._data.items() if k not in left}
         relaid = False
@@ -310,8 +197,8 @@ class TableReader:
             self._unmapped = (np.ones(len(visible), dtype=bool) if relaid
                               else splice(self._unmapped, np.ones(len(came), dtype=bool)))
         nnz = {off: splice(v, [f.value_end(off) for f in came]) for off, v in o._nnz.items()}
-        return TableView.build(self, version, visible, first_ids, vis_from, ends, bases,
-                               [off for off, _ in self._ragged], nnz, frags, ids, new_shown, vis_all)
+        return TableView.build(self, version, visible, step.first_ids, step.vis_from, step.ends, bases,
+                               [off for off, _ in self._ragged], nnz, frags, ids, step.shown, vis_all)
 
     def _forget(self, before: dict[tuple[int, str], Fragment], now: set[tuple[int, str]]) -> None:
         """What no longer shows will not be read: a chunk cache drops it first."""
@@ -408,23 +295,7 @@ class TableReader:
         RowError
             A row id that is not visible in ``view``.
         """
-        v = self.view if view is None else view
-        rows = row_array(rows)
-        if len(v._frags) == 1 and rows.size:  # fast path: one visible fragment
-            local = rows - int(v.first_ids[0])
-            if local.min() >= v.visible_from[0] and local.max() < v.ends[0] - v.first_ids[0]:
-                return np.zeros(rows.shape, dtype=np.int64), local
-        ic = self._fragment_of(rows, v)
-        return ic, rows - v.first_ids[ic]
-
-    def _fragment_of(self, rows: np.ndarray, v: TableView) -> np.ndarray:
-        """The visible fragment index of each of ``rows`` (int64); RowError for any other id."""
-        j = v._edges.searchsorted(rows, side="right")  # odd: inside fragment j // 2
-        if rows.size and not _and(j, axis=None) & 1:  # all odd iff the AND of all has bit 0
-            bad = rows[(j & 1) == 0][:5].tolist()
-            raise RowError(f"table {self.name!r}: rows {bad} are not visible records (never written or evicted)")
-        j >>= 1
-        return j
+        return locate(self.view if view is None else view, rows)
 
     # -- data -----------------------------------------------------------------------
     def data(self, frag: Fragment) -> FragmentData:
@@ -444,43 +315,6 @@ class TableReader:
         if v is self.view:
             return self.data
         return lambda frag: self._data.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag)
-
-    def plan(self, columns: Sequence[str] | None) -> tuple[list[Any], list[Any]]:
-        """The read plan of ``columns``.
-
-        Parameters
-        ----------
-        columns : sequence of str or None
-            Field names (None: every dense and ragged field).
-
-        Returns
-        -------
-        tuple of list
-            ``[(name, trailing shape, dtype)]`` of the dense fields and ``[(offsets, [(name,
-            dtype)])]`` of the CSR groups with a named value field. Cost: O(fields), once per
-            distinct ``columns`` (then cached).
-
-        Raises
-        ------
-        UnknownColumnError
-            The first name that is not a dense or ragged field.
-        """
-        if columns is None:
-            return self._dense, self._ragged
-        if isinstance(columns, str):
-            columns = [columns]
-        key = tuple(columns)
-        plan = self._plans.get(key)
-        if plan is None:
-            names = set(key)
-            known = {n for n, _, _ in self._dense} | {n for _, values in self._ragged for n, _ in values}
-            unknown = [n for n in key if n not in known]
-            if unknown:
-                raise UnknownColumnError(self.name, unknown, sorted(known))
-            dense = [d for d in self._dense if d[0] in names]
-            ragged = [(off, [(n, dt) for n, dt in values if n in names]) for off, values in self._ragged]
-            plan = self._plans[key] = (dense, [(off, values) for off, values in ragged if values])
-        return plan
 
     def read(self, rows: Any, columns: Sequence[str] | None = None, view: TableView | None = None,
              ) -> dict[str, np.ndarray]:
@@ -522,18 +356,21 @@ class TableReader:
         v = self.view if view is None else view
         dense, ragged = self._dense, self._ragged
         if columns is not None:
-            dense, ragged = self.plan(columns)
+            dense, ragged = self._plans.of(columns)
         rows = row_array(rows).reshape(-1)
         if not len(rows):
-            return self._empty(dense, ragged)
+            return empty(dense, ragged)
+        csr = self._csr
+        if ragged and csr is _UNASKED:  # (asked at the first ragged gather: opening a store never loads numba)
+            csr = self._csr = kernels("replaystore.store.read.csrkernels")
         # (a column subset on object storage reads per fragment: mapping a fragment maps every array)
         if self._layouts and v is self.view and (columns is None or self._unmapped is None):
             try:
                 if self._views is None:
                     self._views = {name: lay.array(name) for name, lay in self._layout_of.items()}
-                frag_i = self._fragment_of(rows, v)
+                frag_i = fragment_of(v, rows)
                 if self._unmapped is not None:
-                    self._map_touched(frag_i, v)
+                    map_touched(self._layouts, self._unmapped, frag_i, v._frags)
             except OSError as exc:  # address space refused (e.g. ulimit -v), a cache that cannot keep
                 # objects: gather per fragment from now on
                 warnings.warn(f"table {self.name!r}: contiguous views unavailable ({exc}); reading per fragment",
@@ -542,140 +379,14 @@ class TableReader:
                 self._unmapped = None
             else:
                 shift = v._view_shift.take(frag_i, axis=0)  # type: ignore[union-attr]
-                return self._gather(self._views.__getitem__, rows + shift[:, 0],
-                                    {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
-                                    dense, ragged, v)
-        frag_i, local = self.locate(rows, v)
+                return gather(self._views.__getitem__, rows + shift[:, 0],
+                              {off: shift[:, g] for g, (off, _) in enumerate(self._ragged, 1)}, frag_i,
+                              dense, ragged, v, csr)
+        frag_i, local = locate(v, rows)
         data_of = self._data_of(v)
-        n = len(rows)
         if len(v._frags) == 1 or not np.any(frag_i != frag_i[0]):
-            return self._gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v)
-        order = np.argsort(frag_i, kind="stable")
-        sorted_i = frag_i[order]
-        cuts = (np.flatnonzero(sorted_i[1:] != sorted_i[:-1]) + 1).tolist()
-        spans = list(zip([0, *cuts], [*cuts, n], strict=True))
-        datas = [data_of(v._frags[int(sorted_i[s])]) for s, _ in spans]
-        sorted_local = local[order]
-        locs = [sorted_local[s:e] for s, e in spans]
-        inv = np.empty(n, dtype=np.int64)
-        inv[order] = np.arange(n, dtype=np.int64)
-        out: dict[str, np.ndarray] = {}
-        for name, shape, dtype in dense:
-            buf = np.empty((n, *shape), dtype=dtype)
-            for data, loc, (s, e) in zip(datas, locs, spans, strict=True):
-                data.array(name).take(loc, axis=0, out=buf[s:e], mode="clip")  # loc checked by locate
-            out[name] = buf.take(inv, axis=0)
-        if ragged:
-            # (start, end) offsets index pairs: one take per fragment and offsets array
-            pairs = sorted_local[:, None] + _PAIR
-            for off_name, values in ragged:
-                bounds = np.empty((n, 2), dtype=np.int64)
-                for data, (s, e) in zip(datas, spans, strict=True):
-                    data.array(off_name).take(pairs[s:e], out=bounds[s:e], mode="clip")
-                starts = bounds[:, 0]
-                counts = bounds[:, 1] - starts
-                sorted_offsets = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(counts, out=sorted_offsets[1:])
-                # index of each gathered value in its own fragment's values array
-                value_index = np.arange(int(sorted_offsets[-1]), dtype=np.int64) + np.repeat(
-                    starts - sorted_offsets[:-1], counts)
-                new_offsets, perm = gather_csr(sorted_offsets, inv)
-                out[off_name] = new_offsets
-                for name, dtype in values:
-                    buf = np.empty(len(value_index), dtype=dtype)
-                    for data, (s, e) in zip(datas, spans, strict=True):
-                        lo, hi = int(sorted_offsets[s]), int(sorted_offsets[e])
-                        data.array(name).take(value_index[lo:hi], out=buf[lo:hi])  # raises on bad offsets
-                    out[name] = buf.take(perm)
-        return out
-
-    def _map_touched(self, frag_i: np.ndarray, v: TableView) -> None:
-        """Map, in every layout, the fragments of ``frag_i`` no read has mapped since the last sync.
-
-        On object storage each is a download into the chunk cache, on first use only.
-        """
-        unmapped = self._unmapped
-        assert unmapped is not None
-        need = frag_i[unmapped.take(frag_i)]
-        if not need.size:
-            return
-        touched = np.unique(need)
-        frags = [v._frags[i] for i in touched.tolist()]
-        for lay in self._layouts.values():
-            lay.map_units(frags)
-        unmapped[touched] = False
-
-    def _gather(self, array: Callable[[str], np.ndarray], loc: np.ndarray,
-                shifts: dict[str, np.ndarray] | None, frag_i: np.ndarray, dense: list[Any], ragged: list[Any],
-                v: TableView) -> dict[str, np.ndarray]:
-        """Records at rows ``loc`` of ``array(name)`` for the arrays of ``dense`` and ``ragged``, in that order.
-
-        ``array`` is one fragment's arrays (``shifts`` None) or the contiguous views, where
-        ``shifts[offsets]`` is the base row of each record's fragment in that group's values.
-        """
-        out: dict[str, np.ndarray] = {}
-        for name, _, _ in dense:
-            out[name] = array(name).take(loc, axis=0)
-        if ragged and self._csr is _UNASKED:
-            self._csr = kernels("replaystore.store.read.csrkernels")
-        if ragged and self._csr is not None:
-            csr = self._csr
-            assert isinstance(csr, ModuleType)  # asked just above
-            for off_name, values in ragged:
-                new_offsets = np.empty(len(loc) + 1, dtype=np.int64)
-                shift = _NO_SHIFT if shifts is None else shifts[off_name]
-                ok, value_index = csr.csr_index(
-                    array(off_name), loc, shift, v._max_nnz[off_name], new_offsets)
-                if not ok:
-                    offsets = array(off_name)
-                    raise self._bad_offsets(off_name, offsets.take(loc), offsets.take(loc + 1), frag_i, v)
-                out[off_name] = new_offsets
-                for name, _ in values:
-                    out[name] = array(name).take(value_index)
-        elif ragged:
-            # (numpy ufunc methods called directly: at 256 rows the wrappers of min/cumsum cost
-            # as much as the work)
-            loc1 = loc + 1
-            for off_name, values in ragged:
-                offsets = array(off_name)
-                starts, ends = offsets.take(loc), offsets.take(loc1)
-                top = v._max_nnz[off_name]  # as unsigned, a negative offset is above it too
-                if _max(starts.view(np.uint64)) > top or _max(ends.view(np.uint64)) > top:
-                    raise self._bad_offsets(off_name, starts, ends, frag_i, v)
-                counts = ends - starts
-                cum = _cumsum(counts)
-                first = ends - cum  # each record's first value index, less its place in the output
-                if shifts is not None:
-                    first += shifts[off_name]
-                try:
-                    value_index = first.repeat(counts)  # (bounded: every count <= top)
-                except ValueError:  # a negative count
-                    raise self._bad_offsets(off_name, starts, ends, frag_i, v) from None
-                value_index += np.arange(len(value_index), dtype=np.int64)
-                out[off_name] = np.concatenate((_ZERO, cum))
-                for name, _ in values:
-                    out[name] = array(name).take(value_index)
-        return out
-
-    def _bad_offsets(self, off_name: str, starts: np.ndarray, ends: np.ndarray,
-                     frag_i: np.ndarray, v: TableView) -> CorruptObjectError:
-        """The error for a gather whose offsets ``starts``/``ends`` point outside their fragment's values.
-
-        Reads check only what keeps a gather bounded (no negative offset or count, no end
-        beyond the largest fragment's values); offsets damaged within that range read wrong
-        values, as any damaged data would: ``replaystore verify`` finds them by checksum.
-        """
-        bad = (ends < starts) | (starts < 0) | (ends > v._nnz[off_name][frag_i])
-        frag = v._frags[int(frag_i[np.argmax(bad)])]
-        return CorruptObjectError(f"{frag.path}/{off_name}", "offsets out of range (run replaystore verify)")
-
-    def _empty(self, dense: list[Any], ragged: list[Any]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {name: np.empty((0, *shape), dtype=dtype) for name, shape, dtype in dense}
-        for off_name, values in ragged:
-            out[off_name] = np.zeros(1, dtype=np.int64)
-            for name, dtype in values:
-                out[name] = np.empty(0, dtype=dtype)
-        return out
+            return gather(data_of(v._frags[int(frag_i[0])]).array, local, None, frag_i, dense, ragged, v, csr)
+        return gather_fragments(data_of, v._frags, frag_i, local, dense, ragged)
 
     def read_columns(self, rows: Any) -> Columns:
         """Every column of the records at row ids ``rows`` as :class:`Columns` (see :meth:`read`)."""
@@ -704,20 +415,8 @@ class TableReader:
             A row id that is not visible in ``view``.
         """
         v = self.view if view is None else view
-        frag_i, local = self.locate(rows, v)
-        data_of = self._data_of(v)
-        streams = np.empty(len(rows), dtype=object)
-        steps = np.empty(len(rows), dtype=np.int64)
-        resets = np.empty(len(rows), dtype=bool)
-        for fi, pos in _group(frag_i):
-            frag = v._frags[fi]
-            data = data_of(frag)
-            loc = local[pos]
-            keys = np.array(frag.streams + [None], dtype=object)[:-1]
-            streams[pos] = keys[data.array("_stream")[loc]]
-            steps[pos] = data.array("_step")[loc]
-            resets[pos] = data.array("_reset")[loc]
-        return streams, steps, resets
+        frag_i, local = locate(v, rows)
+        return gather_index(self._data_of(v), v._frags, frag_i, local)
 
     # -- stream index -----------------------------------------------------------------
     def lists_stream(self, key: StreamKey) -> bool:
@@ -727,85 +426,17 @@ class TableReader:
         index. (True may still mean no visible records: keys of fragments evicted or
         compacted since stay listed.) Cost: fragments not seen before.
         """
-        if self._listed_version != self._version:
-            self._listed_version = self._version
-            for f in self.fragments:
-                if (f.writer, f.name) not in self._listed_from:
-                    self._listed_from.add((f.writer, f.name))
-                    self._listed.update(f.streams)
-        return key in self._listed
+        return self._streams.lists_stream(key, self.view._frags, self._version)
 
     @property
     def index(self) -> StreamIndex:
         """The (stream, step) index of visible rows.
 
         Built on first use, then followed across the changes :meth:`sync` saw since, at the cost
-        of the change (:meth:`_follow_index`), when next used (a writer that only appends never
-        pays for it).
+        of the change (:class:`~replaystore.store.read.indexkeeper.IndexKeeper`), when next used
+        (a writer that only appends never pays for it).
         """
-        if self._index_view is not None:
-            (old, datas), self._index_view = self._index_view, None
-            if not self._follow_index(list(old._frags), old.visible_from, old._live_ids[old._shown], datas):
-                self._index = None
-        if self._index is None:
-            parts = []
-            for frag, v in zip(self.fragments, self.vis_from, strict=True):
-                data = self.data(frag)
-                parts.append((frag.streams, frag.first_id + v, np.asarray(data.array("_stream")[v:]),
-                              np.asarray(data.array("_step")[v:]), np.asarray(data.array("_reset")[v:])))
-            self._index = StreamIndex.build(parts)
-            self._key_at = first_listings(list(self.fragments))
-        return self._index
-
-    def _follow_index(self, frags: list[Fragment], vis_from: np.ndarray, ids: np.ndarray,
-                      datas: dict[tuple[int, str], FragmentData]) -> bool:
-        """Apply the change from the view ``(frags, vis_from)`` to the current one to the stream index.
-
-        The old view's objects are ``ids``. The change is the row-id intervals that appeared or left (appends,
-        eviction; compaction replaces fragments without changing them), and the new stream
-        order. Cost: array operations over both views (:func:`pair`) + the fragments and
-        rows changed (see StreamIndex.apply for what a stream's update costs).
-
-        False, and the index is rebuilt on next use, where that is cheaper or the only way:
-        the change touches over a quarter of the rows (and more than ``_REBUILD_MIN``); the
-        index arrays of rows that left the view can no longer be read (their fragment was
-        reclaimed before this reader saw them go); the change contradicts the index.
-        """
-        assert self._index is not None
-        # only fragments that are not the same objects, visible from the same row, in both views
-        # changed (appends add fragments, compaction replaces a writer's newest ones, eviction
-        # moves where the oldest start); a view's fragments are disjoint, so the others cancel out
-        head, tail, src, kept, stays = pair(ids, vis_from, self.view._live_ids[self.view._shown], self.vis_from)
-        gone, came = np.flatnonzero(~stays) + head, np.flatnonzero(~kept) + head
-        old = intervals([frags[i] for i in gone], vis_from[gone])
-        new = intervals([self.fragments[i] for i in came], self.vis_from[came])
-        appeared, left = subtract(new, old), subtract(old, new)
-        changed = sum(hi - lo for _, lo, hi in appeared + left)
-        if changed > max(_REBUILD_MIN, (self._index.seg.live + len(self)) // 4):
-            return False
-        try:
-            added = [self._piece(self.data(frag), frag, lo, hi, steps=True) for frag, lo, hi in appeared]
-            removed = [self._piece(datas.get((frag.writer, frag.name)) or FragmentData(self.storage, self.schema, frag),
-                                   frag, lo, hi, steps=False) for frag, lo, hi in left]
-        except StaleReadError:
-            return False
-        grown = grown_order(self._key_at, self._index.keys, [frags[i] for i in gone],
-                             [self.fragments[i] for i in came])
-        if grown is not None:
-            known = self._index.slot_of
-            return self._index.apply(added, removed, new_keys=[k for k in grown if k not in known])
-        self._key_at = first_listings(list(self.fragments))
-        return self._index.apply(added, removed, keys=list(self._key_at))
-
-    @staticmethod
-    def _piece(data: FragmentData, frag: Fragment, lo: int, hi: int, steps: bool) -> Piece:
-        """Index entries of ``frag``'s local rows ``[lo, hi)``."""
-        rows = np.arange(frag.first_id + lo, frag.first_id + hi, dtype=np.int64)
-        codes = np.asarray(data.array("_stream")[lo:hi])
-        if not steps:
-            return Piece(frag.streams, codes, rows)
-        return Piece(frag.streams, codes, rows, np.asarray(data.array("_step")[lo:hi]),
-                     np.asarray(data.array("_reset")[lo:hi]))
+        return self._streams.index(self.view, self.data)
 
 
 _FOLLOW_MIN = 8
@@ -816,27 +447,6 @@ _REDO_UP_TO = 64
 cost in array operations, redoing grows with the fragments; they cross at 50-70 fragments
 (``python bench/sync_threshold_bench.py``, docs/PERFORMANCE.md "Following a commit vs redoing the view")."""
 
-_REBUILD_MIN = 1 << 16
-"""Rows changed below which the stream index always follows a change rather than rebuilding."""
-
-_PAIR = np.array([0, 1], dtype=np.int64)
-"""Added to local offsets ``[:, None]``: the (start, end) offsets indices of each record."""
-
-_ZERO = np.zeros(1, dtype=np.int64)
-_ROWS = operator.attrgetter("rows")
-_NO_SHIFT = np.zeros(0, dtype=np.int64)
 _UNASKED = object()
-_max, _and, _cumsum = np.maximum.reduce, np.bitwise_and.reduce, np.add.accumulate
-
-
-def _group(frag_i: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """Positions grouped by fragment: ``[(fragment index, positions), ...]``."""
-    if not len(frag_i):
-        return []
-    if frag_i[0] == frag_i[-1] and (frag_i == frag_i[0]).all():  # one fragment: no sort
-        return [(int(frag_i[0]), np.arange(len(frag_i)))]
-    order = np.argsort(frag_i, kind="stable")
-    sorted_i = frag_i[order]
-    cuts = np.flatnonzero(np.diff(sorted_i)) + 1
-    return [(int(sorted_i[s]), order[s:e]) for s, e in zip(np.r_[0, cuts], np.r_[cuts, len(order)], strict=True)]
+_max = np.maximum.reduce
 

@@ -356,7 +356,7 @@ def test_new_streams_get_steps_without_the_stream_index(backend: Backend) -> Non
         for i in range(4):
             w.append(_dqn(rng, 4), stream=np.repeat([f"ep{2 * i}", f"ep{2 * i + 1}"], 2), reset=True)
             w.commit()
-        assert reader._index is None  # fresh keys never asked the index
+        assert reader._streams._index is None  # fresh keys never asked the index
         assert not reader.lists_stream("ep8") and reader.lists_stream("ep0") and reader.lists_stream("shared")
         w.append(_dqn(rng, 2), stream="shared")  # written by the other writer: its steps continue
         w.append(_dqn(rng, 2), stream="ep1")  # this writer's own: from its cached last step
