@@ -277,24 +277,7 @@ class TableReader:
         return positions + v._base[v._cum_ends.searchsorted(positions, side="right")]
 
     def locate(self, rows: np.ndarray, view: TableView | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(visible fragment index, local offset)`` of row ids of ``view`` (default: :attr:`view`).
-
-        Parameters
-        ----------
-        rows : numpy.ndarray
-            int64 row ids.
-        view : TableView, optional
-
-        Returns
-        -------
-        tuple of numpy.ndarray
-            Cost: one search per row (none where one fragment is visible).
-
-        Raises
-        ------
-        RowError
-            A row id that is not visible in ``view``.
-        """
+        """:func:`~replaystore.store.read.rowids.locate` in ``view`` (default: :attr:`view`)."""
         return locate(self.view if view is None else view, rows)
 
     # -- data -----------------------------------------------------------------------
