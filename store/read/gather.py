@@ -222,14 +222,7 @@ def gather_index(data_of: Callable[[Fragment], FragmentData], frags: Sequence[Fr
                  local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(stream keys as object array, steps, resets)`` of the records at ``(frag_i, local)``.
 
-    Parameters
-    ----------
-    data_of : callable
-        Opens a fragment's data (asked for the fragments ``frag_i`` names only).
-    frags : sequence of Fragment
-        The view's visible fragments.
-    frag_i, local : numpy.ndarray
-        Each record's visible fragment index and local row.
+    The parameters are :func:`gather_fragments`' first four.
 
     Returns
     -------

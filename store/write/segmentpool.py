@@ -129,16 +129,7 @@ class SegmentPool:
     def segment(self, table: str, cols: Columns, streams: list[StreamKey], next_row: int) -> Segment:
         """The table's open segment, if ``cols`` fit in it; else a new one (the old one is sealed).
 
-        Parameters
-        ----------
-        table : str
-            The table.
-        cols : Columns
-            The append's validated columns.
-        streams : list[StreamKey]
-            Its stream keys.
-        next_row : int
-            The table's first row not yet committed by this writer.
+        The parameters are :meth:`target`'s.
 
         Returns
         -------
