@@ -1,11 +1,14 @@
 """Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py),
-a chunk cache directory of the test session's own (store/storage/cache.py), not the user's, and Ray's
-loopback settings (tests/support/raylocal.py) before any test module can import Ray."""
+a chunk cache directory of the test session's own (store/storage/cache.py), not the user's, Ray's
+loopback settings (tests/support/raylocal.py) before any test module can import Ray, and each test's
+``memory://`` files removed after it."""
 
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
+import fsspec
 import pytest
 
 # Ray reads these when it is first imported (by a test module or by replaystore.tools.ray_data
@@ -20,6 +23,23 @@ def pytest_configure(config: pytest.Config) -> None:
     """Point S3 stores' default chunk cache at a fresh directory (inherited by child processes)."""
     config._rs_cache_dir = tempfile.mkdtemp(prefix="replaystore-cache-")  # type: ignore[attr-defined]
     os.environ["REPLAYSTORE_CACHE_DIR"] = config._rs_cache_dir  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _memory_filesystem_kept_to_the_test() -> Iterator[None]:
+    """Remove the ``memory://`` files a test leaves behind.
+
+    fsspec's memory filesystem is one process-wide dict that every ``ls`` and ``find`` walks
+    whole: stores left there by earlier tests made a listing-heavy test 30x slower late in a
+    session than alone. Fixtures of a wider scope are set up before this one, so what they
+    hold is kept.
+    """
+    fs = fsspec.filesystem("memory")
+    files, dirs = set(fs.store), set(fs.pseudo_dirs)
+    yield
+    for path in [p for p in fs.store if p not in files]:
+        fs.store.pop(path, None)
+    fs.pseudo_dirs[:] = [p for p in fs.pseudo_dirs if p in dirs]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
