@@ -83,3 +83,11 @@ def test_explicit_marker_expression_decides(tmp_path: Path, expr: str, want: set
     assert rc == 0, out
     assert ran(out) == want, out
     assert "slow tests deselected" not in out, out  # -m did the selecting, the plugin stayed out of it
+
+
+def test_under_xdist_the_slow_tests_are_deselected_and_counted(tmp_path: Path) -> None:
+    """The README's command runs the suite in pytest-xdist workers: the controller still reports the count."""
+    rc, out = run_tiny(tmp_path, "-n", "2")
+    assert rc == 0, out
+    assert set(re.findall(r"PASSED test_tiny\.py::(\S+)", out)) == {"test_fast"}, out
+    assert "1 passed" in out and "3 slow tests deselected" in out, out

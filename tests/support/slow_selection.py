@@ -3,7 +3,8 @@
 They run when ``CI`` is set to a true value (``.ci/run`` runs with ``CI=true``), with
 ``--run-slow``, or when the command line gives ``-m`` (the marker expression then decides).
 Deselected tests are reported as deselected (never as passed or skipped), and the terminal
-summary says how many slow tests were left out and how to run them.
+summary says how many slow tests were left out and how to run them (under pytest-xdist too: the
+workers send their count to the controller).
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.hook.pytest_deselected(items=slow)
     items[:] = [item for item in items if item.get_closest_marker(MARKER) is None]
     config.stash[_deselected] = len(slow)
+    workeroutput = getattr(config, "workeroutput", None)  # a pytest-xdist worker: tell the controller
+    if workeroutput is not None:
+        workeroutput[f"{MARKER}_deselected"] = len(slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """Under pytest-xdist, the controller (which collects nothing) takes the count its workers saw."""
+    n = getattr(node, "workeroutput", {}).get(f"{MARKER}_deselected")
+    config = getattr(node, "config", None)
+    if isinstance(n, int) and config is not None:
+        config.stash[_deselected] = max(n, config.stash.get(_deselected, 0))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
