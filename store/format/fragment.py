@@ -94,8 +94,12 @@ class Fragment:
 
     Attributes
     ----------
+    writer : int
+        The writer that committed it (whose rows and objects it holds).
+    table : str
+        Its table.
     name : str
-        The fragment's name.
+        Its object name, ``f`` and a number (:func:`~replaystore.store.format.layout.fragment_name`).
     row_start : int
         The writer's local row of its first record.
     rows : int

@@ -86,7 +86,7 @@ def stored_name(kind: str, name: object, where: str) -> str:
     Returns
     -------
     str
-        ``name``.
+        ``name``, now known to be a ``str``.
 
     Raises
     ------
@@ -102,10 +102,13 @@ def stored_name(kind: str, name: object, where: str) -> str:
 def given_name(kind: str, name: object, argument: str) -> str:
     """``name``, given as ``argument``, if it is a valid ``kind`` name.
 
+    The check :func:`stored_name` makes, for a name a caller gives rather than one read from
+    the store: the error it raises is the caller's (an ``InvalidNameError``).
+
     Parameters
     ----------
     kind : str
-        The kind of name (see :func:`name_problem`).
+        As for :func:`stored_name`.
     name : object
         The name given.
     argument : str
@@ -114,12 +117,12 @@ def given_name(kind: str, name: object, argument: str) -> str:
     Returns
     -------
     str
-        ``name``.
+        As for :func:`stored_name`.
 
     Raises
     ------
     InvalidNameError
-        ``name`` breaks the grammar.
+        ``name`` breaks the grammar: the message names ``argument`` and what was expected.
     """
     problem = name_problem(kind, name)
     if problem:

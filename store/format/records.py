@@ -39,7 +39,7 @@ def encode(body: dict[str, Any]) -> bytes:
     Returns
     -------
     bytes
-        The document.
+        The document, ASCII JSON (what :func:`decode` takes back).
 
     Raises
     ------
@@ -65,6 +65,8 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
     Parameters
     ----------
+    path : str
+        Where ``data`` was read from, named in errors.
     data : bytes
         The document.
 
@@ -100,13 +102,15 @@ def read(storage: Storage, path: str) -> bytes:
 
     Parameters
     ----------
+    storage : Storage
+        The store's storage.
     path : str
-        The document's path.
+        The record document to read.
 
     Returns
     -------
     bytes
-        The document.
+        Its bytes, for :func:`decode`.
 
     Raises
     ------

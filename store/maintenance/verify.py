@@ -30,7 +30,7 @@ class Problem:
     Attributes
     ----------
     path : str
-        The object's path.
+        The damaged or missing object; a writer's commits directory where its sequence is broken.
     problem : str
         What is wrong with it.
     """

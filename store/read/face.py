@@ -120,6 +120,9 @@ class ReadFace:
     ``Store.table``). On a ``Table`` or ``Store`` each call first follows the commits the
     handle has seen (``Store.refresh``, or its own writer committing); a ``TableView`` never
     changes.
+
+    The stream methods take a ``stream`` key (an int or a str, as appended); a key with no
+    visible records is no error: it reads as an empty stream.
     """
 
     __slots__ = ()
@@ -244,7 +247,7 @@ class ReadFace:
         Parameters
         ----------
         rows : array_like of int
-            Visible row ids.
+            The records to index, by visible row id.
 
         Returns
         -------
@@ -356,7 +359,7 @@ class ReadFace:
         Parameters
         ----------
         stream : int or str
-            The stream key.
+            The stream to list.
 
         Returns
         -------
@@ -373,7 +376,7 @@ class ReadFace:
         Parameters
         ----------
         stream : int or str
-            The stream key.
+            The stream whose steps are split where one is missing.
 
         Returns
         -------
@@ -389,7 +392,7 @@ class ReadFace:
         Parameters
         ----------
         stream : int or str
-            The stream key.
+            The stream searched.
         steps : int or array_like of int
             Steps of that stream.
 

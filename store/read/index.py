@@ -364,12 +364,12 @@ class StreamIndex:
         Parameters
         ----------
         stream : StreamKey
-            The stream key.
+            The stream to bound.
 
         Returns
         -------
         lo, hi : int
-            The bounds.
+            Positions in :attr:`rows`, :attr:`steps`, :attr:`resets` and :attr:`stream_ids`.
         """
         g = self._lookup.get(stream)
         if g is None:
@@ -384,12 +384,12 @@ class StreamIndex:
         Parameters
         ----------
         stream : StreamKey
-            The stream key.
+            The stream to view.
 
         Returns
         -------
         rows, steps : numpy.ndarray
-            int64 per entry; empty for an unknown stream.
+            int64 per entry, views of the index (not copies); empty for an unknown stream.
         """
         s = self._slot(stream)
         if s is None:
@@ -407,12 +407,12 @@ class StreamIndex:
         Parameters
         ----------
         stream : StreamKey
-            The stream key.
+            The stream whose steps are split at their gaps.
 
         Returns
         -------
         numpy.ndarray
-            int64, ``(n, 2)``.
+            int64, ``(n, 2)``; ``(0, 2)`` for a stream with no visible records.
         """
         _, steps = self.stream_rows(stream)
         if not len(steps):
@@ -430,7 +430,7 @@ class StreamIndex:
         Parameters
         ----------
         stream : StreamKey
-            The stream key.
+            The stream searched.
         steps : numpy.ndarray or int
             Steps to look up.
 
@@ -458,7 +458,7 @@ class StreamIndex:
         Parameters
         ----------
         stream : StreamKey
-            The stream key.
+            Any stream key, visible or not.
 
         Returns
         -------

@@ -195,6 +195,14 @@ class Storage(abc.ABC):
     backend is one subclass (``open_store`` accepts an instance), checked by
     subclassing ``replaystore.testing.StorageTests``.
 
+    Every ``path`` a method takes is a key in that space, never a filesystem path:
+    '/'-separated and relative to the store root. Each method's entry says which
+    object (or, where it says so, which prefix) its path names. A ``prefix`` is such a
+    key as well, the root being ''. A method that reads an object raises
+    ``FileNotFoundError`` where none is stored at its path; any other failure of the
+    backend is an ``OSError`` (:class:`StorageUnavailableError` where it cannot be
+    reached).
+
     Attributes
     ----------
     url : str
@@ -242,17 +250,17 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object to read (record documents are read through :meth:`read_capped`).
 
         Returns
         -------
         bytes
-            The whole object.
+            Its content.
 
         Raises
         ------
         FileNotFoundError
-            The object is absent.
+            No object is stored at ``path``.
         """
 
     def download(self, path: str, local: str) -> None:
@@ -261,14 +269,14 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object to copy out of the store.
         local : str
-            The local file to write.
+            The local file to write: a filesystem path, unlike ``path``.
 
         Raises
         ------
         FileNotFoundError
-            The object is absent.
+            As :meth:`read`.
         """
         data = self.read(path)
         with open(local, "wb") as f:
@@ -283,21 +291,21 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The record document to read.
         limit : int
             The most bytes accepted.
 
         Returns
         -------
         bytes
-            The whole object.
+            The document, at most ``limit`` bytes.
 
         Raises
         ------
         CorruptObjectError
             The object is larger than ``limit`` bytes.
         FileNotFoundError
-            The object is absent.
+            As :meth:`read`.
         """
         data = self.read(path)
         if len(data) > limit:
@@ -313,17 +321,17 @@ class Storage(abc.ABC):
         Parameters
         ----------
         paths : sequence of str
-            Object paths.
+            The objects to read; any of them may be absent.
 
         Returns
         -------
         list of bytes or None
-            Each object whole, None where absent.
+            In the order of ``paths``.
 
         Raises
         ------
         OSError
-            Any error but absence.
+            Any failure but absence (which gives None).
         """
         return _each_or_none(self.read, paths)
 
@@ -335,17 +343,17 @@ class Storage(abc.ABC):
         Parameters
         ----------
         paths : sequence of str
-            Object paths.
+            The objects to measure.
 
         Returns
         -------
         list of int or None
-            Each object's size, None where absent.
+            In the order of ``paths``.
 
         Raises
         ------
         OSError
-            Any error but absence.
+            As :meth:`read_many`.
         """
         return _each_or_none(self.size, paths)
 
@@ -356,9 +364,9 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The data object to write.
         data : bytes
-            The object's bytes.
+            Its content.
 
         Raises
         ------
@@ -370,17 +378,20 @@ class Storage(abc.ABC):
     def create(self, path: str, data: bytes) -> bool:
         """Create ``path`` atomically and durably if absent; False (writing nothing) if it exists.
 
+        How the store's record documents are made: the manifest, writer, commit, state and
+        checkpoint records (``supports_atomic_create``).
+
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The record to create.
         data : bytes
-            The object's bytes.
+            Its content.
 
         Returns
         -------
         bool
-            True if created; False (writing nothing) if it exists.
+            True if this call created it.
 
         Raises
         ------
@@ -427,9 +438,9 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The record to create once the files behind ``fds`` are durable.
         data : bytes
-            The object's bytes.
+            Its content.
         fds : sequence of int
             Descriptors to ``fdatasync`` first.
         check : callable, optional
@@ -438,7 +449,7 @@ class Storage(abc.ABC):
         Returns
         -------
         bool
-            True if created; False (writing nothing) if it exists.
+            As :meth:`create`.
 
         Raises
         ------
@@ -458,12 +469,12 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object, or the prefix, to look for.
 
         Returns
         -------
         bool
-            Whether an object (or a prefix) exists at ``path``.
+            True for an object, and for a prefix (a directory, where the backend has them).
         """
 
     @abc.abstractmethod
@@ -473,7 +484,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         prefix : str
-            A path prefix ('' for the root).
+            The prefix to list.
 
         Returns
         -------
@@ -491,7 +502,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         prefix : str
-            A path prefix ('' for the root).
+            As for :meth:`list`.
         token : object
             What the previous call returned (None: none).
 
@@ -511,7 +522,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object or prefix to remove.
 
         Raises
         ------
@@ -526,17 +537,17 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object to measure.
 
         Returns
         -------
         int
-            The object's size in bytes.
+            Its size: what a read of it returns.
 
         Raises
         ------
         FileNotFoundError
-            The object is absent.
+            As :meth:`read`.
         """
 
     def local_path(self, path: str) -> str | None:
@@ -545,7 +556,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The object (or prefix) to locate on the local filesystem.
 
         Returns
         -------
@@ -564,7 +575,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The data object to open.
 
         Returns
         -------
@@ -576,7 +587,7 @@ class Storage(abc.ABC):
         CorruptObjectError
             ``path`` is not a regular file (refused unread).
         FileNotFoundError
-            The object is absent.
+            As :meth:`read`.
         """
         return None
 
@@ -597,7 +608,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         paths : sequence of str
-            Object paths.
+            The objects just written.
 
         Raises
         ------
@@ -614,12 +625,12 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The data object the stream writes.
 
         Returns
         -------
         ObjectStream
-            The stream.
+            The stream, empty.
         """
         return ObjectStream(path)
 
@@ -666,7 +677,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The data object holding the items (a chunk).
         dtype : numpy.dtype
             The items' dtype.
         shape : tuple of int
@@ -684,7 +695,7 @@ class Storage(abc.ABC):
         CorruptObjectError
             The object's local file is not a regular file (refused unread).
         FileNotFoundError
-            The object is absent.
+            As :meth:`read`.
         ValueError
             The object is shorter than the items asked for.
         """
@@ -704,12 +715,13 @@ class Storage(abc.ABC):
         Parameters
         ----------
         prefix : str
-            A path prefix ('' for the root).
+            The prefix to measure.
 
         Returns
         -------
         int
-            Bytes.
+            Bytes they occupy: allocated blocks where the backend has them (a sparse file's
+            holes take none), else the objects' sizes.
         """
         total = 0
         for name in self.list(prefix):
@@ -725,12 +737,12 @@ class Storage(abc.ABC):
         Parameters
         ----------
         prefix : str
-            A path prefix ('' for the root).
+            As for :meth:`total_size`.
 
         Returns
         -------
         int
-            Bytes.
+            The sum of the objects' sizes.
         """
         return self.total_size(prefix)
 
@@ -741,12 +753,12 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The object's '/'-separated path relative to the store root.
+            The prefix to test.
 
         Returns
         -------
         bool
-            Whether ``path`` is a prefix (directory) of objects.
+            False for an object, and where nothing is stored.
         """
 
     def delete_objects(self, paths: builtins.list[str]) -> None:
@@ -757,12 +769,12 @@ class Storage(abc.ABC):
         Parameters
         ----------
         paths : sequence of str
-            Object paths.
+            The objects to remove.
 
         Raises
         ------
         OSError
-            A delete failed.
+            A delete failed (some may be removed).
         """
         for path in paths:
             self.delete(path)
@@ -775,7 +787,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         prefix : str
-            A path prefix ('' for the root).
+            The prefix to walk.
 
         Returns
         -------

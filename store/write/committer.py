@@ -32,19 +32,24 @@ class Committer:
     Parameters
     ----------
     storage : Storage
-        The store's storage.
+        Where the records are created (and a replaced store's record read back).
     writer : int
-        The writer's number.
+        Whose records: they go under ``writers/<writer>/commits``.
     generation : str
-        The store's generation, which every record carries.
+        Written into every record.
     after_ns : int
         The newest commit time of the handle's log: this writer's records come after it.
     guard : Guard
-        The handle's replace checks.
+        Around each create: a failure in a replaced store becomes ``StoreReplacedError``.
     tables : Tables
-        The store's tables (their capacity; the refresh of a capped store's view).
+        Their capacity, and the refresh of a capped store's view (:meth:`refresh_view`).
     show_created : Callable[[int, dict[int, bytes]], None]
         Shows the records this writer created through the handle (see :meth:`refresh_view`).
+
+    See Also
+    --------
+    replaystore.store.write.context.WriteContext : Where ``generation``, ``guard``, ``tables`` and
+        ``show_created`` come from.
     """
 
     def __init__(self, storage: Storage, writer: int, *, generation: str, after_ns: int, guard: Guard,

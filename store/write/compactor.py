@@ -34,21 +34,25 @@ class Compactor:
     Parameters
     ----------
     storage : Storage
-        The store's storage.
+        Where merged fragments are written (and an abandoned merge's deleted).
     writer : int
-        The writer's number.
+        Whose fragments are merged (only this writer's).
     names : Iterator[int]
-        The writer's object-name counter (shared with the segment pool).
+        Names for the merged fragments (the counter the segment pool draws from too).
     committer : Committer
-        The writer's committer (its lock, sequence and record creation).
+        Its lock, sequence and record creation: the ``compact`` records.
     reclaimer : Reclaimer
-        The writer's reclaimer (merged-away fragments are trashed there).
+        Takes the merged-away fragments into its trash.
     fragments : dict[str, list[Fragment]]
         The writer's committed fragments per table (``Writer.fragments``; under the committer's lock).
     tables : Tables
-        The store's tables (schemas, capacity; the handle's readers tell what is fully visible).
+        Schemas and capacity; the handle's readers tell what is fully visible.
     guard : Guard
-        The handle's replace checks (nothing is written or deleted in a replaced store).
+        Checked before a merge writes; asked before an abandoned merge's objects are deleted.
+
+    See Also
+    --------
+    replaystore.store.write.context.WriteContext : Where ``tables`` and ``guard`` come from.
     """
 
     def __init__(self, storage: Storage, writer: int, names: Iterator[int], committer: Committer,

@@ -3,6 +3,12 @@
 The store handle (store/store.py) builds a :class:`WriteContext` for each writer it creates; each
 part of the writer then receives only the pieces of it that it uses (docs/INTERNALS.md,
 "Writer"). Nothing in this package imports the store handle's module.
+
+The parts (committer.py, segmentpool.py, reclaimer.py, compactor.py) take the store's
+``storage`` and the writer's number ``writer`` first, then the parts they work with, then by
+keyword the pieces of the :class:`WriteContext` they use (``tables``, ``guard`` or one of its
+checks, ``log``, ...). Such a piece is what :class:`WriteContext` says it is; a part's
+docstring says only what the part uses it for.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ class WriteContext:
     Attributes
     ----------
     storage : Storage
-        The store's storage.
+        Where the writer's objects and records go (``writers/<writer>/``).
     generation : str
         The store's generation: every record the writer creates carries it.
     format_version : int

@@ -44,23 +44,28 @@ class Reclaimer:
     Parameters
     ----------
     storage : Storage
-        The store's storage.
+        Where evicted and merged-away objects are deleted (and closed writers' segments listed).
     writer : int
-        The writer's number.
+        Whose objects are this writer's own.
     io : IOThreads
-        The writer's I/O threads (deletions run there).
+        Deletions run there.
     lock : threading.Lock
         The committer's lock, which guards the trash (the compaction thread adds to it).
     segments : SegmentPool
-        The writer's segment pool (segments in use; sealing an evicted open segment).
+        Segments in use; sealing an evicted open segment.
     committer : Committer
-        The writer's committer (the segments its record in flight references).
+        The segments its record in flight references.
     tables : Tables
-        The store's tables (their capacity; the handle's view, which decides what is evicted).
+        Their capacity, and the handle's view, which decides what is evicted.
     log : CommitLog
-        The handle's commit log (the other writers' logs).
+        The other writers' logs (which closed, what they reference).
     may_delete : Callable[[], bool]
-        Whether the handle's writers may delete storage (the store is not replaced).
+        Asked before the first deletion of each reclaim (:attr:`Guard.may_delete`).
+
+    See Also
+    --------
+    replaystore.store.write.context.WriteContext : Where ``tables``, ``log`` and ``may_delete`` (of
+        its ``guard``) come from.
     """
 
     def __init__(self, storage: Storage, writer: int, io: IOThreads, lock: threading.Lock, segments: SegmentPool,

@@ -36,23 +36,28 @@ class SegmentPool:
     Parameters
     ----------
     storage : Storage
-        The store's storage.
+        Where staged fragments and segments are written.
     writer : int
-        The writer's number.
+        Whose data directory they go to.
     names : Iterator[int]
-        The writer's object-name counter (shared with the compactor: names never repeat).
+        Names for new fragments and segments (the compactor draws from it too: names never repeat).
     io : IOThreads
-        The writer's I/O threads (spares are created there).
+        Spares are created there.
     committer : Committer
-        The writer's committer (the record in flight, whose files a sealed segment may hold).
+        Its record in flight, whose files a sealed segment may hold.
     schemas : Mapping[str, Schema]
-        The store's tables' schemas.
+        Each table's schema, which its fragments and segments are laid out by.
     capacity : int or None
-        The store's capacity in records (segment sizes follow it).
+        Segment sizes follow it.
     format_version : int
-        The manifest's format version (format 2 on local storage: appends go to segments).
+        Format 2 on local storage: appends go to segments.
     guard : Guard
-        The handle's replace checks (nothing is created or deleted in a replaced store).
+        Checked before a segment is created; asked before one is deleted.
+
+    See Also
+    --------
+    replaystore.store.write.context.WriteContext : Where ``schemas`` and ``capacity`` (of its
+        ``tables``), ``format_version`` and ``guard`` come from.
     """
 
     def __init__(self, storage: Storage, writer: int, names: Iterator[int], io: IOThreads,

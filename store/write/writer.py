@@ -49,7 +49,7 @@ class CommitResult:
     Attributes
     ----------
     writer : int
-        The writer's number.
+        The number of the writer that committed.
     seq : int
         The commit record's sequence number.
     rows : dict[str, tuple[int, int]]
