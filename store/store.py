@@ -521,7 +521,7 @@ class Store(ReadFace):
         Raises
         ------
         CorruptObjectError
-            A new commit record is damaged.
+            As :meth:`refresh`, which it calls first.
 
         Notes
         -----

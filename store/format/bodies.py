@@ -274,10 +274,8 @@ def fragment(path: str, d: Any, where: str, seq_limit: int = COUNT_LIMIT,
 
     Parameters
     ----------
-    path : str
-        The record's path, named in errors.
     d : Any
-        The descriptor.
+        The descriptor, as decoded from the commit record at ``path``.
     where : str
         Names the descriptor in ``path``.
     seq_limit : int, optional

@@ -163,7 +163,7 @@ class Fragment:
         Parameters
         ----------
         offsets : str
-            The offsets array's name.
+            Names the CSR group by its offsets array.
 
         Returns
         -------

@@ -65,8 +65,6 @@ def decode(path: str, data: bytes) -> dict[str, Any]:
 
     Parameters
     ----------
-    path : str
-        Where ``data`` was read from, named in errors.
     data : bytes
         The document.
 
@@ -102,10 +100,8 @@ def read(storage: Storage, path: str) -> bytes:
 
     Parameters
     ----------
-    storage : Storage
-        The store's storage.
     path : str
-        The record document to read.
+        A manifest, writer, commit, state or checkpoint record.
 
     Returns
     -------

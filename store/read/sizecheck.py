@@ -16,7 +16,7 @@ class SizeCheck:
     Parameters
     ----------
     storage : Storage
-        The store's storage.
+        Where the fragments' ``_reset`` chunks are sized.
     """
 
     def __init__(self, storage: Storage) -> None:

@@ -753,7 +753,7 @@ class Storage(abc.ABC):
         Parameters
         ----------
         path : str
-            The prefix to test.
+            The prefix to test (on local storage, a directory).
 
         Returns
         -------

@@ -38,13 +38,8 @@ _CHECK_LOCK = threading.Lock()
 PROBE_PREFIX = ".tmp-create-probe-"
 
 
-class _Serialized:
-    """An fsspec filesystem whose every call runs under one lock.
-
-    The ``memory://`` of fsspec keeps all files in one process-wide dict and walks it unlocked
-    (``find``, ``rm``, ``ls``); a thread writing meanwhile (a writer's I/O threads, a
-    DataLoader's) can make that walk raise "dictionary changed size during iteration".
-    """
+class _Wrapped:
+    """An fsspec filesystem whose method calls all go through :meth:`_call`; other attributes read through."""
 
     def __init__(self, fs: Any) -> None:
         self._fs = fs
@@ -55,9 +50,24 @@ class _Serialized:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with _MEMORY_LOCK:
-                return attr(*args, **kwargs)
+            return self._call(attr, args, kwargs)
         return call
+
+    def _call(self, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+class _Serialized(_Wrapped):
+    """An fsspec filesystem whose every call runs under one lock.
+
+    The ``memory://`` of fsspec keeps all files in one process-wide dict and walks it unlocked
+    (``find``, ``rm``, ``ls``); a thread writing meanwhile (a writer's I/O threads, a
+    DataLoader's) can make that walk raise "dictionary changed size during iteration".
+    """
+
+    def _call(self, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with _MEMORY_LOCK:
+            return method(*args, **kwargs)
 
 
 _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3")
@@ -72,7 +82,7 @@ def _is_client_error(exc: BaseException) -> bool:
     return not isinstance(exc, (OSError, ReplayStoreError)) and type(exc).__module__.startswith(_CLIENT_MODULES)
 
 
-class _Translated:
+class _Translated(_Wrapped):
     """An s3fs filesystem whose calls raise :class:`StorageUnavailableError` for client-side failures.
 
     An ``OSError``, for the failures that s3fs lets through as botocore or aiohttp
@@ -80,26 +90,20 @@ class _Translated:
     """
 
     def __init__(self, fs: Any, url: str) -> None:
-        self._fs = fs
+        super().__init__(fs)
         self._url = url
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._fs, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return attr(*args, **kwargs)
-            except TypeError as exc:
-                if "keyword argument" in str(exc):  # s3fs passes unknown options on to its session lazily
-                    raise StorageURLError(f"{self._url}: a storage option is not accepted ({exc})") from None
-                raise
-            except Exception as exc:
-                if _is_client_error(exc):
-                    raise StorageUnavailableError(f"{self._url}: {type(exc).__name__}: {exc}") from exc
-                raise
-        return call
+    def _call(self, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except TypeError as exc:
+            if "keyword argument" in str(exc):  # s3fs passes unknown options on to its session lazily
+                raise StorageURLError(f"{self._url}: a storage option is not accepted ({exc})") from None
+            raise
+        except Exception as exc:
+            if _is_client_error(exc):
+                raise StorageUnavailableError(f"{self._url}: {type(exc).__name__}: {exc}") from exc
+            raise
 
 
 class FsspecStorage(Storage):

@@ -42,7 +42,8 @@ class StepBook:
     """The last step and done flag of every stream one writer appended to, with undo to the last commit.
 
     Runs on the thread that appends (the writer's caller). A stream this writer has not
-    written yet is looked up in a current view of the store, once per append.
+    written yet is looked up in a current view of the store, once per append. A stream is
+    named by its table and its key: the methods take them as ``table`` and ``key``.
 
     Parameters
     ----------
@@ -106,7 +107,7 @@ class StepBook:
         Parameters
         ----------
         table : str
-            The table.
+            The rollout's table.
         key : StreamKey
             The slot's stream key.
 
@@ -125,9 +126,9 @@ class StepBook:
         Parameters
         ----------
         table : str
-            The table.
+            The table appended to.
         key : StreamKey
-            The stream key.
+            The stream it leaves ``done`` in.
         done : bool
             Whether its last record ends an episode.
 
@@ -143,9 +144,9 @@ class StepBook:
         Parameters
         ----------
         table : str
-            The table.
+            The table the stream is in.
         key : StreamKey
-            The stream key.
+            The stream's key.
         staged : bool
             Whether the steps the append being checked takes count.
 
@@ -183,7 +184,7 @@ class StepBook:
         Parameters
         ----------
         table : str
-            The table.
+            The table the records go to.
         coded : Coded
             The records' stream codes and the keys they code.
         step : None, int or array-like
