@@ -17,7 +17,7 @@ def locate(v: TableView, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Parameters
     ----------
     v : TableView
-        The view.
+        The view the rows are visible in.
     rows : numpy.ndarray
         int64 row ids.
 
@@ -46,7 +46,7 @@ def fragment_of(v: TableView, rows: np.ndarray) -> np.ndarray:
     Parameters
     ----------
     v : TableView
-        The view.
+        The view whose visible fragments are numbered.
     rows : numpy.ndarray
         int64 row ids (checked by ``row_array``).
 

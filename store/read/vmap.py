@@ -136,9 +136,9 @@ class AddressRange:
         Parameters
         ----------
         offset : int
-            Where the mapping starts.
+            Where the mapping starts, as given to :meth:`map_file`.
         nbytes : int
-            Its length.
+            Its length, as given to :meth:`map_file`.
         """
         _reserve_at(self.address + offset, _round_up(nbytes, PAGE))
 

@@ -241,7 +241,7 @@ class Compactor:
         Parameters
         ----------
         table : str
-            The table.
+            The table the run belongs to.
         run : list[Fragment]
             Consecutive committed fragments of this writer.
 

@@ -84,7 +84,7 @@ class SegmentPool:
         Parameters
         ----------
         table : str
-            The table.
+            The table appended to.
         cols : Columns
             The append's validated columns.
         streams : list[StreamKey]
@@ -114,7 +114,7 @@ class SegmentPool:
         Parameters
         ----------
         table : str
-            The table.
+            The table whose staged fragment it is.
         next_row : int
             Its first row not yet committed by this writer.
 
@@ -189,7 +189,7 @@ class SegmentPool:
         Parameters
         ----------
         table : str
-            The table.
+            The table the new segment is for.
 
         Returns
         -------
@@ -271,7 +271,7 @@ class SegmentPool:
         Parameters
         ----------
         table : str
-            The table.
+            The table the commit covered.
 
         Cost: O(segments filled since the last commit).
         """
@@ -369,7 +369,7 @@ class SegmentPool:
         Parameters
         ----------
         table : str
-            The table.
+            The table evicted from.
         counts : list[tuple[Fragment, int]]
             Each fragment's rows beyond the grace margin.
 
