@@ -5,10 +5,11 @@ part of the writer then receives only the pieces of it that it uses (docs/INTERN
 "Writer"). Nothing in this package imports the store handle's module.
 
 The parts (committer.py, segmentpool.py, reclaimer.py, compactor.py) take the store's
-``storage`` and the writer's number ``writer`` first, then the parts they work with, then by
-keyword the pieces of the :class:`WriteContext` they use (``tables``, ``guard`` or one of its
-checks, ``log``, ...). Such a piece is what :class:`WriteContext` says it is; a part's
-docstring says only what the part uses it for.
+``storage`` and the writer's number ``writer`` first, then what they share with the writer's
+other parts (its name counter, its I/O threads, the other parts), then by keyword the pieces of
+the :class:`WriteContext` they use (``tables``, ``guard`` or one of its checks, ``log``, ...).
+Such a piece is what :class:`WriteContext` says it is; a part's docstring says only what the
+part uses it for.
 """
 
 from __future__ import annotations

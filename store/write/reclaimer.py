@@ -46,7 +46,7 @@ class Reclaimer:
     storage : Storage
         Where evicted and merged-away objects are deleted (and closed writers' segments listed).
     writer : int
-        Whose objects are this writer's own.
+        The writer whose objects are its own (other writers' segments wait until they are gone).
     io : IOThreads
         Deletions run there.
     lock : threading.Lock
@@ -60,7 +60,7 @@ class Reclaimer:
     log : CommitLog
         The other writers' logs (which closed, what they reference).
     may_delete : Callable[[], bool]
-        Asked before the first deletion of each reclaim (:attr:`Guard.may_delete`).
+        Asked before the first deletion of each reclaim (the guard's ``may_delete``).
 
     See Also
     --------
