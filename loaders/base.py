@@ -13,6 +13,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.loaders import combinations
 from replaystore.loaders.her import HER
 from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
 from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
@@ -112,7 +113,7 @@ class StoreSampler(Sampler[Request]):
     stack : int, optional
         Frame stacking (loaders/stacking.py): minibatches carry ``obs`` and ``next_obs``
         of ``stack`` consecutive frames of the record's episode, and only records with a
-        next frame are drawn (samplers that support it: uniform, prioritized, epoch).
+        next frame are drawn (every sampler but the reservoir).
     stack_padding : str, optional
         Slots before an episode's first frame: ``"reset"`` repeats it, ``"zero"`` zeros.
     stack_field : str, optional
@@ -122,6 +123,9 @@ class StoreSampler(Sampler[Request]):
         many steps from each drawn record (docs/GUIDE.md, "N-step returns"); None: off.
     gamma : float, optional
         The discount of ``n_step`` returns, in [0, 1].
+    her : HER, optional
+        Hindsight relabelling of the drawn goal-conditioned records (loaders/her.py;
+        uniform, prioritized and epoch samplers).
     rate_limiter : RateLimiter, optional
         Gate every :meth:`sample` (so iteration and ``make_loader`` too) on a sample-to-insert
         ratio (loaders/ratelimit.py; docs/GUIDE.md, "Rate limiting"): a minibatch waits while
@@ -133,26 +137,40 @@ class StoreSampler(Sampler[Request]):
     ------
     SamplerParameterError
         A bad ``batch_size``, ``refresh_every``, ``refresh_every_s``, ``stack*``, ``n_step`` or
-        ``gamma``; ``n_step`` on a sampler that does not take it, or over a table without
-        ``reward`` and ``terminated``.
+        ``gamma``, ``n_step`` over a table without ``reward`` and ``terminated``, or ``her`` not
+        a :class:`HER`.
+    UnsupportedCombinationError
+        A feature the sampler does not take, or two features that do not go together
+        (loaders/combinations.py; docs/GUIDE.md, "Which samplers take which features"); it
+        names both. Checked before anything else is built.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
 
     kind = "sampler"
-    takes_n_step = False
-    """Whether the sampler takes ``n_step`` (uniform, prioritized, epoch)."""
     overridable: frozenset[str] = frozenset({"batch_size", "seed"})
     """The hyperparameters ``restore(override=True)`` lets the given values replace."""
     her: HER | None = None
-    """Hindsight relabelling (set by the samplers that take ``her=``; loaders/her.py)."""
+    """Hindsight relabelling (``her=``; loaders/her.py)."""
+
+    @property
+    def takes_n_step(self) -> bool:
+        """Whether this kind of sampler takes ``n_step`` (loaders/combinations.py decides)."""
+        return combinations.sampler_reason(self.kind, "n_step") is None
 
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
                  refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
                  stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99,
-                 rate_limiter: RateLimiter | None = None) -> None:
+                 her: HER | None = None, rate_limiter: RateLimiter | None = None) -> None:
+        if her is not None and not isinstance(her, HER):
+            raise SamplerParameterError("her", "None or a replaystore.loaders.HER", repr(her))
+        given = {"stack": stack, "n_step": n_step, "her": her, "rate_limiter": rate_limiter, "subset": subset,
+                 "refresh_every": refresh_every if refresh_every is not None else refresh_every_s}
+        combinations.check(self.kind, [f for f, v in given.items() if v is not None], type(self).__name__)
         batch_size = check_size("batch_size", batch_size, MAX_BATCH_SIZE)
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
                                           or refresh_every <= 0):
@@ -168,9 +186,6 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
-        if n_step is not None and not self.takes_n_step:
-            raise SamplerParameterError("n_step", f"None ({type(self).__name__} does not take n-step windows)",
-                                        repr(n_step))
         self.n_step: int | None = None
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
@@ -192,6 +207,9 @@ class StoreSampler(Sampler[Request]):
             from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
 
             self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
+        self.her = her
+        if her is not None:
+            her.check(self.table)
         self.rate_limit: SampleGate | None = None
         if rate_limiter is not None:
             self.rate_limit = rate_limiter.bind(self)

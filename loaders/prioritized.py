@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import RowIdTypeError, SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.her import HER, attach_her, her_outputs
+from replaystore.loaders.her import HER, her_outputs
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
@@ -136,12 +136,10 @@ class PrioritizedSampler(StoreSampler):
     """
 
     kind = "prioritized"
-    takes_n_step = True
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
                  eps: float = 1e-6, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her, kwargs.get("stack"))
         self.alpha = _real("alpha", alpha)
         self.beta = _real("beta", beta)
         self.eps = _real("eps", eps)
@@ -150,9 +148,7 @@ class PrioritizedSampler(StoreSampler):
         self.tree = SumTree(1024)
         self._masked = np.zeros(0, dtype=np.int64)  # with stack=: tracked rows without a next frame (leaf 0)
         self._masked_key: tuple[int, int] | None = None
-        super().__init__(store, batch_size, seed, **kwargs)
-        if her is not None:
-            her.check(self.table)
+        super().__init__(store, batch_size, seed, her=her, **kwargs)
 
     def _sync(self) -> None:
         """Follow the table: new rows enter at the running maximum, rows no longer visible drop out.

@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.her import HER, attach_her, her_outputs
+from replaystore.loaders.her import HER, her_outputs
 from replaystore.loaders.passorder import METHODS, PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
@@ -59,13 +59,9 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
-    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her, kwargs.get("stack"))
-        super().__init__(store, batch_size, seed, **kwargs)
-        if her is not None:
-            her.check(self.table)
+        super().__init__(store, batch_size, seed, her=her, **kwargs)
 
     def sample(self) -> Request:
         """Draw ``batch_size`` candidate rows uniformly with replacement.
@@ -145,7 +141,6 @@ class EpochSampler(StoreSampler):
     """
 
     kind = "epoch"
-    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, drop_last: bool = False,
                  **kwargs: Any) -> None:
@@ -242,7 +237,7 @@ class EpochSampler(StoreSampler):
         self.batches_drawn += 1
         if self.stacker is not None:
             return self.windowed(self.stacker.request(rows))
-        return self.windowed(Request(rows))
+        return self.windowed(Request(rows, her_outputs(self, rows)))
 
     def __iter__(self) -> Iterator[Request]:
         """One pass (continuing the current one after ``load_state_dict``)."""
