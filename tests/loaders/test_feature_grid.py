@@ -1,0 +1,365 @@
+"""The sampler x feature grid: every supported combination against a plain-Python reference, every refused
+one for its error.
+
+One small real store (local disk) of interleaved episodes over three streams carries the fields of every
+feature: a ``frame`` to stack, ``reward``/``terminated``/``truncated`` and ``next_obs`` for n-step returns,
+goal fields for HER. The reference knows each row's stream, episode and step; it checks the drawn rows
+against the eligible set (visible, of the subset, with a next frame for ``stack``), the stacks, the n-step
+returns, discounts and successor observations, the relabelled goals and rewards, prioritized weights, the
+transform's view of the finished minibatch, the rate limiter's count and that ``refresh_every`` follows
+another handle's commits. The table of what is supported is loaders/combinations.py's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from replaystore.errors import SamplerParameterError, UnsupportedCombinationError
+from replaystore.loaders import (
+    HER,
+    EpochSampler,
+    PrioritizedSampler,
+    RateLimiter,
+    ReservoirSampler,
+    SequenceSampler,
+    UniformSampler,
+    make_loader,
+)
+from replaystore.loaders import combinations as combos
+from replaystore.schemas import Dense, Schema
+from replaystore.store import Store, open_store
+
+FRAME = (2,)
+GOAL = (2,)
+SCHEMA = Schema("grid", [
+    Dense("frame", np.int32, FRAME), Dense("next_obs", np.float32, (3,)), Dense("action", np.int64),
+    Dense("reward", np.float32), Dense("terminated", np.bool_), Dense("truncated", np.bool_),
+    Dense("achieved_goal", np.float32, GOAL), Dense("desired_goal", np.float32, GOAL),
+    Dense("next_achieved_goal", np.float32, GOAL), Dense("next_desired_goal", np.float32, GOAL)])
+
+# (stream, length, end): end is "terminated", "truncated" or None (an open episode); appended in this order
+PLAN = [(0, 5, "terminated"), (1, 4, "terminated"), (2, 2, "terminated"), (0, 3, "truncated"),
+        (1, 6, "terminated"), (2, 5, None)]
+LATER = 2  # with refresh_every, the last LATER episodes are committed by another handle after construction
+STACK, N_STEP, GAMMA = 2, 3, 0.9
+ALPHA, BETA, EPS = 0.7, 0.5, 1e-6
+
+
+def goal_reward(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
+    """A dense goal reward: minus the distance (module-level, so it pickles)."""
+    return -np.linalg.norm(np.asarray(achieved) - np.asarray(desired), axis=-1).astype(np.float32)
+
+
+def twice(batch: dict[str, Any]) -> dict[str, Any]:
+    """The transform: a field computed from the finished minibatch's reward."""
+    batch["twice"] = np.asarray(batch["reward"]) * 2
+    return batch
+
+
+class Ref:
+    """The rows as appended: per row its stream, episode, place in it and step; the fields' values."""
+
+    def __init__(self) -> None:
+        self.where: dict[int, tuple[int, int]] = {}  # row -> (episode number, t)
+        self.episodes: list[list[int]] = []
+        self.complete: list[bool] = []
+        self.stream: dict[int, int] = {}
+        self.step: dict[int, int] = {}
+        self.data: dict[str, np.ndarray] = {}
+        self.at: dict[int, int] = {}
+
+    def col(self, name: str, rows: Any) -> np.ndarray:
+        return self.data[name][[self.at[int(r)] for r in np.asarray(rows).reshape(-1)]]
+
+    def follow(self, url: str) -> None:
+        """Key everything by the store's row ids (another writer's rows have its id in their high bits)."""
+        table = open_store(url, mode="r").default
+        ids = table.rows_at(np.arange(len(table)))
+        of = dict(zip((table.read(ids, columns=["frame"])["frame"][:, 0] // 10).tolist(), ids.tolist(), strict=True))
+        self.at = {i: r for r, i in of.items()}  # row id -> position in the appended data
+        self.where = {of[r]: w for r, w in self.where.items()}
+        self.episodes = [[of[r] for r in e] for e in self.episodes]
+        self.stream = {of[r]: s for r, s in self.stream.items()}
+        self.step = {of[r]: s for r, s in self.step.items()}
+
+    def has_next(self, row: int) -> bool:
+        e, t = self.where[row]
+        return t + 1 < len(self.episodes[e])
+
+    def stack(self, row: int, shift: int = 0) -> np.ndarray:
+        """Frames ``t - STACK + 1 + shift .. t + shift`` of row's episode ("reset" padding)."""
+        e, t = self.where[row]
+        rows = self.episodes[e]
+        return self.col("frame", [rows[max(i, 0)] for i in range(t - STACK + 1 + shift, t + 1 + shift)])
+
+    def window(self, row: int, stacked: bool) -> tuple[float, int, int]:
+        """The n-step window of ``row``: (discounted reward, length, last row)."""
+        e, t = self.where[row]
+        rows = self.episodes[e]
+        k = 1
+        while k < N_STEP and t + k < len(rows):
+            prev = rows[t + k - 1]
+            if self.col("terminated", [prev])[0] or self.col("truncated", [prev])[0]:
+                break
+            if stacked and t + k + 1 >= len(rows):  # the window's last row must have a next frame
+                break
+            k += 1
+        total = sum(GAMMA ** i * float(self.col("reward", [rows[t + i]])[0]) for i in range(k))
+        return total, k, rows[t + k - 1]
+
+
+def build(url: str, later: bool) -> tuple[Store, Ref, Callable[[], None]]:
+    """The store (without the last LATER episodes if ``later``), its reference and a function appending the rest
+    through another handle."""
+    rng = np.random.default_rng(7)
+    ref = Ref()
+    batches: list[tuple[int, dict[str, np.ndarray]]] = []
+    row, steps = 0, {0: 0, 1: 0, 2: 0}
+    for stream, n, end in PLAN:
+        b = {"frame": (np.arange(row, row + n)[:, None] * 10 + np.arange(2)).astype(np.int32),
+             "next_obs": rng.random((n, 3)).astype(np.float32), "action": rng.integers(0, 4, n),
+             "reward": rng.random(n).astype(np.float32), "terminated": np.zeros(n, bool),
+             "truncated": np.zeros(n, bool), "achieved_goal": rng.random((n, *GOAL)).astype(np.float32),
+             "desired_goal": np.full((n, *GOAL), -1, np.float32),
+             "next_achieved_goal": rng.random((n, *GOAL)).astype(np.float32),
+             "next_desired_goal": np.full((n, *GOAL), -1, np.float32)}
+        if end is not None:
+            b[end][-1] = True
+        e = len(ref.episodes)
+        ref.episodes.append(list(range(row, row + n)))
+        ref.complete.append(end is not None)
+        for t in range(n):
+            ref.where[row + t] = (e, t)
+            ref.stream[row + t] = stream
+            ref.step[row + t] = steps[stream] + t
+        steps[stream] += n
+        batches.append((stream, b))
+        row += n
+    ref.data = {k: np.concatenate([b[k] for _, b in batches]) for k in batches[0][1]}
+    store = open_store(url, SCHEMA, mode="w+")
+    first = batches[:-LATER] if later else batches
+
+    def append(store: Store, part: list[tuple[int, dict[str, np.ndarray]]]) -> None:
+        with store.writer() as w:
+            for stream, b in part:
+                w.append(b, stream=stream, reset=True)
+            w.commit()
+
+    append(store, first)
+
+    def rest() -> None:
+        other = open_store(url, mode="a")
+        append(other, batches[-LATER:])
+
+    return store, ref, rest
+
+
+SUBSET = np.array([r for r in range(sum(n for _, n, _ in PLAN)) if r % 3 != 1], dtype=np.int64)
+
+MAKERS: dict[str, Callable[..., Any]] = {
+    "uniform": lambda st, **kw: UniformSampler(st, batch_size=16, seed=1, num_batches=3, **kw),
+    "prioritized": lambda st, **kw: PrioritizedSampler(st, 16, alpha=ALPHA, beta=BETA, eps=EPS, seed=1,
+                                                       num_batches=3, **kw),
+    "epoch": lambda st, **kw: EpochSampler(st, batch_size=6, seed=1, **kw),
+    "sequence": lambda st, **kw: SequenceSampler(st, length=2, burn_in=1, batch_size=8, seed=1, num_batches=3,
+                                                 **kw),
+    "reservoir": lambda st, **kw: ReservoirSampler(st, capacity=10, batch_size=8, seed=1, num_batches=3, **kw),
+}
+"""Per sampler kind, how the grid makes one."""
+
+
+def sampler_kwargs(features: tuple[str, ...]) -> dict[str, Any]:
+    """The sampler arguments of ``features`` (``transform`` is the loader's)."""
+    kw: dict[str, Any] = {}
+    if "stack" in features:
+        kw.update(stack=STACK, stack_padding="reset")
+    if "n_step" in features:
+        kw.update(n_step=N_STEP, gamma=GAMMA)
+    if "her" in features:
+        kw["her"] = HER("future", 4, compute_reward=goal_reward, seed=3)
+    if "rate_limiter" in features:  # admits every draw; counts them
+        kw["rate_limiter"] = RateLimiter(1000.0, 1, 1e9, name="grid")
+    if "subset" in features:
+        kw["subset"] = SUBSET
+    if "refresh_every" in features:
+        kw["refresh_every"] = 1
+    return kw
+
+
+def combos_of(size: int) -> list[tuple[str, tuple[str, ...]]]:
+    return [(kind, feats) for kind in combos.SAMPLERS for feats in itertools.combinations(combos.FEATURES, size)]
+
+
+SUPPORTED = [(k, f) for size in (0, 1, 2) for k, f in combos_of(size) if combos.supported(k, f)]
+REFUSED = ([(k, f) for k, f in combos_of(1) if not combos.supported(k, f)]
+           + [(k, f) for k, f in combos_of(2)  # two features the sampler takes, but not together
+              if all(combos.supported(k, (g,)) for g in f) and not combos.supported(k, f)])
+
+
+def eligible(ref: Ref, features: tuple[str, ...], visible: int) -> set[int]:
+    rows = set(sorted(ref.where)[:visible]) if visible < len(ref.where) else set(ref.where)
+    if "subset" in features:
+        rows &= set(SUBSET.tolist())
+    if "stack" in features:
+        rows = {r for r in rows if ref.has_next(r)}
+    return rows
+
+
+def check_record_batch(ref: Ref, features: tuple[str, ...], b: dict[str, np.ndarray], sampler: Any,
+                       allowed: set[int]) -> None:
+    """One minibatch of single records (not sequence windows) against the reference."""
+    rows = b["indices"].astype(np.int64)
+    assert set(rows.tolist()) <= allowed
+    stacked = "stack" in features
+    if stacked:
+        np.testing.assert_array_equal(b["obs"], np.stack([ref.stack(r) for r in rows]))
+        assert "frame" not in b
+    else:
+        np.testing.assert_array_equal(b["frame"], ref.col("frame", rows))
+    reward = ref.col("reward", rows).astype(np.float64)
+    if "n_step" in features:
+        wins = [ref.window(int(r), stacked) for r in rows]
+        last = np.array([w[2] for w in wins], dtype=np.int64)
+        k = np.array([w[1] for w in wins])
+        reward = np.array([w[0] for w in wins])
+        terminated = ref.col("terminated", last)
+        np.testing.assert_array_equal(b["n"], k)
+        np.testing.assert_array_equal(b["terminated"], terminated)
+        np.testing.assert_array_equal(b["truncated"], ref.col("truncated", last))
+        np.testing.assert_allclose(b["discount"], np.where(terminated, 0.0, GAMMA ** k), rtol=1e-12)
+        if stacked:
+            np.testing.assert_array_equal(b["next_obs"], np.stack([ref.stack(int(r), 1) for r in last]))
+        else:
+            np.testing.assert_array_equal(b["next_obs"], ref.col("next_obs", last))
+    elif stacked:
+        np.testing.assert_array_equal(b["next_obs"], np.stack([ref.stack(int(r), 1) for r in rows]))
+    else:
+        np.testing.assert_array_equal(b["next_obs"], ref.col("next_obs", rows))
+        np.testing.assert_array_equal(b["terminated"], ref.col("terminated", rows))
+    if "her" in features:
+        goals = b["her_goal_rows"].astype(np.int64)
+        relabelled = goals >= 0
+        for row, g in zip(rows.tolist(), goals.tolist(), strict=True):
+            if g >= 0:  # future: the same complete episode, at or after the drawn step
+                (e, t), (ge, gt) = ref.where[row], ref.where[g]
+                assert ge == e and gt >= t and ref.complete[e]
+        want_goal = np.where(relabelled[:, None], ref.col("next_achieved_goal", np.maximum(goals, 0)),
+                             ref.col("desired_goal", rows))
+        np.testing.assert_array_equal(b["desired_goal"], want_goal)
+        np.testing.assert_array_equal(b["next_desired_goal"], want_goal)
+        reward = np.where(relabelled, goal_reward(ref.col("next_achieved_goal", rows), want_goal, {}), reward)
+        assert relabelled.any() or not any(ref.complete[ref.where[r][0]] for r in rows.tolist())
+    np.testing.assert_allclose(b["reward"], reward.astype(np.float32), rtol=1e-6)
+    if "transform" in features:
+        np.testing.assert_array_equal(b["twice"], np.asarray(b["reward"]) * 2)
+    if sampler.kind == "prioritized":  # rows visible at the update have their priority, later ones the maximum
+        known = sampler.known
+        top = max(priority(np.array(sorted(known)))) + EPS
+        p = np.array([priority(r) + EPS if r in known else top for r in rows.tolist()])
+        values = np.maximum(p ** ALPHA, np.finfo(np.float64).tiny)
+        np.testing.assert_allclose(b["weights"], ((values.min() / values) ** BETA).astype(np.float32), rtol=1e-6)
+    if sampler.kind == "reservoir":
+        assert set(rows.tolist()) <= set(sampler.members.tolist())
+
+
+def priority(rows: np.ndarray) -> np.ndarray:
+    """The priorities the grid gives rows before drawing: distinct, from the row id."""
+    return 1.0 + (np.asarray(rows) % 7).astype(np.float64)
+
+
+def check_sequence_batch(ref: Ref, features: tuple[str, ...], b: dict[str, np.ndarray], visible: int) -> None:
+    """One minibatch of windows: consecutive steps of one stream, first learning step eligible, stacks."""
+    rows = b["indices"].astype(np.int64)
+    real = rows >= 0
+    np.testing.assert_array_equal(real, b["sequence_valid"])
+    learn = rows[:, 1]  # burn_in=1: the first learning step
+    assert (learn >= 0).all() and set(learn.tolist()) <= eligible(ref, tuple(f for f in features if f != "stack"),
+                                                                     visible)
+    for w in rows:
+        got = [int(r) for r in w if r >= 0]
+        assert len({ref.stream[r] for r in got}) == 1
+        assert [ref.step[r] for r in got] == list(range(ref.step[got[0]], ref.step[got[0]] + len(got)))
+    if "stack" in features:
+        for i, j in zip(*np.nonzero(real), strict=True):
+            r = int(rows[i, j])
+            np.testing.assert_array_equal(b["obs"][i, j], ref.stack(r))
+            assert bool(b["next_valid"][i, j]) == ref.has_next(r)
+            if ref.has_next(r):
+                np.testing.assert_array_equal(b["next_obs"][i, j], ref.stack(r, 1))
+    else:
+        np.testing.assert_array_equal(b["frame"][real], ref.col("frame", rows[real]))
+        np.testing.assert_array_equal(b["reward"][real], ref.col("reward", rows[real]))
+    if "transform" in features:
+        np.testing.assert_array_equal(b["twice"], np.asarray(b["reward"]) * 2)
+
+
+@pytest.mark.parametrize(("kind", "features"), SUPPORTED, ids=[f"{k}-{'+'.join(f) or 'plain'}" for k, f in SUPPORTED])
+def test_supported_combination_matches_reference(tmp_path: Any, kind: str, features: tuple[str, ...]) -> None:
+    url = str(tmp_path / "st")
+    later = "refresh_every" in features
+    store, ref, rest = build(url, later)
+    total = len(ref.where)
+    sampler = MAKERS[kind](store, **sampler_kwargs(features))
+    if later:  # another handle commits; the sampler sees the rows at its next minibatch, by itself
+        rest()
+        assert len(store.default) < total
+    ref.follow(url)
+    if kind == "prioritized":
+        rows = np.array(sorted(ref.where), dtype=np.int64)
+        sampler.update(rows, priority(rows))  # rows not yet visible are ignored
+        sampler.known = set(sorted(ref.where)[:len(store.default)])
+    gate = sampler.rate_limit
+    before = gate.own if gate is not None else 0
+    loader = make_loader(store, sampler, transform=twice if "transform" in features else None)
+    drawn, seen, at_start = 0, [], len(store.default)
+    for i, batch in enumerate(loader):
+        b = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in batch.items()}
+        visible = len(store.default)
+        if later and i:  # refresh_every=1: a refresh before every minibatch but the first
+            assert visible == total
+        drawn += len(b["indices"])
+        if kind == "sequence":
+            check_sequence_batch(ref, features, b, visible)
+        else:
+            check_record_batch(ref, features, b, sampler, eligible(ref, features, visible))
+            seen.extend(b["indices"].tolist())
+    assert drawn
+    if kind == "epoch":  # one pass: every record eligible when it started, exactly once
+        assert sorted(seen) == sorted(eligible(ref, features, at_start))
+    if gate is not None:
+        assert gate.own - before == drawn
+
+
+@pytest.mark.parametrize(("kind", "features"), REFUSED, ids=[f"{k}-{'+'.join(f)}" for k, f in REFUSED])
+def test_refused_combination_names_both_sides(tmp_path: Any, kind: str, features: tuple[str, ...]) -> None:
+    store, _, _ = build(str(tmp_path / "st"), later=False)
+    before = store.default.total_committed(), len(store.default)
+    with pytest.raises(UnsupportedCombinationError) as err:
+        MAKERS[kind](store, **sampler_kwargs(features))
+    e = err.value
+    assert isinstance(e, SamplerParameterError)
+    if len(features) == 1:
+        sides = (combos.SAMPLERS[kind], f"{features[0]}=")
+    else:
+        sides = (f"{features[0]}=", f"{features[1]}=")
+    assert (e.first, e.second) == sides
+    assert sides[0] in str(e) and sides[1] in str(e)
+    assert (store.default.total_committed(), len(store.default)) == before
+
+
+def test_grid_covers_every_pair() -> None:
+    """Every sampler x feature pair is decided, and what is refused is what the reasons say."""
+    grid = combos.grid()
+    assert set(grid) == set(combos.SAMPLERS)
+    for kind, row in grid.items():
+        assert set(row) == set(combos.FEATURES)
+        for feature, ok in row.items():
+            assert ok == ((kind, feature) not in combos.SAMPLER_REFUSED)
+    assert not grid["reservoir"]["stack"] and grid["epoch"]["her"] and not grid["sequence"]["her"]
+    for a, b in combos.FEATURE_REFUSED:
+        assert combos.feature_reason(b, a) == combos.feature_reason(a, b) is not None
