@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,11 +15,12 @@ from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerPar
 from replaystore.loaders import combinations
 from replaystore.loaders.her import HER
 from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
-from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
+from replaystore.loaders.nstep import NStepWindows, check_nstep
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
 if TYPE_CHECKING:
+    from replaystore.loaders.feature import Eligible
     from replaystore.loaders.ratelimit import RateLimiter, SampleGate
     from replaystore.loaders.stacking import Stacker
 
@@ -186,11 +186,12 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
+        from replaystore.loaders.feature import Feature, NStep, Relabelling, Stacking  # (they import Request)
+
         self.n_step: int | None = None
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
             self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
-            self._nstep_index = WindowIndex(self.table, self.n_step, stacked=stack is not None)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -202,31 +203,69 @@ class StoreSampler(Sampler[Request]):
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
-        self.stacker: Stacker | None = None
-        if stack is not None:
-            from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
-
-            self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
+        # the features, in the order they prepare a request (n-step windows use the stacks)
+        self.features: list[Feature] = []
+        """The parts the sampler hands its draws to (loaders/feature.py)."""
+        stacking = None if stack is None else Stacking(self.table, stack, stack_padding, stack_field)
+        self.stacker: Stacker | None = None if stacking is None else stacking.stacker
+        if stacking is not None:
+            self.features.append(stacking)
+        if self.n_step is not None:
+            nstep = NStep(self.table, self.n_step, self.gamma, stacking)
+            self._nstep_index = nstep.index
+            self.features.append(nstep)
         self.her = her
         if her is not None:
-            her.check(self.table)
+            self.features.append(Relabelling(her))
+        for part in self.features:
+            part.check(self.table)
+        self._filter = next((f for f in self.features if type(f).eligibility is not Feature.eligibility), None)
         self.rate_limit: SampleGate | None = None
+        """The rate limiter's gate, consulted before every draw (None: none)."""
         if rate_limiter is not None:
             self.rate_limit = rate_limiter.bind(self)
-            self.sample = self.rate_limit.wrap(self.sample)  # type: ignore[method-assign]
-        if refresh_every is not None or refresh_every_s is not None:  # outermost: a refresh, then the gate
-            self.sample = self._refreshing(self.sample)  # type: ignore[method-assign]
         if resume:
             self.restore(override=override)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> Request:
-        """Draw one minibatch request.
+        """Draw one minibatch request: refresh if due, pass the rate limiter, draw, hand it to the features.
+
+        In order: :meth:`auto_refresh`; with ``rate_limiter``, wait until the limiter admits
+        ``batch_size`` items; :meth:`draw` (the rows); each feature's ``prepare`` (stacks, n-step
+        windows, goal rows); count the drawn items with the limiter.
 
         Returns
         -------
         Request
-            The rows to gather and the sampler's per-sample outputs.
+            The rows to gather, the sampler's per-sample outputs and the features' parts.
+
+        Raises
+        ------
+        EmptyStoreError
+            There is nothing to draw from.
+        RateLimitTimeout
+            The rate limiter did not admit the minibatch within its timeout.
+        """
+        self.auto_refresh()
+        gate = self.rate_limit
+        if gate is not None:
+            gate.admit(self.batch_size)
+        request = self.draw()
+        for part in self.features:
+            part.prepare(request)
+        if gate is not None:
+            gate.drawn(len(request.rows))
+        self._since_refresh += 1
+        return request
+
+    def draw(self) -> Request:
+        """Choose the rows of one minibatch (each sampler kind's own part of :meth:`sample`).
+
+        Returns
+        -------
+        Request
+            The drawn rows and the sampler's per-sample outputs.
 
         Raises
         ------
@@ -237,23 +276,37 @@ class StoreSampler(Sampler[Request]):
         """
         raise NotImplementedError
 
+    def eligible(self) -> Eligible | None:
+        """Which visible rows the features let the sampler draw; None: every candidate.
+
+        Returns
+        -------
+        Eligible or None
+            The restricting feature's index (``stack=``: the rows with a next frame). Cost:
+            that feature's index work when the view changed.
+        """
+        return None if self._filter is None else self._filter.eligibility()
+
+    def drawable_rows(self) -> np.ndarray | None:
+        """Ascending rows the sampler may draw when a feature restricts them (of the subset); None otherwise.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            int64 row ids. Cost: :meth:`eligible`, plus an intersection with a subset.
+        """
+        el = self.eligible()
+        if el is None:
+            return None
+        valid = el.valid_rows
+        return valid if self.subset is None else np.intersect1d(valid, self.subset, assume_unique=True)
+
     def __iter__(self) -> Iterator[Request]:
         """Yield :meth:`sample` requests (each refreshing when due, :meth:`auto_refresh`), up to ``num_batches``."""
         drawn = 0
         while self.num_batches is None or drawn < self.num_batches:
             yield self.sample()
             drawn += 1
-
-    def _refreshing(self, draw: Callable[[], Request]) -> Callable[[], Request]:
-        """``draw`` (the sampler's ``sample``) preceded by :meth:`auto_refresh`, counting each minibatch."""
-        @functools.wraps(draw)
-        def sample() -> Request:
-            self.auto_refresh()
-            request = draw()
-            self._since_refresh += 1
-            return request
-
-        return sample
 
     def auto_refresh(self) -> bool:
         """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went by.
@@ -353,7 +406,9 @@ class StoreSampler(Sampler[Request]):
         """
         return expand(iv) if self.subset is None else rows_in(self.subset, iv)
 
-    def _empty(self, what: str = "records") -> EmptyStoreError:
+    def _empty(self, what: str | None = None) -> EmptyStoreError:
+        if what is None:  # the rows the features allow
+            what = "records" if self._filter is None else self._filter.what
         return EmptyStoreError(f"{type(self).__name__}: table {self.table.name!r} has no {what} to sample "
                                "(append and commit first, then refresh())")
 
@@ -367,35 +422,11 @@ class StoreSampler(Sampler[Request]):
             Name to value; the base class has ``batch_size`` and ``seed``.
         """
         hp: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed}
-        if self.stacker is not None:
-            hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
-        if self.her is not None:
-            hp["her"] = self.her.hyperparameters()
         if self.takes_n_step:  # n_step None too: a resume that adds or drops n-step windows is refused
-            hp["n_step"] = self.n_step
-            if self.n_step is not None:
-                hp["gamma"] = self.gamma
+            hp["n_step"] = None
+        for part in self.features:
+            hp.update(part.hyperparameters())
         return hp
-
-    def windowed(self, request: Request) -> Request:
-        """``request`` with its n-step windows attached when the sampler has ``n_step`` (else as is).
-
-        Parameters
-        ----------
-        request : Request
-            A minibatch of start rows.
-
-        Returns
-        -------
-        Request
-            The same request. Cost: see ``loaders.nstep.WindowIndex.nstep``.
-        """
-        if self.n_step is not None:
-            request.nstep = self._nstep_index.nstep(request.rows, self.gamma)
-            if self.stacker is not None:  # next_obs: the stack after each window's last row
-                request.next_frames = self.stacker.index().windows(request.nstep.last, self.stacker.stack,
-                                                                   self.stacker.padding)
-        return request
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling exactly.
@@ -408,8 +439,8 @@ class StoreSampler(Sampler[Request]):
         """
         state = {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
                  "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
-        if self.her is not None:
-            state["her"] = self.her.state_dict()
+        for part in self.features:
+            state.update(part.state_dict())
         if self.rate_limit is not None:
             state["rate_limit_samples"] = self.rate_limit.own
         return state
@@ -431,8 +462,8 @@ class StoreSampler(Sampler[Request]):
             raise StoreError(f"state of a {state.get('kind')!r} sampler cannot load into a {self.kind!r} sampler")
         self.rng.bit_generator.state = state["rng"]
         self.batches_drawn = int(state["batches_drawn"])
-        if self.her is not None and "her" in state:
-            self.her.load_state_dict(state["her"])
+        for part in self.features:
+            part.load_state_dict(state)
         if self.rate_limit is not None and isinstance(state.get("rate_limit_samples"), int):
             self.rate_limit.restore(state["rate_limit_samples"])
 

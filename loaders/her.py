@@ -450,22 +450,3 @@ class HER:
             As :meth:`state_dict` returned it.
         """
         self.rng.bit_generator.state = state["rng"]
-
-
-def her_outputs(sampler: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The request outputs HER adds for drawn ``rows`` (none without HER).
-
-    Parameters
-    ----------
-    sampler : StoreSampler
-        The sampler (its ``her`` and ``table``).
-    rows : numpy.ndarray
-        The drawn row ids.
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-        ``{"her_goal_rows": ...}`` with HER, else empty. Cost: :meth:`HER.goal_rows`.
-    """
-    her = sampler.her
-    return {} if her is None else {"her_goal_rows": her.goal_rows(sampler.table, rows)}
