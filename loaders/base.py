@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.errors import ReplayStoreError, SamplerParameterError, StoreError
 from replaystore.loaders import combinations
 from replaystore.loaders.her import HER
 from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
 from replaystore.loaders.nstep import NStepWindows, check_nstep
+from replaystore.loaders.resumable import Resumable
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
 if TYPE_CHECKING:
-    from replaystore.loaders.feature import Eligible
+    from replaystore.loaders.feature import Eligible, Feature
     from replaystore.loaders.ratelimit import RateLimiter, SampleGate
     from replaystore.loaders.stacking import Stacker
 
@@ -72,7 +73,7 @@ class Request:
     next_frames: np.ndarray | None = None
 
 
-class StoreSampler(Sampler[Request]):
+class StoreSampler(Resumable, Sampler[Request]):
     """Base class: yields :class:`Request` minibatches (a torch batch sampler) from one table.
 
     ``refresh_every`` and/or ``refresh_every_s`` make :meth:`sample` (so iteration,
@@ -150,8 +151,6 @@ class StoreSampler(Sampler[Request]):
     """
 
     kind = "sampler"
-    overridable: frozenset[str] = frozenset({"batch_size", "seed"})
-    """The hyperparameters ``restore(override=True)`` lets the given values replace."""
     her: HER | None = None
     """Hindsight relabelling (``her=``; loaders/her.py)."""
 
@@ -186,7 +185,7 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
-        from replaystore.loaders.feature import Feature, NStep, Relabelling, Stacking  # (they import Request)
+        from replaystore.loaders.feature import NStep, Stacking, features_of, restricting  # (they import Request)
 
         self.n_step: int | None = None
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
@@ -203,23 +202,13 @@ class StoreSampler(Sampler[Request]):
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
-        # the features, in the order they prepare a request (n-step windows use the stacks)
-        self.features: list[Feature] = []
-        """The parts the sampler hands its draws to (loaders/feature.py)."""
-        stacking = None if stack is None else Stacking(self.table, stack, stack_padding, stack_field)
-        self.stacker: Stacker | None = None if stacking is None else stacking.stacker
-        if stacking is not None:
-            self.features.append(stacking)
-        if self.n_step is not None:
-            nstep = NStep(self.table, self.n_step, self.gamma, stacking)
-            self._nstep_index = nstep.index
-            self.features.append(nstep)
+        self.features: list[Feature] = features_of(self.table, stack, stack_padding, stack_field, self.n_step,
+                                                   self.gamma, her)
+        """The parts the sampler hands its draws to, in order (loaders/feature.py)."""
         self.her = her
-        if her is not None:
-            self.features.append(Relabelling(her))
-        for part in self.features:
-            part.check(self.table)
-        self._filter = next((f for f in self.features if type(f).eligibility is not Feature.eligibility), None)
+        self.stacker: Stacker | None = next((f.stacker for f in self.features if isinstance(f, Stacking)), None)
+        self._nstep_index = next((f.index for f in self.features if isinstance(f, NStep)), None)
+        self._filter = restricting(self.features)
         self.rate_limit: SampleGate | None = None
         """The rate limiter's gate, consulted before every draw (None: none)."""
         if rate_limiter is not None:
@@ -466,80 +455,3 @@ class StoreSampler(Sampler[Request]):
             part.load_state_dict(state)
         if self.rate_limit is not None and isinstance(state.get("rate_limit_samples"), int):
             self.rate_limit.restore(state["rate_limit_samples"])
-
-    def save(self) -> int:
-        """Persist :meth:`state_dict` into the store's state slot ``name``.
-
-        The slot keeps its newest two versions (``Store.save_state``'s
-        ``keep_last``). Cost: one state-slot write (a JSON document plus the numpy
-        arrays of the state).
-
-        Returns
-        -------
-        int
-            The version of the saved state.
-        """
-        state = self.state_dict()
-        if self.rate_limit is not None:
-            self.rate_limit.sync()
-        arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
-        doc = {k: v for k, v in state.items() if k not in arrays}
-        return self.store.save_state(self.name, doc, arrays)
-
-    def restore(self, override: bool = False) -> bool:
-        """Load the state saved in slot ``name``.
-
-        The saved :meth:`hyperparameters` must equal this sampler's. With
-        ``override=True`` the given values win for the parameters in
-        :attr:`overridable`, and the state is kept otherwise: ``batch_size`` applies
-        to the next minibatch; a new ``seed`` starts a fresh RNG from it (the saved
-        RNG state is dropped, counters and sampler data are kept); see the subclasses
-        for theirs. States saved without hyperparameters are checked on the ones they
-        hold. Cost: reading the slot.
-
-        Parameters
-        ----------
-        override : bool, optional
-            Let the given values of overridable hyperparameters replace saved ones.
-
-        Returns
-        -------
-        bool
-            True if a state was loaded, False if none was saved.
-
-        Raises
-        ------
-        ResumeMismatchError
-            A saved hyperparameter differs (without ``override``), or one outside
-            :attr:`overridable` differs (with it); it names every differing one and
-            nothing is loaded.
-        StoreError
-            The slot holds the state of another kind of sampler.
-        """
-        saved = self.store.load_state(self.name)
-        if saved is None:
-            return False
-        doc, arrays = saved
-        state = {**doc, **arrays}
-        given = self.hyperparameters()
-        stored = state.get("hyperparameters")
-        if not isinstance(stored, dict):  # saved before hyperparameters were: those the state holds
-            stored = {k: state[k] for k in given if k in state}
-        diff = {k: (stored[k], v) for k, v in given.items() if k in stored and stored[k] != v}
-        fixed = {k: d for k, d in diff.items() if k not in self.overridable}
-        if fixed and override:
-            raise ResumeMismatchError(self.name, fixed, f"{sorted(fixed)} cannot be overridden "
-                                      f"(overridable: {sorted(self.overridable)})")
-        if diff and not override:
-            raise ResumeMismatchError(self.name, diff)
-        self.load_state_dict(state)
-        if diff:
-            self._override(given, diff)
-        return True
-
-    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
-        """After loading state saved with other hyperparameters: make the ``given`` ones current."""
-        self.batch_size = given["batch_size"]
-        if "seed" in diff:
-            self.seed = given["seed"]
-            self.rng = np.random.default_rng(self.seed)

@@ -306,3 +306,61 @@ class Transform(Feature):
             ``fn`` raised, or returned no mapping.
         """
         return apply_transform(self.fn, batch)
+
+
+def features_of(table: Table, stack: int | None, stack_padding: str, stack_field: str, n_step: int | None,
+                gamma: float, her: HER | None) -> list[Feature]:
+    """A sampler's features from its keywords, checked against ``table``, in the order they prepare a request.
+
+    Stacking comes first: n-step windows over stacked frames end where the stack after them exists.
+
+    Parameters
+    ----------
+    table : Table
+        The sampler's table.
+    stack, stack_padding, stack_field : int or None, str, str
+        Frame stacking (None: off).
+    n_step, gamma : int or None, float
+        N-step returns, already checked (``loaders.nstep.check_nstep``; None: off).
+    her : HER or None
+        Hindsight relabelling.
+
+    Returns
+    -------
+    list of Feature
+        The features. Cost: each feature's construction (no index is built yet).
+
+    Raises
+    ------
+    SamplerParameterError
+        A bad ``stack*`` argument.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
+    """
+    parts: list[Feature] = []
+    stacking = None if stack is None else Stacking(table, stack, stack_padding, stack_field)
+    if stacking is not None:
+        parts.append(stacking)
+    if n_step is not None:
+        parts.append(NStep(table, n_step, gamma, stacking))
+    if her is not None:
+        parts.append(Relabelling(her))
+    for part in parts:
+        part.check(table)
+    return parts
+
+
+def restricting(parts: list[Feature]) -> Feature | None:
+    """The feature that restricts which rows a sampler draws (one that overrides :meth:`Feature.eligibility`).
+
+    Parameters
+    ----------
+    parts : list of Feature
+        A sampler's features (loaders/combinations.py admits at most one that restricts).
+
+    Returns
+    -------
+    Feature or None
+        The first such feature. Cost: O(features).
+    """
+    return next((f for f in parts if type(f).eligibility is not Feature.eligibility), None)

@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from replaystore.errors import SamplerParameterError, UnsupportedCombinationError
+from replaystore.loaders import RateLimiter, Request, UniformSampler, gather, make_loader
 from replaystore.loaders import combinations as combos
-from replaystore.loaders import make_loader
 from support.gridref import (
     ALPHA,
     BETA,
     EPS,
     GAMMA,
     MAKERS,
+    N_STEP,
     SUBSET,
     Ref,
     build,
@@ -204,3 +205,28 @@ def test_grid_covers_every_pair() -> None:
     assert not grid["reservoir"]["stack"] and grid["epoch"]["her"] and not grid["sequence"]["her"]
     for a, b in combos.FEATURE_REFUSED:
         assert combos.feature_reason(b, a) == combos.feature_reason(a, b) is not None
+
+
+def test_a_sampler_only_draws_rows_and_its_features_and_limiter_do_the_rest(tmp_path: Any) -> None:
+    """A sampler kind that overrides only ``draw`` gets stacks, n-step windows, the rate limiter's count and the
+    refresh by taking part in ``sample``; ``sample`` is never replaced on the instance."""
+    store, ref, _ = build(str(tmp_path / "st"), later=False)
+    ref.follow(str(tmp_path / "st"))
+    chosen = np.array(sorted(eligible(ref, ("stack",), len(ref.where)))[:5], dtype=np.int64)
+
+    class Fixed(UniformSampler):
+        def draw(self) -> Any:
+            self.batches_drawn += 1
+            return Request(chosen.copy())
+
+    sampler = Fixed(store, batch_size=5, stack=2, n_step=N_STEP, gamma=GAMMA, refresh_every=1,
+                    rate_limiter=RateLimiter(1000.0, 1, 1e9, name="fixed"))
+    assert "sample" not in vars(sampler)
+    assert [f.name for f in sampler.features] == ["stack", "n_step"]
+    assert sampler.rate_limit is not None
+    before = sampler.rate_limit.own
+    for _ in range(2):
+        b = {k: v.numpy() for k, v in gather(store.default, sampler.sample()).items() if hasattr(v, "numpy")}
+        check_record_batch(ref, ("stack", "n_step"), b, sampler, set(chosen.tolist()))
+        np.testing.assert_array_equal(b["indices"], chosen)
+    assert sampler.rate_limit.own - before == 10 and sampler.batches_drawn == 2
