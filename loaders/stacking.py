@@ -173,22 +173,6 @@ class Stacker:
             self._index = FrameIndex(si)
         return self._index
 
-    def candidates(self, subset: np.ndarray | None) -> np.ndarray:
-        """Ascending drawable rows (of ``subset`` if given).
-
-        Parameters
-        ----------
-        subset : numpy.ndarray, optional
-            Sorted row ids the sampler is restricted to.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids.
-        """
-        valid = self.index().valid_rows
-        return valid if subset is None else np.intersect1d(valid, subset, assume_unique=True)
-
 
 def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
     """The minibatch of a stacked request: fields but the frame, ``obs``, ``next_obs``, ``indices``, outputs.
