@@ -8,8 +8,11 @@ A sampler only chooses rows. Its features (built from its keywords ``stack=``, `
   every candidate);
 - once a minibatch is drawn, :meth:`Feature.prepare`: the index work in the main process, its
   results put into the :class:`~replaystore.loaders.base.Request`;
-- where the minibatch is gathered (a DataLoader worker or the main process),
-  :meth:`Feature.apply` to the gathered numpy minibatch.
+- where the minibatch is gathered (a DataLoader worker or the main process), its worker half:
+  for stacking and n-step returns, what :meth:`Feature.prepare` put into the request (frame
+  windows, ``NStepWindows``), which ``gather_arrays`` reads and applies, so that no sampler
+  index travels to the workers; for HER and transforms, :meth:`Feature.apply`, which the
+  loader's dataset runs on the gathered numpy minibatch, in that order.
 
 A feature's :meth:`Feature.hyperparameters` and :meth:`Feature.state_dict` join the sampler's
 under the keys the sampler used before features were parts, so saved states resume. Which
