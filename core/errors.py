@@ -435,6 +435,43 @@ class SamplerParameterError(StoreError, ValueError):
         super().__init__(f"{field}: expected {expected}, got {actual}")
 
 
+class UnsupportedCombinationError(SamplerParameterError):
+    """A sampler was given two parts that do not work together.
+
+    Raised at construction, before anything is read, for a sampler kind with a
+    feature it does not take (``ReservoirSampler`` with ``stack=``) or two
+    features that do not go together (``stack=`` with ``her=``); the table of
+    what works is ``replaystore.loaders.combinations``. The message names both
+    sides and why. It is a :class:`SamplerParameterError` whose ``field`` is the
+    second side.
+
+    Parameters
+    ----------
+    first : str
+        The sampler class (``"ReservoirSampler"``) or the first feature argument (``"stack="``).
+    second : str
+        The feature argument refused with it (``"her="``).
+    reason : str
+        Why, in words.
+
+    Attributes
+    ----------
+    first : str
+        As given.
+    second : str
+        As given.
+    reason : str
+        As given.
+    """
+
+    def __init__(self, first: str, second: str, reason: str) -> None:
+        super().__init__(second, f"not given with {first} ({reason})", "both")
+        self.first = first
+        self.second = second
+        self.reason = reason
+        self.args = (f"{first} with {second} is not supported: {reason}",)
+
+
 class ResumeMismatchError(StoreError):
     """Saved sampler state has hyperparameters that differ from the ones given.
 

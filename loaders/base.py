@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from replaystore.errors import ReplayStoreError, ResumeMismatchError, SamplerParameterError, StoreError
+from replaystore.errors import ReplayStoreError, SamplerParameterError, StoreError
+from replaystore.loaders import combinations
 from replaystore.loaders.her import HER
 from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
-from replaystore.loaders.nstep import NStepWindows, WindowIndex, check_nstep
+from replaystore.loaders.nstep import NStepWindows, check_nstep
+from replaystore.loaders.resumable import Resumable
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
 
 if TYPE_CHECKING:
+    from replaystore.loaders.feature import Eligible, Feature
     from replaystore.loaders.ratelimit import RateLimiter, SampleGate
     from replaystore.loaders.stacking import Stacker
 
@@ -71,7 +73,7 @@ class Request:
     next_frames: np.ndarray | None = None
 
 
-class StoreSampler(Sampler[Request]):
+class StoreSampler(Resumable, Sampler[Request]):
     """Base class: yields :class:`Request` minibatches (a torch batch sampler) from one table.
 
     ``refresh_every`` and/or ``refresh_every_s`` make :meth:`sample` (so iteration,
@@ -112,7 +114,7 @@ class StoreSampler(Sampler[Request]):
     stack : int, optional
         Frame stacking (loaders/stacking.py): minibatches carry ``obs`` and ``next_obs``
         of ``stack`` consecutive frames of the record's episode, and only records with a
-        next frame are drawn (samplers that support it: uniform, prioritized, epoch).
+        next frame are drawn (every sampler but the reservoir).
     stack_padding : str, optional
         Slots before an episode's first frame: ``"reset"`` repeats it, ``"zero"`` zeros.
     stack_field : str, optional
@@ -122,6 +124,9 @@ class StoreSampler(Sampler[Request]):
         many steps from each drawn record (docs/GUIDE.md, "N-step returns"); None: off.
     gamma : float, optional
         The discount of ``n_step`` returns, in [0, 1].
+    her : HER, optional
+        Hindsight relabelling of the drawn goal-conditioned records (loaders/her.py;
+        uniform, prioritized and epoch samplers).
     rate_limiter : RateLimiter, optional
         Gate every :meth:`sample` (so iteration and ``make_loader`` too) on a sample-to-insert
         ratio (loaders/ratelimit.py; docs/GUIDE.md, "Rate limiting"): a minibatch waits while
@@ -133,26 +138,38 @@ class StoreSampler(Sampler[Request]):
     ------
     SamplerParameterError
         A bad ``batch_size``, ``refresh_every``, ``refresh_every_s``, ``stack*``, ``n_step`` or
-        ``gamma``; ``n_step`` on a sampler that does not take it, or over a table without
-        ``reward`` and ``terminated``.
+        ``gamma``, ``n_step`` over a table without ``reward`` and ``terminated``, or ``her`` not
+        a :class:`HER`.
+    UnsupportedCombinationError
+        A feature the sampler does not take, or two features that do not go together
+        (loaders/combinations.py; docs/GUIDE.md, "Which samplers take which features"); it
+        names both. Checked before anything else is built.
+    StoreError
+        With ``her``: the schema lacks a field it uses.
     ResumeMismatchError
         With ``resume=True``: see :meth:`restore`.
     """
 
     kind = "sampler"
-    takes_n_step = False
-    """Whether the sampler takes ``n_step`` (uniform, prioritized, epoch)."""
-    overridable: frozenset[str] = frozenset({"batch_size", "seed"})
-    """The hyperparameters ``restore(override=True)`` lets the given values replace."""
     her: HER | None = None
-    """Hindsight relabelling (set by the samplers that take ``her=``; loaders/her.py)."""
+    """Hindsight relabelling (``her=``; loaders/her.py)."""
+
+    @property
+    def takes_n_step(self) -> bool:
+        """Whether this kind of sampler takes ``n_step`` (loaders/combinations.py decides)."""
+        return combinations.sampler_reason(self.kind, "n_step") is None
 
     def __init__(self, store: Store, batch_size: int, seed: int = 0, *, table: str | None = None,
                  subset: Any = None, num_batches: int | None = None, name: str | None = None,
                  resume: bool = False, override: bool = False, refresh_every: int | None = None,
                  refresh_every_s: float | None = None, stack: int | None = None, stack_padding: str = "reset",
                  stack_field: str = "frame", n_step: int | None = None, gamma: float = 0.99,
-                 rate_limiter: RateLimiter | None = None) -> None:
+                 her: HER | None = None, rate_limiter: RateLimiter | None = None) -> None:
+        if her is not None and not isinstance(her, HER):
+            raise SamplerParameterError("her", "None or a replaystore.loaders.HER", repr(her))
+        given = {"stack": stack, "n_step": n_step, "her": her, "rate_limiter": rate_limiter, "subset": subset,
+                 "refresh_every": refresh_every if refresh_every is not None else refresh_every_s}
+        combinations.check(self.kind, [f for f, v in given.items() if v is not None], type(self).__name__)
         batch_size = check_size("batch_size", batch_size, MAX_BATCH_SIZE)
         if refresh_every is not None and (not isinstance(refresh_every, int) or isinstance(refresh_every, bool)
                                           or refresh_every <= 0):
@@ -168,14 +185,12 @@ class StoreSampler(Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
-        if n_step is not None and not self.takes_n_step:
-            raise SamplerParameterError("n_step", f"None ({type(self).__name__} does not take n-step windows)",
-                                        repr(n_step))
+        from replaystore.loaders.feature import NStep, Stacking, features_of, restricting  # (they import Request)
+
         self.n_step: int | None = None
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
         if n_step is not None:
             self.n_step, self.gamma = check_nstep(self.table.schema, n_step, gamma)
-            self._nstep_index = WindowIndex(self.table, self.n_step, stacked=stack is not None)
         self.batch_size = batch_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -187,28 +202,59 @@ class StoreSampler(Sampler[Request]):
         self.name = name or f"{self.kind}-{self.table.name}"
         self.batches_drawn = 0
         self.tracker = ViewTracker(self.table)  # changes of the visible rows, for incremental samplers
-        self.stacker: Stacker | None = None
-        if stack is not None:
-            from replaystore.loaders.stacking import Stacker  # (it imports Request from here)
-
-            self.stacker = Stacker(self.table, stack, stack_padding, stack_field)
+        self.features: list[Feature] = features_of(self.table, stack, stack_padding, stack_field, self.n_step,
+                                                   self.gamma, her)
+        """The parts the sampler hands its draws to, in order (loaders/feature.py)."""
+        self.her = her
+        self.stacker: Stacker | None = next((f.stacker for f in self.features if isinstance(f, Stacking)), None)
+        self._nstep_index = next((f.index for f in self.features if isinstance(f, NStep)), None)
+        self._filter = restricting(self.features)
         self.rate_limit: SampleGate | None = None
+        """The rate limiter's gate, consulted before every draw (None: none)."""
         if rate_limiter is not None:
             self.rate_limit = rate_limiter.bind(self)
-            self.sample = self.rate_limit.wrap(self.sample)  # type: ignore[method-assign]
-        if refresh_every is not None or refresh_every_s is not None:  # outermost: a refresh, then the gate
-            self.sample = self._refreshing(self.sample)  # type: ignore[method-assign]
         if resume:
             self.restore(override=override)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> Request:
-        """Draw one minibatch request.
+        """Draw one minibatch request: refresh if due, pass the rate limiter, draw, hand it to the features.
+
+        In order: :meth:`auto_refresh`; with ``rate_limiter``, wait until the limiter admits
+        ``batch_size`` items; :meth:`draw` (the rows); each feature's ``prepare`` (stacks, n-step
+        windows, goal rows); count the drawn items with the limiter.
 
         Returns
         -------
         Request
-            The rows to gather and the sampler's per-sample outputs.
+            The rows to gather, the sampler's per-sample outputs and the features' parts.
+
+        Raises
+        ------
+        EmptyStoreError
+            There is nothing to draw from.
+        RateLimitTimeout
+            The rate limiter did not admit the minibatch within its timeout.
+        """
+        self.auto_refresh()
+        gate = self.rate_limit
+        if gate is not None:
+            gate.admit(self.batch_size)
+        request = self.draw()
+        for part in self.features:
+            part.prepare(request)
+        if gate is not None:
+            gate.drawn(len(request.rows))
+        self._since_refresh += 1
+        return request
+
+    def draw(self) -> Request:
+        """Choose the rows of one minibatch (each sampler kind's own part of :meth:`sample`).
+
+        Returns
+        -------
+        Request
+            The drawn rows and the sampler's per-sample outputs.
 
         Raises
         ------
@@ -219,23 +265,37 @@ class StoreSampler(Sampler[Request]):
         """
         raise NotImplementedError
 
+    def eligible(self) -> Eligible | None:
+        """Which visible rows the features let the sampler draw; None: every candidate.
+
+        Returns
+        -------
+        Eligible or None
+            The restricting feature's index (``stack=``: the rows with a next frame). Cost:
+            that feature's index work when the view changed.
+        """
+        return None if self._filter is None else self._filter.eligibility()
+
+    def drawable_rows(self) -> np.ndarray | None:
+        """Ascending rows the sampler may draw when a feature restricts them (of the subset); None otherwise.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            int64 row ids. Cost: :meth:`eligible`, plus an intersection with a subset.
+        """
+        el = self.eligible()
+        if el is None:
+            return None
+        valid = el.valid_rows
+        return valid if self.subset is None else np.intersect1d(valid, self.subset, assume_unique=True)
+
     def __iter__(self) -> Iterator[Request]:
         """Yield :meth:`sample` requests (each refreshing when due, :meth:`auto_refresh`), up to ``num_batches``."""
         drawn = 0
         while self.num_batches is None or drawn < self.num_batches:
             yield self.sample()
             drawn += 1
-
-    def _refreshing(self, draw: Callable[[], Request]) -> Callable[[], Request]:
-        """``draw`` (the sampler's ``sample``) preceded by :meth:`auto_refresh`, counting each minibatch."""
-        @functools.wraps(draw)
-        def sample() -> Request:
-            self.auto_refresh()
-            request = draw()
-            self._since_refresh += 1
-            return request
-
-        return sample
 
     def auto_refresh(self) -> bool:
         """Refresh the store if ``refresh_every`` minibatches or ``refresh_every_s`` seconds went by.
@@ -335,7 +395,9 @@ class StoreSampler(Sampler[Request]):
         """
         return expand(iv) if self.subset is None else rows_in(self.subset, iv)
 
-    def _empty(self, what: str = "records") -> EmptyStoreError:
+    def _empty(self, what: str | None = None) -> EmptyStoreError:
+        if what is None:  # the rows the features allow
+            what = "records" if self._filter is None else self._filter.what
         return EmptyStoreError(f"{type(self).__name__}: table {self.table.name!r} has no {what} to sample "
                                "(append and commit first, then refresh())")
 
@@ -349,35 +411,11 @@ class StoreSampler(Sampler[Request]):
             Name to value; the base class has ``batch_size`` and ``seed``.
         """
         hp: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed}
-        if self.stacker is not None:
-            hp.update(stack=self.stacker.stack, stack_padding=self.stacker.padding, stack_field=self.stacker.field)
-        if self.her is not None:
-            hp["her"] = self.her.hyperparameters()
         if self.takes_n_step:  # n_step None too: a resume that adds or drops n-step windows is refused
-            hp["n_step"] = self.n_step
-            if self.n_step is not None:
-                hp["gamma"] = self.gamma
+            hp["n_step"] = None
+        for part in self.features:
+            hp.update(part.hyperparameters())
         return hp
-
-    def windowed(self, request: Request) -> Request:
-        """``request`` with its n-step windows attached when the sampler has ``n_step`` (else as is).
-
-        Parameters
-        ----------
-        request : Request
-            A minibatch of start rows.
-
-        Returns
-        -------
-        Request
-            The same request. Cost: see ``loaders.nstep.WindowIndex.nstep``.
-        """
-        if self.n_step is not None:
-            request.nstep = self._nstep_index.nstep(request.rows, self.gamma)
-            if self.stacker is not None:  # next_obs: the stack after each window's last row
-                request.next_frames = self.stacker.index().windows(request.nstep.last, self.stacker.stack,
-                                                                   self.stacker.padding)
-        return request
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue sampling exactly.
@@ -390,8 +428,8 @@ class StoreSampler(Sampler[Request]):
         """
         state = {"kind": self.kind, "seed": self.seed, "rng": self.rng.bit_generator.state,
                  "batches_drawn": self.batches_drawn, "hyperparameters": self.hyperparameters()}
-        if self.her is not None:
-            state["her"] = self.her.state_dict()
+        for part in self.features:
+            state.update(part.state_dict())
         if self.rate_limit is not None:
             state["rate_limit_samples"] = self.rate_limit.own
         return state
@@ -413,84 +451,7 @@ class StoreSampler(Sampler[Request]):
             raise StoreError(f"state of a {state.get('kind')!r} sampler cannot load into a {self.kind!r} sampler")
         self.rng.bit_generator.state = state["rng"]
         self.batches_drawn = int(state["batches_drawn"])
-        if self.her is not None and "her" in state:
-            self.her.load_state_dict(state["her"])
+        for part in self.features:
+            part.load_state_dict(state)
         if self.rate_limit is not None and isinstance(state.get("rate_limit_samples"), int):
             self.rate_limit.restore(state["rate_limit_samples"])
-
-    def save(self) -> int:
-        """Persist :meth:`state_dict` into the store's state slot ``name``.
-
-        The slot keeps its newest two versions (``Store.save_state``'s
-        ``keep_last``). Cost: one state-slot write (a JSON document plus the numpy
-        arrays of the state).
-
-        Returns
-        -------
-        int
-            The version of the saved state.
-        """
-        state = self.state_dict()
-        if self.rate_limit is not None:
-            self.rate_limit.sync()
-        arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
-        doc = {k: v for k, v in state.items() if k not in arrays}
-        return self.store.save_state(self.name, doc, arrays)
-
-    def restore(self, override: bool = False) -> bool:
-        """Load the state saved in slot ``name``.
-
-        The saved :meth:`hyperparameters` must equal this sampler's. With
-        ``override=True`` the given values win for the parameters in
-        :attr:`overridable`, and the state is kept otherwise: ``batch_size`` applies
-        to the next minibatch; a new ``seed`` starts a fresh RNG from it (the saved
-        RNG state is dropped, counters and sampler data are kept); see the subclasses
-        for theirs. States saved without hyperparameters are checked on the ones they
-        hold. Cost: reading the slot.
-
-        Parameters
-        ----------
-        override : bool, optional
-            Let the given values of overridable hyperparameters replace saved ones.
-
-        Returns
-        -------
-        bool
-            True if a state was loaded, False if none was saved.
-
-        Raises
-        ------
-        ResumeMismatchError
-            A saved hyperparameter differs (without ``override``), or one outside
-            :attr:`overridable` differs (with it); it names every differing one and
-            nothing is loaded.
-        StoreError
-            The slot holds the state of another kind of sampler.
-        """
-        saved = self.store.load_state(self.name)
-        if saved is None:
-            return False
-        doc, arrays = saved
-        state = {**doc, **arrays}
-        given = self.hyperparameters()
-        stored = state.get("hyperparameters")
-        if not isinstance(stored, dict):  # saved before hyperparameters were: those the state holds
-            stored = {k: state[k] for k in given if k in state}
-        diff = {k: (stored[k], v) for k, v in given.items() if k in stored and stored[k] != v}
-        fixed = {k: d for k, d in diff.items() if k not in self.overridable}
-        if fixed and override:
-            raise ResumeMismatchError(self.name, fixed, f"{sorted(fixed)} cannot be overridden "
-                                      f"(overridable: {sorted(self.overridable)})")
-        if diff and not override:
-            raise ResumeMismatchError(self.name, diff)
-        self.load_state_dict(state)
-        if diff:
-            self._override(given, diff)
-        return True
-
-    def _override(self, given: dict[str, Any], diff: dict[str, tuple[Any, Any]]) -> None:
-        """After loading state saved with other hyperparameters: make the ``given`` ones current."""
-        self.batch_size = given["batch_size"]
-        if "seed" in diff:
-            self.seed = given["seed"]
-            self.rng = np.random.default_rng(self.seed)

@@ -12,10 +12,11 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
+from replaystore.loaders.feature import Feature, Relabelling, Transform
 from replaystore.loaders.her import HER
 from replaystore.loaders.stacking import gather_stacked
 from replaystore.loaders.tdoutput import check_output, to_tensordict
-from replaystore.loaders.transform import apply_transform, check_loader_args
+from replaystore.loaders.transform import check_loader_args
 from replaystore.schemas import Schema, map_tree
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
 
@@ -233,6 +234,9 @@ class StoreDataset(Dataset):
                  her: HER | None = None) -> None:
         self.transform = transform
         self.her = her
+        self.parts: list[Feature] = [*([Relabelling(her)] if her is not None else []),
+                                     *([Transform(transform)] if transform is not None else [])]
+        """The features' halves that run where a minibatch is gathered, in order (loaders/feature.py)."""
         self.url = url
         self.table_name = table
         self.storage_options = storage_options or {}
@@ -279,13 +283,13 @@ class StoreDataset(Dataset):
                 batch = self._gather(table, request)
             except RowError as exc:
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
-        if self.transform is not None:
-            batch = apply_transform(self.transform, batch)
         return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
 
     def _gather(self, table: Table, request: Request) -> dict[str, Any]:
         batch = gather_arrays(table, request)
-        return batch if self.her is None else self.her.relabel(table, batch)
+        for part in self.parts:  # (a transform's own errors come out as TransformError: no retry)
+            batch = part.apply(table, batch)
+        return batch
 
     def __getitem__(self, request: Request) -> dict[str, Any] | WorkerBatch:
         """Same as :meth:`__getitems__`."""

@@ -198,7 +198,7 @@ def episode_bounds(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray
 
 
 class HER:
-    """Hindsight relabelling for Uniform and Prioritized samplers (``her=HER(...)``).
+    """Hindsight relabelling for Uniform, Prioritized and Epoch samplers (``her=HER(...)``).
 
     A fraction ``k / (k + 1)`` of the sampled records (each independently, with
     that probability; SB3 relabels exactly ``int(ratio * batch)``) whose
@@ -450,51 +450,3 @@ class HER:
             As :meth:`state_dict` returned it.
         """
         self.rng.bit_generator.state = state["rng"]
-
-
-
-def attach_her(her: HER | None, stack: Any = None) -> HER | None:
-    """Check a sampler's ``her`` argument.
-
-    Parameters
-    ----------
-    her : HER or None
-        The argument.
-    stack : Any, optional
-        The sampler's ``stack`` argument (HER does not relabel stacked frames).
-
-    Returns
-    -------
-    HER or None
-        ``her``.
-
-    Raises
-    ------
-    SamplerParameterError
-        ``her`` is neither None nor a :class:`HER`, or is given with ``stack``.
-    """
-    if her is not None and not isinstance(her, HER):
-        raise SamplerParameterError("her", "None or a replaystore.loaders.HER", repr(her))
-    if her is not None and stack is not None:
-        raise SamplerParameterError("her", "None when stack= is given (goals are not relabelled in stacked frames)",
-                                    repr(her))
-    return her
-
-
-def her_outputs(sampler: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The request outputs HER adds for drawn ``rows`` (none without HER).
-
-    Parameters
-    ----------
-    sampler : StoreSampler
-        The sampler (its ``her`` and ``table``).
-    rows : numpy.ndarray
-        The drawn row ids.
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-        ``{"her_goal_rows": ...}`` with HER, else empty. Cost: :meth:`HER.goal_rows`.
-    """
-    her = sampler.her
-    return {} if her is None else {"her_goal_rows": her.goal_rows(sampler.table, rows)}

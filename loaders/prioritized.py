@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import RowIdTypeError, SamplerParameterError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.her import HER, attach_her, her_outputs
+from replaystore.loaders.her import HER
 from replaystore.loaders.sumtree import SumTree
 from replaystore.loaders.tracking import RowSlots
 
@@ -136,12 +136,10 @@ class PrioritizedSampler(StoreSampler):
     """
 
     kind = "prioritized"
-    takes_n_step = True
     overridable = StoreSampler.overridable | {"alpha", "beta", "eps"}
 
     def __init__(self, store: Any, batch_size: int, alpha: float = 0.6, beta: float = 0.4, seed: int = 0, *,
                  eps: float = 1e-6, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her, kwargs.get("stack"))
         self.alpha = _real("alpha", alpha)
         self.beta = _real("beta", beta)
         self.eps = _real("eps", eps)
@@ -150,9 +148,7 @@ class PrioritizedSampler(StoreSampler):
         self.tree = SumTree(1024)
         self._masked = np.zeros(0, dtype=np.int64)  # with stack=: tracked rows without a next frame (leaf 0)
         self._masked_key: tuple[int, int] | None = None
-        super().__init__(store, batch_size, seed, **kwargs)
-        if her is not None:
-            her.check(self.table)
+        super().__init__(store, batch_size, seed, her=her, **kwargs)
 
     def _sync(self) -> None:
         """Follow the table: new rows enter at the running maximum, rows no longer visible drop out.
@@ -162,8 +158,7 @@ class PrioritizedSampler(StoreSampler):
         """
         change = self.tracker.poll()
         if change is None:
-            if self.stacker is not None:
-                self._mask()
+            self._mask()
             return
         if change.full:
             freed, new = self.slots.sync(self.restrict(change.added))
@@ -173,17 +168,15 @@ class PrioritizedSampler(StoreSampler):
         self.tree.grow(len(self.slots.row_of))
         self.tree.set(freed, np.zeros(len(freed)))
         self.tree.set(new, np.full(len(new), leaf_values(np.array([self.max_priority]), self.alpha)[0]))
-        if self.stacker is not None:
-            self._mask()
+        self._mask()
 
     def _mask(self) -> None:
-        """With ``stack=``: rows without a next frame get no mass; rows that gained one enter at the maximum.
+        """Rows the features do not allow (``stack=``: no next frame) get no mass; those allowed again enter at max.
 
-        Cost: nothing unless the stream index changed, then the episode ends.
+        Cost: nothing without such a feature, or unless its index changed; then the rows not allowed.
         """
-        assert self.stacker is not None
-        fi = self.stacker.index()
-        if fi.key == self._masked_key:
+        fi = self.eligible()
+        if fi is None or fi.key == self._masked_key:
             return
         self._masked_key = fi.key
         now = fi.invalid_rows
@@ -195,7 +188,7 @@ class PrioritizedSampler(StoreSampler):
         self.tree.set(slots[found], np.zeros(int(found.sum())))
         self._masked = now[found]
 
-    def sample(self) -> Request:
+    def draw(self) -> Request:
         """Draw a stratified minibatch proportional to priority^alpha.
 
         Cost: the rows changed since the last call, then O(batch_size log n).
@@ -230,10 +223,7 @@ class PrioritizedSampler(StoreSampler):
         weights = np.minimum.reduce(values) / values
         weights **= self.beta
         self.batches_drawn += 1
-        outputs = {"weights": weights.astype(np.float32), **her_outputs(self, rows)}
-        if self.stacker is not None:
-            return self.windowed(self.stacker.request(rows, outputs))
-        return self.windowed(Request(rows, outputs))
+        return Request(rows, {"weights": weights.astype(np.float32)})
 
     def update(self, indices: Any, priorities: Any) -> None:
         """Write back priorities (e.g. |TD error|) for the rows ``indices`` of a minibatch.
@@ -271,7 +261,7 @@ class PrioritizedSampler(StoreSampler):
         values = leaf_values(prios, self.alpha)
         self._sync()
         slots, found = self.slots.lookup(rows)
-        if len(self._masked):  # with stack=: rows without a next frame keep no mass
+        if len(self._masked):  # rows the features do not allow keep no mass
             found &= ~np.isin(rows, self._masked)
         if not found.all():  # rows evicted since they were sampled
             if not found.any():
@@ -343,7 +333,7 @@ class PrioritizedSampler(StoreSampler):
         state = super().state_dict()
         state.update(alpha=self.alpha, beta=self.beta, eps=self.eps, max_priority=self.max_priority,
                      tree_leaves=self.tree.leaves().copy(), **self.slots.state())
-        if self.stacker is not None:
+        if self._filter is not None:  # (the key states saved before features were parts hold)
             state["stack_masked"] = self._masked.copy()
         return state
 

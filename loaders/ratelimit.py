@@ -9,7 +9,6 @@ processes and a resumed run share one limiter.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import time
@@ -21,7 +20,7 @@ from replaystore.errors import RateLimitTimeout, SamplerParameterError
 from replaystore.store import Store, Table, check_slot_name, state_slot_names
 
 if TYPE_CHECKING:
-    from replaystore.loaders.base import Request, StoreSampler
+    from replaystore.loaders.base import StoreSampler
 
 SLOT_PREFIX = "ratelimit."
 """State slots ``ratelimit.<limiter name>.<sampler name>`` hold each sampler's sample count."""
@@ -636,25 +635,3 @@ class SampleGate:
         self.own += n
         if time.monotonic() - self._synced >= self.limiter.sync_every_s:
             self.sync()
-
-    def wrap(self, draw: Callable[[], Request]) -> Callable[[], Request]:
-        """``draw`` (a sampler's bound ``sample``) behind the limiter: admit, draw, count.
-
-        Parameters
-        ----------
-        draw : callable
-            The sampler's own ``sample``.
-
-        Returns
-        -------
-        callable
-            The gated ``sample``. Cost: see :meth:`admit` and :meth:`drawn`.
-        """
-        @functools.wraps(draw)
-        def sample() -> Request:
-            self.admit(self.sampler.batch_size)
-            request = draw()
-            self.drawn(len(request.rows))
-            return request
-
-        return sample

@@ -122,7 +122,7 @@ class ReservoirSampler(StoreSampler):
         self.members = members
         self.seen += len(rows)
 
-    def sample(self) -> Request:
+    def draw(self) -> Request:
         """Offer the newly visible rows, then draw uniformly with replacement from the reservoir.
 
         Returns

@@ -362,7 +362,7 @@ class SequenceSampler(StoreSampler):
         """
         return self._followed().dense()
 
-    def sample(self) -> Request:
+    def draw(self) -> Request:
         """Draw ``batch_size`` legal windows uniformly with replacement.
 
         Cost: following the table's changes since the last call, then
@@ -397,10 +397,4 @@ class SequenceSampler(StoreSampler):
         }
         self.batches_drawn += 1
         keys = [w.index.keys[g] for g in gid.tolist()]
-        if self.stacker is not None:  # each slot's stacks; next_valid: the slot's record has a next frame
-            fi = self.stacker.index()
-            outputs["next_valid"] = real & fi.drawable(rows.reshape(-1)).reshape(rows.shape)
-            return Request(rows, outputs, sequence=True, stream_keys=keys,
-                           frames=fi.windows(rows, self.stacker.stack, self.stacker.padding),
-                           frame_field=self.stacker.field)
         return Request(rows, outputs, sequence=True, stream_keys=keys)

@@ -173,40 +173,6 @@ class Stacker:
             self._index = FrameIndex(si)
         return self._index
 
-    def candidates(self, subset: np.ndarray | None) -> np.ndarray:
-        """Ascending drawable rows (of ``subset`` if given).
-
-        Parameters
-        ----------
-        subset : numpy.ndarray, optional
-            Sorted row ids the sampler is restricted to.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 row ids.
-        """
-        valid = self.index().valid_rows
-        return valid if subset is None else np.intersect1d(valid, subset, assume_unique=True)
-
-    def request(self, rows: np.ndarray, outputs: dict[str, np.ndarray] | None = None) -> Request:
-        """The request of drawable ``rows`` with their frame windows.
-
-        Parameters
-        ----------
-        rows : numpy.ndarray
-            Drawable row ids.
-        outputs : dict of str to numpy.ndarray, optional
-            The sampler's per-sample outputs.
-
-        Returns
-        -------
-        Request
-            ``rows``, ``outputs`` and ``frames`` (``(B, stack + 1)`` frame rows).
-        """
-        frames = self.index().windows(rows, self.stack, self.padding)
-        return Request(rows, outputs or {}, frames=frames, frame_field=self.field)
-
 
 def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
     """The minibatch of a stacked request: fields but the frame, ``obs``, ``next_obs``, ``indices``, outputs.

@@ -9,7 +9,7 @@ import numpy as np
 
 from replaystore.errors import StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.her import HER, attach_her, her_outputs
+from replaystore.loaders.her import HER
 from replaystore.loaders.passorder import METHODS, PassOrder, PassRows
 from replaystore.loaders.tracking import difference, inside
 
@@ -59,16 +59,12 @@ class UniformSampler(StoreSampler):
     """
 
     kind = "uniform"
-    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, her: HER | None = None, **kwargs: Any) -> None:
-        self.her = attach_her(her, kwargs.get("stack"))
-        super().__init__(store, batch_size, seed, **kwargs)
-        if her is not None:
-            her.check(self.table)
+        super().__init__(store, batch_size, seed, her=her, **kwargs)
 
-    def sample(self) -> Request:
-        """Draw ``batch_size`` candidate rows uniformly with replacement.
+    def draw(self) -> Request:
+        """Draw ``batch_size`` candidate rows uniformly with replacement (of those the features allow).
 
         Returns
         -------
@@ -80,9 +76,8 @@ class UniformSampler(StoreSampler):
         EmptyStoreError
             No candidate row is visible.
         """
-        if self.stacker is not None:
-            return self._sample_stacked()
-        n = self.candidate_count()
+        cand = self.drawable_rows()  # with stack=: the rows with a next frame
+        n = self.candidate_count() if cand is None else len(cand)
         if n == 0:
             raise self._empty()
         # floor(u * n), u uniform on the 2^-53 grid of [0, 1): the bias is below n / 2^53 (no
@@ -91,23 +86,9 @@ class UniformSampler(StoreSampler):
         positions *= n
         picks = positions.astype(np.int64)
         np.minimum(picks, n - 1, out=picks)  # u * n can round up to n for u within 2^-53 of 1
-        rows = self.candidate_rows(picks)
+        rows = self.candidate_rows(picks) if cand is None else cand[picks]
         self.batches_drawn += 1
-        return self.windowed(Request(rows, her_outputs(self, rows)))
-
-    def _sample_stacked(self) -> Request:
-        """As :meth:`sample`, over the rows with a next frame, with their frame windows."""
-        assert self.stacker is not None
-        cand = self.stacker.candidates(self.subset)
-        n = len(cand)
-        if n == 0:
-            raise self._empty("records with a next frame")
-        positions = self.rng.random(self.batch_size)
-        positions *= n
-        picks = positions.astype(np.int64)
-        np.minimum(picks, n - 1, out=picks)
-        self.batches_drawn += 1
-        return self.windowed(self.stacker.request(cand[picks]))
+        return Request(rows)
 
 
 class EpochSampler(StoreSampler):
@@ -145,7 +126,6 @@ class EpochSampler(StoreSampler):
     """
 
     kind = "epoch"
-    takes_n_step = True
 
     def __init__(self, store: Any, batch_size: int, seed: int = 0, *, drop_last: bool = False,
                  **kwargs: Any) -> None:
@@ -184,9 +164,9 @@ class EpochSampler(StoreSampler):
 
     def _rows_of(self, iv: np.ndarray) -> PassRows:
         """The rows the sampler draws from among row-id intervals ``iv`` (as intervals without a subset)."""
-        if self.stacker is not None:  # only records with a next frame
-            return PassRows(ids=np.intersect1d(self.restrict(iv), self.stacker.index().valid_rows,
-                                               assume_unique=True))
+        el = self.eligible()
+        if el is not None:  # with stack=: only records with a next frame
+            return PassRows(ids=np.intersect1d(self.restrict(iv), el.valid_rows, assume_unique=True))
         return PassRows(intervals=iv) if self.subset is None else PassRows(ids=self.restrict(iv))
 
     def _prune(self) -> None:
@@ -219,7 +199,7 @@ class EpochSampler(StoreSampler):
         if self._exhausted():
             raise self._empty(f"full minibatches of {self.batch_size}")
 
-    def sample(self) -> Request:
+    def draw(self) -> Request:
         """The next minibatch of the current pass (a new pass starts when one is exhausted).
 
         Cost: the minibatch, plus making the next bucket of the order when the pass
@@ -240,9 +220,7 @@ class EpochSampler(StoreSampler):
         assert self._order is not None
         rows = self._order.take(self.batch_size)
         self.batches_drawn += 1
-        if self.stacker is not None:
-            return self.windowed(self.stacker.request(rows))
-        return self.windowed(Request(rows))
+        return Request(rows)
 
     def __iter__(self) -> Iterator[Request]:
         """One pass (continuing the current one after ``load_state_dict``)."""
@@ -276,7 +254,7 @@ class EpochSampler(StoreSampler):
         state = super().state_dict()
         state.update(epoch=self.epoch, drop_last=self.drop_last)
         order = self._order
-        if order is not None and order.seed is not None and self.stacker is None:
+        if order is not None and order.seed is not None and self._filter is None:
             state.update(pass_seed=order.seed, pass_order=order.method, pass_rows=self._pass_rows,
                          pass_check=self._pass_check, taken=order.taken)
         elif order is not None:
