@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import SamplerParameterError, StoreError, TransformError
+from replaystore.loaders.follow import EntryFollower
 from replaystore.schemas import Schema
 from replaystore.schemas.nesting import SEP
-from replaystore.store import Table
+from replaystore.store import StreamIndex, Table
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -148,18 +149,79 @@ def _replaced(node: Any, path: list[str], value: Any) -> Any:
     return {**node, key: _replaced(node[key], rest, value)}
 
 
-@dataclass
-class _Episodes:
-    """Per position of the stream index's dense arrays: its episode's bounds and completeness."""
+class _Episodes(EntryFollower):
+    """Per visible row: its episode's bounds (relative positions in its stream) and completeness, followed.
 
-    index: Any  # the StreamIndex these arrays were built from, and its version then
-    version: int
-    order: np.ndarray  # positions sorted by row id
-    sorted_rows: np.ndarray
-    rows: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    complete: np.ndarray
+    After a commit, each stream touched has its open episode (the one its last entry was in,
+    unless that entry ended it) and the entries appended recomputed; the oldest entries
+    evicted cost nothing (bounds and completeness clip to the stream's first visible entry
+    when read, :meth:`bounds`). The end flags of the records appended are read once.
+    """
+
+    columns = {"end": (bool, False), "lo": (np.int64, 0), "hi": (np.int64, 0), "ended": (bool, False),
+               "complete": (bool, False)}
+
+    def __init__(self, table: Table, fields: GoalFields) -> None:
+        self.fields = fields
+        super().__init__(table)
+
+    def _added(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        f = self.fields
+        cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
+        flags = self.table.read(rows, columns=cols)
+        ends = np.asarray(flags[f.terminated], dtype=bool).copy()
+        if f.truncated is not None:
+            ends |= np.asarray(flags[f.truncated], dtype=bool)
+        self.cols["end"][slots] = ends
+
+    def _first(self, index: StreamIndex, s: np.ndarray, lo: np.ndarray, old_hi: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray]:
+        # the open episode of each stream's last entry, unless that entry ended it
+        seg = index.seg
+        prev = old_hi - 1
+        have = prev >= lo
+        slots, _ = self.slots.lookup(seg.cols["rows"][seg.origin[s] + np.where(have, prev, lo)])
+        first = np.where(have & ~self.cols["end"][slots], np.maximum(self.cols["lo"][slots], lo), old_hi)
+        return np.maximum(first - 1, lo), first
+
+    def _compute(self, jid: np.ndarray, bounds: np.ndarray, has_ctx: np.ndarray, rows: np.ndarray,
+                 steps: np.ndarray, resets: np.ndarray, slots: np.ndarray, rel: np.ndarray,
+                 write: np.ndarray) -> None:
+        ends = self.cols["end"][slots]
+        lo, hi, complete = episode_bounds(jid, steps, resets, ends)
+        w = slots[write]
+        self.cols["lo"][w] = rel[lo[write]]
+        self.cols["hi"][w] = rel[hi[write] - 1] + 1
+        self.cols["ended"][w] = ends[hi[write] - 1]
+        self.cols["complete"][w] = complete[write]
+
+    def bounds(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per visible row: its position, its episode's ``[lo, hi)`` and completeness, and its stream's origin.
+
+        Positions are relative to the stream's segment in the stream index (add ``origin`` for
+        the column buffers). Cost: a lookup and a few gathers per row.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            Visible row ids.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``pos``, ``lo``, ``hi`` (int64 relative positions), ``complete`` (bool) and ``origin``.
+        """
+        assert self.index is not None
+        slots, _, p, origin, first = self.locate(rows)
+        lo = self.cols["lo"][slots]
+        clipped = lo <= first  # the episode starts at the stream's first visible entry: began as of it
+        complete = self.cols["complete"][slots]
+        if clipped.any():
+            at = (origin + first)[clipped]
+            seg = self.index.seg
+            began = seg.cols["resets"][at] | (seg.cols["steps"][at] == 0)
+            complete[clipped] = began & self.cols["ended"][slots[clipped]]
+        return p - origin, np.maximum(lo, first), self.cols["hi"][slots], complete, origin
 
 
 def episode_bounds(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray, ends: np.ndarray,
@@ -305,22 +367,12 @@ class HER:
         return {"strategy": self.strategy, "k": self.k, "online": self.online, "seed": self.seed}
 
     def _index(self, table: Table) -> _Episodes:
-        """The episode arrays of the table's current stream index (rebuilt when it changed; cost O(records))."""
-        index = table.stream_index()
+        """The episode bounds of the table's current view (followed across its changes, :class:`_Episodes`)."""
         ep = self._episodes
-        if ep is not None and ep.index is index and ep.version == index.version:
-            return ep
-        rows = index.rows
-        f = self.fields
-        cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
-        flags = table.read(rows, columns=cols)
-        ends = np.asarray(flags[f.terminated], dtype=bool).copy()
-        if f.truncated is not None:
-            ends |= np.asarray(flags[f.truncated], dtype=bool)
-        lo, hi, complete = episode_bounds(index.stream_ids, index.steps, index.resets, ends)
-        order = np.argsort(rows, kind="stable")
-        self._episodes = _Episodes(index, index.version, order, rows[order], rows.copy(), lo, hi, complete)
-        return self._episodes
+        if ep is None or ep.table is not table or ep.fields != self.fields:
+            ep = self._episodes = _Episodes(table, self.fields)
+        ep.sync()
+        return ep
 
     def goal_rows(self, table: Table, rows: np.ndarray) -> np.ndarray:
         """The row each sampled row takes its new goal from (-1: keep its goal).
@@ -335,17 +387,17 @@ class HER:
         Returns
         -------
         numpy.ndarray
-            int64, one per row. Cost: two draws per row plus a binary search; the
-            episode arrays are rebuilt, O(records), when the stream index changed.
+            int64, one per row. Cost: two draws per row plus a lookup; the episode
+            bounds follow the table's changes at their cost (O(k) after a commit or
+            eviction of k records, plus each touched stream's open episode).
         """
         ep = self._index(table)
         rows = np.asarray(rows, dtype=np.int64)
-        pos = ep.order[np.searchsorted(ep.sorted_rows, rows)]
-        lo, hi = ep.lo[pos], ep.hi[pos]
+        pos, lo, hi, complete, origin = ep.bounds(rows)
         pick = self.rng.random(len(rows)) < self.ratio
         u = self.rng.random(len(rows))
         if not self.online:
-            pick &= ep.complete[pos]
+            pick &= complete
         if self.strategy == "future":
             first = pos
         elif self.strategy == "episode":
@@ -353,7 +405,8 @@ class HER:
         else:
             first = hi - 1
         target = first + np.minimum((u * (hi - first)).astype(np.int64), hi - first - 1)
-        return np.where(pick, ep.rows[target], -1)
+        assert ep.index is not None
+        return np.where(pick, ep.index.seg.cols["rows"][origin + np.where(pick, target, pos)], -1)
 
     # -- where gathered: relabel ---------------------------------------------------------
     def relabel(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
