@@ -144,6 +144,7 @@ class EntryFollower:
         self.cols: dict[str, np.ndarray] = {"stream": _EMPTY, "rel": _EMPTY}
         for name, (dtype, _) in self.columns.items():
             self.cols[name] = np.zeros(0, dtype=dtype)
+        self._grow()
         self._cleared()
 
     def _cleared(self) -> None:
@@ -221,7 +222,7 @@ class EntryFollower:
             raise AssertionError("the stream index lists rows the table's view does not show")
 
     def _grow(self) -> None:
-        n = self.slots.nslots
+        n = max(self.slots.nslots, 1)  # (slot 0 answers lookups of rows not tracked)
         for name, arr in self.cols.items():
             self.cols[name] = grown(arr, n, 0)
 
@@ -271,6 +272,9 @@ class EntryFollower:
         """
         assert self.index is not None
         slots, found = self.slots.lookup(rows)
+        if not len(self.slots):
+            zero = np.zeros(len(slots), dtype=np.int64)
+            return slots, found, zero, zero, zero
         s = self.cols["stream"][slots]
         seg = self.index.seg
         origin = seg.origin[s]
