@@ -55,7 +55,8 @@ def records(kind: str, n: int, first: int, rng: np.random.Generator) -> tuple[di
     g = rng.standard_normal((n, 3)).astype(f32)
     return {"observation": rng.standard_normal((n, 4)).astype(f32), "achieved_goal": g, "desired_goal": g,
             "action": rng.standard_normal((n, 4)).astype(f32), "reward": -np.ones(n, f32),
-            "next_observation": rng.standard_normal((n, 4)).astype(f32), "next_achieved_goal": g, "next_desired_goal": g,
+            "next_observation": rng.standard_normal((n, 4)).astype(f32), "next_achieved_goal": g,
+            "next_desired_goal": g,
             "terminated": end, "truncated": np.zeros(n, bool)}, steps
 
 

@@ -4,7 +4,8 @@ The sampler (main process) keeps each visible row's n-step window summarised
 (:class:`WindowIndex`): the discounted reward, the window's length, its last row and that
 row's terminated/truncated flags, followed across the changes of its table's view at the cost
 of the change (vectorised passes over the stream slices touched and one read of the
-``reward``/``terminated``(/``truncated``) columns of the records appended). A minibatch's windows are then a few gathers; they travel in the
+``reward``/``terminated``(/``truncated``) columns of the records appended). A minibatch's
+windows are then a few gathers; they travel in the
 :class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`, and where the
 minibatch is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply`
 replaces ``reward``, ``terminated``, ``truncated``, reads ``next_obs`` of the windows' last

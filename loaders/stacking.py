@@ -60,7 +60,13 @@ class FrameIndex(EntryFollower):
         self._invalid = SortedRows()
 
     def sync(self) -> bool:
-        # docstring inherited
+        """Bring the index up to the table's current view, and :attr:`key` with it.
+
+        Returns
+        -------
+        bool
+            Whether anything changed. Cost: see :meth:`EntryFollower.sync`.
+        """
         changed = super().sync()
         self.key = (id(self), self.changes)
         return changed
