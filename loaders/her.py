@@ -152,14 +152,17 @@ def _replaced(node: Any, path: list[str], value: Any) -> Any:
 class _Episodes(EntryFollower):
     """Per visible row: its episode's bounds (relative positions in its stream) and completeness, followed.
 
-    After a commit, each stream touched has its open episode (the one its last entry was in,
-    unless that entry ended it) and the entries appended recomputed; the oldest entries
-    evicted cost nothing (bounds and completeness clip to the stream's first visible entry
-    when read, :meth:`bounds`). The end flags of the records appended are read once.
+    Per row: its episode's first entry, its end (-1 while the episode is open: the last of its
+    stream, not ended), whether the episode began at a known start and whether it ended with
+    an end flag. After a commit, each stream touched has the entries appended computed, from
+    the entry before them; an open episode that the commit closes gets its end written to its
+    earlier entries (once per episode: O(1) a record, amortised). The oldest entries evicted
+    cost nothing (bounds and completeness clip to the stream's first visible entry when read,
+    :meth:`bounds`). The end flags of the records appended are read once.
     """
 
-    columns = {"end": (bool, False), "lo": (np.int64, 0), "hi": (np.int64, 0), "ended": (bool, False),
-               "complete": (bool, False)}
+    columns = {"end": (bool, False), "lo": (np.int64, 0), "hi": (np.int64, -1), "began": (bool, False),
+               "ended": (bool, False)}
 
     def __init__(self, table: Table, fields: GoalFields) -> None:
         self.fields = fields
@@ -176,24 +179,45 @@ class _Episodes(EntryFollower):
 
     def _first(self, index: StreamIndex, s: np.ndarray, lo: np.ndarray, old_hi: np.ndarray,
                ) -> tuple[np.ndarray, np.ndarray]:
-        # the open episode of each stream's last entry, unless that entry ended it
-        seg = index.seg
-        prev = old_hi - 1
-        have = prev >= lo
-        slots, _ = self.slots.lookup(seg.cols["rows"][seg.origin[s] + np.where(have, prev, lo)])
-        first = np.where(have & ~self.cols["end"][slots], np.maximum(self.cols["lo"][slots], lo), old_hi)
-        return np.maximum(first - 1, lo), first
+        return np.maximum(old_hi - 1, lo), old_hi  # the entry before the appended ones carries its episode
 
     def _compute(self, jid: np.ndarray, bounds: np.ndarray, has_ctx: np.ndarray, rows: np.ndarray,
                  steps: np.ndarray, resets: np.ndarray, slots: np.ndarray, rel: np.ndarray,
                  write: np.ndarray) -> None:
-        ends = self.cols["end"][slots]
-        lo, hi, complete = episode_bounds(jid, steps, resets, ends)
+        cols = self.cols
+        ends = cols["end"][slots]
+        lo, hi, _ = episode_bounds(jid, steps, resets, ends)
+        m = len(rows)
+        same = np.zeros(m, dtype=bool)  # as episode_bounds: continues the previous entry's stream, no step gap
+        same[1:] = (jid[1:] == jid[:-1]) & (steps[1:] == steps[:-1] + 1)
+        began = resets[lo] | (steps[lo] == 0)
+        inner = lo > 0
+        began[inner] |= same[lo[inner]] & ends[lo[inner] - 1]
+        first = rel[lo]
+        ctx = bounds[:-1]
+        carried = has_ctx[jid] & (lo == ctx[jid])  # the episode began at or before the context entry
+        first[carried] = cols["lo"][slots[ctx[jid[carried]]]]
+        began[carried] = cols["began"][slots[ctx[jid[carried]]]]
+        closed = (hi < bounds[1:][jid]) | ends[hi - 1]
+        end = np.where(closed, rel[hi - 1] + 1, -1)
         w = slots[write]
-        self.cols["lo"][w] = rel[lo[write]]
-        self.cols["hi"][w] = rel[hi[write] - 1] + 1
-        self.cols["ended"][w] = ends[hi[write] - 1]
-        self.cols["complete"][w] = complete[write]
+        cols["lo"][w], cols["hi"][w] = first[write], end[write]
+        cols["began"][w], cols["ended"][w] = began[write], ends[hi - 1][write]
+        # an open episode the new entries closed: its end, on its earlier entries
+        j = np.flatnonzero(has_ctx)
+        j = j[(cols["hi"][slots[ctx[j]]] < 0) & closed[ctx[j]]]
+        if not len(j):
+            return
+        assert self.index is not None
+        seg = self.index.seg
+        c = ctx[j]
+        s = cols["stream"][slots[c]]
+        a = np.maximum(first[c], seg.lo[s] - seg.origin[s])
+        counts = rel[c] + 1 - a
+        at = np.repeat(seg.origin[s] + a - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        old, _ = self.slots.lookup(seg.cols["rows"][at])
+        cols["hi"][old] = np.repeat(end[c], counts)
+        cols["ended"][old] = np.repeat(ends[hi[c] - 1], counts)
 
     def bounds(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per visible row: its position, its episode's ``[lo, hi)`` and completeness, and its stream's origin.
@@ -213,15 +237,15 @@ class _Episodes(EntryFollower):
         """
         assert self.index is not None
         slots, _, p, origin, first = self.locate(rows)
-        lo = self.cols["lo"][slots]
+        seg, cols = self.index.seg, self.cols
+        lo, hi = cols["lo"][slots], cols["hi"][slots]
+        hi = np.where(hi < 0, seg.hi[cols["stream"][slots]] - origin, hi)  # open: the stream's visible end
+        began = cols["began"][slots]
         clipped = lo <= first  # the episode starts at the stream's first visible entry: began as of it
-        complete = self.cols["complete"][slots]
         if clipped.any():
             at = (origin + first)[clipped]
-            seg = self.index.seg
-            began = seg.cols["resets"][at] | (seg.cols["steps"][at] == 0)
-            complete[clipped] = began & self.cols["ended"][slots[clipped]]
-        return p - origin, np.maximum(lo, first), self.cols["hi"][slots], complete, origin
+            began[clipped] = seg.cols["resets"][at] | (seg.cols["steps"][at] == 0)
+        return p - origin, np.maximum(lo, first), hi, began & cols["ended"][slots], origin
 
 
 def episode_bounds(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray, ends: np.ndarray,
