@@ -412,8 +412,8 @@ class HER:
         -------
         numpy.ndarray
             int64, one per row. Cost: two draws per row plus a lookup; the episode
-            bounds follow the table's changes at their cost (O(k) after a commit or
-            eviction of k records, plus each touched stream's open episode).
+            bounds follow the table's changes at their cost (O(k), amortised, after a
+            commit or eviction of k records).
         """
         ep = self._index(table)
         rows = np.asarray(rows, dtype=np.int64)

@@ -224,3 +224,43 @@ def test_sorted_rows_is_a_sorted_set(steps: list[tuple[bool, list[int]]]) -> Non
             s.remove(some)
             ref -= set(some.tolist())
             assert s.values.tolist() == sorted(ref)
+
+
+def test_a_commit_costs_what_it_added_not_the_table(new_url: Callable[[], str]) -> None:
+    # 4,000 records in 4 streams; then commits of 8 records (2 per stream) and an eviction:
+    # each index recomputes only the new entries and a few before them in each stream
+    st = open_store(new_url(), frames((2,), actions=2), mode="w", capacity=4_000)
+    fields = GoalFields(terminated="terminated", truncated="truncated")
+    rng = np.random.default_rng(0)
+    nxt = [0] * 4
+
+    def commit(w: Any, per: int) -> None:
+        for s in range(4):
+            steps = nxt[s] + np.arange(per)
+            nxt[s] += per
+            w.append({"frame": np.zeros((per, 2), np.uint8), "action": np.zeros(per, np.int64),
+                      "reward": rng.standard_normal(per).astype(np.float32), "terminated": steps % 50 == 49,
+                      "truncated": np.zeros(per, bool)}, stream=s, step=steps, reset=steps % 50 == 0)
+        w.commit()
+        st.refresh()
+
+    with st.writer() as w:
+        commit(w, 1_000)
+        seen: list[int] = []
+        followers = [FrameIndex(st.default.stream_index(), st.default), _Episodes(st.default, fields)]
+        nstep = WindowIndex(st.default, 3)
+        nstep.nstep(st.default.row_ids()[:1], 0.9)
+        assert nstep._follow is not None
+        for f in [*followers, nstep._follow]:
+            f.sync()
+            original = f._compute
+            f._compute = lambda *a, original=original: (seen.append(len(a[3])), original(*a))[1]  # type: ignore
+        for _ in range(3):
+            commit(w, 2)  # 8 records, and as many evicted
+            assert len(st.default) == 4_000
+            seen.clear()
+            for f in followers:
+                assert f.sync()
+            nstep.nstep(st.default.row_ids()[:1], 0.9)
+            assert len(seen) == 3
+            assert max(seen) <= 8 + 4 * 3, seen  # the new entries, and up to n before them per stream
