@@ -267,3 +267,40 @@ def test_a_commit_costs_what_it_added_not_the_table(new_url: Callable[[], str]) 
             nstep.nstep(st.default.row_ids()[:1], 0.9)
             assert len(seen) == 3
             assert max(seen) <= 8 + 4 * 3, seen  # the new entries, and up to n before them per stream
+
+
+def test_followers_catch_up_after_more_changes_than_the_index_remembers(new_url: Callable[[], str]) -> None:
+    # the stream index names the streams touched by its last 64 changes; further behind, every
+    # stream is compared (still without a rebuild)
+    st = open_store(new_url(), frames((2,), actions=2), mode="w", capacity=300)
+    fields = GoalFields(terminated="terminated", truncated="truncated")
+    fi = FrameIndex(st.default.stream_index(), st.default)
+    ep = _Episodes(st.default, fields)
+    win = WindowIndex(st.default, 2)
+    with st.writer() as w:
+        for i in range(70):
+            steps = np.arange(3 * i, 3 * i + 3)
+            w.append({"frame": np.zeros((3, 2), np.uint8), "action": np.zeros(3, np.int64),
+                      "reward": np.full(3, i, np.float32), "terminated": steps % 7 == 6,
+                      "truncated": np.zeros(3, bool)}, stream=i % 3, step=steps, reset=steps % 7 == 0)
+            w.commit()
+            st.refresh()
+            if i == 1:
+                fi.sync()
+                ep.sync()
+                win.nstep(st.default.row_ids()[:1], 0.5)
+    built = fi.index
+    fi.sync()
+    assert fi.index is built
+    fresh = open_store(st.url, mode="r").default
+    rows = fresh.row_ids()
+    want = FrameIndex(fresh.stream_index(), fresh)
+    assert np.array_equal(fi.valid_rows, want.valid_rows)
+    assert np.array_equal(fi.windows(rows, 3, "reset"), want.windows(rows, 3, "reset"))
+    ep.sync()
+    other = _Episodes(fresh, fields)
+    other.sync()
+    assert np.array_equal(ep.bounds(rows)[3], other.bounds(rows)[3])
+    assert np.array_equal(ep.bounds(rows)[2] - ep.bounds(rows)[1], other.bounds(rows)[2] - other.bounds(rows)[1])
+    got, exp = win.nstep(rows, 0.5), WindowIndex(fresh, 2).nstep(rows, 0.5)
+    assert np.array_equal(got.reward, exp.reward) and np.array_equal(got.last, exp.last)
