@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import SamplerParameterError, StoreError, TransformError
+from replaystore.loaders.follow import EntryFollower
 from replaystore.schemas import Schema
 from replaystore.schemas.nesting import SEP
-from replaystore.store import Table
+from replaystore.store import StreamIndex, Table
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -148,18 +149,103 @@ def _replaced(node: Any, path: list[str], value: Any) -> Any:
     return {**node, key: _replaced(node[key], rest, value)}
 
 
-@dataclass
-class _Episodes:
-    """Per position of the stream index's dense arrays: its episode's bounds and completeness."""
+class _Episodes(EntryFollower):
+    """Per visible row: its episode's bounds (relative positions in its stream) and completeness, followed.
 
-    index: Any  # the StreamIndex these arrays were built from, and its version then
-    version: int
-    order: np.ndarray  # positions sorted by row id
-    sorted_rows: np.ndarray
-    rows: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    complete: np.ndarray
+    Per row: its episode's first entry, its end (-1 while the episode is open: the last of its
+    stream, not ended), whether the episode began at a known start and whether it ended with
+    an end flag. After a commit, each stream touched has the entries appended computed, from
+    the entry before them; an open episode that the commit closes gets its end written to its
+    earlier entries (once per episode: O(1) a record, amortised). The oldest entries evicted
+    cost nothing (bounds and completeness clip to the stream's first visible entry when read,
+    :meth:`bounds`). The end flags of the records appended are read once.
+    """
+
+    columns = {"end": (bool, False), "lo": (np.int64, 0), "hi": (np.int64, -1), "began": (bool, False),
+               "ended": (bool, False)}
+
+    def __init__(self, table: Table, fields: GoalFields) -> None:
+        self.fields = fields
+        super().__init__(table)
+
+    def _added(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        f = self.fields
+        cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
+        flags = self.table.read(rows, columns=cols)
+        ends = np.asarray(flags[f.terminated], dtype=bool).copy()
+        if f.truncated is not None:
+            ends |= np.asarray(flags[f.truncated], dtype=bool)
+        self.cols["end"][slots] = ends
+
+    def _first(self, index: StreamIndex, s: np.ndarray, lo: np.ndarray, old_hi: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray]:
+        return np.maximum(old_hi - 1, lo), old_hi  # the entry before the appended ones carries its episode
+
+    def _compute(self, jid: np.ndarray, bounds: np.ndarray, has_ctx: np.ndarray, rows: np.ndarray,
+                 steps: np.ndarray, resets: np.ndarray, slots: np.ndarray, rel: np.ndarray,
+                 write: np.ndarray) -> None:
+        cols = self.cols
+        ends = cols["end"][slots]
+        lo, hi, _ = episode_bounds(jid, steps, resets, ends)
+        m = len(rows)
+        same = np.zeros(m, dtype=bool)  # as episode_bounds: continues the previous entry's stream, no step gap
+        same[1:] = (jid[1:] == jid[:-1]) & (steps[1:] == steps[:-1] + 1)
+        began = resets[lo] | (steps[lo] == 0)
+        inner = lo > 0
+        began[inner] |= same[lo[inner]] & ends[lo[inner] - 1]
+        first = rel[lo]
+        ctx = bounds[:-1]
+        carried = has_ctx[jid] & (lo == ctx[jid])  # the episode began at or before the context entry
+        first[carried] = cols["lo"][slots[ctx[jid[carried]]]]
+        began[carried] = cols["began"][slots[ctx[jid[carried]]]]
+        closed = (hi < bounds[1:][jid]) | ends[hi - 1]
+        end = np.where(closed, rel[hi - 1] + 1, -1)
+        w = slots[write]
+        cols["lo"][w], cols["hi"][w] = first[write], end[write]
+        cols["began"][w], cols["ended"][w] = began[write], ends[hi - 1][write]
+        # an open episode the new entries closed: its end, on its earlier entries
+        j = np.flatnonzero(has_ctx)
+        j = j[(cols["hi"][slots[ctx[j]]] < 0) & closed[ctx[j]]]
+        if not len(j):
+            return
+        assert self.index is not None
+        seg = self.index.seg
+        c = ctx[j]
+        s = cols["stream"][slots[c]]
+        a = np.maximum(first[c], seg.lo[s] - seg.origin[s])
+        counts = rel[c] + 1 - a
+        at = np.repeat(seg.origin[s] + a - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        old, _ = self.slots.lookup(seg.cols["rows"][at])
+        cols["hi"][old] = np.repeat(end[c], counts)
+        cols["ended"][old] = np.repeat(ends[hi[c] - 1], counts)
+
+    def bounds(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per visible row: its position, its episode's ``[lo, hi)`` and completeness, and its stream's origin.
+
+        Positions are relative to the stream's segment in the stream index (add ``origin`` for
+        the column buffers). Cost: a lookup and a few gathers per row.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            Visible row ids.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``pos``, ``lo``, ``hi`` (int64 relative positions), ``complete`` (bool) and ``origin``.
+        """
+        assert self.index is not None
+        slots, _, p, origin, first = self.locate(rows)
+        seg, cols = self.index.seg, self.cols
+        lo, hi = cols["lo"][slots], cols["hi"][slots]
+        hi = np.where(hi < 0, seg.hi[cols["stream"][slots]] - origin, hi)  # open: the stream's visible end
+        began = cols["began"][slots]
+        clipped = lo <= first  # the episode starts at the stream's first visible entry: began as of it
+        if clipped.any():
+            at = (origin + first)[clipped]
+            began[clipped] = seg.cols["resets"][at] | (seg.cols["steps"][at] == 0)
+        return p - origin, np.maximum(lo, first), hi, began & cols["ended"][slots], origin
 
 
 def episode_bounds(stream_ids: np.ndarray, steps: np.ndarray, resets: np.ndarray, ends: np.ndarray,
@@ -305,22 +391,12 @@ class HER:
         return {"strategy": self.strategy, "k": self.k, "online": self.online, "seed": self.seed}
 
     def _index(self, table: Table) -> _Episodes:
-        """The episode arrays of the table's current stream index (rebuilt when it changed; cost O(records))."""
-        index = table.stream_index()
+        """The episode bounds of the table's current view (followed across its changes, :class:`_Episodes`)."""
         ep = self._episodes
-        if ep is not None and ep.index is index and ep.version == index.version:
-            return ep
-        rows = index.rows
-        f = self.fields
-        cols = [f.terminated] + ([f.truncated] if f.truncated is not None else [])
-        flags = table.read(rows, columns=cols)
-        ends = np.asarray(flags[f.terminated], dtype=bool).copy()
-        if f.truncated is not None:
-            ends |= np.asarray(flags[f.truncated], dtype=bool)
-        lo, hi, complete = episode_bounds(index.stream_ids, index.steps, index.resets, ends)
-        order = np.argsort(rows, kind="stable")
-        self._episodes = _Episodes(index, index.version, order, rows[order], rows.copy(), lo, hi, complete)
-        return self._episodes
+        if ep is None or ep.table is not table or ep.fields != self.fields:
+            ep = self._episodes = _Episodes(table, self.fields)
+        ep.sync()
+        return ep
 
     def goal_rows(self, table: Table, rows: np.ndarray) -> np.ndarray:
         """The row each sampled row takes its new goal from (-1: keep its goal).
@@ -335,17 +411,17 @@ class HER:
         Returns
         -------
         numpy.ndarray
-            int64, one per row. Cost: two draws per row plus a binary search; the
-            episode arrays are rebuilt, O(records), when the stream index changed.
+            int64, one per row. Cost: two draws per row plus a lookup; the episode
+            bounds follow the table's changes at their cost (O(k), amortised, after a
+            commit or eviction of k records).
         """
         ep = self._index(table)
         rows = np.asarray(rows, dtype=np.int64)
-        pos = ep.order[np.searchsorted(ep.sorted_rows, rows)]
-        lo, hi = ep.lo[pos], ep.hi[pos]
+        pos, lo, hi, complete, origin = ep.bounds(rows)
         pick = self.rng.random(len(rows)) < self.ratio
         u = self.rng.random(len(rows))
         if not self.online:
-            pick &= ep.complete[pos]
+            pick &= complete
         if self.strategy == "future":
             first = pos
         elif self.strategy == "episode":
@@ -353,7 +429,8 @@ class HER:
         else:
             first = hi - 1
         target = first + np.minimum((u * (hi - first)).astype(np.int64), hi - first - 1)
-        return np.where(pick, ep.rows[target], -1)
+        assert ep.index is not None
+        return np.where(pick, ep.index.seg.cols["rows"][origin + np.where(pick, target, pos)], -1)
 
     # -- where gathered: relabel ---------------------------------------------------------
     def relabel(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:

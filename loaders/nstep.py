@@ -1,10 +1,11 @@
 """N-step returns at sampling time: windows over the stream/step index, returns computed in the sampler.
 
-The sampler (main process) keeps, per version of its table's view, each visible row's n-step
-window summarised (:class:`WindowIndex`): the discounted reward, the window's length, its last
-row and that row's terminated/truncated flags, built with vectorised passes over the stream
-index and one read of the ``reward``/``terminated``(/``truncated``) columns after each change
-of the view. A minibatch's windows are then a few gathers; they travel in the
+The sampler (main process) keeps each visible row's n-step window summarised
+(:class:`WindowIndex`): the discounted reward, the window's length, its last row and that
+row's terminated/truncated flags, followed across the changes of its table's view at the cost
+of the change (vectorised passes over the stream slices touched and one read of the
+``reward``/``terminated``(/``truncated``) columns of the records appended). A minibatch's
+windows are then a few gathers; they travel in the
 :class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`, and where the
 minibatch is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply`
 replaces ``reward``, ``terminated``, ``truncated``, reads ``next_obs`` of the windows' last
@@ -20,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import RowError, SamplerParameterError
+from replaystore.loaders.follow import EntryFollower
 from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.schemas import Schema
-from replaystore.store import Table
+from replaystore.store import StreamIndex, Table
 
 REQUIRED = ("reward", "terminated")
 """The fields a table's schema needs for n-step returns."""
@@ -86,10 +88,13 @@ class WindowIndex:
     ...`` up to ``n`` rows in all, ending before the first step that is not visible (a gap:
     eviction, a missing step, the stream's visible end) or that carries a reset, and after its
     first terminal or truncated record. A step held by several visible rows resolves to the
-    last of them (highest row id). Per view version (and ``gamma``) it keeps, for every visible
-    row by its position in the view, its window's discounted reward, last row id, and one code
-    for its length and last row's terminated/truncated bits (20 bytes a row), so a minibatch
-    costs a few gathers.
+    last of them (highest row id). For every visible row it keeps (for the current ``gamma``)
+    its window's discounted reward, last row id, and one code for its length and last row's
+    terminated/truncated bits, so a minibatch costs a few gathers. The summary follows the
+    table (:class:`_Windows`): after a commit of k records it reads those records' rewards and
+    flags and recomputes the windows of the records appended and of the ``n`` before them in
+    each stream touched (O(k * n)); an eviction of the oldest records costs O(k); results are
+    those of a summary built afresh.
 
     Parameters
     ----------
@@ -105,15 +110,10 @@ class WindowIndex:
 
     def __init__(self, table: Table, n: int, stacked: bool = False) -> None:
         self.table, self.n, self.stacked = table, n, stacked
-        self._version, self._gamma = -1, -1.0
+        self._gamma = -1.0
         # a window of one keeps its next_obs; stacked windows get theirs from the stacker
         self._names = next_fields(table.schema) if n > 1 and not stacked else []
-        self._lo = np.zeros(1, dtype=np.int64)  # first row id of each visible interval
-        self._hi = np.zeros(1, dtype=np.int64)  # its end
-        self._off = np.zeros(1, dtype=np.int64)  # view position of each interval's first row
-        self._reward = np.zeros(0, dtype=np.float64)  # per view position: discounted reward sum
-        self._last = np.zeros(0, dtype=np.int64)  # the last row's id
-        self._code = np.zeros(0, dtype=np.int32)  # k + (n + 1) * (the last row's terminated + 2 * truncated)
+        self._follow: _Windows | None = None
         # per code: k, terminated, truncated, discount (gamma ** k, 0 where terminated)
         codes = np.arange(4 * (n + 1))
         self._k_of = (codes % (n + 1)).astype(np.int64)
@@ -122,81 +122,27 @@ class WindowIndex:
         self._discount_of = np.zeros(len(codes), dtype=np.float64)
 
     def _refresh(self, gamma: float) -> None:
-        """Rebuild the per-position arrays if the table's view (or ``gamma``) changed.
+        """Bring the per-row summaries up to the table's current view (and ``gamma``).
 
-        Cost: when it changed, one read of the ``reward``/``terminated``(/``truncated``) columns
-        of every visible row, a few vectorised passes over the stream index's dense views (which
-        the index builds on first use after a change) and ``n - 1`` passes over the rows:
-        O(n * visible rows); else one ``Table.view()``.
+        Cost: nothing when unchanged; after commits and evictions, O(n) per record appended
+        and O(1) per record evicted, plus one read of the ``reward``/``terminated``
+        (/``truncated``) columns of the records appended (see :class:`_Windows`); a new
+        ``gamma`` (or the first call) builds the summary of every visible row afresh.
         """
-        view = self.table.view()
-        if view.version == self._version and gamma == self._gamma:
-            return
-        iv = view.intervals()
-        lo, hi = iv[:, 0].copy(), iv[:, 1].copy()
-        off = np.zeros(len(iv), dtype=np.int64)
-        np.cumsum(iv[:-1, 1] - iv[:-1, 0], out=off[1:])
-        size = len(view)
-        names = ["reward", "terminated", *(["truncated"] if "truncated" in view.schema else [])]
-        row = view.row_ids()
-        data = view.read(row, columns=names) if size else {}
-        rew = np.zeros(size + 1, dtype=np.float64)  # position ``size``: the sentinel (no row)
-        flag = np.zeros(size + 1, dtype=np.uint8)
-        if size:
-            rew[:size] = data["reward"]
-            flag[:size] = data["terminated"]
-            if "truncated" in data:
-                flag[:size] |= data["truncated"].astype(np.uint8) << 1
-        index = view.stream_index()
-        rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
-        nxt = np.full(size + 1, size, dtype=np.int64)  # the next step's position; the sentinel if none
-        if len(rows) > 1:
-            succ = _successors(sids, steps)
-            ok = succ >= 0
-            s = np.where(ok, succ, 0)
-            ok &= (steps[s] == steps + 1) & ~resets[s]
-            pos = _positions(rows, lo, off)
-            if self.stacked:  # the successor must have a next frame itself
-                has_next = np.zeros(size + 1, dtype=bool)
-                has_next[pos] = ok
-                ok &= has_next[pos[s]]
-            ok &= flag[pos] == 0  # a terminal or truncated record ends its window
-            nxt[pos] = np.where(ok, pos[s], size)
-        # windows of up to m + 1 rows from those of up to m rows, m = 1 .. n - 1
-        k = np.ones(size + 1, dtype=np.int64)
-        k[size] = 0
-        reward, last_flag = rew.copy(), flag.copy()
-        last = np.append(np.arange(size, dtype=np.int64), size)  # the last row's position
-        stop = nxt == size
-        for _ in range(1, self.n):
-            k = 1 + k[nxt]
-            k[size] = 0
-            reward = rew + gamma * reward[nxt]
-            last_flag = flag | last_flag[nxt]
-            last = np.where(stop, last, last[nxt])
-        self._lo, self._hi, self._off = lo, hi, off
-        self._reward = reward[:size]
-        self._code = (k[:size] + (self.n + 1) * last_flag[:size].astype(np.int64)).astype(np.int32)
-        self._last = row[last[:size]] if size else row
-        self._discount_of = np.where(self._term_of, 0.0, gamma ** self._k_of.astype(np.float64))
-        self._version, self._gamma = view.version, gamma
+        if self._follow is None or gamma != self._gamma:
+            self._follow = _Windows(self.table, self.n, self.stacked, gamma)
+            self._discount_of = np.where(self._term_of, 0.0, gamma ** self._k_of.astype(np.float64))
+            self._gamma = gamma
+        self._follow.sync()
 
     def _start_positions(self, rows: np.ndarray) -> np.ndarray:
-        """View positions of start row ids; ``RowError`` unless every one is visible in the current view."""
-        lo, hi, off = self._lo, self._hi, self._off
-        if len(lo) == 1:
-            pos = rows - lo[0]
-            if not len(pos) or int(pos.view(np.uint64).max()) < hi[0] - lo[0]:  # a negative one wraps to > 2**63
-                return pos
-            bad = (rows < lo[0]) | (rows >= hi[0])
-        else:
-            at = np.searchsorted(lo, rows, side="right") - 1
-            bad = (at < 0) | (rows >= hi[np.maximum(at, 0)])
-            pos = rows - lo[at] + off[at]
-        if bad.any():
-            raise RowError(f"table {self.table.name!r}: start rows {rows[bad][:8].tolist()} are not visible "
+        """Row slots of start row ids; ``RowError`` unless every one is visible in the current view."""
+        assert self._follow is not None
+        slots, found = self._follow.slots.lookup(rows)
+        if not found.all():
+            raise RowError(f"table {self.table.name!r}: start rows {rows[~found][:8].tolist()} are not visible "
                            "records (never written or evicted)")
-        return pos
+        return slots
 
     def nstep(self, rows: np.ndarray, gamma: float) -> NStepWindows:
         """The windows of start ``rows``: their lengths, discounted rewards, last rows and end flags.
@@ -212,8 +158,8 @@ class WindowIndex:
         -------
         NStepWindows
             For :meth:`NStepWindows.apply`. Cost: a handful of vectorised operations on the
-            batch (one binary search over the view's intervals when it has several); after a
-            change of the view, a rebuild (see :meth:`_refresh`).
+            batch (a binary search per row over the row slots' segments when there are
+            several); after a change of the view, following it (see :meth:`_refresh`).
 
         Raises
         ------
@@ -222,18 +168,73 @@ class WindowIndex:
         """
         gamma = float(gamma)
         self._refresh(gamma)
+        assert self._follow is not None
         pos = self._start_positions(np.asarray(rows, dtype=np.int64).reshape(-1))
-        code = self._code[pos]
-        return NStepWindows(self._last[pos], self._reward[pos], self._k_of[code], self._term_of[code],
+        cols = self._follow.cols
+        code = cols["code"][pos]
+        return NStepWindows(cols["last"][pos], cols["reward"][pos], self._k_of[code], self._term_of[code],
                             self._trunc_of[code], self._discount_of[code], self._names)
 
 
-def _positions(rows: np.ndarray, lo: np.ndarray, off: np.ndarray) -> np.ndarray:
-    """View positions of visible row ids, given the view's interval starts ``lo`` and their positions ``off``."""
-    if len(lo) == 1:
-        return rows - lo[0]
-    at = np.searchsorted(lo, rows, side="right") - 1
-    return rows - lo[at] + off[at]
+class _Windows(EntryFollower):
+    """Per visible row: its n-step window's discounted reward, last row id and code, followed (WindowIndex)."""
+
+    columns = {"rew": (np.float64, 0.0), "flag": (np.uint8, 0), "reward": (np.float64, 0.0),
+               "last": (np.int64, -1), "code": (np.int32, 0)}
+
+    def __init__(self, table: Table, n: int, stacked: bool, gamma: float) -> None:
+        self.n, self.stacked, self.gamma = n, stacked, gamma
+        super().__init__(table)
+
+    def _added(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        names = ["reward", "terminated", *(["truncated"] if "truncated" in self.table.schema else [])]
+        data = self.table.read(rows, columns=names)
+        self.cols["rew"][slots] = data["reward"]
+        flag = np.asarray(data["terminated"]).astype(np.uint8)
+        if "truncated" in data:
+            flag |= np.asarray(data["truncated"]).astype(np.uint8) << 1
+        self.cols["flag"][slots] = flag
+
+    def _first(self, index: StreamIndex, s: np.ndarray, lo: np.ndarray, old_hi: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray]:
+        first = np.maximum(old_hi - self.n, lo)  # windows that may reach the appended entries
+        return first, first
+
+    def _compute(self, jid: np.ndarray, bounds: np.ndarray, has_ctx: np.ndarray, rows: np.ndarray,
+                 steps: np.ndarray, resets: np.ndarray, slots: np.ndarray, rel: np.ndarray,
+                 write: np.ndarray) -> None:
+        size = len(rows)
+        rew = np.zeros(size + 1, dtype=np.float64)  # position ``size``: the sentinel (no row)
+        flag = np.zeros(size + 1, dtype=np.uint8)
+        rew[:size] = self.cols["rew"][slots]
+        flag[:size] = self.cols["flag"][slots]
+        nxt = np.full(size + 1, size, dtype=np.int64)  # the next step's position; the sentinel if none
+        if size > 1:
+            succ = _successors(jid, steps)
+            ok = succ >= 0
+            s = np.where(ok, succ, 0)
+            ok &= (steps[s] == steps + 1) & ~resets[s]
+            if self.stacked:  # the successor must have a next frame itself
+                ok &= ok[s]
+            ok &= flag[:size] == 0  # a terminal or truncated record ends its window
+            nxt[:size] = np.where(ok, s, size)
+        # windows of up to m + 1 rows from those of up to m rows, m = 1 .. n - 1
+        k = np.ones(size + 1, dtype=np.int64)
+        k[size] = 0
+        reward, last_flag = rew.copy(), flag.copy()
+        last = np.append(np.arange(size, dtype=np.int64), size)  # the last row's position
+        stop = nxt == size
+        gamma = self.gamma
+        for _ in range(1, self.n):
+            k = 1 + k[nxt]
+            k[size] = 0
+            reward = rew + gamma * reward[nxt]
+            last_flag = flag | last_flag[nxt]
+            last = np.where(stop, last, last[nxt])
+        w = slots[write]
+        self.cols["reward"][w] = reward[:size][write]
+        self.cols["code"][w] = (k[:size][write] + (self.n + 1) * last_flag[:size][write].astype(np.int64))
+        self.cols["last"][w] = rows[last[:size][write]]
 
 
 def _successors(sids: np.ndarray, steps: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 
 from replaystore.errors import SamplerParameterError
 from replaystore.loaders.base import Request
+from replaystore.loaders.follow import EntryFollower, SortedRows
 from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.store import StreamIndex, Table
 
@@ -24,42 +25,100 @@ PADDINGS = ("reset", "zero")
 """``stack_padding`` values: repeat the episode's first frame, or zeros (gymnasium's ``padding_type``)."""
 
 
-class FrameIndex:
-    """Per visible row: its stream-index position, its episode's first position, and whether it has a next frame.
+class FrameIndex(EntryFollower):
+    """Per visible row: its stream position, its episode's first position, and whether it has a next frame.
 
-    Built from a :class:`StreamIndex`'s dense views (cost: a stable sort of the visible
-    row ids, linear when they are in stream order already; once per index change).
+    Kept per row as the row's stream slot and relative position in the :class:`StreamIndex`'s
+    segments, the relative position of its episode's first entry, and its next-frame flag,
+    with the ascending drawable rows (:attr:`valid_rows`) and the others (:attr:`invalid_rows`).
+    With ``table`` the index follows the table (:meth:`sync`): after a commit or eviction
+    of k records the update costs O(k) (an append recomputes the entries appended and the
+    one before each, a head eviction only drops rows; a stream the stream index rewrote is
+    recomputed whole), and the results are those of an index built afresh.
 
     Parameters
     ----------
     index : StreamIndex
-        The table's stream index.
+        The table's stream index (the one built from).
+    table : Table, optional
+        The table whose view ``index`` describes: :meth:`sync` then follows its changes.
+        Without it the index describes ``index`` as it is.
     """
 
-    def __init__(self, index: StreamIndex) -> None:
-        self.key = (id(index), index.version)
-        rows, steps, resets, sids = index.rows, index.steps, index.resets, index.stream_ids
+    columns = {"start": (np.int64, 0), "next": (np.int8, -1)}  # next: -1 for a row not yet computed
+
+    def __init__(self, index: StreamIndex, table: Table | None = None) -> None:
+        super().__init__(table)  # type: ignore[arg-type]
+        self.key = (id(self), self.changes)
+        if table is None:
+            self._build(index, np.sort(index.rows))
+        else:
+            self.sync()
+
+    def _cleared(self) -> None:
+        self._valid = SortedRows()
+        self._invalid = SortedRows()
+
+    def sync(self) -> bool:
+        """Bring the index up to the table's current view, and :attr:`key` with it.
+
+        Returns
+        -------
+        bool
+            Whether anything changed. Cost: see :meth:`EntryFollower.sync`.
+        """
+        changed = super().sync()
+        self.key = (id(self), self.changes)
+        return changed
+
+    @property
+    def valid_rows(self) -> np.ndarray:
+        """Ascending row ids that have a next frame in their episode (the drawable ones; valid until a change)."""
+        return self._valid.values
+
+    @property
+    def invalid_rows(self) -> np.ndarray:
+        """Ascending visible row ids without one (episode ends, frame-only records; valid until a change)."""
+        return self._invalid.values
+
+    def _removed(self, iv: np.ndarray) -> None:
+        self._valid.remove_in(iv)
+        self._invalid.remove_in(iv)
+
+    def _first(self, index: StreamIndex, s: np.ndarray, lo: np.ndarray, old_hi: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray]:
+        first = np.maximum(old_hi - 1, lo)  # the entry before the appended ones gains a next frame
+        return np.maximum(first - 1, lo), first  # and the one before it carries the episode's start
+
+    def _compute(self, jid: np.ndarray, bounds: np.ndarray, has_ctx: np.ndarray, rows: np.ndarray,
+                 steps: np.ndarray, resets: np.ndarray, slots: np.ndarray, rel: np.ndarray,
+                 write: np.ndarray) -> None:
         m = len(rows)
-        pos = np.arange(m, dtype=np.int64)
+        i = np.arange(m, dtype=np.int64)
         brk = np.ones(m, dtype=bool)  # entry starts an episode: first, new stream, step gap, or reset
         if m > 1:
-            brk[1:] = (sids[1:] != sids[:-1]) | (steps[1:] - steps[:-1] != 1) | resets[1:]
-        start = np.where(brk, pos, 0)
-        np.maximum.accumulate(start, out=start)
-        self.rows = rows
-        self.start = start
-        self.has_next = np.zeros(m, dtype=bool)
-        self.has_next[:-1] = ~brk[1:]
-        self._sorted_order = np.argsort(rows, kind="stable")
-        self._sorted_rows = rows[self._sorted_order]
-        drawable = self.has_next[self._sorted_order]
-        self.valid_rows = self._sorted_rows[drawable]
-        """Ascending row ids that have a next frame in their episode (the drawable ones)."""
-        self.invalid_rows = self._sorted_rows[~drawable]
-        """Ascending visible row ids without one (episode ends, frame-only records)."""
+            brk[1:] = (jid[1:] != jid[:-1]) | (steps[1:] - steps[:-1] != 1) | resets[1:]
+        at = np.where(brk, i, 0)
+        np.maximum.accumulate(at, out=at)
+        start = rel[at]
+        carry = has_ctx[jid] & (at == bounds[:-1][jid])  # the episode began before the context entry
+        start[carry] = self.cols["start"][slots[at[carry]]]
+        nxt = np.zeros(m, dtype=np.int8)
+        nxt[:-1] = ~brk[1:]
+        w = slots[write]
+        old, new = self.cols["next"][w], nxt[write]
+        self.cols["start"][w] = start[write]
+        self.cols["next"][w] = new
+        r = rows[write]
+        self._valid.remove(np.sort(r[(old == 1) & (new == 0)]))
+        self._invalid.remove(np.sort(r[(old == 0) & (new == 1)]))
+        self._valid.add(np.sort(r[(old != 1) & (new == 1)]))
+        self._invalid.add(np.sort(r[(old != 0) & (new == 0)]))
 
     def positions(self, rows: np.ndarray) -> np.ndarray:
-        """Stream-index positions of visible row ids (cost: a binary search per row).
+        """Positions of visible row ids in the stream index's column buffers (``index.seg.cols``).
+
+        Cost: a binary search per row (none when the rows are one run of slots).
 
         Parameters
         ----------
@@ -71,8 +130,7 @@ class FrameIndex:
         numpy.ndarray
             int64 positions.
         """
-        at = np.searchsorted(self._sorted_rows, rows)
-        return self._sorted_order[np.minimum(at, max(len(self._sorted_rows) - 1, 0))]
+        return self.locate(np.asarray(rows, dtype=np.int64))[2]
 
     def drawable(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row id is visible and has a next frame in its episode.
@@ -87,10 +145,8 @@ class FrameIndex:
         numpy.ndarray
             bool per row.
         """
-        if not len(self.valid_rows):
-            return np.zeros(len(rows), dtype=bool)
-        at = np.minimum(np.searchsorted(self.valid_rows, rows), len(self.valid_rows) - 1)
-        return np.asarray(self.valid_rows[at] == rows)
+        slots, found = self.slots.lookup(np.asarray(rows, dtype=np.int64))
+        return found & (self.cols["next"][slots] == 1)
 
     def windows(self, rows: np.ndarray, stack: int, padding: str) -> np.ndarray:
         """Frame rows of each row's ``obs`` + ``next_obs``: shape ``(*rows.shape, stack + 1)``, -1 for zero slots.
@@ -114,20 +170,26 @@ class FrameIndex:
         numpy.ndarray
             int64 row ids.
         """
-        flat = rows.reshape(-1)
-        real = flat >= 0
-        p = self.positions(np.where(real, flat, 0))
+        assert self.index is not None
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
+        buf = self.index.seg.cols["rows"]
+        if not len(self.slots):
+            return np.full((*np.shape(rows), stack + 1), -1, dtype=np.int64)
+        slots, real, p, origin, lo = self.locate(flat)
+        first = np.maximum(origin + self.cols["start"][slots], origin + lo)
+        has = real & (self.cols["next"][slots] == 1)
+        p = np.where(real, p, 0)
+        first = np.where(real, first, 0)
         w = p[:, None] + np.arange(1 - stack, 2, dtype=np.int64)[None, :]
-        first = self.start[p][:, None]
-        before = w < first
-        np.maximum(w, first, out=w)
-        w[:, -1] = np.where(self.has_next[p], w[:, -1], p)  # (overwritten with -1 below)
-        out = self.rows[w]
+        before = w < first[:, None]
+        np.maximum(w, first[:, None], out=w)
+        w[:, -1] = np.where(has, w[:, -1], p)  # (overwritten with -1 below)
+        out = buf[w]
         if padding == "zero":
             out[before] = -1
-        out[~self.has_next[p], -1] = -1
+        out[~has, -1] = -1
         out[~real] = -1
-        return out.reshape((*rows.shape, stack + 1))
+        return out.reshape((*np.shape(rows), stack + 1))
 
 
 class Stacker:
@@ -161,16 +223,18 @@ class Stacker:
         self._index: FrameIndex | None = None
 
     def index(self) -> FrameIndex:
-        """The frame index of the table's current view (rebuilt when the stream index changed).
+        """The frame index of the table's current view (followed across the table's changes).
 
         Returns
         -------
         FrameIndex
-            Cost: nothing when unchanged, else a sort of the visible rows.
+            Cost: nothing when unchanged; else, after commits and evictions of k records,
+            O(k) (:meth:`FrameIndex.sync`); the first call builds it (a sort of the visible rows).
         """
-        si = self.table.view().stream_index()
-        if self._index is None or self._index.key != (id(si), si.version):
-            self._index = FrameIndex(si)
+        if self._index is None:
+            self._index = FrameIndex(self.table.stream_index(), self.table)
+        else:
+            self._index.sync()
         return self._index
 
 
