@@ -39,12 +39,17 @@ if TYPE_CHECKING:
 class Eligible(Protocol):
     """Which visible rows a sampler may draw, as a feature's index says (``FrameIndex`` is one)."""
 
-    key: Any
-    """Changes whenever the sets below change."""
-    valid_rows: np.ndarray
-    """Ascending row ids that may be drawn."""
-    invalid_rows: np.ndarray
-    """Ascending visible row ids that may not."""
+    @property
+    def key(self) -> Any:
+        """Changes whenever the sets below change."""
+
+    @property
+    def valid_rows(self) -> np.ndarray:
+        """Ascending row ids that may be drawn (valid until the next change)."""
+
+    @property
+    def invalid_rows(self) -> np.ndarray:
+        """Ascending visible row ids that may not."""
 
 
 class Feature:
