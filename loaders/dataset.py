@@ -187,15 +187,17 @@ def gather(table: Table, request: Request) -> dict[str, Any]:
 
     Ragged fields come out as CSR of just these rows (values + offsets rebased to
     0; for sequences, over the flattened ``[batch, window]`` slots). Padding slots
-    of sequence windows read nothing and come out as zeros / empty lists. Cost:
-    one read of the rows (see ``Table.read``).
+    of sequence windows read nothing and come out as zeros / empty lists. The
+    payloads that apply themselves (stacks, n-step windows) are applied
+    (:func:`gather_arrays`; HER's relabelling needs the loader). Cost: one read of
+    the rows (see ``Table.read``), plus the payloads' reads.
 
     Parameters
     ----------
     table : Table
         The table to read.
     request : Request
-        The rows and the sampler's outputs.
+        The rows, the sampler's outputs and the features' payloads.
 
     Returns
     -------

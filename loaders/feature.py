@@ -25,7 +25,7 @@ features go together, and with which samplers, is loaders/combinations.py's tabl
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -55,7 +55,6 @@ class Eligible(Protocol):
         """Ascending visible row ids that may not."""
 
 
-@runtime_checkable
 class Payload(Protocol):
     """A feature's payload that applies itself where the minibatch is gathered (``FrameWindows``, ``NStepWindows``)."""
 
@@ -201,11 +200,16 @@ class Carried(Feature):
 
     def reads(self, payload: Any) -> tuple[str, ...]:
         # docstring inherited
-        return tuple(payload.reads()) if isinstance(payload, Payload) else ()
+        return tuple(payload.reads()) if _applies(payload) else ()
 
     def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
         # docstring inherited
-        return payload.apply(table, batch) if isinstance(payload, Payload) else batch
+        return payload.apply(table, batch) if _applies(payload) else batch
+
+
+def _applies(payload: Any) -> bool:
+    """Whether ``payload`` is a :class:`Payload` (its methods looked up: ~0.2 µs, not a protocol check's ~8)."""
+    return callable(getattr(payload, "apply", None)) and callable(getattr(payload, "reads", None))
 
 
 class Stacking(Feature):

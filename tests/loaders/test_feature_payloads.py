@@ -83,6 +83,9 @@ def test_payloads_are_small_arrays_without_indexes_tables_or_functions(tmp_path:
             assert not any(issubclass(t, kind) for t in types), (kind, types)
         assert not any(callable(v) for v in request.parts.values())
         assert len(pickle.dumps(request)) < 4096  # 16 rows: a few small arrays
+    for sampler in (stacked, relabelled):  # what each worker gets once: the halves, no index either
+        types = pickled_types(make_loader(store, sampler).dataset)
+        assert not any(issubclass(t, (Table, Store, EntryFollower)) for t in types), types
     assert stacked.sample().parts["stack"].next_frames is not None  # n-step's next_obs stacks, read with obs
     her_request = relabelled.sample()
     assert her_request.parts["her"] is her_request.outputs["her_goal_rows"]  # pickled once
