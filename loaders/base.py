@@ -15,7 +15,7 @@ from replaystore.errors import ReplayStoreError, SamplerParameterError, StoreErr
 from replaystore.loaders import combinations
 from replaystore.loaders.her import HER
 from replaystore.loaders.limits import MAX_BATCH_SIZE, check_size
-from replaystore.loaders.nstep import NStepWindows, check_nstep
+from replaystore.loaders.nstep import check_nstep
 from replaystore.loaders.resumable import Resumable
 from replaystore.loaders.tracking import ViewTracker, expand, rows_in
 from replaystore.store import Store, Table
@@ -23,7 +23,6 @@ from replaystore.store import Store, Table
 if TYPE_CHECKING:
     from replaystore.loaders.feature import Eligible, Feature
     from replaystore.loaders.ratelimit import RateLimiter, SampleGate
-    from replaystore.loaders.stacking import Stacker
 
 
 class EmptyStoreError(ReplayStoreError):
@@ -51,26 +50,18 @@ class Request:
         Whether ``rows`` is a ``[batch, window]`` array of sequence windows.
     stream_keys : list of int or str, optional
         For sequence requests, each window's stream key.
-    frames : numpy.ndarray, optional
-        For stacked requests (``stack=``): ``[batch, stack + 1]`` frame row ids, -1 for
-        zero padding; ``obs`` is the first ``stack``, ``next_obs`` the last.
-    frame_field : str, optional
-        The frame field ``frames`` reads.
-    nstep : NStepWindows, optional
-        With ``n_step``: the minibatch's n-step windows, applied when gathering.
-    next_frames : numpy.ndarray, optional
-        With ``n_step`` and ``stack``: the frame windows of each n-step window's last row;
-        ``next_obs`` is their last ``stack`` frames.
+    parts : dict of str to Any
+        The features' payloads, each under its feature's name (``"stack"``, ``"n_step"``,
+        ``"her"``), put there by its ``prepare`` in the sampler's feature order: small and
+        picklable (arrays, no index), for the feature's worker half where the minibatch is
+        gathered (loaders/feature.py).
     """
 
     rows: np.ndarray
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     sequence: bool = False
     stream_keys: list[int | str] | None = None
-    frames: np.ndarray | None = None
-    frame_field: str | None = None
-    nstep: NStepWindows | None = None
-    next_frames: np.ndarray | None = None
+    parts: dict[str, Any] = field(default_factory=dict)
 
 
 class StoreSampler(Resumable, Sampler[Request]):
@@ -185,7 +176,7 @@ class StoreSampler(Resumable, Sampler[Request]):
         self._refreshed_at = time.monotonic()
         self.store = store
         self.table: Table = store.table(table) if table is not None else store.default
-        from replaystore.loaders.feature import NStep, Stacking, features_of, restricting  # (they import Request)
+        from replaystore.loaders.feature import features_of, restricting  # (they import Request)
 
         self.n_step: int | None = None
         self.gamma = float(gamma) if isinstance(gamma, (int, float)) else gamma
@@ -206,8 +197,6 @@ class StoreSampler(Resumable, Sampler[Request]):
                                                    self.gamma, her)
         """The parts the sampler hands its draws to, in order (loaders/feature.py)."""
         self.her = her
-        self.stacker: Stacker | None = next((f.stacker for f in self.features if isinstance(f, Stacking)), None)
-        self._nstep_index = next((f.index for f in self.features if isinstance(f, NStep)), None)
         self._filter = restricting(self.features)
         self.rate_limit: SampleGate | None = None
         """The rate limiter's gate, consulted before every draw (None: none)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,9 +12,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
-from replaystore.loaders.feature import Feature, Relabelling, Transform
-from replaystore.loaders.her import HER
-from replaystore.loaders.stacking import gather_stacked
+from replaystore.loaders.feature import Carried, Feature, Transform
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
 from replaystore.schemas import Schema, map_tree
@@ -26,19 +24,21 @@ def _pad_sequences(schema: Schema, data: dict[str, np.ndarray], real: np.ndarray
     """Spread gathered records over ``[batch, window]`` slots; padded slots are zero / empty lists."""
     out: dict[str, np.ndarray] = {}
     slots = real.size
+    dense = [f for f in schema.dense_fields if f.name in data]  # (fields a feature reads itself are not)
+    groups = {o: names for o, names in schema.offsets_groups.items() if o in data}
     if real.all():  # nothing padded: the gathered records are the slots, in order
-        for f in schema.dense_fields:
+        for f in dense:
             out[f.name] = data[f.name].reshape((*shape, *f.shape))
-        for off_name, names in schema.offsets_groups.items():
+        for off_name, names in groups.items():
             out[off_name] = data[off_name]
             for n in names:
                 out[n] = data[n]
         return out
-    for f in schema.dense_fields:
+    for f in dense:
         full = np.zeros((slots, *f.shape), dtype=f.dtype)
         full[real.reshape(-1)] = data[f.name]
         out[f.name] = full.reshape((*shape, *f.shape))
-    for off_name, names in schema.offsets_groups.items():
+    for off_name, names in groups.items():
         counts = np.zeros(slots, dtype=np.int64)
         counts[real.reshape(-1)] = np.diff(data[off_name])
         offsets = np.zeros(slots + 1, dtype=np.int64)
@@ -123,21 +123,31 @@ class WorkerBatch:
                 for k, v in self.tensors().items()}
 
 
-def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
-    """:func:`gather`'s minibatch as numpy arrays (``stream_keys`` as a list).
+def gather_arrays(table: Table, request: Request, parts: Sequence[Feature] = ()) -> dict[str, Any]:
+    """:func:`gather`'s minibatch as numpy arrays (``stream_keys`` as a list), the features' worker halves applied.
+
+    The rows' record fields are read (but those a feature's worker half reads itself: the frame
+    field of stacks), with ``indices``, the sampler's outputs and the stream keys; then every
+    feature's worker half runs on it with its payload (``request.parts``), in the request's
+    order (the sampler's features: stacking, n-step, HER), then the halves of ``parts`` that
+    have no payload (a transform). A payload without its half in ``parts`` applies itself
+    (:class:`~replaystore.loaders.feature.Carried`: stacks and n-step windows); HER's goal rows
+    need HER's half (the loader's dataset has it).
 
     Parameters
     ----------
     table : Table
         The table to read.
     request : Request
-        The rows and the sampler's outputs.
+        The rows, the sampler's outputs and the features' payloads.
+    parts : sequence of Feature, optional
+        Worker halves (``Feature.worker``) by name, and the transform.
 
     Returns
     -------
     dict of str to Any
         Schema fields (nested fields as nested dicts/tuples), ``indices``, the sampler's
-        outputs, and ``stream_keys`` for sequence requests.
+        outputs, ``stream_keys`` for sequence requests, and what the features add.
 
     Raises
     ------
@@ -145,28 +155,30 @@ def gather_arrays(table: Table, request: Request) -> dict[str, Any]:
         A requested row is not visible to this handle.
     StaleReadError
         A requested row was reclaimed since this handle's view.
+    TransformError
+        From a transform or HER's ``compute_reward``.
     """
-    if request.frames is not None:
-        stacked = gather_stacked(table, request)
-        if request.nstep is not None:  # n-step windows over stacked frames (loaders/nstep.py)
-            request.nstep.apply(table, stacked)
-        return stacked
+    given = {p.name: p for p in parts}
+    halves = [(given.get(name) or Carried(name), payload) for name, payload in request.parts.items()]
+    halves += [(p, None) for p in parts if p.name not in request.parts]
+    skip = {name for half, payload in halves for name in half.reads(payload)}
+    columns = [n for n in table.schema.record_names if n not in skip] if skip else None
     rows = np.asarray(request.rows, dtype=np.int64)
     if request.sequence:
         real = rows >= 0  # padding slots (-1) read nothing
-        data = table.read(rows[real])
+        data = table.read(rows[real], columns=columns) if columns != [] else {}
         nesting = table.schema.nesting
         if nesting is None:
             data = _pad_sequences(table.schema, data, real, rows.shape)
         else:  # pad leaf by leaf
             data = nesting.nest(_pad_sequences(table.schema, nesting.unnest(data), real, rows.shape))
     else:  # only sequence windows are padded; a nested field comes out nested (Table.read)
-        data = table.read(rows)
+        data = table.read(rows, columns=columns) if columns != [] else {}
     batch: dict[str, Any] = {**data, "indices": rows, **request.outputs}
     if request.stream_keys is not None:
         batch["stream_keys"] = request.stream_keys
-    if request.nstep is not None:  # n-step windows (loaders/nstep.py)
-        request.nstep.apply(table, batch)
+    for half, payload in halves:  # (a transform's own errors come out as TransformError)
+        batch = half.apply(table, batch, payload)
     return batch
 
 
@@ -175,15 +187,17 @@ def gather(table: Table, request: Request) -> dict[str, Any]:
 
     Ragged fields come out as CSR of just these rows (values + offsets rebased to
     0; for sequences, over the flattened ``[batch, window]`` slots). Padding slots
-    of sequence windows read nothing and come out as zeros / empty lists. Cost:
-    one read of the rows (see ``Table.read``).
+    of sequence windows read nothing and come out as zeros / empty lists. The
+    payloads that apply themselves (stacks, n-step windows) are applied
+    (:func:`gather_arrays`; HER's relabelling needs the loader). Cost: one read of
+    the rows (see ``Table.read``), plus the payloads' reads.
 
     Parameters
     ----------
     table : Table
         The table to read.
     request : Request
-        The rows and the sampler's outputs.
+        The rows, the sampler's outputs and the features' payloads.
 
     Returns
     -------
@@ -223,20 +237,19 @@ class StoreDataset(Dataset):
     cache : ChunkCache or bool, optional
         ``open_store``'s ``cache``: the opener's, so workers share its directory.
     transform : callable, optional
-        ``fn(batch of numpy arrays) -> batch``, applied after gathering (and
-        after ``her``), before tensors are made.
-    her : HER, optional
-        The sampler's hindsight relabelling, applied to each gathered minibatch.
+        ``fn(batch of numpy arrays) -> batch``, applied after gathering (and after the
+        features' worker halves), before tensors are made.
+    parts : sequence of Feature, optional
+        The sampler's features' worker halves (``Feature.worker``; small and picklable),
+        applied to each gathered minibatch with the request's payloads (:func:`gather_arrays`).
     """
 
     def __init__(self, url: str, table: str, storage_options: dict[str, Any] | None = None,
                  cache: ChunkCache | bool | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
-                 her: HER | None = None) -> None:
+                 parts: Sequence[Feature] = ()) -> None:
         self.transform = transform
-        self.her = her
-        self.parts: list[Feature] = [*([Relabelling(her)] if her is not None else []),
-                                     *([Transform(transform)] if transform is not None else [])]
-        """The features' halves that run where a minibatch is gathered, in order (loaders/feature.py)."""
+        self.parts: list[Feature] = [*parts, *([Transform(transform)] if transform is not None else [])]
+        """The worker halves run where a minibatch is gathered, the transform last (loaders/feature.py)."""
         self.url = url
         self.table_name = table
         self.storage_options = storage_options or {}
@@ -286,10 +299,7 @@ class StoreDataset(Dataset):
         return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
 
     def _gather(self, table: Table, request: Request) -> dict[str, Any]:
-        batch = gather_arrays(table, request)
-        for part in self.parts:  # (a transform's own errors come out as TransformError: no retry)
-            batch = part.apply(table, batch)
-        return batch
+        return gather_arrays(table, request, self.parts)  # (a TransformError is not retried)
 
     def __getitem__(self, request: Request) -> dict[str, Any] | WorkerBatch:
         """Same as :meth:`__getitems__`."""
@@ -366,8 +376,9 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     starting and opening the store again every pass.
 
     ``transform`` runs where the minibatch is gathered (each worker, or the main
-    process), on the numpy minibatch, before tensors are made; a sampler's
-    ``her`` relabelling runs there too, before it. An exception in ``transform``
+    process), on the numpy minibatch, before tensors are made; the sampler's
+    features' worker halves (stacks, n-step windows, ``her`` relabelling) run
+    there too, before it. An exception in ``transform``
     comes out as :class:`~replaystore.errors.TransformError` holding its
     traceback text (from a worker, re-raised by torch in the main process).
 
@@ -427,7 +438,8 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     if num_workers:
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
-                           store.cache if store.cache is not None else False, transform=transform, her=sampler.her)
+                           store.cache if store.cache is not None else False, transform=transform,
+                           parts=[f.worker() for f in sampler.features])
     # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
     # Request) to the dataset's __getitems__ unchanged
     loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]

@@ -8,11 +8,14 @@ A sampler only chooses rows. Its features (built from its keywords ``stack=``, `
   every candidate);
 - once a minibatch is drawn, :meth:`Feature.prepare`: the index work in the main process, its
   results put into the :class:`~replaystore.loaders.base.Request`;
-- where the minibatch is gathered (a DataLoader worker or the main process), its worker half:
-  for stacking and n-step returns, what :meth:`Feature.prepare` put into the request (frame
-  windows, ``NStepWindows``), which ``gather_arrays`` reads and applies, so that no sampler
-  index travels to the workers; for HER and transforms, :meth:`Feature.apply`, which the
-  loader's dataset runs on the gathered numpy minibatch, in that order.
+- where the minibatch is gathered (a DataLoader worker or the main process), its worker half
+  (:meth:`Feature.worker`): the loader's dataset runs each feature's :meth:`Feature.apply` on
+  the gathered numpy minibatch with that feature's payload, in a fixed order (stacking's frame
+  gather, n-step's windows, HER's relabelling, then the user's transform), with no per-feature
+  code in the gather itself. A payload that carries all its worker half needs (stacking's
+  ``FrameWindows``, n-step's ``NStepWindows``: a :class:`Payload`) applies itself, so a request
+  gathers whole without its sampler; HER's worker half holds the relabelling (its
+  ``compute_reward``, sent once to each worker, never in a request).
 
 A feature's :meth:`Feature.hyperparameters` and :meth:`Feature.state_dict` join the sampler's
 under the keys the sampler used before features were parts, so saved states resume. Which
@@ -28,7 +31,7 @@ import numpy as np
 
 from replaystore.loaders.her import HER
 from replaystore.loaders.nstep import WindowIndex
-from replaystore.loaders.stacking import Stacker
+from replaystore.loaders.stacking import FrameWindows, Stacker
 from replaystore.loaders.transform import apply_transform
 from replaystore.store import Table
 
@@ -50,6 +53,16 @@ class Eligible(Protocol):
     @property
     def invalid_rows(self) -> np.ndarray:
         """Ascending visible row ids that may not."""
+
+
+class Payload(Protocol):
+    """A feature's payload that applies itself where the minibatch is gathered (``FrameWindows``, ``NStepWindows``)."""
+
+    def reads(self) -> tuple[str, ...]:
+        """The record fields the plain gather leaves to :meth:`apply` (it reads them itself)."""
+
+    def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
+        """The minibatch with the feature's share done (``table``: this process's handle)."""
 
 
 class Feature:
@@ -86,7 +99,7 @@ class Feature:
         return None
 
     def prepare(self, request: Request) -> None:
-        """The main-process index work for a drawn minibatch: put its results into ``request``.
+        """The main-process index work for a drawn minibatch: put its payload into ``request.parts[name]``.
 
         Parameters
         ----------
@@ -94,7 +107,34 @@ class Feature:
             The drawn minibatch; changed in place.
         """
 
-    def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
+    def worker(self) -> Feature:
+        """The feature's worker half: what runs :meth:`apply` where minibatches are gathered.
+
+        Sent once to each DataLoader worker (so small and picklable: no index, no table).
+
+        Returns
+        -------
+        Feature
+            By default a :class:`Carried` half: the payload applies itself.
+        """
+        return Carried(self.name)
+
+    def reads(self, payload: Any) -> tuple[str, ...]:
+        """The record fields the plain gather leaves to :meth:`apply` for ``payload`` (none by default).
+
+        Parameters
+        ----------
+        payload : Any
+            The feature's payload in the request (None: none).
+
+        Returns
+        -------
+        tuple of str
+            Field names.
+        """
+        return ()
+
+    def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
         """What the feature does to a gathered minibatch where it is gathered (nothing by default).
 
         Parameters
@@ -103,6 +143,8 @@ class Feature:
             This process's handle of the table.
         batch : dict of str to Any
             The gathered minibatch (numpy arrays).
+        payload : Any
+            The feature's payload in the request (``request.parts[name]``; None: none).
 
         Returns
         -------
@@ -141,6 +183,35 @@ class Feature:
         """
 
 
+class Carried(Feature):
+    """The worker half of a feature whose payload applies itself (a :class:`Payload`; stacking, n-step).
+
+    A payload that is not a :class:`Payload` (HER's goal rows without HER's own half) is left
+    as it is.
+
+    Parameters
+    ----------
+    name : str
+        The feature's name (its key in ``Request.parts``).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def reads(self, payload: Any) -> tuple[str, ...]:
+        # docstring inherited
+        return tuple(payload.reads()) if _applies(payload) else ()
+
+    def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
+        # docstring inherited
+        return payload.apply(table, batch) if _applies(payload) else batch
+
+
+def _applies(payload: Any) -> bool:
+    """Whether ``payload`` is a :class:`Payload` (its methods looked up: ~0.2 µs, not a protocol check's ~8)."""
+    return callable(getattr(payload, "apply", None)) and callable(getattr(payload, "reads", None))
+
+
 class Stacking(Feature):
     """``stack=``: records with a next frame are drawn; requests carry their frame windows (loaders/stacking.py).
 
@@ -168,20 +239,21 @@ class Stacking(Feature):
         return self.stacker.index()
 
     def prepare(self, request: Request) -> None:
-        """Attach each row's frame window; sequence slots also get ``next_valid`` (the slot has a next frame).
+        """Put each row's frame window under ``parts["stack"]``; sequence slots also get ``next_valid``.
+
+        ``next_valid`` (an output): the slot has a next frame.
 
         Parameters
         ----------
         request : Request
-            The drawn minibatch; ``frames`` and ``frame_field`` are set.
+            The drawn minibatch; its payload is a ``FrameWindows``. Cost: ``FrameIndex.windows``.
         """
         st = self.stacker
         fi = st.index()
         rows = request.rows
         if request.sequence:
             request.outputs["next_valid"] = (rows >= 0) & fi.drawable(rows.reshape(-1)).reshape(rows.shape)
-        request.frames = fi.windows(rows, st.stack, st.padding)
-        request.frame_field = st.field
+        request.parts[self.name] = FrameWindows(fi.windows(rows, st.stack, st.padding), st.field)
 
     def hyperparameters(self) -> dict[str, Any]:
         # docstring inherited
@@ -212,18 +284,23 @@ class NStep(Feature):
         self.index = WindowIndex(table, n, stacked=stacking is not None)
 
     def prepare(self, request: Request) -> None:
-        """Attach the windows of the drawn start rows (and, when stacked, the frame windows after them).
+        """Put the windows of the drawn start rows under ``parts["n_step"]`` (an ``NStepWindows``).
+
+        When stacked, the frame windows after each window's last row go into stacking's
+        payload (``FrameWindows.next_frames``): ``next_obs`` is read with the ``obs`` frames.
 
         Parameters
         ----------
         request : Request
-            The drawn minibatch; ``nstep`` (and ``next_frames``) are set. Cost:
-            ``WindowIndex.nstep``.
+            The drawn minibatch, stacking's payload already in (features prepare in order).
+            Cost: ``WindowIndex.nstep``.
         """
-        request.nstep = self.index.nstep(request.rows, self.gamma)
+        windows = self.index.nstep(request.rows, self.gamma)
+        request.parts[self.name] = windows
         if self.stacking is not None:  # next_obs: the stack after each window's last row
             st = self.stacking.stacker
-            request.next_frames = st.index().windows(request.nstep.last, st.stack, st.padding)
+            frames = request.parts[self.stacking.name]
+            frames.next_frames = st.index().windows(windows.last, st.stack, st.padding)
 
     def hyperparameters(self) -> dict[str, Any]:
         # docstring inherited
@@ -251,7 +328,10 @@ class Relabelling(Feature):
         self._table = table
 
     def prepare(self, request: Request) -> None:
-        """Add ``her_goal_rows`` (per drawn record, the row its new goal comes from, or -1) to the outputs.
+        """Put ``her_goal_rows`` (per drawn record, the row its new goal comes from, or -1) under ``parts["her"]``.
+
+        They are also a per-sample output (the minibatch's ``her_goal_rows``; pickled once with
+        the request).
 
         Parameters
         ----------
@@ -259,11 +339,40 @@ class Relabelling(Feature):
             The drawn minibatch. Cost: ``HER.goal_rows``.
         """
         assert self._table is not None
-        request.outputs["her_goal_rows"] = self.her.goal_rows(self._table, request.rows)
+        goals = self.her.goal_rows(self._table, request.rows)
+        request.outputs["her_goal_rows"] = goals
+        request.parts[self.name] = goals
 
-    def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
-        # docstring inherited
-        return self.her.relabel(table, batch)
+    def worker(self) -> Feature:
+        """The relabelling without the sampler's table and index (``HER`` pickles without its episodes).
+
+        Returns
+        -------
+        Feature
+            A ``Relabelling`` of the same ``HER``.
+        """
+        return Relabelling(self.her)
+
+    def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
+        """Relabel the minibatch's goals and rewards from the goal rows ``payload`` (``HER.relabel``).
+
+        Parameters
+        ----------
+        table : Table
+            This process's handle of the table.
+        batch : dict of str to Any
+            The gathered minibatch (numpy arrays).
+        payload : numpy.ndarray or None
+            The goal rows (None: the request has none; the minibatch is left as it is).
+
+        Returns
+        -------
+        dict of str to Any
+            The relabelled minibatch (a new dict).
+        """
+        if payload is None:
+            return batch
+        return self.her.relabel(table, {**batch, "her_goal_rows": payload})
 
     def hyperparameters(self) -> dict[str, Any]:
         # docstring inherited
@@ -293,7 +402,17 @@ class Transform(Feature):
     def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
         self.fn = fn
 
-    def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
+    def worker(self) -> Feature:
+        """The transform itself (its function is sent once to each worker).
+
+        Returns
+        -------
+        Feature
+            ``self``.
+        """
+        return self
+
+    def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
         """``fn(batch)``; its exceptions as ``TransformError`` with their traceback text.
 
         Parameters
@@ -302,6 +421,8 @@ class Transform(Feature):
             This process's handle of the table (unused).
         batch : dict of str to Any
             The gathered minibatch.
+        payload : Any
+            None (a transform has no payload).
 
         Returns
         -------

@@ -3,7 +3,7 @@
 Two halves. In the main process, :meth:`HER.goal_rows` picks, per sampled row,
 the row whose ``next_achieved_goal`` becomes the new goal (or -1: not
 relabelled), from the table's public stream index; the sampler passes these as
-the request output ``her_goal_rows``. Where the minibatch is gathered (a
+the request output ``her_goal_rows`` and as HER's payload (``request.parts["her"]``). Where the minibatch is gathered (a
 DataLoader worker, or the main process), :meth:`HER.relabel` reads those goals
 and rewrites ``desired_goal``, ``next_desired_goal`` and ``reward``.
 

@@ -6,7 +6,8 @@ row's terminated/truncated flags, followed across the changes of its table's vie
 of the change (vectorised passes over the stream slices touched and one read of the
 ``reward``/``terminated``(/``truncated``) columns of the records appended). A minibatch's
 windows are then a few gathers; they travel in the
-:class:`~replaystore.loaders.base.Request` as an :class:`NStepWindows`, and where the
+:class:`~replaystore.loaders.base.Request` as n-step's payload (``parts["n_step"]``), an
+:class:`NStepWindows`, and where the
 minibatch is gathered (a DataLoader worker or the main process) :meth:`NStepWindows.apply`
 replaces ``reward``, ``terminated``, ``truncated``, reads ``next_obs`` of the windows' last
 rows and adds ``discount`` and ``n``.
@@ -285,6 +286,16 @@ class NStepWindows:
     truncated: np.ndarray
     discount: np.ndarray
     names: list[str]
+
+    def reads(self) -> tuple[str, ...]:
+        """The record fields the plain gather leaves to :meth:`apply`: none.
+
+        Returns
+        -------
+        tuple of str
+            Empty.
+        """
+        return ()
 
     def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
         """Replace the minibatch's one-step targets by n-step ones.

@@ -11,12 +11,12 @@ Only records followed by a record of the same episode are drawn.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import SamplerParameterError
-from replaystore.loaders.base import Request
 from replaystore.loaders.follow import EntryFollower, SortedRows
 from replaystore.loaders.limits import MAX_WINDOW, check_size
 from replaystore.store import StreamIndex, Table
@@ -238,58 +238,80 @@ class Stacker:
         return self._index
 
 
-def gather_stacked(table: Table, request: Request) -> dict[str, Any]:
-    """The minibatch of a stacked request: fields but the frame, ``obs``, ``next_obs``, ``indices``, outputs.
+@dataclass
+class FrameWindows:
+    """Stacking's payload in a request: the frame rows of each drawn row's stacks, gathered where it is gathered.
 
-    Each distinct frame is read once (ascending rows); ``obs`` is ``(B, stack, *frame)``,
-    ``next_obs`` the same one frame later; zero-padding slots are zeros. Cost: one read
-    of the rows' other fields and one of their distinct frames.
-
-    Parameters
+    Attributes
     ----------
-    table : Table
-        The table to read.
-    request : Request
-        A request with ``frames``.
-
-    Returns
-    -------
-    dict of str to Any
-        Name to numpy array.
+    frames : numpy.ndarray
+        int64 ``[*rows.shape, stack + 1]`` frame row ids (:meth:`FrameIndex.windows`), -1 for
+        zero slots; ``obs`` is the first ``stack``, ``next_obs`` the last ``stack``.
+    field : str
+        The frame field.
+    next_frames : numpy.ndarray, optional
+        With n-step windows: the frame windows of each window's last row (same shape);
+        ``next_obs`` is their last ``stack`` frames instead.
     """
-    assert request.frames is not None and request.frame_field is not None
-    rows = np.asarray(request.rows, dtype=np.int64)
-    field = request.frame_field
-    others = [n for n in table.schema.record_names if n != field]
-    if request.sequence:  # padding slots (-1) read nothing and come out as zeros (dense fields)
-        real = rows >= 0
-        read = table.read(rows[real], columns=others) if others else {}
-        data = {}
-        for spec in table.schema.dense_fields:
-            if spec.name != field:
-                full = np.zeros((*rows.shape, *spec.shape), dtype=spec.dtype)
-                full[real] = read[spec.name]
-                data[spec.name] = full
-    else:
-        data = table.read(rows, columns=others) if others else {}
-    w = request.frames
-    if request.next_frames is not None:  # n-step: next_obs follows each window's last row
-        w = np.concatenate([w, request.next_frames], axis=-1)
-    got = w >= 0
-    uniq, inv = np.unique(w[got], return_inverse=True)
-    f = table.read(uniq, columns=[field])[field]
-    if got.all():
-        stacked = f[inv.reshape(w.shape)]
-    else:
-        stacked = np.zeros((*w.shape, *f.shape[1:]), dtype=f.dtype)
-        stacked[got] = f[inv]
-    lead = (slice(None),) * (w.ndim - 1)  # batch (and window) axes; the stack axis follows
-    k = request.frames.shape[-1] - 1  # frames per stack
-    if request.next_frames is None:
-        obs, nxt = stacked[(*lead, slice(None, k))], stacked[(*lead, slice(1, k + 1))]
-    else:
-        obs, nxt = stacked[(*lead, slice(None, k))], stacked[(*lead, slice(k + 2, None))]
-    batch: dict[str, Any] = {**data, "obs": obs, "next_obs": nxt, "indices": rows, **request.outputs}
-    if request.stream_keys is not None:
-        batch["stream_keys"] = request.stream_keys
-    return batch
+
+    frames: np.ndarray
+    field: str
+    next_frames: np.ndarray | None = None
+
+    def reads(self) -> tuple[str, ...]:
+        """The record field the plain gather leaves to :meth:`apply`: the frame field.
+
+        Returns
+        -------
+        tuple of str
+            ``(field,)``.
+        """
+        return (self.field,)
+
+    def apply(self, table: Table, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add ``obs`` and ``next_obs`` (``(*rows.shape, stack, *frame)``) to a minibatch gathered without frames.
+
+        Each distinct frame is read once (ascending rows, ``next_frames`` included);
+        zero-padding slots are zeros. ``obs`` and ``next_obs`` come right before ``indices``.
+
+        Parameters
+        ----------
+        table : Table
+            The table to read (this process's handle).
+        batch : dict of str to Any
+            The gathered minibatch (numpy arrays), without the frame field.
+
+        Returns
+        -------
+        dict of str to Any
+            A new dict. Cost: one read of the distinct frames.
+
+        Raises
+        ------
+        RowError, StaleReadError
+            As ``Table.read``.
+        """
+        field = self.field
+        w = self.frames
+        if self.next_frames is not None:  # n-step: next_obs follows each window's last row
+            w = np.concatenate([w, self.next_frames], axis=-1)
+        got = w >= 0
+        uniq, inv = np.unique(w[got], return_inverse=True)
+        f = table.read(uniq, columns=[field])[field]
+        if got.all():
+            stacked = f[inv.reshape(w.shape)]
+        else:
+            stacked = np.zeros((*w.shape, *f.shape[1:]), dtype=f.dtype)
+            stacked[got] = f[inv]
+        lead = (slice(None),) * (w.ndim - 1)  # batch (and window) axes; the stack axis follows
+        k = self.frames.shape[-1] - 1  # frames per stack
+        obs = stacked[(*lead, slice(None, k))]
+        nxt = stacked[(*lead, slice(1, k + 1) if self.next_frames is None else slice(k + 2, None))]
+        out: dict[str, Any] = {}
+        for name, value in batch.items():
+            if name == "indices":
+                out["obs"], out["next_obs"] = obs, nxt
+            out[name] = value
+        if "obs" not in out:
+            out["obs"], out["next_obs"] = obs, nxt
+        return out

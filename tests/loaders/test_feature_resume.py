@@ -59,12 +59,13 @@ def decode(v: Any) -> Any:
 
 def request(r: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": r.rows, "outputs": dict(r.outputs)}
-    if r.frames is not None:
-        out["frames"] = r.frames
-    if r.nstep is not None:
-        out["nstep"] = {"last": r.nstep.last, "reward": r.nstep.reward, "k": r.nstep.k, "discount": r.nstep.discount}
-    if r.next_frames is not None:
-        out["next_frames"] = r.next_frames
+    stack, nstep = r.parts.get("stack"), r.parts.get("n_step")
+    if stack is not None:
+        out["frames"] = stack.frames
+    if nstep is not None:
+        out["nstep"] = {"last": nstep.last, "reward": nstep.reward, "k": nstep.k, "discount": nstep.discount}
+    if stack is not None and stack.next_frames is not None:
+        out["next_frames"] = stack.next_frames
     return out
 
 

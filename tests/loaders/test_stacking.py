@@ -141,7 +141,7 @@ def test_resume_with_stack_is_exact(kind: str, new_url: Callable[[], str]) -> No
     for want in after:
         got = b.sample()
         np.testing.assert_array_equal(got.rows, want.rows)
-        np.testing.assert_array_equal(got.frames, want.frames)
+        np.testing.assert_array_equal(got.parts["stack"].frames, want.parts["stack"].frames)
         for key in want.outputs:
             np.testing.assert_array_equal(got.outputs[key], want.outputs[key])
     with pytest.raises(ResumeMismatchError):
