@@ -99,9 +99,11 @@ def _space_doc(space: Any) -> dict[str, Any]:
 
 
 def _jsonable(value: Any, path: str, changed: list[str]) -> Any:
-    """``value`` as JSON data: arrays and numpy scalars as lists and numbers, enums as their values,
-    dataclasses as dicts; anything else that JSON cannot hold as its ``repr`` (each change listed in
-    ``changed`` as ``path (what was done)``)."""
+    """``value`` as JSON data; each change is listed in ``changed`` as ``path (what was done)``.
+
+    Arrays and numpy scalars become lists and numbers, enums their values, dataclasses dicts;
+    anything else that JSON cannot hold becomes its ``repr``.
+    """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, Mapping):

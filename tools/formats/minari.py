@@ -253,7 +253,7 @@ def _check_id(dataset_id: Any) -> None:
     """Minari's own id rule (``minari.dataset.minari_dataset.DATASET_ID_RE``, with the version required).
 
     The id becomes a path under the datasets root; the rule admits no ``.``, no leading ``/``
-    and no ``\\``, so it cannot leave that root.
+    and no backslash, so it cannot leave that root.
     """
     if isinstance(dataset_id, str) and DATASET_ID_RE.fullmatch(dataset_id):
         return
@@ -268,8 +268,10 @@ def _check_id(dataset_id: Any) -> None:
 
 
 def _mark_namespaces(root: Path, dataset_id: str) -> None:
-    """Write Minari's ``namespace_metadata.json`` (``{}``) into each namespace level that lacks one, as
-    ``minari.namespace.create_namespace`` does, so ``minari.list_local_namespaces()`` lists them."""
+    """Write Minari's ``namespace_metadata.json`` (``{}``) into each namespace level that lacks one.
+
+    As ``minari.namespace.create_namespace`` does, so ``minari.list_local_namespaces()`` lists them.
+    """
     namespace = dataset_id.rpartition("/")[0]
     parts = [p for p in namespace.split("/") if p]
     for depth in range(1, len(parts) + 1):
