@@ -70,11 +70,12 @@ def test_frozenlake_custom_map_record_sample_query_export_to_a_namespace(tmp_pat
 
     # sampling: every drawn transition is one the environment produced
     transitions = {(int(o), int(a), float(r), int(n)) for ep in seen
-                   for o, a, r, n in zip(ep["obs"][:-1], ep["action"], ep["reward"], ep["obs"][1:])}
+                   for o, a, r, n in zip(ep["obs"][:-1], ep["action"], ep["reward"], ep["obs"][1:], strict=True)}
     batches = list(make_loader(st, UniformSampler(st, batch_size=16, seed=0, num_batches=3)))
     assert len(batches) == 3
     for b in batches:
-        for o, a, r, n in zip(b["obs"].tolist(), b["action"].tolist(), b["reward"].tolist(), b["next_obs"].tolist()):
+        for o, a, r, n in zip(b["obs"].tolist(), b["action"].tolist(), b["reward"].tolist(), b["next_obs"].tolist(),
+                              strict=True):
             assert (int(o), int(a), float(r), int(n)) in transitions
 
     # SQL: the success rate, and a typo'd column that lists what there is
@@ -89,7 +90,7 @@ def test_frozenlake_custom_map_record_sample_query_export_to_a_namespace(tmp_pat
     ds = minari.load_dataset(DATASET_ID)
     assert ds.spec.namespace == "lab/frozenlake" and {"lab", "lab/frozenlake"} <= set(list_local_namespaces())
     assert ds.total_episodes == len(seen) and ds.total_steps == steps
-    for ep, mine in zip(ds.iterate_episodes(), seen):
+    for ep, mine in zip(ds.iterate_episodes(), seen, strict=True):
         np.testing.assert_array_equal(ep.observations, mine["obs"])
         np.testing.assert_array_equal(ep.actions, mine["action"])
         np.testing.assert_array_equal(ep.rewards, mine["reward"])
