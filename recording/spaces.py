@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import warnings
 from collections.abc import Mapping
@@ -96,11 +98,39 @@ def _space_doc(space: Any) -> dict[str, Any]:
     return {"type": "MultiBinary", "n": space.n}
 
 
+def _jsonable(value: Any, path: str, changed: list[str]) -> Any:
+    """``value`` as JSON data; each change is listed in ``changed`` as ``path (what was done)``.
+
+    Arrays and numpy scalars become lists and numbers, enums their values, dataclasses dicts;
+    anything else that JSON cannot hold becomes its ``repr``.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, f"{path}[{k!r}]", changed) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{path}[{i}]", changed) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name), f"{path}.{f.name}", changed)
+                for f in dataclasses.fields(value)}
+    if isinstance(value, (np.ndarray, np.generic)):
+        changed.append(f"{path} ({type(value).__name__}, kept as {'a list' if value.ndim else 'a number'})")
+        return _jsonable(value.tolist(), path, [])
+    if isinstance(value, enum.Enum) and isinstance(value.value, (bool, int, float, str)):
+        changed.append(f"{path} ({type(value).__name__}, kept as its value {value.value!r})")
+        return value.value
+    changed.append(f"{path} ({type(value).__name__}, replaced by its repr)")
+    return repr(value)
+
+
 def env_spec_json(env: Any) -> str | None:
     """The environment's ``spec.to_json()`` (for a vector env, its sub-environments' common spec).
 
-    Returns None when the env has no spec. A spec whose arguments are not JSON-serialisable is
-    left out with a warning naming the environment. Cost: for a vector env, one ``get_attr``.
+    Returns None when the env has no spec. A spec that JSON cannot hold as it is (a kwarg that
+    is a numpy array, an enum, an object; a callable entry point) is kept with those values
+    converted: arrays and numpy scalars as lists and numbers, enums as their values, anything
+    else as its ``repr``; a ``UserWarning`` names each converted value. Cost: for a vector env,
+    one ``get_attr``.
     """
     spec = None
     if hasattr(env, "single_observation_space") and hasattr(env, "get_attr"):  # a vector env
@@ -116,10 +146,20 @@ def env_spec_json(env: Any) -> str | None:
         return None
     try:
         return str(spec.to_json())
-    except ValueError as exc:
-        warnings.warn(f"environment {spec.id!r}: its spec is not JSON-serialisable and is not kept ({exc})",
-                      stacklevel=3)
+    except (TypeError, ValueError):  # a value JSON cannot hold (TypeError) or a callable (ValueError)
+        pass
+    changed: list[str] = []
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        doc = _jsonable(spec, "spec", changed)
+        for key in ("namespace", "name", "version"):  # what EnvSpec.to_json leaves out (derived from the id)
+            doc.pop(key, None)
+    else:  # not a gymnasium EnvSpec: nothing to keep
+        warnings.warn(f"environment spec {spec!r} is not JSON-serialisable and is not kept", stacklevel=3)
         return None
+    text = json.dumps(doc)
+    warnings.warn(f"environment {getattr(spec, 'id', '?')!r}: its spec is not JSON-serialisable as it is; kept "
+                  f"with these values converted: {', '.join(changed)}", UserWarning, stacklevel=3)
+    return text
 
 
 def info_columns(key: str, column: str | None = None) -> tuple[str, str]:

@@ -250,7 +250,7 @@ def _step_fields(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], acti
     action_dt = np.dtype(action_dtype)
     fields = [
         Dense("obs", np.dtype(obs_dtype), tuple(obs_shape), description="observation s_t"),
-        Dense("action", action_dt, tuple(action_shape),
+        Dense("action", action_dt, action_shape,
               id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
         Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}"),
         Dense("next_obs", np.dtype(obs_dtype), tuple(obs_shape), description="successor s_{t+1}"),
@@ -294,7 +294,7 @@ def transitions(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] 
     SchemaError
         A size that is not a positive int, or metadata that is not JSON-serialisable.
     """
-    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    shape = (obs_shape,) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape)
     return Schema("transitions",
                   _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, False),
                   metadata=_meta(metadata, actions=actions))
@@ -337,7 +337,7 @@ def episode(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = ()
     SchemaError
         A size that is not a positive int, or metadata that is not JSON-serialisable.
     """
-    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    shape = (obs_shape,) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape)
     return Schema("episode",
                   _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, True),
                   metadata=_meta(metadata, actions=actions))
@@ -379,7 +379,7 @@ def rollout(obs_shape: tuple[int, ...] | int, action_shape: tuple[int, ...] = ()
     SchemaError
         A size that is not a positive int, or metadata that is not JSON-serialisable.
     """
-    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+    shape = (obs_shape,) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape)
     return Schema("rollout",
                   _step_fields(shape, action_shape, action_dtype, obs_dtype, reward_dtype, actions, True),
                   metadata=_meta(metadata, actions=actions))
@@ -431,12 +431,12 @@ def frames(frame_shape: tuple[int, ...] | int, actions: int | None = None, actio
         A size that is not a positive int, metadata that is not JSON-serialisable,
         or a ``codec`` that is not one of ``Dense``'s (the error names the frame field).
     """
-    shape = (frame_shape,) if isinstance(frame_shape, int) else tuple(frame_shape)
+    shape = (frame_shape,) if isinstance(frame_shape, (int, np.integer)) else tuple(frame_shape)
     action_dt = np.dtype(action_dtype)
     fields = [
         Dense("frame", np.dtype(frame_dtype), shape, description="observation s_t (the final one on the "
               "frame-only record closing an episode)", codec=codec),
-        Dense("action", action_dt, tuple(action_shape),
+        Dense("action", action_dt, action_shape,
               id_bound=actions if action_dt.kind in "iu" else None, description="action a_t"),
         Dense("reward", np.dtype(reward_dtype), description="reward r_{t+1}"),
         Dense("terminated", BOOL, description="whether s_{t+1} is terminal"),

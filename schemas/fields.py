@@ -88,6 +88,17 @@ def _check_codec(name: str, codec: Any) -> str | None:
     return f"{cname}:{int(level)}"
 
 
+def _shape_tuple(name: str, shape: Any) -> tuple[Any, ...]:
+    """``shape`` as a tuple: an int is one dimension (``84`` is ``(84,)``); SchemaError if not iterable."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        return (shape,)
+    try:
+        return tuple(shape)
+    except TypeError:
+        raise SchemaError(f"field {name!r}: shape must be an int or a tuple of positive ints, "
+                          f"got {shape!r}") from None
+
+
 def _check_bound(name: str, dt: np.dtype, id_bound: int | None) -> None:
     if id_bound is None:
         return
@@ -110,7 +121,7 @@ class Dense:
         (200) bytes in UTF-8.
     dtype : numpy.dtype or str or type
         A fixed-width numeric or bool dtype; big-endian dtypes are stored as native.
-    shape : tuple of int, optional
+    shape : int or tuple of int, optional
         Trailing shape of one record (positive ints); ``()`` for a scalar.
     finite : bool, optional
         Reject NaN/inf at append; default true for float dtypes, false otherwise.
@@ -147,8 +158,9 @@ class Dense:
         _check_name(self.name)
         dt = _check_dtype(self.name, self.dtype)
         object.__setattr__(self, "dtype", dt)
-        shape = tuple(self.shape)
-        if not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
+        shape = _shape_tuple(self.name, self.shape)
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d > 0
+                   for d in shape):
             raise SchemaError(f"field {self.name!r}: shape must be positive ints, got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         if self.finite is None:

@@ -331,7 +331,8 @@ def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
     QueryError
         ``sql`` is not text, is empty (nothing but whitespace and comments), or
         DuckDB rejects it, including file, network and extension access unless
-        ``unsafe``.
+        ``unsafe``. An unknown column lists the columns of the tables the query
+        names (all tables when it names none); an unknown table lists the tables.
     StoreError
         A table name clashes with a built-in view.
     ReplayStoreError
@@ -351,6 +352,24 @@ def query(store: Store, sql: str, unsafe: bool = False) -> pa.Table:
         failed = [e for d in datasets for e in d.failed]
         if failed:
             raise failed[0].with_traceback(None) from None
-        raise QueryError(str(exc).splitlines()[0]) from None
+        message = str(exc).splitlines()[0]
+        if isinstance(exc, duckdb.BinderException):
+            message += _available_columns(con, sql, [*store.tables, *RESERVED_VIEWS])
+        elif isinstance(exc, duckdb.CatalogException):
+            message += f" (tables: {', '.join([*store.tables, *RESERVED_VIEWS])})"
+        raise QueryError(message) from None
     finally:
         con.close()
+
+
+def _available_columns(con: duckdb.DuckDBPyConnection, sql: str, names: list[str]) -> str:
+    """The columns of the tables ``sql`` names (every registered table when it names none), for a binder error."""
+    queried = [n for n in names if re.search(rf'(?<![\w"]){re.escape(n)}(?![\w"])|"{re.escape(n)}"', sql, re.I)]
+    parts = []
+    for name in queried or names:
+        try:
+            columns = con.sql(f'SELECT * FROM "{name}" LIMIT 0').columns
+        except duckdb.Error:  # noqa: PERF203 - a table that cannot be described is left out of the hint
+            continue
+        parts.append(f"{name}: {', '.join(columns)}")
+    return f" (available columns: {'; '.join(parts)})" if parts else ""

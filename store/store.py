@@ -397,6 +397,8 @@ class Store(ReadFace):
         ------
         QueryError
             An empty query, anything DuckDB rejects, or outside access without ``unsafe``.
+            An unknown column lists the available columns of the tables queried; an unknown
+            table lists the tables.
 
         Notes
         -----

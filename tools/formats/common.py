@@ -632,14 +632,29 @@ class ImportDestination:
         self.existed = self.local is not None and os.path.lexists(self.local)
         if self.local is not None and self.existed and (os.path.islink(self.local)
                                                          or not os.path.isdir(self.local)):
-            raise StoreExistsError(f"{url}: already exists and is not a directory; import needs a new "
-                                   f"(or empty) destination")
+            raise self._refusal("a file (not a directory) is already there")
         if self.local is not None and self.existed and os.listdir(self.local):
-            raise StoreExistsError(f"{url}: not empty; import needs a new (or empty) destination")
+            raise self._refusal(self._what_is_there(storage_options))
         self._storage = None if self.local is not None else open_storage(url, storage_options)
         if self._storage is not None and self._storage.list(""):
-            raise StoreExistsError(f"{url}: not empty; import needs a new (or empty) destination")
+            raise self._refusal(self._what_is_there(storage_options))
         self.store: Any = None
+
+    def _what_is_there(self, storage_options: Any) -> str:
+        """What occupies the destination, in words: a store (its record count) or other files."""
+        from replaystore.store import read_manifest
+        from replaystore.store.storage import open_storage
+
+        try:
+            manifest = read_manifest(open_storage(self.url, storage_options))
+        except Exception:  # noqa: BLE001 - unreadable: described as "not empty" below
+            manifest = None
+        return "a replaystore store is already there" if manifest is not None else "it is not empty"
+
+    def _refusal(self, what: str) -> StoreExistsError:
+        return StoreExistsError(f"{self.url}: {what}; an import creates a new store and never writes into or "
+                                f"replaces an existing one: give a URL where nothing is (or an empty directory), "
+                                f"or remove what is there first")
 
     def opened(self, store: Any) -> Any:
         """Remember ``store`` (closed before a failed import's cleanup); returns it.
@@ -665,6 +680,8 @@ class ImportDestination:
         """On an error: close the store and remove what the import made."""
         if kind is None:
             return
+        if self.store is None and isinstance(exc, StoreExistsError):  # made by someone else since the check:
+            raise self._refusal("a store was created there while this import ran") from None  # left alone
         if self.store is not None:
             try:
                 self.store.close()

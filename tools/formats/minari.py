@@ -64,6 +64,8 @@ from replaystore.tools.formats.common import (
 MINARI_VERSION = "0.5.4"
 """The Minari dataset version written: the on-disk layout of Minari 0.5.4 (``jpeg_encoding`` honoured)."""
 DATASET_ID_RE = re.compile(r"^(?:(?P<namespace>[-_\w][-_\w/]*[-_\w]+)/)?(?P<dataset>[-_\w]+?)-v(?P<version>\d+)$")
+NAMESPACE_RE = re.compile(r"[-_\w][-_\w/]*[-_\w]+")
+NAMESPACE_METADATA = "namespace_metadata.json"
 HDF5_FILE = "main_data.hdf5"
 COMMIT_BYTES = 64 << 20
 
@@ -247,10 +249,35 @@ def default_dataset_id(store: Store, table: str) -> str:
     return f"replaystore/{name}-v0"
 
 
-def _check_id(dataset_id: str) -> None:
-    if not isinstance(dataset_id, str) or not DATASET_ID_RE.fullmatch(dataset_id):
-        raise StoreError(f"Minari dataset id {dataset_id!r}: expected (namespace/)name-v<version>, "
-                         f"e.g. tictactoe/random-v0")
+def _check_id(dataset_id: Any) -> None:
+    """Minari's own id rule (``minari.dataset.minari_dataset.DATASET_ID_RE``, with the version required).
+
+    The id becomes a path under the datasets root; the rule admits no ``.``, no leading ``/``
+    and no backslash, so it cannot leave that root.
+    """
+    if isinstance(dataset_id, str) and DATASET_ID_RE.fullmatch(dataset_id):
+        return
+    hint = ""
+    if isinstance(dataset_id, str) and "/" in dataset_id:
+        namespace = dataset_id.rpartition("/")[0]
+        if not NAMESPACE_RE.fullmatch(namespace):
+            hint = (f"; the namespace {namespace!r} must be at least two characters of letters, digits, '-' and "
+                    f"'_', with '/' only between its parts (Minari's own rule)")
+    raise StoreError(f"Minari dataset id {dataset_id!r}: expected (namespace/)name-v<version>, "
+                     f"e.g. tictactoe/random-v0{hint}")
+
+
+def _mark_namespaces(root: Path, dataset_id: str) -> None:
+    """Write Minari's ``namespace_metadata.json`` (``{}``) into each namespace level that lacks one.
+
+    As ``minari.namespace.create_namespace`` does, so ``minari.list_local_namespaces()`` lists them.
+    """
+    namespace = dataset_id.rpartition("/")[0]
+    parts = [p for p in namespace.split("/") if p]
+    for depth in range(1, len(parts) + 1):
+        marker = root.joinpath(*parts[:depth]) / NAMESPACE_METADATA
+        if not marker.exists():
+            marker.write_text("{}")
 
 
 def _action_space(m: StepMapping, table: Any, rows: int) -> tuple[dict[str, Any], bool]:
@@ -512,6 +539,7 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         if isinstance(t.schema.metadata.get(key), str):
             metadata[key] = t.schema.metadata[key]
     (data / "metadata.json").write_text(json.dumps(metadata))
+    _mark_namespaces(root, dataset_id)
     files = sum(1 for p in data.rglob("*") if p.is_file())
     return {"format": f"minari-{backend}" if backend == "hdf5" else "minari", "path": str(dataset_dir),
             "dataset_id": dataset_id, "files": files, "records": steps, "episodes": episodes,
@@ -541,15 +569,20 @@ def resolve_data_dir(src: str, dataset_id: str | None) -> Path:
     Raises
     ------
     StoreError
-        No ``metadata.json`` in any of the candidate directories.
+        No ``metadata.json`` in any of the candidate directories, or a ``dataset_id``
+        that breaks Minari's id rule (``(namespace/)name-v<version>``; no ``.``, so
+        never a path out of ``src``).
     """
     src = src.removeprefix("file://")
     if dataset_id is not None:
+        _check_id(dataset_id)  # an id, never a path: it cannot leave src
         candidates = [Path(src) / dataset_id / "data"]
     else:
         p = Path(src)
         root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
-        candidates = [p, p / "data", root / src / "data"]
+        candidates = [p, p / "data"]
+        if DATASET_ID_RE.fullmatch(src):  # looked up under the datasets root only when it is an id
+            candidates.append(root / src / "data")
     for c in candidates:
         if (c / "metadata.json").is_file():
             return c
