@@ -29,7 +29,7 @@ def _interleaved(url: str, lengths: list[list[int]], unfinished: bool = True) ->
     st = open_store(url, transitions(obs_shape=2))
     per: dict[str, list[np.ndarray]] = {}
     flags = []
-    for s, eps in enumerate(lengths):
+    for eps in lengths:
         term = np.zeros(sum(eps), dtype=bool)
         term[np.cumsum(eps) - 1] = True
         if unfinished:
@@ -41,8 +41,9 @@ def _interleaved(url: str, lengths: list[list[int]], unfinished: bool = True) ->
                 if t >= sum(eps):
                     continue
                 obs = np.array([[s, t]], np.float32)
+                nxt = obs + np.array([[0, 1]], np.float32)
                 w.append({"obs": obs, "action": np.array([t % 2]), "reward": np.array([1.0], np.float32),
-                          "next_obs": obs + np.float32(1) * np.array([[0, 1]], np.float32), "terminated": flags[s][t:t + 1]}, stream=f"env{s}")
+                          "next_obs": nxt, "terminated": flags[s][t:t + 1]}, stream=f"env{s}")
                 per.setdefault(f"env{s}", []).append(obs[0])
     return per
 
