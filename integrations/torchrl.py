@@ -303,7 +303,10 @@ class ReplayStoreStorage(StoreStorage):
     -----
     Cost: opening the store (no data read). ``extend`` costs an append and a commit
     (on local disk a ``fdatasync``, 2-15 ms: extend in batches). ``sample`` costs one
-    read of the sampled rows (see ``TableView.read``).
+    read of the sampled rows (see ``TableView.read``). Over a store with episodes, the
+    first read of each view (after a refresh that brought commits, or an ``extend``) also
+    builds the trajectory order: the stream index, and a read of the terminated/truncated
+    columns of every record (8 bytes of index and 2 bytes of flags per record).
     """
 
     _storage = None  # TorchRL's SliceSampler looks here for a TensorDict to read keys from
@@ -672,12 +675,12 @@ class ReplayStoreStorage(StoreStorage):
 
         Its slices would cross streams there.
         """
-        traj = self._trajectories(table, view)
-        if traj is None or not traj[2]:
-            return
         for entity in getattr(self, "_attached_entities", ()):
             sampler = getattr(entity, "_sampler", None)
             if isinstance(sampler, SliceSampler) and not getattr(sampler, "_fetch_traj", True):
+                traj = self._trajectories(table, view)
+                if traj is None or not traj[2]:
+                    return
                 end = sampler.end_keys if sampler.end_keys is not None else sampler.end_key
                 raise UnsupportedCombinationError(
                     f"SliceSampler(end_key={end!r})", f"ReplayStoreStorage({self.url!r})",
