@@ -644,6 +644,7 @@ class ReplayStoreStorage(StoreStorage):
         The third value says whether some trajectory ends without ``done`` (where an end_key
         slicer would cross into the next one).
         """
+        columns = {leaf.key: leaf.column for leaf in self._leaves(table)}  # (sets _episodic)
         if not self._episodic:
             return None
         if self._traj is not None and self._traj[0] is view:
@@ -658,7 +659,6 @@ class ReplayStoreStorage(StoreStorage):
             start[at] = True
             start[at + 1:at + len(steps)] = np.diff(steps) != 1  # a gap in a stream's steps ends a trajectory
             at += len(steps)
-        columns = {leaf.key: leaf.column for leaf in self._leaves(table)}
         wanted = [columns[k] for k in (_TERMINATED, _TRUNCATED) if k in columns]
         arrays = view.read_columns(rows, wanted).arrays if n else {}
         done = np.zeros(n, dtype=bool)
