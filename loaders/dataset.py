@@ -15,7 +15,7 @@ from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Feature, Relabelling, Transform
 from replaystore.loaders.her import HER
 from replaystore.loaders.stacking import gather_stacked
-from replaystore.loaders.tdoutput import check_output, to_output
+from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
 from replaystore.schemas import Schema, map_tree
 from replaystore.store import ChunkCache, Store, Table, grace, open_store
@@ -338,7 +338,7 @@ class StoreLoader(DataLoader):
                 batch = self._redraw()
             out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
             if self.output != "dict" and self.schema is not None:
-                out = to_output(out, self.schema, self.output)
+                out = to_tensordict(out, self.schema, torchrl=self.output == "torchrl")
             yield out
 
     def _redraw(self) -> dict[str, Any]:

@@ -77,31 +77,6 @@ def check_torchrl_schema(schema: Schema) -> None:
                                 "use output='tensordict' for the table's own field names")
 
 
-def to_output(batch: dict[str, Any], schema: Schema, output: str) -> Any:
-    """A minibatch mapping of tensors as ``make_loader``'s ``output`` asks.
-
-    Parameters
-    ----------
-    batch : dict of str to Any
-        As the loader yields it.
-    schema : Schema
-        The table's schema.
-    output : str
-        ``"dict"`` (``batch`` itself), ``"tensordict"`` (:func:`to_tensordict`) or
-        ``"torchrl"`` (:func:`to_torchrl`).
-
-    Returns
-    -------
-    dict or tensordict.TensorDict
-        The minibatch.
-    """
-    if output == "tensordict":
-        return to_tensordict(batch, schema)
-    if output == "torchrl":
-        return to_torchrl(batch, schema)
-    return batch
-
-
 def to_torchrl(batch: dict[str, Any], schema: Schema) -> Any:
     """A minibatch of transitions as a TensorDict in TorchRL's key layout.
 
@@ -135,8 +110,12 @@ def to_torchrl(batch: dict[str, Any], schema: Schema) -> Any:
     -----
     Cost: :func:`to_tensordict`, plus a few µs per key.
     """
+    return to_tensordict(batch, schema, torchrl=True)
+
+
+def _torchrl_layout(td: Any, schema: Schema) -> Any:
+    """``td`` (of :func:`to_tensordict`) with the transition fields moved to TorchRL's keys, in place."""
     check_torchrl_schema(schema)
-    td = to_tensordict(batch, schema)
     scalar = {f.name for f in schema.dense_fields if f.shape == ()}
     for name, key in TORCHRL_KEYS.items():
         if name not in td.keys():
@@ -162,7 +141,7 @@ def _dicts(value: Any) -> Any:
     return value
 
 
-def to_tensordict(batch: dict[str, Any], schema: Schema) -> Any:
+def to_tensordict(batch: dict[str, Any], schema: Schema, *, torchrl: bool = False) -> Any:
     """A minibatch mapping of tensors as a TensorDict of batch size ``[B]`` (``B = len(batch["indices"])``).
 
     Nested fields become nested TensorDicts (Tuple nodes keyed ``"0"``, ``"1"``, ...). A
@@ -177,11 +156,18 @@ def to_tensordict(batch: dict[str, Any], schema: Schema) -> Any:
         As the loader yields it (tensors, nested dicts/tuples of tensors).
     schema : Schema
         The table's schema.
+    torchrl : bool, optional
+        In TorchRL's key layout (:func:`to_torchrl`; ``make_loader(..., output="torchrl")``).
 
     Returns
     -------
     tensordict.TensorDict
         The same tensors (no copy), nested by key.
+
+    Raises
+    ------
+    LoaderOutputError
+        ``torchrl=True`` for a schema without the transition fields.
 
     Notes
     -----
@@ -209,4 +195,4 @@ def to_tensordict(batch: dict[str, Any], schema: Schema) -> Any:
     td = TensorDict(tree, batch_size=[b])
     for k, v in {**other, **pairs}.items():
         td.set_non_tensor(k, v)
-    return td
+    return _torchrl_layout(td, schema) if torchrl else td
