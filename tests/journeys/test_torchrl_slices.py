@@ -88,7 +88,7 @@ def _slices_continue(td: TensorDict, slice_len: int) -> bool:
     return bool(torch.equal(obs[:, 1:], nxt[:, :-1]))
 
 
-@pytest.mark.parametrize("steps", [150, pytest.param(2_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("steps", [150, 2_000])
 def test_record_four_cartpoles_slice_with_torchrl_and_train_dqn(tmp_path: Path, steps: int) -> None:
     url = str(tmp_path / "cartpoles")
     per_env = _record(url, steps)
