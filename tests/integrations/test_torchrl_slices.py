@@ -157,3 +157,24 @@ def test_make_loader_torchrl_refuses_a_table_without_transitions(tmp_path: Path)
         w.append({"x": np.zeros((4, 2), np.float32)}, stream=0)
     with pytest.raises(LoaderOutputError, match="next_obs"):
         make_loader(st, UniformSampler(st, 2), output="torchrl")
+
+
+def test_slices_of_a_full_capped_recorded_store_stay_in_one_env(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from replaystore.gym import RecordVectorEpisodes
+
+    url = str(tmp_path / "capped")
+    env = RecordVectorEpisodes(gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync"), url, capacity=200)
+    env.reset(seed=0)
+    for _ in range(300):
+        env.step(env.action_space.sample())
+    env.close()
+    storage = ReplayStoreStorage(url)
+    assert len(storage) == storage.max_size == 200  # full: TorchRL treats it as a ring
+    rb = TensorDictReplayBuffer(storage=storage, sampler=SliceSampler(traj_key=TRAJ_KEY, slice_len=8), batch_size=8,
+                                generator=torch.Generator().manual_seed(0))
+    for _ in range(200):
+        td = rb.sample()
+        assert torch.equal(td["observation"][1:], td["next", "observation"][:-1])
+        assert bool((td[TRAJ_KEY] == td[TRAJ_KEY][0]).all())
