@@ -27,12 +27,15 @@ from replaystore.errors import (
     ShapeError,
     StoreNotFoundError,
     UnknownFieldError,
+    UnsupportedCombinationError,
 )
+from replaystore.loaders.tdoutput import TORCHRL_KEYS
 from replaystore.schemas import Dense, Ragged, Schema, nested
 from replaystore.store import Store, Table, TableView, open_store
 
 try:
     from tensordict import TensorDict, TensorDictBase  # type: ignore[import-untyped]
+    from torchrl.data.replay_buffers.samplers import SliceSampler  # type: ignore[import-untyped]
     from torchrl.data.replay_buffers.storages import StoreStorage  # type: ignore[import-untyped]
     from torchrl.data.replay_buffers.storages.base import Storage  # type: ignore[import-untyped]
     from torchrl.data.replay_buffers.writers import RoundRobinWriter  # type: ignore[import-untyped]
@@ -49,19 +52,22 @@ SEP = "__"
 UNBOUNDED = 2**31 - 1
 """``max_size`` of a storage over an unbounded store (TorchRL's writers keep the cursor in an int32)."""
 
-TRANSITION_KEYS: dict[str, Key] = {
-    "obs": ("observation",),
-    "action": ("action",),
-    "reward": ("next", "reward"),
-    "next_obs": ("next", "observation"),
-    "terminated": ("next", "terminated"),
-    "truncated": ("next", "truncated"),
-}
+TRANSITION_KEYS: dict[str, Key] = dict(TORCHRL_KEYS)  # (make_loader(output="torchrl") uses the same)
 """The default key mapping for a store with the built-in transition fields (``transitions``,
 ``episode``, stores recorded by ``replaystore.gym``): field name to TensorDict key."""
 
+TRAJ_KEY = "episode"
+"""The trajectory key of a store with episodes: TorchRL's own (``SliceSampler``'s default ``traj_key``).
+
+Over a store with the built-in transition fields, each record gets an int64 ``"episode"``:
+one id per trajectory (a stream's run of records up to and including a terminated or
+truncated one, or up to the stream's last visible record or a gap in its steps), so that
+records of different streams (the sub-envs of a vector env) never share an id."""
+
 _SCALAR_FLAGS = {("next", "reward"), ("next", "terminated"), ("next", "truncated"), ("next", "done")}
 _DONE: Key = ("next", "done")
+_TERMINATED: Key = ("next", "terminated")
+_TRUNCATED: Key = ("next", "truncated")
 _INDEX = ("index",)  # what TorchRL's TensorDict writers add to each extended batch
 _LAYOUT = "tensordict"  # schema metadata marking a store this storage created from TensorDicts
 
@@ -223,7 +229,8 @@ class ReplayStoreStorage(StoreStorage):
       whose keys, shapes or dtypes differ raises a typed error naming the field, and the
       store is left as it was.
     - **Indices**: TorchRL's samplers draw positions ``0 <= i < len(storage)``; position
-      ``i`` is the i-th visible record in row-id order (oldest first for one writer). A
+      ``i`` is the i-th visible record in row-id order (oldest first for one writer); over a
+      store with episodes (below), in trajectory order instead. A
       store only appends, and a capped store drops its oldest records itself (``max_size``
       is its capacity). The storage keeps the append cursor a ``RoundRobinWriter`` keeps
       (``state_dict`` saves it): a write whose indices are one consecutive run (modulo
@@ -234,6 +241,22 @@ class ReplayStoreStorage(StoreStorage):
       ``storage.set(i, td)`` elsewhere, ``TensorDictMaxValueWriter`` replacing its
       lowest-ranked record) raises :class:`~replaystore.errors.AppendOnlyError` naming the
       index and the cursor, and writes nothing: use TorchRL's default ``RoundRobinWriter``.
+    - **Trajectories**: over a store with the built-in transition fields (a recorded
+      store; :data:`TRANSITION_KEYS`), positions run stream by stream (streams in the order
+      of their oldest visible record, each in step order), so each sub-env's trajectory is
+      contiguous, as in a TorchRL storage holding one env's records after another's, and
+      each record carries :data:`TRAJ_KEY` (``"episode"``, int64, one id per trajectory,
+      never shared by two streams). ``SliceSampler(traj_key="episode", slice_len=...)``,
+      and ``SliceSampler(slice_len=...)`` (which finds ``"episode"`` itself), give slices
+      that never mix streams. ``SliceSampler(end_key=("next", "done"))`` sees only ``done``:
+      where a trajectory ends without it (a stream's unfinished episode, followed by the
+      next stream's records; a gap in a stream's steps), its slices would run into another
+      stream, so a buffer over this storage whose ``SliceSampler`` uses ``end_key`` raises
+      :class:`~replaystore.errors.UnsupportedCombinationError` at ``sample()`` (a sampler
+      called directly, ``sampler.sample(storage, n)``, is not attached and cannot be
+      checked: give it ``traj_key="episode"``). Writing through the storage appends to its
+      own stream, whose records come last while no other stream starts after it. The
+      ``"episode"`` key is not stored: a batch extended back may carry it.
     - **Following other writers**: ``len`` and reads use the view of the last refresh.
       Commits of other processes become visible at :meth:`refresh` (e.g. once per
       training iteration), never in the middle of a ``sample()``, so the positions a
@@ -280,7 +303,10 @@ class ReplayStoreStorage(StoreStorage):
     -----
     Cost: opening the store (no data read). ``extend`` costs an append and a commit
     (on local disk a ``fdatasync``, 2-15 ms: extend in batches). ``sample`` costs one
-    read of the sampled rows (see ``TableView.read``).
+    read of the sampled rows (see ``TableView.read``). Over a store with episodes, the
+    first read of each view (after a refresh that brought commits, or an ``extend``) also
+    builds the trajectory order: the stream index, and a read of the terminated/truncated
+    columns of every record (8 bytes of index and 2 bytes of flags per record).
     """
 
     _storage = None  # TorchRL's SliceSampler looks here for a TensorDict to read keys from
@@ -305,6 +331,9 @@ class ReplayStoreStorage(StoreStorage):
         self._plan: list[_Leaf] | None = None
         self._whole: tuple[TableView, TensorDictBase] | None = None  # the last whole-view read, kept per view
         self._done = False
+        self._episodic = False  # a store with episodes: trajectory order and the "episode" key
+        # per view: (view, row id of each position, episode id of each position, whether end_key misses a boundary)
+        self._traj: tuple[TableView, np.ndarray, np.ndarray, bool] | None = None
         self._cursor = 0  # the index (mod max_size) where the next append goes: the TorchRL writer's cursor
         self._cursor_pid = -1  # the process that last wrote through this handle (-1: none yet)
         # where each attached round-robin writer's cursor stood at this handle's last accepted write, in the process
@@ -324,6 +353,7 @@ class ReplayStoreStorage(StoreStorage):
         self._writer = None
         self._plan = None
         self._whole = None
+        self._traj = None
         if schema is not None:
             self._store = open_store(self.url, {self._table_name: schema} if self._table_name else schema, mode="a",
                                      capacity=self._capacity, storage_options=self._options)
@@ -349,7 +379,8 @@ class ReplayStoreStorage(StoreStorage):
                     raise MissingFieldError(k, f"one of the store's fields {sorted(tops)}", "not in the store")
             self._plan = _plan(schema, keys)
             keyset = {leaf.key for leaf in self._plan}
-            self._done = bool(keys) and _DONE not in keyset and ("next", "terminated") in keyset
+            self._done = bool(keys) and _DONE not in keyset and _TERMINATED in keyset
+            self._episodic = bool(keys) and _TERMINATED in keyset and (TRAJ_KEY,) not in keyset
         return self._plan
 
     @property
@@ -395,7 +426,16 @@ class ReplayStoreStorage(StoreStorage):
 
     @property
     def _last_cursor_index(self) -> int | None:
-        """The position of the newest record: the ring's end, for TorchRL's SliceSampler."""
+        """The position of the newest record: the ring's end, for TorchRL's SliceSampler.
+
+        SliceSampler reads it right after the whole view it finds trajectories in: a
+        SliceSampler of a buffer over this storage that finds them by ``end_key`` alone is
+        refused here where that would cross streams (an error raised from the whole-view read
+        itself would reach the user wrapped in TorchRL's RuntimeError).
+        """
+        if self.store is not None:
+            table = self._table()
+            self._check_slicers(table, table.view())
         n = len(self)
         return n - 1 if n else None
 
@@ -524,6 +564,8 @@ class ReplayStoreStorage(StoreStorage):
         given = {_as_key(k) for k in data.keys(include_nested=True, leaves_only=True)} - {_INDEX}
         if self._done:
             given.discard(_DONE)
+        if self._episodic:
+            given.discard((TRAJ_KEY,))
         wanted = {leaf.key for leaf in leaves}
         for k in sorted(given - wanted):
             raise UnknownFieldError(SEP.join(k), f"one of the store's keys {sorted(wanted)}", "an extra key")
@@ -596,9 +638,66 @@ class ReplayStoreStorage(StoreStorage):
             return td
         return td[0] if shape == () else td.reshape(shape)
 
+    def _trajectories(self, table: Table, view: TableView) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """Per position of ``view``: its row id and episode id, in trajectory order; None for a store without episodes.
+
+        The third value says whether some trajectory ends without ``done`` (where an end_key
+        slicer would cross into the next one).
+        """
+        columns = {leaf.key: leaf.column for leaf in self._leaves(table)}  # (sets _episodic)
+        if not self._episodic:
+            return None
+        if self._traj is not None and self._traj[0] is view:
+            return self._traj[1:]
+        parts = [p for p in (view.rows(s) for s in view.streams()) if len(p[0])]
+        parts.sort(key=lambda p: int(p[0].min()))
+        n = sum(len(p[0]) for p in parts)
+        rows = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
+        start = np.zeros(n, dtype=bool)
+        at = 0
+        for _, steps in parts:
+            start[at] = True
+            start[at + 1:at + len(steps)] = np.diff(steps) != 1  # a gap in a stream's steps ends a trajectory
+            at += len(steps)
+        wanted = [columns[k] for k in (_TERMINATED, _TRUNCATED) if k in columns]
+        arrays = view.read_columns(rows, wanted).arrays if n else {}
+        done = np.zeros(n, dtype=bool)
+        for c in wanted:
+            done |= np.asarray(arrays[c], dtype=bool).reshape(n)
+        start[1:] |= done[:-1]
+        episode = np.cumsum(start, dtype=np.int64) - 1
+        hidden = bool((start[1:] & ~done[:-1]).any())
+        self._traj = (view, rows, episode, hidden)
+        return rows, episode, hidden
+
+    def _check_slicers(self, table: Table, view: TableView) -> None:
+        """Refuse a SliceSampler finding trajectories by ``end_key`` where one ends without ``done``.
+
+        Its slices would cross streams there.
+        """
+        for entity in getattr(self, "_attached_entities", ()):
+            sampler = getattr(entity, "_sampler", None)
+            if isinstance(sampler, SliceSampler) and not getattr(sampler, "_fetch_traj", True):
+                traj = self._trajectories(table, view)
+                if traj is None or not traj[2]:
+                    return
+                end = sampler.end_keys if sampler.end_keys is not None else sampler.end_key
+                raise UnsupportedCombinationError(
+                    f"SliceSampler(end_key={end!r})", f"ReplayStoreStorage({self.url!r})",
+                    "the store's streams (sub-envs) each end in an unfinished episode, or their steps have gaps, "
+                    "where no done flag marks the end, so slices found by end_key would run from one stream into "
+                    f"the next; use SliceSampler(traj_key={TRAJ_KEY!r}, ...), the trajectory id this storage "
+                    "gives each record")
+
     def _read(self, table: Table, view: TableView, pos: np.ndarray) -> TensorDictBase:
         leaves = self._leaves(table)
-        rows = view.rows_at(pos)
+        traj = self._trajectories(table, view)
+        if traj is None:
+            rows = view.rows_at(pos)
+        else:
+            if pos.size and (pos.min() < 0 or pos.max() >= len(traj[0])):
+                rows = view.rows_at(pos)  # (raises RowError naming the position)
+            rows = traj[0][pos]
         arrays = view.read_columns(rows).arrays
         b = len(pos)
         tree: dict[str, Any] = {}
@@ -620,6 +719,8 @@ class ReplayStoreStorage(StoreStorage):
             if "truncated" in nxt:
                 done = done | nxt["truncated"]
             nxt["done"] = done
+        if traj is not None:
+            tree[TRAJ_KEY] = torch.from_numpy(traj[1][pos])
         return TensorDict(tree, batch_size=[b])
 
     def contains(self, item: Any) -> bool:
@@ -709,7 +810,7 @@ class ReplayStoreStorage(StoreStorage):
 
     def __getstate__(self) -> dict[str, Any]:
         state = Storage.__getstate__(self)
-        state.update(_store=None, _writer=None, _plan=None, _whole=None)
+        state.update(_store=None, _writer=None, _plan=None, _whole=None, _traj=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -720,4 +821,4 @@ class ReplayStoreStorage(StoreStorage):
         return f"{type(self).__name__}({self.url!r}, len={len(self)}, max_size={self.max_size})"
 
 
-__all__ = ["TRANSITION_KEYS", "UNBOUNDED", "ReplayStoreStorage", "schema_from_tensordict"]
+__all__ = ["TRAJ_KEY", "TRANSITION_KEYS", "UNBOUNDED", "ReplayStoreStorage", "schema_from_tensordict"]

@@ -347,8 +347,8 @@ class StoreLoader(DataLoader):
             except StaleReadError:  # the rows went between the draw and the gather: once, from a fresh view
                 batch = self._redraw()
             out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
-            if self.output == "tensordict" and self.schema is not None:
-                out = to_tensordict(out, self.schema)
+            if self.output != "dict" and self.schema is not None:
+                out = to_tensordict(out, self.schema, torchrl=self.output == "torchrl")
             yield out
 
     def _redraw(self) -> dict[str, Any]:
@@ -396,10 +396,11 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         ``fn(batch) -> batch`` over a mapping of numpy arrays; picklable when
         workers are started by ``spawn`` or ``forkserver``. Returned numpy arrays
         become tensors; other values pass through.
-    output : {"dict", "tensordict"}, optional
+    output : {"dict", "tensordict", "torchrl"}, optional
         ``"tensordict"``: yield ``tensordict.TensorDict`` batches of batch size ``[B]``
         (nested fields as nested TensorDicts, ragged fields as jagged nested tensors; see
-        ``replaystore.loaders.tdoutput.to_tensordict``), made in the main process.
+        ``replaystore.loaders.tdoutput.to_tensordict``), made in the main process;
+        ``"torchrl"``: the same in TorchRL's key layout (``tdoutput.to_torchrl``).
     **kwargs
         Passed to the DataLoader (``multiprocessing_context``,
         ``prefetch_factor``, ``persistent_workers``, ...); not ``collate_fn``,
@@ -431,7 +432,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     once from a fresh view (see :class:`StoreLoader`): while iterating, ``StaleReadError``
     comes only from a second failure of the same minibatch.
     """
-    check_output(output)
+    check_output(output, sampler.table.schema)
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
     check_loader_args(kwargs, transform, num_workers)
