@@ -13,9 +13,9 @@ Needs the optional dependency stable-baselines3: ``pip install "replaystore[sb3]
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
-import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -62,14 +62,14 @@ _SEP = "__"
 def _loading_model() -> str | None:
     """The directory of the model file being loaded when called under SB3's ``load`` (``""``: a file object)."""
     code = BaseAlgorithm.load.__func__.__code__  # type: ignore[attr-defined]
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None:
         if frame.f_code is code:
             path = frame.f_locals.get("path")
             if isinstance(path, (str, os.PathLike)):
                 return os.path.dirname(os.path.abspath(os.path.expanduser(os.fspath(path))))
             return ""
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return None
 
 
