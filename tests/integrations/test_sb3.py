@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -701,3 +702,29 @@ def test_a_missing_store_is_created_only_when_asked(tmp_path: Path, monkeypatch:
     assert url.is_dir() and list((tmp_path / "cwd").iterdir()) == []
     with open_store(str(url), mode="r") as st:
         assert len(st.default) == 0
+
+
+def test_dqn_load_of_a_moved_run_never_creates_a_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An absolute url of a moved run is a StoreNotFoundError (nothing created); a relative one follows the run."""
+    for url in ("replay", str(tmp_path / "run" / "replay")):
+        run = tmp_path / "run"
+        run.mkdir()
+        monkeypatch.chdir(run)
+        model = DQN("MlpPolicy", "CartPole-v1", learning_starts=10, buffer_size=500, seed=0, device="cpu",
+                    replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"url": url})
+        model.learn(40)
+        model.save(run / "model")
+        model.replay_buffer.close()
+        moved = tmp_path / "moved"
+        run.rename(moved)
+        monkeypatch.chdir(tmp_path)
+        if url == "replay":  # relative: looked up next to the model file
+            loaded = DQN.load(moved / "model", device="cpu")
+            assert loaded.replay_buffer.size() == 40
+            loaded.replay_buffer.close()
+        else:
+            with pytest.raises(StoreNotFoundError, match="replay_buffer_kwargs") as err:
+                DQN.load(moved / "model", device="cpu")
+            assert url in str(err.value)
+        assert not run.exists() and not (tmp_path / "replay").exists()
+        shutil.rmtree(moved)
