@@ -153,3 +153,24 @@ def test_a_pickled_buffer_whose_store_is_gone_is_an_error(tmp_path: Path) -> Non
     with pytest.raises(StoreNotFoundError, match="replay_buffer_kwargs"):
         model.load_replay_buffer(tmp_path / "buffer.pkl")
     assert not os.path.exists(url)
+
+
+def test_the_same_recording_feeds_torchrls_storage_from_a_home_path(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recording (at ``~/replay``) is also a TorchRL replay: every sampled transition is a recorded one."""
+    torchrl_data = pytest.importorskip("torchrl.data")
+    from replaystore.integrations.torchrl import ReplayStoreStorage
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    n = record_cartpole(Path("~/replay").expanduser(), steps=20)
+    rows = {r.tobytes() for r in stored_rows(tmp_path / "replay")}
+    storage = ReplayStoreStorage("~/replay")
+    assert len(storage) == n
+    rb = torchrl_data.ReplayBuffer(storage=storage, batch_size=64)
+    batch = rb.sample()
+    got = th.cat([batch["observation"], batch["action"].reshape(64, 1).float(),
+                  batch["next", "reward"].reshape(64, 1).float(), batch["next", "observation"]], dim=1).numpy()
+    assert {r.tobytes() for r in got} <= rows
+    assert list((tmp_path / "cwd").iterdir()) == []
