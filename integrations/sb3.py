@@ -13,6 +13,7 @@ Needs the optional dependency stable-baselines3: ``pip install "replaystore[sb3]
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import weakref
@@ -32,6 +33,7 @@ from replaystore.errors import (
 
 try:
     from gymnasium import spaces
+    from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
     from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecNormalize
@@ -45,7 +47,7 @@ from replaystore.loaders import EmptyStoreError
 from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, open_store
 
-__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "commit_collected", "resume_learning_starts"]
+__all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "commit_collected", "resume_learning_starts", "train_offline"]
 
 DEFAULT_COMMIT_EVERY = 1000
 """Environment steps (``add`` calls) between commits by default, fewer where they would not fit
@@ -55,6 +57,24 @@ TAIL_BYTES = 64 << 20
 """By default the pending (uncommitted) transitions kept in RAM hold at most about this many bytes."""
 
 _SEP = "__"
+
+
+def _loading_model() -> str | None:
+    """The directory of the model file being loaded when called under SB3's ``load`` (``""``: a file object)."""
+    code = BaseAlgorithm.load.__func__.__code__  # type: ignore[attr-defined]
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is code:
+            path = frame.f_locals.get("path")
+            if isinstance(path, (str, os.PathLike)):
+                return os.path.dirname(os.path.abspath(os.path.expanduser(os.fspath(path))))
+            return ""
+        frame = frame.f_back
+    return None
+
+
+def _local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -79,7 +99,7 @@ class _StoreBufferMixin:
 
     def _open(self, url: Any, buffer_size: int, n_envs: int, handle_timeout_termination: bool,
               optimize_memory_usage: bool, commit_every: int | None,
-              storage_options: Mapping[str, Any] | None) -> None:
+              storage_options: Mapping[str, Any] | None, create: bool = True) -> None:
         if url is None:
             raise BufferArgumentError("url: expected the store's URL (a local path, file://, s3://, memory://) "
                                       "in replay_buffer_kwargs={'url': ...}, got none")
@@ -102,7 +122,7 @@ class _StoreBufferMixin:
                                       reward_dtype=np.float32,
                                       metadata={"producer": "replaystore.integrations.sb3"})
         commit_collected()  # (the pending steps of collected buffers first: a reopened url holds them)
-        store = self._open_store(expected, storage_options)
+        store = self._open_store(expected, storage_options, bool(create))
         schema = store.schema
         self._columns = {f.name: f for f in schema.dense_fields}
         self._read_columns = list(self._columns)
@@ -153,12 +173,25 @@ class _StoreBufferMixin:
             out.append((f"{_SEP}{key}", key))
         return out
 
-    def _open_store(self, expected: Schema, storage_options: Mapping[str, Any] | None) -> Store:
-        """Open the store at ``self.url`` (created with ``expected`` if absent) and check it holds these steps."""
+    def _open_store(self, expected: Schema, storage_options: Mapping[str, Any] | None, create: bool) -> Store:
+        """Open the store at ``self.url`` (created if absent and ``create``) and check it holds these steps.
+
+        Under SB3's ``load`` a relative local url is looked up in the model file's directory first, and
+        nothing is created.
+        """
+        loading = _loading_model()
+        where = self.url
+        if loading and _local(where):
+            path = os.path.expanduser(where[len("file://"):] if where.startswith("file://") else where)
+            if not os.path.isabs(path) and os.path.exists(os.path.join(loading, path)):
+                where = os.path.join(loading, path)
         try:
-            store = open_store(self.url, mode="r+", storage_options=storage_options)
+            store = open_store(where, mode="r+", storage_options=storage_options)
         except StoreNotFoundError:
-            return open_store(self.url, expected, mode="a", capacity=self.capacity, storage_options=storage_options)
+            if create and loading is None:
+                return open_store(where, expected, mode="a", capacity=self.capacity,
+                                  storage_options=storage_options)
+            raise StoreNotFoundError(self._missing(where, loading)) from None
         try:
             self._check_store(store, expected)
         except BaseException:
@@ -166,11 +199,24 @@ class _StoreBufferMixin:
             raise
         return store
 
+    def _missing(self, where: str, loading: str | None) -> str:
+        """The message for a store that a loaded model or buffer (or ``create=False``) does not find."""
+        what = "loading a saved model never creates its store" if loading is not None else (
+            "a loaded replay buffer (or create=False) never creates its store")
+        msg = (f"{where}: no replay store here, and {what} (has the run moved, or the store been deleted?). "
+               f"Pass where the store is now: Model.load(path, replay_buffer_kwargs={{'url': NEW_URL, ...}}) "
+               f"(the other keys as saved), or custom_objects={{'replay_buffer_kwargs': {{...}}}}")
+        if loading and _local(where):
+            moved = os.path.join(loading, os.path.basename(os.path.normpath(os.path.expanduser(where))))
+            if os.path.exists(moved):
+                msg += f"; a directory {moved!r} is next to the model file"
+        return msg
+
     def _check_store(self, store: Store, expected: Schema) -> None:
         if len(store.tables) != 1:
             raise SchemaMismatchError(f"{self.url}: a replay buffer needs a store with one table, "
                                       f"found tables {store.tables}")
-        if store.default.capacity != self.capacity:
+        if store.default.capacity is not None and store.default.capacity != self.capacity:
             raise BufferArgumentError(
                 f"buffer_size: the store at {self.url} keeps {store.default.capacity} records (capacity), this "
                 f"buffer would keep {self.capacity} (buffer_size {self._init_args['buffer_size']} with n_envs "
@@ -420,7 +466,7 @@ class _StoreBufferMixin:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Reopen the store a pickled buffer names (see :meth:`__getstate__`)."""
-        self.__init__(**state)  # type: ignore[misc]
+        self.__init__(**state, create=False)  # type: ignore[misc]
 
 
 class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
@@ -445,7 +491,11 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
     buffer_size : int
         Transitions kept, as SB3 counts them: the store's capacity is
         ``max(buffer_size // n_envs, 1) * n_envs`` records; the oldest are evicted
-        beyond it. An existing store must have that capacity.
+        beyond it. An existing bounded store must have that capacity. An unbounded
+        store (one recorded with ``RecordEpisodes``/``RecordVectorEpisodes`` without
+        ``capacity``) is taken for any ``buffer_size``: it keeps every record, and the
+        buffer samples its newest ``capacity`` records, as SB3's own buffer holds its
+        last ``buffer_size`` steps.
     observation_space, action_space : gymnasium.spaces.Space
         The (single-env) spaces; the store's schema is ``schema_from_spaces`` of them
         (rewards float32).
@@ -459,13 +509,20 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         True (SB3's default): sampled ``dones`` are 1 only for terminations; False:
         for truncations too. The store holds both flags either way.
     url : str or os.PathLike
-        Where the store lives (created when absent); required.
+        Where the store lives (created when absent, unless ``create=False``); required.
+        ``~`` is expanded. Under ``Model.load`` a relative local path is looked up in
+        the saved model file's directory first (then the working directory), so a run
+        directory holding the model file and its store can move.
     commit_every : int, optional
         Commit once this many ``add`` calls (vector-env steps) are pending. Default: 1000, or
         fewer so that the pending steps take at most ~64 MiB of RAM (e.g. 148 steps of 8 Atari
         envs, 84x84x4 frames).
     storage_options : mapping, optional
         Passed to the storage backend (e.g. S3 options).
+    create : bool
+        Whether an absent store is created (default). Never under ``Model.load`` or
+        when a pickled buffer is loaded (``load_replay_buffer``): a missing store then
+        raises ``StoreNotFoundError``.
 
     Attributes
     ----------
@@ -481,6 +538,9 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
     SchemaMismatchError
         An existing store whose fields do not hold these spaces' steps (the message
         names the field).
+    StoreNotFoundError
+        No store at ``url`` where none may be created (``create=False``, a loaded
+        model or buffer); the message names the path and how to pass the new one.
     UnsupportedSpaceError
         A space without a column layout.
 
@@ -494,7 +554,8 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
-                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                 create: bool = True) -> None:
         if isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
         _positive_int("buffer_size", buffer_size)
@@ -502,7 +563,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
-                   storage_options)
+                   storage_options, create)
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -589,11 +650,13 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
     handle_timeout_termination : bool
         As :class:`ReplayStoreBuffer`.
     url : str or os.PathLike
-        Where the store lives; required.
+        Where the store lives; required (as :class:`ReplayStoreBuffer`).
     commit_every : int, optional
         Commit once this many ``add`` calls are pending (default as :class:`ReplayStoreBuffer`).
     storage_options : mapping, optional
         Passed to the storage backend.
+    create : bool
+        Whether an absent store is created (as :class:`ReplayStoreBuffer`).
 
     Attributes
     ----------
@@ -606,6 +669,8 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         As :class:`ReplayStoreBuffer`; also an observation space that is not a Dict.
     SchemaMismatchError
         An existing store whose fields do not hold these spaces' steps.
+    StoreNotFoundError
+        As :class:`ReplayStoreBuffer`.
 
     Notes
     -----
@@ -615,7 +680,8 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
-                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
+                 commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                 create: bool = True) -> None:
         if not isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError(f"observation_space: expected a Dict space, got "
                                       f"{type(observation_space).__name__}; use ReplayStoreBuffer")
@@ -624,7 +690,7 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
-                   storage_options)
+                   storage_options, create)
 
     def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray],  # type: ignore[override]
             action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -712,3 +778,72 @@ def resume_learning_starts(model: Any) -> int:
                                   f"got {type(buf).__name__}")
     model.learning_starts = max(0, int(model.learning_starts) - buf.stored_at_open)
     return int(model.learning_starts)
+
+
+def train_offline(model: Any, gradient_steps: int, batch_size: int | None = None) -> int:
+    """Train ``model`` on what its store-backed replay already holds, without stepping the env.
+
+    Offline pre-training with SB3's public API: ``model.train`` on the replay the model
+    was constructed with (``replay_buffer_class=ReplayStoreBuffer``), a silent logger
+    set with ``model.set_logger`` when the model has none yet, and for DQN the target
+    network copied every ``target_update_interval`` gradient steps, as ``learn`` does
+    every ``target_update_interval`` env steps (SAC and TD3 update their targets inside
+    ``train``). ``model.learn`` afterwards fine-tunes online on the same store.
+
+    Parameters
+    ----------
+    model : stable_baselines3.common.off_policy_algorithm.OffPolicyAlgorithm
+        A model whose ``replay_buffer`` is a :class:`ReplayStoreBuffer` or
+        :class:`ReplayStoreDictBuffer`.
+    gradient_steps : int
+        Gradient steps to take.
+    batch_size : int, optional
+        Transitions per gradient step (default: ``model.batch_size``).
+
+    Returns
+    -------
+    int
+        The gradient steps taken.
+
+    Raises
+    ------
+    BufferArgumentError
+        The model's replay buffer is not store-backed, or a bad ``gradient_steps`` or
+        ``batch_size``.
+    EmptyStoreError
+        The replay holds no transition.
+
+    Notes
+    -----
+    Cost: ``gradient_steps`` sampled minibatches and optimizer steps.
+    """
+    buf = getattr(model, "replay_buffer", None)
+    if not isinstance(buf, _StoreBufferMixin):
+        raise BufferArgumentError(f"model.replay_buffer: expected a ReplayStoreBuffer or ReplayStoreDictBuffer, "
+                                  f"got {type(buf).__name__}")
+    steps = _positive_int("gradient_steps", gradient_steps)
+    batch = _positive_int("batch_size", model.batch_size if batch_size is None else batch_size)
+    try:
+        model.logger  # noqa: B018 (set by learn() or set_logger)
+    except AttributeError:
+        from stable_baselines3.common.logger import configure
+
+        model.set_logger(configure(None, []))
+    if buf.size() == 0:
+        raise EmptyStoreError(f"{buf.url}: the replay holds no transition to train on")
+    q_net, target = getattr(model, "q_net", None), getattr(model, "q_net_target", None)
+    every = int(getattr(model, "target_update_interval", 0) or 0)
+    if q_net is None or target is None or every <= 0:
+        model.train(gradient_steps=steps, batch_size=batch)
+        return steps
+    from stable_baselines3.common.utils import polyak_update
+
+    done = 0
+    while done < steps:
+        chunk = min(every, steps - done)
+        model.train(gradient_steps=chunk, batch_size=batch)
+        done += chunk
+        if chunk == every:
+            polyak_update(q_net.parameters(), target.parameters(), float(model.tau))
+            polyak_update(getattr(model, "batch_norm_stats", []), getattr(model, "batch_norm_stats_target", []), 1.0)
+    return steps

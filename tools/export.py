@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from replaystore.errors import StoreError
+from replaystore.tools.formats.common import expand_local
 
 EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
 
@@ -60,6 +61,7 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
     -----
     Cost: one streaming read of the table in bounded chunks, and the files written.
     """
+    out = expand_local(out)
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}: expected one of {', '.join(EXPORT_FORMATS)}")
     if dataset_id is not None and not to.startswith("minari"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from replaystore.errors import StoreError
+from replaystore.tools.formats.common import expand_local
 
 IMPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
 
@@ -70,6 +71,8 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
     an import that fails later removes what it created, so a failed import leaves ``url``
     as it was (absent, or an empty directory).
     """
+    src = expand_local(src)
+    url = expand_local(url)
     if from_ not in IMPORT_FORMATS:
         raise StoreError(f"unknown import format {from_!r}: expected one of {', '.join(IMPORT_FORMATS)}")
     if dataset_id is not None and not from_.startswith("minari"):

@@ -34,6 +34,8 @@ def open_storage(url: str | os.PathLike[str] | Storage, storage_options: Mapping
     ----------
     url : str, os.PathLike or Storage
         A local path, a ``file://`` URL, ``memory://...`` or ``s3://...``; or a backend.
+        A leading ``~`` of a local path (``~/replay``, ``file://~/replay``) is the
+        user's home directory; it is never expanded inside other URLs.
     storage_options : mapping, optional
         Passed to fsspec (e.g. S3 credentials or ``endpoint_url``).
 
@@ -59,7 +61,7 @@ def open_storage(url: str | os.PathLike[str] | Storage, storage_options: Mapping
     if url.startswith("file://"):
         url = url[len("file://"):]
     if "://" not in url:
-        return LocalStorage(url)
+        return LocalStorage(os.path.expanduser(url))
     return FsspecStorage(url, storage_options)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.vec_env import VecNormalize
 
-from replaystore.errors import BufferArgumentError, SchemaMismatchError
+from replaystore.errors import BufferArgumentError, SchemaMismatchError, StoreNotFoundError
 from replaystore.gym import recorded_episodes
 from replaystore.integrations.sb3 import ReplayStoreBuffer, ReplayStoreDictBuffer, resume_learning_starts
 from replaystore.loaders import iter_episodes
@@ -662,3 +663,68 @@ def test_a_forked_child_commits_only_its_own_buffers(tmp_path: Path) -> None:
     for path, n in ((url, 3), (url + "-child", 2)):
         ids, cols, _ = stored(path)
         np.testing.assert_array_equal(np.sort(cols["obs"][:, 0]), np.arange(n))
+
+
+def test_an_unbounded_store_opens_for_any_buffer_size_and_samples_its_newest_records(tmp_path: Path) -> None:
+    env = gym.make("CartPole-v1")
+    url = str(tmp_path / "replay")
+    first = ReplayStoreBuffer(10_000, env.observation_space, env.action_space, url=url)
+    first.close()
+    with open_store(url, mode="r") as st:  # (a store this buffer created is bounded: refused for another size)
+        assert st.default.capacity == 10_000
+    unbounded = str(tmp_path / "unbounded")
+    with open_store(url, mode="r") as src, open_store(unbounded, src.schema, mode="x") as st, st.writer() as w:
+        obs = np.arange(50 * 4, dtype=np.float32).reshape(50, 4)
+        w.append({"obs": obs, "action": np.zeros(50, np.int64), "reward": np.arange(50, dtype=np.float32),
+                  "next_obs": obs + 1, "terminated": np.zeros(50, bool), "truncated": np.zeros(50, bool)},
+                 stream="s", reset=True)
+    for size, low in ((8, 42), (50, 0), (1000, 0)):
+        buf = ReplayStoreBuffer(size, env.observation_space, env.action_space, url=unbounded)
+        assert buf.size() == min(size, 50) and buf.full == (size <= 50)
+        drawn = buf.sample(2000).rewards.numpy().ravel()
+        assert set(drawn.astype(int).tolist()) == set(range(low, 50))
+        buf.close()
+    with open_store(unbounded, mode="r") as st:
+        assert st.default.capacity is None and len(st.default) == 50
+
+
+def test_a_missing_store_is_created_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = gym.make("CartPole-v1")
+    url = tmp_path / "replay"
+    with pytest.raises(StoreNotFoundError, match=str(url)):
+        ReplayStoreBuffer(100, env.observation_space, env.action_space, url=url, create=False)
+    assert not url.exists()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    buf = ReplayStoreBuffer(100, env.observation_space, env.action_space, url="~/replay")  # ~ is $HOME
+    buf.close()
+    assert url.is_dir() and list((tmp_path / "cwd").iterdir()) == []
+    with open_store(str(url), mode="r") as st:
+        assert len(st.default) == 0
+
+
+def test_dqn_load_of_a_moved_run_never_creates_a_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An absolute url of a moved run is a StoreNotFoundError (nothing created); a relative one follows the run."""
+    for url in ("replay", str(tmp_path / "run" / "replay")):
+        run = tmp_path / "run"
+        run.mkdir()
+        monkeypatch.chdir(run)
+        model = DQN("MlpPolicy", "CartPole-v1", learning_starts=10, buffer_size=500, seed=0, device="cpu",
+                    replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"url": url})
+        model.learn(40)
+        model.save(run / "model")
+        model.replay_buffer.close()
+        moved = tmp_path / "moved"
+        run.rename(moved)
+        monkeypatch.chdir(tmp_path)
+        if url == "replay":  # relative: looked up next to the model file
+            loaded = DQN.load(moved / "model", device="cpu")
+            assert loaded.replay_buffer.size() == 40
+            loaded.replay_buffer.close()
+        else:
+            with pytest.raises(StoreNotFoundError, match="replay_buffer_kwargs") as err:
+                DQN.load(moved / "model", device="cpu")
+            assert url in str(err.value)
+        assert not run.exists() and not (tmp_path / "replay").exists()
+        shutil.rmtree(moved)

@@ -157,3 +157,24 @@ def test_racing_exclusive_creators_one_wins(tmp_path: os.PathLike[str], mode: Mo
         winners = [o for o in outcome if isinstance(o, Store)]
         assert len(winners) == 1, outcome
         assert all(isinstance(o, StoreExistsError) for o in outcome if o is not winners[0]), outcome
+
+
+@pytest.mark.parametrize("prefix", ["", "file://"])
+def test_a_leading_tilde_is_the_home_directory(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch,
+                                               prefix: str) -> None:
+    home, cwd = os.path.join(tmp_path, "home"), os.path.join(tmp_path, "cwd")
+    os.makedirs(home)
+    os.makedirs(cwd)
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.chdir(cwd)
+    with open_store(f"{prefix}~/replay", SCHEMA, mode="x") as st:
+        _append(st, 3, seed=0)
+        assert st.url == os.path.join(home, "replay")
+    assert os.listdir(cwd) == []  # no directory literally named "~"
+    with open_store(os.path.join(home, "replay"), mode="r") as st:
+        assert len(st.default) == 3
+
+
+def test_a_tilde_inside_a_non_local_url_is_left_alone() -> None:
+    with open_store("memory://~/replay-tilde", SCHEMA, mode="x") as st:
+        assert "~" in st.url

@@ -344,3 +344,20 @@ def test_import_errors(tmp_path: Path, minari_root: Path) -> None:
     assert not (tmp_path / "x").exists()
     with pytest.raises(StoreError, match="dataset_id applies to Minari imports only"):
         import_store("f.hdf5", str(tmp_path / "x"), "d4rl", dataset_id="a-v0")
+
+
+def test_the_export_docs_home_root_is_the_home_directory(episode_store, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EXPORT.md's ``export_store(st, "~/.minari/datasets", "minari", ...)``: ``~`` is $HOME, not a directory."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(home / ".minari" / "datasets"))
+    monkeypatch.chdir(cwd)
+    export_store(episode_store, "~/.minari/datasets", "minari", dataset_id="replaystore/grid-v1")
+    assert list(cwd.iterdir()) == []  # no directory literally named "~"
+    assert minari.load_dataset("replaystore/grid-v1").total_episodes == 10
+    back = import_store("~/.minari/datasets", "~/back", "minari", dataset_id="replaystore/grid-v1")
+    assert back.url == str(home / "back") and len(back.default) == len(episode_store)
+    assert list(cwd.iterdir()) == []

@@ -248,3 +248,16 @@ def test_plain_parquet_without_replaystore_metadata_imports(tmp_path: Path) -> N
     with pytest.raises(StoreExistsError):
         import_store(str(src), str(tmp_path / "st"), "parquet")
     assert len(open_store(str(tmp_path / "st"), mode="r")) == 6
+
+
+def test_tilde_paths_are_the_home_directory(dqn_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    export_store(dqn_store, "~/out", "parquet")
+    back = import_store("~/out", "~/back", "parquet")
+    assert (home / "out").is_dir() and back.url == str(home / "back")
+    assert_same_table(dqn_store.default, back.default)
+    assert list(cwd.iterdir()) == []  # no directory literally named "~"

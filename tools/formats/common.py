@@ -32,6 +32,31 @@ RESERVED_INFOS = ("stream", "step", "reset")
 """Names D4RL export puts under ``infos/`` for the stream index (fields may not use them)."""
 
 
+def expand_local(path: Any) -> Any:
+    """``path`` with a leading ``~`` expanded when it is a local path (or ``file://`` URL).
+
+    Other URLs (``s3://``, ``memory://``) and non-path values are returned as they are.
+
+    Parameters
+    ----------
+    path : object
+        A path or URL given by the user (never a name read from a store).
+
+    Returns
+    -------
+    object
+        The expanded path (a str) or ``path`` itself.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        return path
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        return path
+    if text.startswith("file://"):
+        return "file://" + os.path.expanduser(text[len("file://"):])
+    return os.path.expanduser(text) if "://" not in text else text
+
+
 def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec") -> tqdm:
     """A tqdm bar on stderr, shown only when asked for and stderr is a terminal.
 

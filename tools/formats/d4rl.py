@@ -31,6 +31,7 @@ from replaystore.tools.formats.common import (
     ImportDestination,
     StepMapping,
     chunk_rows,
+    expand_local,
     flags,
     h5_dataset,
     iter_chunks,
@@ -90,6 +91,7 @@ def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: b
         ``batch_rows`` is not a positive int, or the table changed during the
         export.
     """
+    out = expand_local(out)
     h5py = require_h5py()
     t = pick_table(store, table)
     m = step_mapping(t.schema, "D4RL")
@@ -305,6 +307,8 @@ def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: 
     StoreExistsError
         ``url`` is not new or empty.
     """
+    src = expand_local(src)
+    url = expand_local(url)
     h5py = require_h5py()
     path = _local(src)
     if not path.is_file():

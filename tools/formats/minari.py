@@ -48,6 +48,7 @@ from replaystore.tools.formats.common import (
     SourceErrors,
     StepMapping,
     chunk_rows,
+    expand_local,
     flags,
     h5_dataset,
     iter_chunks,
@@ -467,6 +468,7 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         none was chosen, the schema has no step fields, a ragged id lies outside
         its mask, or ``batch_rows`` is not a positive int.
     """
+    out = expand_local(out)
     t = pick_table(store, table)
     m = step_mapping(t.schema, "Minari")
     h5py = require_h5py() if backend == "hdf5" else None
@@ -832,6 +834,8 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
     StoreExistsError
         A store already exists at ``url``.
     """
+    src = expand_local(src)
+    url = expand_local(url)
     data = resolve_data_dir(src, dataset_id)
     meta = _json_file(data / "metadata.json", "dataset metadata")
     fmt = meta.get("data_format", "hdf5")

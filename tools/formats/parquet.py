@@ -32,7 +32,13 @@ from replaystore.schemas import BatchMeta, Schema
 from replaystore.schemas.arrow import columns_from_arrow, schema_to_arrow
 from replaystore.schemas.nestarrow import flat_batch, struct_batch, struct_schema
 from replaystore.store import DEFAULT_TABLE, Store, open_store
-from replaystore.tools.formats.common import ImportDestination, SourceErrors, chunk_rows, progress_bar
+from replaystore.tools.formats.common import (
+    ImportDestination,
+    SourceErrors,
+    chunk_rows,
+    expand_local,
+    progress_bar,
+)
 
 FORMAT = "replaystore.parquet/1"
 MANIFEST = "_replaystore.json"
@@ -219,6 +225,7 @@ def export_parquet(store: Store, out: str, *, table: str | None = None, progress
         stream key that would share one partition, or ``batch_rows`` is not a
         positive int.
     """
+    out = expand_local(out)
     fs, root = filesystem(out, store.storage_options)
     if _children(fs, root) or fs.get_file_info(root).type == pafs.FileType.File:
         raise StoreError(f"{out}: already exists and is not empty; export into a new directory")
@@ -490,6 +497,8 @@ def import_parquet(src: str, url: str, *, progress: bool = False, storage_option
     StoreExistsError
         ``url`` is not new or empty.
     """
+    src = expand_local(src)
+    url = expand_local(url)
     fs, root = filesystem(src, storage_options)
     with _reading(src, "a directory"):
         is_dir = fs.get_file_info(root).type == pafs.FileType.Directory
