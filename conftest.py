@@ -1,4 +1,5 @@
-"""Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py),
+"""Repository-wide pytest setup: the ``slow`` marker's default deselection (tests/support/slow_selection.py), the
+``minari_root`` fixture (tests/support/minariroot.py),
 a chunk cache directory of the test session's own (store/storage/cache.py), not the user's, Ray's
 loopback settings (tests/support/raylocal.py) before any test module can import Ray, and each test's
 ``memory://`` files removed after it."""
@@ -16,7 +17,7 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
-pytest_plugins = ["support.slow_selection"]
+pytest_plugins = ["support.slow_selection", "support.minariroot"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

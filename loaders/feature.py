@@ -344,32 +344,13 @@ class Relabelling(Feature):
         request.parts[self.name] = goals
 
     def worker(self) -> Feature:
-        """The relabelling without the sampler's table and index (``HER`` pickles without its episodes).
-
-        Returns
-        -------
-        Feature
-            A ``Relabelling`` of the same ``HER``.
-        """
+        # docstring inherited
+        # the relabelling without the sampler's table and index (HER pickles without its episodes)
         return Relabelling(self.her)
 
     def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
-        """Relabel the minibatch's goals and rewards from the goal rows ``payload`` (``HER.relabel``).
-
-        Parameters
-        ----------
-        table : Table
-            This process's handle of the table.
-        batch : dict of str to Any
-            The gathered minibatch (numpy arrays).
-        payload : numpy.ndarray or None
-            The goal rows (None: the request has none; the minibatch is left as it is).
-
-        Returns
-        -------
-        dict of str to Any
-            The relabelled minibatch (a new dict).
-        """
+        # docstring inherited
+        # payload: the goal rows (None: the request has none; the minibatch is left as it is)
         if payload is None:
             return batch
         return self.her.relabel(table, {**batch, "her_goal_rows": payload})
@@ -403,37 +384,13 @@ class Transform(Feature):
         self.fn = fn
 
     def worker(self) -> Feature:
-        """The transform itself (its function is sent once to each worker).
-
-        Returns
-        -------
-        Feature
-            ``self``.
-        """
+        # docstring inherited
+        # the transform itself: its function is sent once to each worker
         return self
 
     def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
-        """``fn(batch)``; its exceptions as ``TransformError`` with their traceback text.
-
-        Parameters
-        ----------
-        table : Table
-            This process's handle of the table (unused).
-        batch : dict of str to Any
-            The gathered minibatch.
-        payload : Any
-            None (a transform has no payload).
-
-        Returns
-        -------
-        dict of str to Any
-            What ``fn`` returned, as a dict.
-
-        Raises
-        ------
-        TransformError
-            ``fn`` raised, or returned no mapping.
-        """
+        # docstring inherited
+        # fn(batch); its exceptions as TransformError with their traceback text
         return apply_transform(self.fn, batch)
 
 

@@ -22,16 +22,10 @@ from replaystore.store.sql import QueryError
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
 
+pytestmark = pytest.mark.usefixtures("minari_root")  # a Minari root per test (tests/support/minariroot.py)
+
 DESC = np.array([list(row) for row in ["SFFH", "FHFF", "FFFH", "HFFG"]])
 DATASET_ID = "lab/frozenlake/custom-v0"
-
-
-@pytest.fixture(autouse=True)
-def minari_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "minari-datasets"
-    root.mkdir()
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
-    return root
 
 
 def _record(url: str, episodes: int) -> list[dict[str, list]]:

@@ -24,16 +24,10 @@ from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
 from support.batches import dqn_batch, episode_batch, rollout_batch, transitions_batch
 
+pytestmark = pytest.mark.usefixtures("minari_root")  # a Minari root per test (tests/support/minariroot.py)
+
 BACKENDS = [("minari", "arrow"), ("minari-hdf5", "hdf5")]
 F32, I64 = np.float32, np.int64
-
-
-@pytest.fixture(autouse=True)
-def minari_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "minari-datasets"
-    root.mkdir()
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
-    return root
 
 
 def steps_batch(rng: np.random.Generator, n: int, obs_shape: tuple[int, ...], actions: int,

@@ -22,15 +22,9 @@ from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
 
+pytestmark = pytest.mark.usefixtures("minari_root")  # a Minari root per test (tests/support/minariroot.py)
+
 BACKENDS = [("minari", "arrow"), ("minari-hdf5", "hdf5")]
-
-
-@pytest.fixture(autouse=True)
-def minari_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "minari-datasets"
-    root.mkdir()
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
-    return root
 
 
 class CartX(gym.Wrapper):

@@ -21,13 +21,7 @@ from replaystore.tools.export import export_store
 from replaystore.tools.formats.minari import DATASET_ID_RE
 from replaystore.tools.importer import import_store
 
-
-@pytest.fixture(autouse=True)
-def minari_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "minari-datasets"
-    root.mkdir()
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
-    return root
+pytestmark = pytest.mark.usefixtures("minari_root")  # a Minari root per test (tests/support/minariroot.py)
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from replaystore.store import open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
 
+pytestmark = pytest.mark.usefixtures("minari_root")  # a Minari root per test (tests/support/minariroot.py)
+
 BACKENDS = [("minari", "arrow"), ("minari-hdf5", "hdf5")]
 
 BOX3 = spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -84,14 +86,6 @@ def _play(env: gym.Env, action_space: spaces.Space, episodes: int = 3) -> None:
         while not done:
             _, _, term, trunc, _ = env.step(action_space.sample())
             done = term or trunc
-
-
-@pytest.fixture(autouse=True)
-def minari_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "minari-datasets"
-    root.mkdir()
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
-    return root
 
 
 def _theirs(obs_space, act_space, backend: str) -> None:
