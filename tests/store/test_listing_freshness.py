@@ -135,7 +135,11 @@ def test_vacuum_keeps_a_fragment_committed_after_it_read_the_log(
 WRITERS = 3
 STREAMS = 2
 COMMITS = 24
-SOAK_OLDER_THAN_S = 2.0
+SOAK_OLDER_THAN_S = 15.0
+"""The soak's vacuum grace. It must exceed a child's slowest fragment-to-commit time, as GUIDE
+tells users ("Keep older_than_s well above your slowest commit"): 2 s was exceeded once on the
+2-core VM with another test beside (pytest-xdist), and vacuum then deleted a fragment still
+waiting for its commit record, as the grace rule allows."""
 
 
 @pytest.mark.slow
