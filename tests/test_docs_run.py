@@ -1,0 +1,147 @@
+"""The user documents' Python examples run as written (tests/support/docsrun.py runs them).
+
+Each document in ``DOCS`` has its ```python blocks run in order, in one fresh interpreter, as a
+script in a temporary working directory (``TMPDIR`` and ``HOME`` there too): what the blocks
+write lands there, never in the repository. A failure names the document and the line of the
+block that failed, with the end of the program's output (the traceback shows document lines).
+
+What runs and what does not (the markers docsrun.py understands):
+
+- a fence whose info string starts with ``python`` runs; ```bash, ```text, ```sql, ```json and
+  bare fences never do (commands, output, fragments in other languages);
+- ``<!-- docs-run: skip -->`` (an HTML comment, invisible when rendered; a reason may follow
+  ``skip``) on the line right before a ```python fence keeps that block from running. Use it
+  only for what cannot run (a sketch with ``...`` bodies); every other block runs in CI.
+
+Blocks that start ``spawn``/``forkserver`` processes: the children import the script again and
+run only the block that started them (outside ``if __name__ == "__main__":``), so such a block
+must define what its workers need itself, as it would in a file of its own.
+
+S3: where a runnable block names ``s3://BUCKET/...``, the test starts the loopback moto server
+(tests/support/s3.py), creates each bucket named, and gives the program botocore's standard
+variables: ``AWS_ENDPOINT_URL`` (the server), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``. The blocks read the endpoint as a user's code does
+(``os.environ.get("AWS_ENDPOINT_URL", ...)``, or botocore by itself).
+
+Heavier documents run in the default selection too; every document listed runs in CI.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import docsrun
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/GUIDE.md", "docs/SCHEMAS.md", "docs/EXPORT.md")
+"""The documents whose ```python blocks run, each in one interpreter."""
+TIMEOUT_S = 1200.0
+"""Per document: far above what the slowest takes on a loaded 2-core machine."""
+
+
+def _user_documents() -> list[Path]:
+    return sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+
+
+def _untracked() -> set[str]:
+    """The repository's untracked files that git does not ignore."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                         text=True, check=False).stdout
+    return {line[3:] for line in out.splitlines() if line.startswith("??")}
+
+
+def _failure(doc: str, result: docsrun.Result) -> str:
+    block = result.failed_block
+    where = f"the block at {doc}:{block}" if block is not None else f"{doc}, after its last block"
+    tail = "\n".join(result.output.splitlines()[-60:])
+    return (f"{where} failed (exit {result.returncode}, {result.seconds:.0f} s; "
+            f"run it by hand: python tests/support/docsrun.py {doc}):\n{tail}")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: Path) -> None:
+    path = ROOT / doc
+    runnable = [b for b in docsrun.blocks(path.read_text(encoding="utf-8")) if b.runs]
+    assert runnable, f"{doc} has no ```python block to run"
+    before = _untracked()
+    with docsrun.s3_for([b.source for b in runnable]) as env:
+        result = docsrun.run(path, ROOT, tmp_path, env=env, timeout=TIMEOUT_S)
+    assert result.returncode == 0, _failure(doc, result)
+    assert result.started == [b.line for b in runnable], (
+        f"{doc}: blocks started {result.started}, expected {[b.line for b in runnable]}")
+    assert _untracked() == before, f"{doc}'s examples wrote into the repository: {_untracked() - before}"
+
+
+def test_every_user_document_with_runnable_python_is_run() -> None:
+    """A document not in DOCS holds no ```python block unless it is marked ``docs-run: skip``."""
+    unrun = {p.relative_to(ROOT).as_posix(): [b.line for b in docsrun.blocks(p.read_text(encoding="utf-8")) if b.runs]
+             for p in _user_documents() if p.relative_to(ROOT).as_posix() not in DOCS}
+    assert not {doc: lines for doc, lines in unrun.items() if lines}, (
+        "these ```python blocks are never run: add the document to DOCS in tests/test_docs_run.py, fence the "
+        "block as ```text, or mark it <!-- docs-run: skip -->")
+
+
+def test_the_runner_names_the_failing_block_and_shares_one_interpreter(tmp_path: Path) -> None:
+    """The runner itself: blocks share globals, a failure names its line, other fences and skipped blocks never run."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "# A document",
+        "```python",
+        "x = 1",
+        "```",
+        "```bash",
+        "exit 3",
+        "```",
+        "<!-- docs-run: skip (a sketch) -->",
+        "```python",
+        "raise SystemExit('skipped blocks never run')",
+        "```",
+        "- a list item",
+        "  ```python",
+        "  assert x == 1",
+        "  y = x + 1",
+        "  ```",
+        "```python",
+        "assert y == 2",
+        "1 / 0",
+        "```",
+    ]) + "\n", encoding="utf-8")
+    found = docsrun.blocks(doc.read_text(encoding="utf-8"))
+    assert [(b.line, b.language, b.runs) for b in found] == [
+        (2, "python", True), (5, "bash", False), (9, "python", False), (13, "python", True), (17, "python", True)]
+    work = tmp_path / "work"
+    work.mkdir()
+    result = docsrun.run(doc, tmp_path, work, timeout=120)
+    assert result.returncode == 1
+    assert result.started == [2, 13, 17] and result.failed_block == 17
+    assert 'File "doc.md", line 19' in result.output and "1 / 0" in result.output, result.output
+    assert "ZeroDivisionError" in result.output
+    assert "skipped blocks never run" not in result.output
+
+
+def test_a_block_that_spawns_runs_alone_in_its_children(tmp_path: Path) -> None:
+    """A ``spawn`` child imports the program again and runs only the block that started it."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "```python",
+        "import os",
+        "print('first block in', os.getpid())",
+        "```",
+        "```python",
+        "import multiprocessing as mp",
+        "",
+        "def square(x):",
+        "    return x * x",
+        "",
+        "if __name__ == '__main__':",
+        "    with mp.get_context('spawn').Pool(1) as pool:",
+        "        assert pool.map(square, [1, 2, 3]) == [1, 4, 9]",
+        "```",
+    ]) + "\n", encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    result = docsrun.run(doc, tmp_path, work, timeout=120)
+    assert result.returncode == 0, result.output
+    assert result.output.count("first block in") == 1, result.output
