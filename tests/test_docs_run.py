@@ -69,6 +69,7 @@ def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: P
     with docsrun.s3_for([b.source for b in runnable]) as env:
         result = docsrun.run(path, ROOT, tmp_path, env=env, timeout=TIMEOUT_S)
     assert result.returncode == 0, _failure(doc, result)
+    assert not (tmp_path / "~").exists(), f"{doc}'s examples made a directory named '~' (not the home directory)"
     assert result.started == [b.line for b in runnable], (
         f"{doc}: blocks started {result.started}, expected {[b.line for b in runnable]}")
     assert _untracked() == before, f"{doc}'s examples wrote into the repository: {_untracked() - before}"
