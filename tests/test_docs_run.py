@@ -7,11 +7,14 @@ block that failed, with the end of the program's output (the traceback shows doc
 
 What runs and what does not (the markers docsrun.py understands):
 
-- a fence whose info string starts with ``python`` runs; ```bash, ```text, ```sql, ```json and
-  bare fences never do (commands, output, fragments in other languages);
+- a fence whose info string starts with ``python`` (or ``py``, ``python3``) runs; ```bash,
+  ```text, ```sql, ```json and bare fences never do (commands, output, other languages);
 - ``<!-- docs-run: skip -->`` (an HTML comment, invisible when rendered; a reason may follow
   ``skip``) on the line right before a ```python fence keeps that block from running. Use it
-  only for what cannot run (a sketch with ``...`` bodies); every other block runs in CI.
+  only for what cannot run (a sketch with ``...`` bodies); every other block runs in CI;
+- ``<!-- docs-run: slow -->`` there runs the block only with the slow tests (``CI=true``,
+  ``--run-slow``, ``-m``): for a long training that would push a document past a minute or so.
+  Later blocks must not need what it defines.
 
 Blocks that start ``spawn``/``forkserver`` processes: the children import the script again and
 run only the block that started them (outside ``if __name__ == "__main__":``), so such a block
@@ -23,7 +26,9 @@ variables: ``AWS_ENDPOINT_URL`` (the server), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRE
 ``AWS_DEFAULT_REGION``. The blocks read the endpoint as a user's code does
 (``os.environ.get("AWS_ENDPOINT_URL", ...)``, or botocore by itself).
 
-Heavier documents run in the default selection too; every document listed runs in CI.
+Every document listed runs in the default selection (about a minute for all of them on a loaded
+2-core machine, most of it GUIDE.md); ``python tests/support/docsrun.py docs/GUIDE.md`` runs one
+by hand and prints its output and the slowest blocks.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from support import docsrun
+from support.slow_selection import runs_slow
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/GUIDE.md", "docs/SCHEMAS.md", "docs/EXPORT.md")
@@ -61,15 +68,17 @@ def _failure(doc: str, result: docsrun.Result) -> str:
 
 
 @pytest.mark.parametrize("doc", DOCS)
-def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: Path) -> None:
+def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: Path,
+                                                           request: pytest.FixtureRequest) -> None:
     path = ROOT / doc
-    runnable = [b for b in docsrun.blocks(path.read_text(encoding="utf-8")) if b.runs]
+    slow = runs_slow(request.config)
+    runnable = docsrun.runnable(path.read_text(encoding="utf-8"), slow=slow)
     assert runnable, f"{doc} has no ```python block to run"
     before = _untracked()
     with docsrun.s3_for([b.source for b in runnable]) as env:
-        result = docsrun.run(path, ROOT, tmp_path, env=env, timeout=TIMEOUT_S)
+        result = docsrun.run(path, ROOT, tmp_path, env=env, timeout=TIMEOUT_S, slow=slow)
     assert result.returncode == 0, _failure(doc, result)
-    assert not (tmp_path / "~").exists(), f"{doc}'s examples made a directory named '~' (not the home directory)"
+    assert not (result.cwd / "~").exists(), f"{doc}'s examples made a directory named '~' (not the home directory)"
     assert result.started == [b.line for b in runnable], (
         f"{doc}: blocks started {result.started}, expected {[b.line for b in runnable]}")
     assert _untracked() == before, f"{doc}'s examples wrote into the repository: {_untracked() - before}"
@@ -77,55 +86,78 @@ def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: P
 
 def test_every_user_document_with_runnable_python_is_run() -> None:
     """A document not in DOCS holds no ```python block unless it is marked ``docs-run: skip``."""
-    unrun = {p.relative_to(ROOT).as_posix(): [b.line for b in docsrun.blocks(p.read_text(encoding="utf-8")) if b.runs]
+    unrun = {p.relative_to(ROOT).as_posix(): [b.line for b in docsrun.runnable(p.read_text(encoding="utf-8"))]
              for p in _user_documents() if p.relative_to(ROOT).as_posix() not in DOCS}
     assert not {doc: lines for doc, lines in unrun.items() if lines}, (
         "these ```python blocks are never run: add the document to DOCS in tests/test_docs_run.py, fence the "
         "block as ```text, or mark it <!-- docs-run: skip -->")
 
 
-def test_the_runner_names_the_failing_block_and_shares_one_interpreter(tmp_path: Path) -> None:
-    """The runner itself: blocks share globals, a failure names its line, other fences and skipped blocks never run."""
-    doc = tmp_path / "doc.md"
-    doc.write_text("\n".join([
-        "# A document",
-        "```python",
-        "x = 1",
-        "```",
-        "```bash",
-        "exit 3",
-        "```",
-        "<!-- docs-run: skip (a sketch) -->",
-        "```python",
-        "raise SystemExit('skipped blocks never run')",
-        "```",
-        "- a list item",
-        "  ```python",
-        "  assert x == 1",
-        "  y = x + 1",
-        "  ```",
-        "```python",
-        "assert y == 2",
-        "1 / 0",
-        "```",
-    ]) + "\n", encoding="utf-8")
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+RUNNER_DOC = [
+    "# A document",
+    "```python",
+    "x = 1",
+    "```",
+    "```bash",
+    "exit 3",
+    "```",
+    "<!-- docs-run: skip (a sketch) -->",
+    "```python",
+    "raise SystemExit('skipped blocks never run')",
+    "```",
+    "- a list item",
+    "  ```python",
+    "  assert x == 1",
+    "  y = x + 1",
+    "  ```",
+    "<!-- docs-run: slow -->",
+    "```python",
+    "open('slow.txt', 'w').write('ran')",
+    "```",
+    "```python",
+    "assert y == 2",
+    "1 / 0",
+    "```",
+]
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_the_runner_names_the_failing_block_and_shares_one_interpreter(tmp_path: Path, slow: bool) -> None:
+    """The runner itself: blocks share globals, a failure names its line, other fences and skipped blocks never
+    run, slow blocks run only when asked, and relative paths land in the program's working directory."""
+    doc = _write(tmp_path / "doc.md", RUNNER_DOC)
     found = docsrun.blocks(doc.read_text(encoding="utf-8"))
-    assert [(b.line, b.language, b.runs) for b in found] == [
-        (2, "python", True), (5, "bash", False), (9, "python", False), (13, "python", True), (17, "python", True)]
+    assert [(b.line, b.language, b.runs, b.slow) for b in found] == [
+        (2, "python", True, False), (5, "bash", False, False), (9, "python", False, False),
+        (13, "python", True, False), (18, "python", True, True), (21, "python", True, False)]
     work = tmp_path / "work"
     work.mkdir()
-    result = docsrun.run(doc, tmp_path, work, timeout=120)
+    result = docsrun.run(doc, tmp_path, work, timeout=120, slow=slow)
     assert result.returncode == 1
-    assert result.started == [2, 13, 17] and result.failed_block == 17
-    assert 'File "doc.md", line 19' in result.output and "1 / 0" in result.output, result.output
+    assert result.started == ([2, 13, 18, 21] if slow else [2, 13, 21]) and result.failed_block == 21
+    assert (result.cwd / "slow.txt").exists() == slow
+    assert 'File "doc.md", line 23' in result.output and "1 / 0" in result.output, result.output
     assert "ZeroDivisionError" in result.output
     assert "skipped blocks never run" not in result.output
 
 
+def test_a_program_past_its_time_is_killed_and_says_so(tmp_path: Path) -> None:
+    doc = _write(tmp_path / "doc.md", ["```python", "import time", "time.sleep(600)", "```"])
+    work = tmp_path / "work"
+    work.mkdir()
+    result = docsrun.run(doc, tmp_path, work, timeout=3)
+    assert result.returncode != 0 and "docs-run: killed after 3 s" in result.output
+    assert result.seconds < 60
+
+
 def test_a_block_that_spawns_runs_alone_in_its_children(tmp_path: Path) -> None:
     """A ``spawn`` child imports the program again and runs only the block that started it."""
-    doc = tmp_path / "doc.md"
-    doc.write_text("\n".join([
+    doc = _write(tmp_path / "doc.md", [
         "```python",
         "import os",
         "print('first block in', os.getpid())",
@@ -140,7 +172,7 @@ def test_a_block_that_spawns_runs_alone_in_its_children(tmp_path: Path) -> None:
         "    with mp.get_context('spawn').Pool(1) as pool:",
         "        assert pool.map(square, [1, 2, 3]) == [1, 4, 9]",
         "```",
-    ]) + "\n", encoding="utf-8")
+    ])
     work = tmp_path / "work"
     work.mkdir()
     result = docsrun.run(doc, tmp_path, work, timeout=120)

@@ -7,8 +7,8 @@ document's path as its file name and its lines at their lines in the document, s
 traceback points at the document line that failed; before each block the script prints a
 ``docs-run: start <doc>:<line>`` line (and ``docs-run: done ... <seconds>`` after it).
 
-The script runs in a fresh ``python`` process whose working directory is a new temporary
-directory (``TMPDIR`` and ``HOME`` point inside it too), so relative paths, ``tempfile`` and
+The script runs in a fresh ``python`` process whose working directory is a new, empty
+temporary directory (``TMPDIR`` and ``HOME`` point to others beside it), so relative paths, ``tempfile`` and
 ``~`` land there and nothing is written into the repository or the user's home.
 
 Processes started with ``spawn``/``forkserver`` import the main module again. The script
@@ -22,7 +22,10 @@ Blocks are chosen as follows:
   ```text, ```sql, ```json, a bare fence) never is;
 - ``<!-- docs-run: skip -->`` (with an optional reason after ``skip``) on the line right
   before a ```python fence marks a block that is not run (a fragment, a sketch of a class
-  with ``...`` bodies); the reason is for the reader of the source.
+  with ``...`` bodies); the reason is for the reader of the source;
+- ``<!-- docs-run: slow -->`` there marks a block that runs only with the ``slow`` tests
+  (``CI=true``, ``--run-slow``): a long training, say. Later blocks must not need what it
+  defines.
 
 Usage by hand: ``python tests/support/docsrun.py docs/GUIDE.md`` (prints the script's output).
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,8 +45,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-SKIP_MARKER = re.compile(r"^\s*<!--\s*docs-run:\s*skip\b.*-->\s*$")
-"""The line before a ```python fence that keeps the block from running."""
+MARKER = re.compile(r"^\s*<!--\s*docs-run:\s*(?P<kind>skip|slow)\b.*-->\s*$")
+"""The line before a ```python fence that keeps the block from running (``skip``) or runs it with the slow tests."""
+PYTHON = frozenset({"python", "py", "python3"})
+"""Fence languages that run."""
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`\s]*)")
 BLOCK_ENV = "DOCS_RUN_BLOCK"
 """The variable by which a spawned child learns which block started it."""
@@ -61,13 +67,18 @@ class Block:
     """The first word of the fence's info string (``""`` for a bare fence)."""
     source: str
     """Its code, dedented to the fence's indentation."""
-    skipped: bool
-    """Whether a ``docs-run: skip`` marker precedes it."""
+    marker: str | None = None
+    """``"skip"`` or ``"slow"`` where a ``docs-run:`` marker precedes it."""
 
     @property
     def runs(self) -> bool:
-        """Whether the runner runs it."""
-        return self.language == "python" and not self.skipped
+        """Whether the runner runs it (in the slow tests at least)."""
+        return self.language in PYTHON and self.marker != "skip"
+
+    @property
+    def slow(self) -> bool:
+        """Whether it runs only with the slow tests."""
+        return self.marker == "slow"
 
 
 def blocks(text: str) -> list[Block]:
@@ -93,8 +104,9 @@ def blocks(text: str) -> list[Block]:
         else:
             raise ValueError(f"line {start + 1}: a code fence that is never closed")
         i += 1
-        skipped = start > 0 and SKIP_MARKER.match(lines[start - 1]) is not None
-        found.append(Block(start + 1, info, textwrap.dedent("\n".join(body)) + "\n", skipped))
+        marked = MARKER.match(lines[start - 1]) if start > 0 else None
+        found.append(Block(start + 1, info, textwrap.dedent("\n".join(body)) + "\n",
+                           marked["kind"] if marked else None))
     return found
 
 
@@ -149,6 +161,8 @@ class Result:
     """The lines of the blocks that started, in order."""
     timings: dict[int, float]
     """Seconds per finished block, by line."""
+    cwd: Path
+    """The program's working directory."""
 
     @property
     def failed_block(self) -> int | None:
@@ -159,21 +173,26 @@ class Result:
         return None if last in self.timings else last
 
 
+def runnable(text: str, slow: bool = True) -> list[Block]:
+    """The blocks of ``text`` that run, in order (``slow=False``: leaving out those marked slow)."""
+    return [b for b in blocks(text) if b.runs and (slow or not b.slow)]
+
+
 def run(path: Path, root: Path, workdir: Path, env: Mapping[str, str] | None = None,
-        timeout: float = 1200.0) -> Result:
+        timeout: float = 1200.0, slow: bool = True) -> Result:
     """Run the ```python blocks of ``path`` (relative to ``root`` in messages) in one fresh interpreter.
 
-    ``workdir`` is the working directory (and ``TMPDIR``, ``HOME``); ``env`` adds variables.
+    Under ``workdir``: the program, its working directory ``cwd/``, ``tmp/`` (``TMPDIR``) and
+    ``home/`` (``HOME``). ``env`` adds variables; ``slow=False`` leaves out the blocks marked slow.
+    A program still running after ``timeout`` seconds is killed (with its process group).
     """
     doc = path.relative_to(root).as_posix()
     text = path.read_text(encoding="utf-8")
-    runnable = [b for b in blocks(text) if b.runs]
     program = workdir / "docs_run_program.py"
-    program.write_text(script(doc, text, runnable), encoding="utf-8")
-    tmp = workdir / "tmp"
-    home = workdir / "home"
-    tmp.mkdir(exist_ok=True)
-    home.mkdir(exist_ok=True)
+    program.write_text(script(doc, text, runnable(text, slow)), encoding="utf-8")
+    cwd, tmp, home = workdir / "cwd", workdir / "tmp", workdir / "home"
+    for folder in (cwd, tmp, home):
+        folder.mkdir(exist_ok=True)
     # a user's environment: no pytest variables, Minari's datasets under ~ (the temporary HOME)
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("PYTEST_") and k not in (BLOCK_ENV, "MINARI_DATASETS_PATH")}
@@ -182,10 +201,16 @@ def run(path: Path, root: Path, workdir: Path, env: Mapping[str, str] | None = N
     full_env.update({"TMPDIR": str(tmp), "HOME": str(home), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg",
                      "OMP_NUM_THREADS": "1", **(env or {})})
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(program)], cwd=workdir, env=full_env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    proc = subprocess.Popen([sys.executable, str(program)], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the program and what it started (its own session)
+        out, _ = proc.communicate()
+        out += f"\ndocs-run: killed after {timeout:.0f} s\n".encode()
     seconds = time.perf_counter() - t0
-    output = proc.stdout.decode(errors="replace")
+    output = out.decode(errors="replace")
     started: list[int] = []
     timings: dict[int, float] = {}
     for line in output.splitlines():
@@ -194,7 +219,7 @@ def run(path: Path, root: Path, workdir: Path, env: Mapping[str, str] | None = N
         elif line.startswith(f"{DONE} {doc}:"):
             where, secs, _ = line[len(DONE) + 1:].rsplit(" ", 2)
             timings[int(where.rsplit(":", 1)[1])] = float(secs)
-    return Result(proc.returncode, output, seconds, started, timings)
+    return Result(proc.returncode, output, seconds, started, timings, cwd)
 
 
 @contextlib.contextmanager
@@ -204,9 +229,8 @@ def s3_for(sources: list[str]) -> Iterator[dict[str, str]]:
     if not buckets:
         yield {}
         return
-    from support.s3 import KEY, SECRET, moto_s3
-
     from replaystore.tools.s3local import REGION
+    from support.s3 import KEY, SECRET, moto_s3
 
     with moto_s3(buckets[0]) as s3:
         client = s3.client()
@@ -220,7 +244,7 @@ if __name__ == "__main__":  # by hand: run one document's blocks and show everyt
     repo = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(repo / "tests"))
     target = (Path.cwd() / sys.argv[1]).resolve()
-    sources = [b.source for b in blocks(target.read_text(encoding="utf-8")) if b.runs]
+    sources = [b.source for b in runnable(target.read_text(encoding="utf-8"))]
     with tempfile.TemporaryDirectory(prefix="docs-run-") as work, s3_for(sources) as s3_env:
         result = run(target, repo, Path(work), env=s3_env)
     print(result.output)
