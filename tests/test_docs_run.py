@@ -33,6 +33,7 @@ by hand and prints its output and the slowest blocks.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
@@ -44,6 +45,9 @@ from support.slow_selection import runs_slow
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/GUIDE.md", "docs/SCHEMAS.md", "docs/EXPORT.md")
 """The documents whose ```python blocks run, each in one interpreter."""
+SHARED = {"docs/GUIDE.md": ("root", "custom", "grid_batch", "st", "replay")}
+"""Names a document's later sections rely on: one block binds each, no later block binds it again
+(a section that rebinds ``st`` made the SQL examples query its store instead of the guide's)."""
 TIMEOUT_S = 1200.0
 """Per document: far above what the slowest takes on a loaded 2-core machine."""
 
@@ -82,6 +86,50 @@ def test_document_examples_run_in_order_in_one_interpreter(doc: str, tmp_path: P
     assert result.started == [b.line for b in runnable], (
         f"{doc}: blocks started {result.started}, expected {[b.line for b in runnable]}")
     assert _untracked() == before, f"{doc}'s examples wrote into the repository: {_untracked() - before}"
+
+
+def _module_level_bindings(source: str) -> set[str]:
+    """The names a block binds at module level (also under ``if``/``with``/``for``/``try``), not inside defs."""
+    bound: set[str] = set()
+
+    def targets(node: ast.AST) -> None:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                bound.add(sub.id)
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for stmt in statements:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(stmt.name)
+                continue  # what a def binds inside is its own
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                    targets(target)
+            elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+                targets(stmt.target)
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+                for item in stmt.items:
+                    if item.optional_vars is not None:
+                        targets(item.optional_vars)
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(stmt, field, []))
+            for handler in getattr(stmt, "handlers", []):
+                visit(handler.body)
+
+    visit(ast.parse(source).body)
+    return bound
+
+
+@pytest.mark.parametrize("doc", sorted(SHARED))
+def test_shared_names_are_bound_by_one_block(doc: str) -> None:
+    binders = {name: [b.line for b in docsrun.runnable((ROOT / doc).read_text(encoding="utf-8"))
+                      if name in _module_level_bindings(b.source)] for name in SHARED[doc]}
+    rebound = {name: lines for name, lines in binders.items() if len(lines) != 1}
+    assert not rebound, (f"{doc}: later sections use these names as the guide's first sections bind them; "
+                         f"give other stores (values) names of their own (name: lines of the blocks binding it): "
+                         f"{rebound}")
 
 
 def test_every_user_document_with_runnable_python_is_run() -> None:
