@@ -186,7 +186,7 @@ def run(path: Path, root: Path, workdir: Path, env: Mapping[str, str] | None = N
     ``home/`` (``HOME``). ``env`` adds variables; ``slow=False`` leaves out the blocks marked slow.
     A program still running after ``timeout`` seconds is killed (with its process group).
     """
-    doc = path.relative_to(root).as_posix()
+    doc = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
     text = path.read_text(encoding="utf-8")
     program = workdir / "docs_run_program.py"
     program.write_text(script(doc, text, runnable(text, slow)), encoding="utf-8")
