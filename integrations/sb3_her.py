@@ -209,8 +209,8 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         sampled = np.random.choice(np.flatnonzero(valid) + oldest, size=batch_size, replace=True)
         nb_virtual = int(self.her_ratio * batch_size)
         virtual, real = np.split(sampled, [nb_virtual])
-        real_data = self._transitions(real, env, relabel=False)
-        virtual_data = self._transitions(virtual, env, relabel=True)
+        real_data = self._her_part(real, env, relabel=False)
+        virtual_data = self._her_part(virtual, env, relabel=True)
         return DictReplayBufferSamples(
             observations={key: th.cat((real_data.observations[key], virtual_data.observations[key]))
                           for key in virtual_data.observations},
@@ -221,7 +221,7 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
             rewards=th.cat((real_data.rewards, virtual_data.rewards)),
         )
 
-    def _transitions(self, g: np.ndarray, env: VecNormalize | None, relabel: bool) -> DictReplayBufferSamples:
+    def _her_part(self, g: np.ndarray, env: VecNormalize | None, relabel: bool) -> DictReplayBufferSamples:
         """Records ``g`` as SB3's ``_get_real_samples`` / ``_get_virtual_samples`` give them."""
         led = self._ledger
         cols = self._gather(g, self._read_columns)
