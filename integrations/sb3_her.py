@@ -15,7 +15,7 @@ import copy
 import os
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -159,8 +159,9 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         self.goal_selection_strategy = strategy
         self.n_sampled_goal = int(n_sampled_goal)
         self.her_ratio = 1 - (1.0 / (self.n_sampled_goal + 1))
-        self._init_args.update(n_sampled_goal=self.n_sampled_goal, goal_selection_strategy=strategy.name.lower(),
-                               copy_info_dict=self.copy_info_dict)
+        cast(dict[str, Any], self._init_args).update(
+            n_sampled_goal=self.n_sampled_goal, goal_selection_strategy=strategy.name.lower(),
+            copy_info_dict=self.copy_info_dict)
         self._build_ledger()
         self._session_g0 = self._ledger.n  # records numbered from here were added by this process
         self._infos: np.ndarray | None = (np.array([{} for _ in range(self.capacity)], dtype=object)
@@ -172,7 +173,24 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
 
     def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray],  # type: ignore[override]
             action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
-        # docstring inherited
+        """Keep one vector-env step, as :meth:`ReplayStoreDictBuffer.add`, and extend the episode ledger.
+
+        Parameters
+        ----------
+        obs, next_obs : dict of str to numpy.ndarray
+            Per key ``[n_envs, *shape]``.
+        action : numpy.ndarray
+            ``[n_envs, ...]``.
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env; kept in RAM with ``copy_info_dict``.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces; nothing of the step is kept.
+        """
         g = self._ledger_add(obs, next_obs, action, reward, done, infos)
         if self._infos is not None:
             for j, gj in enumerate(g.tolist()):
@@ -229,7 +247,7 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         term, trunc = led.at("terminated", g), led.at("truncated", g)
         dones = term if self.handle_timeout_termination else term | trunc
         if relabel:
-            new_goals = self._sample_goals(g)
+            new_goals = self._goals_for(g)
             obs["desired_goal"] = new_goals
             next_obs["desired_goal"] = new_goals
             if self.copy_info_dict:
@@ -261,7 +279,7 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
             rewards=self.to_torch(self._normalize_reward(reward.reshape(-1, 1), env)),
         )
 
-    def _sample_goals(self, g: np.ndarray) -> np.ndarray:
+    def _goals_for(self, g: np.ndarray) -> np.ndarray:
         """New goals for records ``g``: the achieved goal of a step of the same episode, as SB3 picks it."""
         led = self._ledger
         start, length, stride = led.at("start", g), led.at("length", g), led.strides(g)

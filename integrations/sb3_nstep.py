@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -121,12 +121,29 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
                          handle_timeout_termination, url=url, commit_every=commit_every,
                          storage_options=storage_options, create=create)
         self.n_steps, self.gamma = int(n_steps), gamma
-        self._init_args.update(n_steps=self.n_steps, gamma=self.gamma)
+        cast(dict[str, Any], self._init_args).update(n_steps=self.n_steps, gamma=self.gamma)
         self._build_ledger()
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
-        # docstring inherited
+        """Keep one vector-env step, as :meth:`ReplayStoreBuffer.add`, and extend the episode ledger.
+
+        Parameters
+        ----------
+        obs, next_obs : numpy.ndarray
+            ``[n_envs, *obs_shape]``.
+        action : numpy.ndarray
+            ``[n_envs, ...]``.
+        reward, done : numpy.ndarray
+            ``[n_envs]``.
+        infos : list of dict
+            One per env; ``"TimeLimit.truncated"`` marks a truncation.
+
+        Raises
+        ------
+        BufferArgumentError
+            A value that does not fit the spaces; nothing of the step is kept.
+        """
         self._ledger_add(obs, next_obs, action, reward, done, infos)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
