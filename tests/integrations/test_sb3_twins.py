@@ -339,3 +339,42 @@ def test_the_package_exports_the_twins_lazily() -> None:
             "i.ReplayStoreNStepBuffer, i.ReplayStoreHerBuffer; assert 'stable_baselines3' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_past_capacity_both_twins_sample_only_what_sb3_still_holds(tmp_path: Path) -> None:
+    """Past the capacity, HER draws only episodes whose first step is still held (SB3 voids an episode as
+    soon as its first step is overwritten): the (step, goal step) frequencies fit SB3's distribution over its
+    wrapped arrays; n-step windows from the held steps are SB3's, matched by observation."""
+    venv = counters(1)
+    kw: dict[str, Any] = {"n_sampled_goal": 4, "goal_selection_strategy": "future"}
+    ref = HerReplayBuffer(60, venv.observation_space, venv.action_space, venv, "cpu", **kw)
+    ours = ReplayStoreHerBuffer(60, venv.observation_space, venv.action_space, venv, "cpu", **kw,
+                                url=str(tmp_path / "her"), commit_every=7)
+    feed(venv, [ref, ours], 203)
+    assert ref.full
+    valid = np.flatnonzero(ref.ep_length[:, 0] > 0)
+    expected = np.zeros((16, 16))
+    for i in valid:
+        t, length = (i - ref.ep_start[i, 0]) % 60, ref.ep_length[i, 0]
+        expected[t, t:length] += 1.0 / (len(valid) * (length - t))
+    np.random.seed(11)
+    counts = np.zeros((16, 16))
+    for _ in range(40):
+        t, j = her_cells(ours.sample(250), 200)
+        np.add.at(counts, (t, j), 1)
+    stat = chi_square(counts.reshape(-1), expected.reshape(-1) * counts.sum())
+    assert stat < chi2_critical(max(int((expected > 0).sum()) - 1, 1)), stat
+    ours.close()
+
+    cp = cartpole(1)
+    nref = NStepReplayBuffer(50, cp.observation_space, cp.action_space, "cpu", n_steps=4, gamma=0.9)
+    nours = ReplayStoreNStepBuffer(50, cp.observation_space, cp.action_space, "cpu", n_steps=4, gamma=0.9,
+                                   url=str(tmp_path / "nstep"), commit_every=7)
+    feed(cp, [nref, nours], 133)
+    held = np.array([i for i in range(50) if i != nref.pos])  # SB3 never starts at pos (its oldest, when full)
+    np.random.seed(0)
+    exp = nref._get_samples(held)
+    by_obs = {nours._gather(np.array([g]), ["obs"])["obs"].tobytes(): g for g in range(83, 133)}
+    got = nours._samples_at(np.array([by_obs[o.tobytes()] for o in exp.observations.numpy()]))
+    assert_samples_equal(exp, got)
+    nours.close()
