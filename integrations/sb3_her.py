@@ -111,15 +111,14 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         As ``ReplayStoreDictBuffer``; also an observation space without the goal keys, a bad
         ``n_sampled_goal`` or ``goal_selection_strategy``.
     SchemaMismatchError
-        An existing store whose fields do not hold these spaces' steps, or whose streams
-        are not one record per env per step.
+        An existing store whose fields do not hold these spaces' steps.
     StoreNotFoundError
         As ``ReplayStoreDictBuffer``.
 
     Notes
     -----
     Cost: opening reads the store's stream index and its reward and flag columns once
-    (about 30 bytes a record stay in RAM); ``add`` as ``ReplayStoreDictBuffer`` plus the
+    (about 70 bytes a record stay in RAM); ``add`` as ``ReplayStoreDictBuffer`` plus the
     ended episodes' lengths (O(1) a record, amortised); ``sample(b)`` scans the episode
     lengths (O(buffer_size), as SB3) and makes two gathered reads and one
     ``compute_reward`` call.
@@ -282,15 +281,15 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
     def _goals_for(self, g: np.ndarray) -> np.ndarray:
         """New goals for records ``g``: the achieved goal of a step of the same episode, as SB3 picks it."""
         led = self._ledger
-        start, length, stride = led.at("start", g), led.at("length", g), led.strides(g)
+        length = led.at("length", g)
         if self.goal_selection_strategy == GoalSelectionStrategy.FINAL:
             index = length - 1
         elif self.goal_selection_strategy == GoalSelectionStrategy.FUTURE:
-            index = np.random.randint((g - start) // stride, length)
+            index = np.random.randint(led.at("rank", g), length)
         else:
             index = np.random.randint(0, length)
         key = "next_obs__achieved_goal"
-        return self._gather(start + index * stride, [key])[key].reshape(-1, *self.obs_shape["achieved_goal"])
+        return self._gather(led.member(g, index), [key])[key].reshape(-1, *self.obs_shape["achieved_goal"])
 
     def truncate_last_trajectory(self) -> None:
         """End each unfinished episode as truncated (in RAM only), so that it is sampled, as SB3 does.
@@ -301,24 +300,28 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         records are not changed. Warns when there is an episode to end, as SB3.
         """
         led = self._ledger
-        if led.n == led.base:
-            return
-        k = np.arange(led.n - led.base)
-        sid = led.sid[k]
-        last = np.full(len(led.stride), -1, dtype=np.int64)
-        np.maximum.at(last, sid, k + led.base)  # the newest record of each stream
-        g_last = last[last >= 0]
-        ended = led.at("terminated", g_last) | led.at("truncated", g_last) | (led.at("length", g_last) > 0)
-        todo = g_last[~ended]
-        if not len(todo):
+        todo: list[tuple[np.ndarray, bool]] = []  # per unfinished episode: its records, whether listed
+        if led.n > led.base:
+            g = np.arange(led.base, led.n)
+            newest = np.full(led.streams, -1, dtype=np.int64)
+            np.maximum.at(newest, led.sid[:led.n - led.base], g)  # each stream's newest record
+            x = newest[newest >= 0]
+            x = x[~np.isin(x, self._last)]  # (this buffer's own episodes in progress: below)
+            x = x[(led.at("length", x) == 0) & ~led.at("terminated", x) & ~led.at("truncated", x)
+                  & (led.at("moff", x) >= 0)]
+            for one in x.tolist():
+                at = int(led.moff[one - led.base]) - led.mbase
+                todo.append((led.members[at:at + int(led.rank[one - led.base]) + 1].copy(), True))
+        todo.extend((np.asarray(ep, dtype=np.int64), False) for ep in self._episodes_open if ep)
+        if not todo:
             return
         warnings.warn("The last trajectory in the replay buffer will be truncated.\n"
                       "If you are in the same episode as when the replay buffer was saved,\n"
                       "you should use `truncate_last_trajectory=False` to avoid that issue.", stacklevel=2)
-        for x in todo.tolist():
-            start = int(led.at("start", np.array([x]))[0])
-            stride = int(led.strides(np.array([x]))[0])
-            led.truncated[x - led.base] = True
-            led.end_episode(x, (x - start) // stride + 1)
-        mine = np.isin(self._env_sid, led.sid[todo - led.base])
-        self._open_start[mine] = -1
+        for ep, listed in todo:
+            led.truncated[ep[-1] - led.base] = True
+            if listed:
+                led.length[ep[ep >= led.base] - led.base] = len(ep)
+            else:
+                led.list_episode(ep.tolist(), complete=True)
+        self._episodes_open = [[] for _ in self._episodes_open]

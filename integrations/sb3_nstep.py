@@ -96,15 +96,14 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
     BufferArgumentError
         As ``ReplayStoreBuffer``; also a bad ``n_steps`` or ``gamma``, or a Dict space.
     SchemaMismatchError
-        An existing store whose fields do not hold these spaces' steps, or whose streams
-        are not one record per env per step.
+        An existing store whose fields do not hold these spaces' steps.
     StoreNotFoundError
         As ``ReplayStoreBuffer``.
 
     Notes
     -----
     Cost: opening reads the store's stream index and its reward and flag columns once
-    (about 30 bytes a record stay in RAM); ``add`` as ``ReplayStoreBuffer`` plus O(n_envs);
+    (about 70 bytes a record stay in RAM); ``add`` as ``ReplayStoreBuffer`` plus O(n_envs);
     ``sample(b)`` is O(b * n_steps) in RAM plus two gathered reads (the sampled rows and the
     windows' last rows).
     """
@@ -175,23 +174,21 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
         """The n-step samples starting at records ``g`` (SB3's ``_get_samples`` for its flat indices)."""
         led, n = self._ledger, self.n_steps
         g = np.asarray(g, dtype=np.int64).reshape(-1)
-        stride = led.strides(g)
-        start, sid = led.at("start", g), led.at("sid", g)
+        start = led.at("start", g)
         mask = np.zeros((len(g), n), dtype=bool)
         rewards = np.zeros((len(g), n), dtype=np.float32)
         alive = np.ones(len(g), dtype=bool)
+        at = g.copy()
         last = g.copy()
         for k in range(n):
-            cand = g + k * stride
             if k:
-                ok = alive & (cand < led.n)
-                at = np.where(ok, cand, g)
-                alive = ok & (led.at("start", at) == start) & (led.at("sid", at) == sid)
-            else:
-                at = g
+                nxt = led.at("succ", at)
+                ok = alive & (nxt >= 0)
+                at = np.where(ok, nxt, at)
+                alive = ok & (led.at("start", at) == start)  # (a reset starts another episode)
             mask[:, k] = alive
             rewards[:, k] = np.where(alive, led.at("reward", at), 0.0)
-            last = np.where(alive, cand, last)
+            last = np.where(alive, at, last)
             alive = alive & ~(led.at("terminated", at) | led.at("truncated", at))
         rewards = self._normalize_reward(rewards, env)
         # SB3's arithmetic, operation for operation (the same float32 results)

@@ -236,7 +236,7 @@ def test_her_reopen_samples_the_same_and_truncate_last_trajectory(tmp_path: Path
     feed(venv, [a], 41)
     np.random.seed(7)
     before = a.sample(64)
-    open_eps = (a._open_start >= 0).sum()
+    open_eps = sum(1 for ep in a._episodes_open if ep)
     a.close()
     b = ReplayStoreHerBuffer(1000, venv.observation_space, venv.action_space, venv, "cpu", n_envs=2, url=url,
                              commit_every=5)
@@ -378,3 +378,59 @@ def test_past_capacity_both_twins_sample_only_what_sb3_still_holds(tmp_path: Pat
     got = nours._samples_at(np.array([by_obs[o.tobytes()] for o in exp.observations.numpy()]))
     assert_samples_equal(exp, got)
     nours.close()
+
+
+def test_recorded_vector_env_stores_feed_both_twins(tmp_path: Path) -> None:
+    """A store recorded from a 3-env vector env (streams interleaved unevenly: autoreset steps are not
+    records) opens in both twins: every n-step window equals the one computed from ``iter_episodes``'
+    episodes, and every relabelled HER goal comes from the sampled transition's own episode, at or after it."""
+    from replaystore.gym import RecordVectorEpisodes
+    from replaystore.loaders import iter_episodes
+    from replaystore.store import open_store
+
+    url = str(tmp_path / "rec")
+    rec = RecordVectorEpisodes(gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                                            max_episode_steps=18), url)
+    rec.reset(seed=0)
+    for _ in range(60):
+        rec.step(rec.action_space.sample())
+    rec.close()
+    space = gym.make("CartPole-v1")
+    buf = ReplayStoreNStepBuffer(1000, space.observation_space, space.action_space, "cpu", n_steps=4, gamma=0.9,
+                                 url=url)
+    n = buf.stored_at_open
+    got = buf._samples_at(np.arange(n))
+    by_obs = {o.tobytes(): i for i, o in enumerate(got.observations.numpy())}
+    seen = 0
+    with open_store(url, mode="r") as s:
+        for ep in iter_episodes(s.default, complete_only=False):
+            obs, nxt, r = np.asarray(ep["obs"]), np.asarray(ep["next_obs"]), np.asarray(ep["reward"], np.float32)
+            length = len(r)
+            for t in range(length):
+                k = min(4, length - t)
+                i = by_obs[obs[t].tobytes()]
+                expected = (r[t:t + k] * 0.9 ** np.arange(k, dtype=np.float32)).sum()
+                np.testing.assert_allclose(got.rewards.numpy()[i, 0], expected, rtol=1e-6)
+                np.testing.assert_array_equal(got.next_observations.numpy()[i], nxt[t + k - 1])
+                np.testing.assert_allclose(got.discounts.numpy()[i, 0], 0.9 ** k, rtol=1e-6)
+                seen += 1
+    assert seen == n
+    buf.close()
+
+    url = str(tmp_path / "goals")
+    rec = RecordVectorEpisodes(gym.vector.SyncVectorEnv([CounterGoalEnv for _ in range(3)]), url)
+    rec.reset(seed=0)
+    for _ in range(60):
+        rec.step(rec.action_space.sample())
+    rec.close()
+    env = CounterGoalEnv()
+    her = ReplayStoreHerBuffer(1000, env.observation_space, env.action_space, DummyVecEnv([CounterGoalEnv]), "cpu",
+                               url=url)
+    np.random.seed(0)
+    for _ in range(10):
+        b = her.sample(100)
+        t, j = her_cells(b, 80)
+        assert (j >= t).all() and (j <= 7).all()  # the counter's own episode: step t .. at most 8 steps
+        np.testing.assert_array_equal(b.observations["desired_goal"].numpy(),
+                                      b.next_observations["desired_goal"].numpy())
+    her.close()
