@@ -2,7 +2,9 @@
 
 ``replaystore.integrations.torchrl`` (extra ``replaystore[torchrl]``) and
 ``replaystore.integrations.sb3`` (extra ``replaystore[sb3]``) import their trainer
-library when imported; this package imports neither.
+library when imported; this package imports neither. ``ReplayStoreHerBuffer`` and
+``ReplayStoreNStepBuffer`` (from ``.sb3_her`` and ``.sb3_nstep``) are importable from here too,
+imported with stable-baselines3 on first use.
 """
 
 from typing import Any
