@@ -224,8 +224,11 @@ def _export_frames(store: Store, t: Any, m: StepMapping, out: str, h5py: Any, pr
         "timeouts": ((), np.dtype(bool)),
     }
     for e in m.extras:
-        assert e.kind != "mask" or e.width is not None  # step_mapping gives every mask its width
-        layout[f"infos/{e.key}"] = ((e.width,), np.dtype(bool)) if e.kind == "mask" else spec(e.name)
+        if e.kind == "mask":
+            assert e.width is not None  # step_mapping gives every mask its width
+            layout[f"infos/{e.key}"] = ((e.width,), np.dtype(bool))
+        else:
+            layout[f"infos/{e.key}"] = spec(e.name)
     layout["infos/stream"] = ((), np.dtype(np.int64) if int_keys else h5py.string_dtype())
     layout["infos/step"] = ((), np.dtype(np.int64))
     layout["infos/reset"] = ((), np.dtype(bool))
@@ -396,9 +399,10 @@ def import_d4rl(src: str, url: str, *, progress: bool = False, storage_options: 
     store; a file exported from a ``frames`` store (``replaystore.layout`` =
     ``"frames"``) gives a frames store of the source's schema again (each
     episode's steps, then its final frame as one more record; the last frame of
-    each stack when the export stacked them; the cut flag undone). A file written by :func:`export_d4rl` gets its streams, steps and
-    resets back; without ``next_observations``, timeout steps whose successor is
-    not in the file are left out, with a warning (as D4RL's
+    each stack when the export stacked them; the cut flag undone). A file
+    written by :func:`export_d4rl` gets its streams, steps and resets back;
+    without ``next_observations``, timeout steps whose successor is not in the
+    file are left out, with a warning (as D4RL's
     ``qlearning_dataset`` does). The file is checked before the store is
     created (every dataset present, numeric, one row per step, its data written
     in the file); reads a chunk of rows at a time and commits every 64 MiB of
@@ -623,7 +627,8 @@ def _import_frames(f: Any, ds: dict[str, Any], schema: Schema, stack: int | None
             extra_at = where[finals] + 1
             total = hi - lo + len(finals)
 
-            def spread(step_values: np.ndarray, final_values: np.ndarray) -> np.ndarray:
+            def spread(step_values: np.ndarray, final_values: np.ndarray, total: int = total,
+                       where: np.ndarray = where, extra_at: np.ndarray = extra_at) -> np.ndarray:
                 out = np.zeros((total, *step_values.shape[1:]), dtype=step_values.dtype)
                 out[where] = step_values
                 out[extra_at] = final_values

@@ -532,8 +532,8 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
     # else Box spaces of the fields' dtypes and shapes (a Discrete action space for a scalar int action)
     recorded_obs = _recorded_space(t.schema, "observation_space", m.obs) if stack is None else None
     recorded_act = _recorded_space(t.schema, "action_space", m.action)
-    obs_doc = (recorded_obs[0] if recorded_obs is not None
-               else mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, (stack, *f.shape) if stack else f.shape)))
+    obs_doc = (recorded_obs[0] if recorded_obs is not None else mo.obs_space(
+        t.schema, m.obs, lambda f: box_space(f.dtype, (stack, *f.shape) if stack else f.shape)))
     if recorded_act is not None:
         action_space, inferred = recorded_act[0], False
     else:
