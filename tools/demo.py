@@ -8,6 +8,9 @@
 3. The run is stopped (sampler and network saved into the store) and resumed from
    the store: the next minibatch is identical to the uninterrupted run's.
 4. A DuckDB summary of the replay is printed and the replay is exported.
+
+Each stage prints one line saying what it shows; the code is this module
+(``replaystore.tools.demo``), meant to be read next to its output.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ import torch
 from tqdm import tqdm
 
 from replaystore.loaders import PrioritizedSampler, make_loader
-from replaystore.schemas import dqn
+from replaystore.schemas import Ragged, dqn
 from replaystore.store import Store, open_store
 from replaystore.tools import tictactoe
 from replaystore.tools.dqn import QNet, greedy, train_step
-from replaystore.tools.info import print_info
+from replaystore.tools.info import size_text
 from replaystore.tools.tables import format_table
 
 COLLECTORS = 2
@@ -152,6 +155,38 @@ def _load_net(net: QNet, arrays: dict[str, np.ndarray]) -> None:
     net.load_state_dict({k.replace("__", "."): torch.from_numpy(v) for k, v in arrays.items()})
 
 
+def store_summary(st: Store) -> list[str]:
+    """What a newcomer wants to know about the demo's store: records, games, streams, size and columns.
+
+    Parameters
+    ----------
+    st : Store
+        The demo's store.
+
+    Returns
+    -------
+    list of str
+        Lines to print: one of counts and size, then the columns' sizes (dense fields as stored;
+        ragged fields as their ids plus offsets).
+    """
+    info = st.info()
+    table = info["tables"]["records"]
+    counts = st.sql("SELECT count(*) FILTER (WHERE reset) AS games FROM records").column("games")[0].as_py()
+    lines = [f"{table['records']} records, {counts} games, {table['streams']} streams, "
+             f"{size_text(info['bytes'])} on disk"]
+    sizes = [f"{name} {size_text(c['stored'])}" for name, c in table.get("columns", {}).items()]
+    schema = st.schemas["records"]
+    for f in schema.fields:
+        if f.name in table.get("columns", {}) or not isinstance(f, Ragged):
+            continue
+        ids = st.sql(f'SELECT coalesce(sum(len("{f.name}")), 0) AS n FROM records').column("n")[0].as_py()
+        raw = int(ids) * f.dtype.itemsize + (table["records"] + table["fragments"]) * 8
+        sizes.append(f"{f.name} {size_text(raw)} (ragged: ids + offsets)")
+    for i in range(0, len(sizes), 4):
+        lines.append(("columns: " if i == 0 else "         ") + ", ".join(sizes[i:i + 4]))
+    return lines
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the end-to-end demo (``replaystore demo``).
 
@@ -179,18 +214,25 @@ def run_demo(args: argparse.Namespace) -> int:
     open_store(url, schema, mode="w+", capacity=200_000)
 
     games = COLLECTORS * STREAMS_PER_COLLECTOR * GAMES_PER_STREAM
+    print(f"replaystore demo: the code is {__name__} ({os.path.abspath(__file__)}); read it beside this output.\n")
     print(f"1. collect: {COLLECTORS} writer processes x {STREAMS_PER_COLLECTOR} streams play {games} random "
           f"tic-tac-toe games into {url}")
+    print("   shows: several processes append to one store at once, each with its own writer; a commit makes "
+          "its records visible to every reader at once")
     with mp.get_context("spawn").Pool(COLLECTORS) as pool:
         counts = pool.starmap(collect, [(url, c, 100 + c) for c in range(COLLECTORS)])
     st = open_store(url)
     print(f"   {sum(counts)} DqnBatch records committed by {len(st.writers)} writers "
           f"in {len(st.commits())} commits")
-    print_info(st)
+    for line in store_summary(st):
+        print("   " + line)
+    print(f"   (the full report: replaystore info {url})")
 
     rng = np.random.default_rng(0)
     first, second = win_rate(None, rng)
     print(f"\n2. train: random play wins {first:.0%} moving first, {second:.0%} moving second")
+    print("   shows: a PyTorch DataLoader draws prioritized minibatches from the store; TD errors update "
+          "the priorities")
     online = QNet(tictactoe.OBSERVATION_SIZE, tictactoe.ACTIONS)
     target = copy.deepcopy(online)
     opt = torch.optim.Adam(online.parameters(), lr=1e-3)
@@ -201,6 +243,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{first:.0%} moving first, {second:.0%} moving second")
 
     print("\n3. stop and resume: sampler state and network weights saved into the store")
+    print("   shows: training state lives in the store; a run reopened from it draws exactly the minibatches "
+          "the uninterrupted run would have")
     sampler.save()
     st.save_state("demo-qnet", {"steps": TRAIN_STEPS}, _net_arrays(online))
     expected = copy.deepcopy(sampler.state_dict())
@@ -226,6 +270,10 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{second:.0%} moving second")
 
     print("\n4. DuckDB over the replay, then export:")
+    print("   shows: SQL over the records where they lie (no copy), and exports other offline-RL tools load")
+    print("   tails: records whose TD target does not bootstrap (each player's last move of a game: 2 a game)")
+    print("   first_mover_result: the first mover's mean game result (+1 win, 0 draw, -1 loss), from its "
+          "last records")
     summary = st.sql("""
         SELECT stream, count(*) AS records, count(DISTINCT commit) AS commits,
                sum(CASE WHEN NOT can_bootstrap THEN 1 ELSE 0 END) AS tails,
