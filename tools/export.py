@@ -62,17 +62,16 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
         for Parquet, or what the format's exporter raises (an unknown table, ``out``
         not empty, ``stack`` for a store that is not a frames store, ...).
 
+
     Notes
     -----
+    Cost: one streaming read of the table in bounded chunks, and the files written.
+
     A ``frames`` store (one frame per record, an episode's final frame on a
     frame-only record) exports its episodes of T + 1 records as T steps: Minari
     observations are the T + 1 frames, D4RL rows pair frame t with frame t + 1.
     Importing the export gives the frames store back (docs/EXPORT.md, "Frames
     stores").
-
-    Notes
-    -----
-    Cost: one streaming read of the table in bounded chunks, and the files written.
     """
     out = expand_local(out)
     if to not in EXPORT_FORMATS:
