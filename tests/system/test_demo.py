@@ -46,6 +46,7 @@ def check_demo_store(tmp_path: Path, out: str) -> None:
     assert "tails: records whose TD target does not bootstrap" in out
     assert "first_mover_result: the first mover's mean game result" in out
     assert "log checkpoint" not in out and "apparent" not in out  # the full info report stays in `info`
+    assert re.search(r"done in \d+ s \(collect \d+ s, train \d+ s, resume \d+ s, query and export \d+ s\)", out)
     st = open_store(str(tmp_path / "tictactoe-dqn"), mode="r")
     assert len(st) > 10_000 and len(st.streams()) == 8
     assert st.load_state("demo-per") is not None and st.load_state("demo-qnet") is not None
