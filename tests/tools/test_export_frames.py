@@ -13,6 +13,8 @@ import h5py
 import minari
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from replaystore.errors import StoreError
 from replaystore.schemas import frames, transitions
@@ -145,3 +147,38 @@ def test_cli_export_takes_stack(tmp_path: Path, minari_root: Path, capsys: pytes
                  "tt/cli-v0", "--stack", "2"]) == 0
     assert minari.load_dataset("tt/cli-v0").observation_space.shape == (2, 6, 5)
     assert os.path.isdir(minari_root / "tt" / "cli-v0")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(episodes=hs.lists(hs.tuples(hs.sampled_from([0, 1, "s"]), hs.integers(0, 5),
+                                   hs.sampled_from(["terminated", "truncated", "cut"])), min_size=1, max_size=6),
+       stack=hs.sampled_from([None, 1, 2, 4]), fmt=hs.sampled_from(["minari", "minari-hdf5", "d4rl"]))
+def test_round_trip_matches_a_reference_model(tmp_path_factory: pytest.TempPathFactory,
+                                              episodes: list[tuple[object, int, str]], stack: int | None,
+                                              fmt: str) -> None:
+    """Any episode layout: the import holds the source's records less its lone first frames (no step)."""
+    root = tmp_path_factory.mktemp("frames-prop")
+    st = open_store(str(root / "st"), frames((3, 2), actions=3, codec="lz4"), mode="w+")
+    rng = np.random.default_rng(len(episodes))
+    with st.writer() as w:
+        for stream, t, end in episodes:
+            term, trunc = np.zeros(t + 1, bool), np.zeros(t + 1, bool)
+            if t and end != "cut":
+                (term if end == "terminated" else trunc)[t - 1] = True
+            w.append({"frame": rng.integers(0, 256, (t + 1, 3, 2), dtype=np.uint8),
+                      "action": np.r_[rng.integers(0, 3, t), 0], "reward": np.r_[rng.random(t), 0].astype(np.float32),
+                      "terminated": term, "truncated": trunc}, stream=stream, reset=True)
+        w.commit()
+    want = []  # the reference: every stream's records without its one-record episodes
+    for key, steps, resets, data in records(st):
+        starts = [i for i, r in enumerate(resets) if r] + [len(steps)]
+        keep = [i for a, b in zip(starts[:-1], starts[1:], strict=True) if b - a > 1 for i in range(a, b)]
+        if keep:
+            want.append((key, [steps[i] for i in keep], [resets[i] for i in keep],
+                         {k: [v[i] for i in keep] for k, v in data.items()}))
+    if not want:
+        return
+    out = root / ("out.hdf5" if fmt == "d4rl" else "root")
+    export_store(st, str(out), fmt, dataset_id=None if fmt == "d4rl" else "tt/prop-v0", stack=stack)
+    back = import_store(str(out) if fmt == "d4rl" else str(out / "tt" / "prop-v0"), str(root / "back"), fmt)
+    assert records(back) == want
