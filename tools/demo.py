@@ -166,25 +166,23 @@ def store_summary(st: Store) -> list[str]:
     Returns
     -------
     list of str
-        Lines to print: one of counts and size, then the columns' sizes (dense fields as stored;
-        ragged fields as their ids plus offsets).
+        Lines to print: one of counts and size, then the columns' stored sizes (``Store.info``),
+        the ragged ones on a line of their own.
     """
     info = st.info()
     table = info["tables"]["records"]
     counts = st.sql("SELECT count(*) FILTER (WHERE reset) AS games FROM records").column("games")[0].as_py()
     lines = [f"{table['records']} records, {counts} games, {table['streams']} streams, "
              f"{size_text(info['bytes'])} on disk"]
-    sizes = [f"{name} {size_text(c['stored'])}" for name, c in table.get("columns", {}).items()]
-    ragged = []
-    for f in st.schemas["records"].fields:
-        if f.name in table.get("columns", {}) or not isinstance(f, Ragged):
-            continue
-        ids = st.sql(f'SELECT coalesce(sum(len("{f.name}")), 0) AS n FROM records').column("n")[0].as_py()
-        ragged.append(f"{f.name} {size_text(int(ids) * f.dtype.itemsize + (table['records'] + 1) * 8)}")
+    columns = table.get("columns", {})
+    schema = st.schemas["records"]
+    ragged = {f.name for f in schema.fields if isinstance(f, Ragged)}
+    sizes = [f"{name} {size_text(c['stored'])}" for name, c in columns.items() if name not in ragged]
     for i in range(0, len(sizes), 5):
         lines.append(("columns: " if i == 0 else "         ") + ", ".join(sizes[i:i + 5]))
-    if ragged:
-        lines.append("ragged:  " + ", ".join(ragged) + " (variable-length lists: ids + offsets)")
+    kept = [f"{name} {size_text(c['stored'])}" for name, c in columns.items() if name in ragged]
+    if kept:
+        lines.append("ragged:  " + ", ".join(kept) + " (variable-length id lists, with their offsets)")
     return lines
 
 
