@@ -232,8 +232,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(f"replaystore demo: the code is {__name__} ({os.path.abspath(__file__)}); read it beside this output.\n")
     print(f"1. collect: {COLLECTORS} writer processes x {STREAMS_PER_COLLECTOR} streams play {games} random "
           f"tic-tac-toe games into {url}")
-    print("   shows: several processes append to one store at once, each with its own writer; a commit makes "
-          "its records visible to every reader at once")
+    print("   shows: processes append to one store at once, each with its own writer; a commit makes its "
+          "records visible to readers")
     with mp.get_context("spawn").Pool(COLLECTORS) as pool:
         counts = pool.starmap(collect, [(url, c, 100 + c) for c in range(COLLECTORS)])
     st = open_store(url)
@@ -261,8 +261,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     stage_done()
     print("\n3. stop and resume: sampler state and network weights saved into the store")
-    print("   shows: training state lives in the store; a run reopened from it draws exactly the minibatches "
-          "the uninterrupted run would have")
+    print("   shows: training state lives in the store; the reopened run draws the minibatches the "
+          "uninterrupted run would have")
     sampler.save()
     st.save_state("demo-qnet", {"steps": TRAIN_STEPS}, _net_arrays(online))
     expected = copy.deepcopy(sampler.state_dict())
@@ -293,6 +293,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     print("   tails: records whose TD target does not bootstrap (each player's last move of a game: 2 a game)")
     print("   first_mover_result: the first mover's mean game result (+1 win, 0 draw, -1 loss), from its "
           "last records")
+    print("   mean_legal_actions: the mean number of legal moves (the ragged legal_ids) per record")
     summary = st.sql("""
         SELECT stream, count(*) AS records, count(DISTINCT commit) AS commits,
                sum(CASE WHEN NOT can_bootstrap THEN 1 ELSE 0 END) AS tails,
@@ -316,4 +317,5 @@ def _export(st: Store, root: str) -> None:
         dataset_id = "tictactoe/random-v0" if fmt == "minari" else None
         summary = export_store(st, out, fmt, dataset_id=dataset_id, progress=True)
         print(f"   exported to {fmt}: {summary['path']} ({summary['records']} records"
-              + (f", {summary['episodes']} episodes)" if summary.get("episodes") else ")"))
+              + (f", {summary['episodes']} episodes: one ends at each of the 2 dones a game)"
+                 if summary.get("episodes") else ")"))

@@ -45,6 +45,8 @@ def check_demo_store(tmp_path: Path, out: str) -> None:
     assert re.search(r"ragged: +legal_ids [\d.]+ \w+, next_legal_ids [\d.]+ \w+", out)
     assert "tails: records whose TD target does not bootstrap" in out
     assert "first_mover_result: the first mover's mean game result" in out
+    assert "mean_legal_actions: the mean number of legal moves" in out
+    assert "episodes: one ends at each of the 2 dones a game" in out
     assert "log checkpoint" not in out and "apparent" not in out  # the full info report stays in `info`
     assert re.search(r"done in \d+ s \(collect \d+ s, train \d+ s, resume \d+ s, query and export \d+ s\)", out)
     st = open_store(str(tmp_path / "tictactoe-dqn"), mode="r")
