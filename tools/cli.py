@@ -124,7 +124,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from replaystore.tools.export import export_store
 
     summary = export_store(_open(args), args.out, args.to, table=args.table, dataset_id=args.dataset_id,
-                           progress=True)
+                           progress=True, stack=args.stack)
     print(f"exported {args.url} to {args.to}: {args.out} {summary}")
     return 0
 
@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="parquet | minari | minari-hdf5 | d4rl")
     p.add_argument("--table", help="which table (stores with several tables)")
     p.add_argument("--dataset-id", help="Minari dataset id, e.g. tictactoe/random-v0")
+    p.add_argument("--stack", type=int, default=None,
+                   help="frames stores, Minari and D4RL: observations are stacks of this many frames "
+                        "(default: one frame each)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_export)
 

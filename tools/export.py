@@ -26,7 +26,7 @@ EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
 
 
 def export_store(store: Any, out: str, to: str, *, table: str | None = None, dataset_id: str | None = None,
-                 progress: bool = False) -> dict[str, Any]:
+                 progress: bool = False, stack: int | None = None) -> dict[str, Any]:
     """Export ``store`` to ``out`` in format ``to`` (one of :data:`EXPORT_FORMATS`).
 
     Parameters
@@ -44,6 +44,10 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
         The Minari dataset id (default ``replaystore/<store name>-v0``); Minari only.
     progress : bool
         Show a progress bar when stderr is a terminal.
+    stack : int, optional
+        ``frames`` stores, Minari and D4RL only: each observation is the stack of
+        the ``stack`` latest frames of its episode (default: one frame). Parquet
+        keeps one frame per record (and the frame field's codec).
 
     Returns
     -------
@@ -54,18 +58,29 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
     Raises
     ------
     StoreError
-        An unknown format, ``dataset_id`` for a format other than Minari, or what the
-        format's exporter raises (an unknown table, ``out`` not empty, ...).
+        An unknown format, ``dataset_id`` for a format other than Minari, ``stack``
+        for Parquet, or what the format's exporter raises (an unknown table, ``out``
+        not empty, ``stack`` for a store that is not a frames store, ...).
+
 
     Notes
     -----
     Cost: one streaming read of the table in bounded chunks, and the files written.
+
+    A ``frames`` store (one frame per record, an episode's final frame on a
+    frame-only record) exports its episodes of T + 1 records as T steps: Minari
+    observations are the T + 1 frames, D4RL rows pair frame t with frame t + 1.
+    Importing the export gives the frames store back (docs/EXPORT.md, "Frames
+    stores").
     """
     out = expand_local(out)
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}: expected one of {', '.join(EXPORT_FORMATS)}")
     if dataset_id is not None and not to.startswith("minari"):
         raise StoreError(f"dataset_id applies to Minari exports only, not {to!r}")
+    if stack is not None and to == "parquet":
+        raise StoreError(f"stack={stack!r}: Parquet exports keep one frame per record (and its codec); "
+                         f"stack applies to Minari and D4RL exports of frames stores")
     if to == "parquet":
         from replaystore.tools.formats.parquet import export_parquet
 
@@ -74,10 +89,10 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
         from replaystore.tools.formats.minari import export_minari
 
         return export_minari(store, out, table=table, dataset_id=dataset_id, progress=progress,
-                             backend="hdf5" if to == "minari-hdf5" else "arrow")
+                             backend="hdf5" if to == "minari-hdf5" else "arrow", stack=stack)
     from replaystore.tools.formats.d4rl import export_d4rl
 
-    return export_d4rl(store, out, table=table, progress=progress)
+    return export_d4rl(store, out, table=table, progress=progress, stack=stack)
 
 
 __all__ = ["EXPORT_FORMATS", "export_store"]

@@ -21,6 +21,22 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def size_text(n: int) -> str:
+    """A byte count as ``replaystore info`` prints it (``"1.3 MiB"``).
+
+    Parameters
+    ----------
+    n : int
+        Bytes.
+
+    Returns
+    -------
+    str
+        The size in B, KiB, MiB or GiB.
+    """
+    return _size(n)
+
+
 def print_info(st: Store) -> None:
     """Print ``replaystore info``'s report on store ``st``: its manifest, size, state slots and tables.
 

@@ -650,10 +650,12 @@ def encoding_of(schema: Any, name: str) -> ChunkEncoding:
 
 
 def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[str, Any]]:
-    """Per dense field of a table: bytes stored, bytes raw and codec, over fragments ``frags``.
+    """Per field of a table: bytes stored, bytes raw and codec, over fragments ``frags``.
 
     Raw bytes are records x record bytes; a raw field stores exactly that, a compressed
-    one the sizes of its shards (blocks, index and checksums).
+    one the sizes of its shards (blocks, index and checksums). A ragged field (stored
+    raw) counts its values, and the first field of each CSR group its offsets array too
+    (one int64 per record).
 
     Parameters
     ----------
@@ -681,4 +683,9 @@ def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[st
         paths = [f"{frag.path}/{f.name}" for frag in frags if frag.rows]
         out[f.name] = {"stored": encoding_of(schema, f.name).stored_bytes(storage, paths, 1 + len(f.shape), raw),
                        "raw": raw, "codec": f.codec}
+    for offsets, names in schema.offsets_groups.items():
+        values = sum(frag.nnz.get(offsets, 0) for frag in frags)
+        for i, name in enumerate(names):
+            raw = values * np.dtype(schema.field(name).dtype).itemsize + (rows * 8 if i == 0 else 0)
+            out[name] = {"stored": raw, "raw": raw, "codec": None}
     return out

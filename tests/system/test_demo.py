@@ -38,6 +38,17 @@ def check_demo_store(tmp_path: Path, out: str) -> None:
     """What the demo promises besides the learning: the resume check, the summary, the store, the exports."""
     assert "next minibatch identical to the uninterrupted run: yes" in out
     assert "first_mover_result" in out  # the DuckDB summary
+    # what a newcomer reads: where the code is, one "shows:" line per stage, a short store summary, the columns
+    assert f"the code is replaystore.tools.demo ({demo.__file__})" in out
+    assert out.count("   shows: ") == 4
+    assert re.search(r"\d+ records, 2400 games, 8 streams, [\d.]+ \w+ on disk", out)
+    assert re.search(r"ragged: +legal_ids [\d.]+ \w+, next_legal_ids [\d.]+ \w+", out)
+    assert "tails: records whose TD target does not bootstrap" in out
+    assert "first_mover_result: the first mover's mean game result" in out
+    assert "mean_legal_actions: the mean number of legal moves" in out
+    assert "episodes: one ends at each of the 2 dones a game" in out
+    assert "log checkpoint" not in out and "apparent" not in out  # the full info report stays in `info`
+    assert re.search(r"done in \d+ s \(collect \d+ s, train \d+ s, resume \d+ s, query and export \d+ s\)", out)
     st = open_store(str(tmp_path / "tictactoe-dqn"), mode="r")
     assert len(st) > 10_000 and len(st.streams()) == 8
     assert st.load_state("demo-per") is not None and st.load_state("demo-qnet") is not None

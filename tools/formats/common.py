@@ -28,8 +28,10 @@ TARGET_CHUNK_BYTES = 16 << 20
 """Records per read are chosen so that one chunk of a table holds about this many bytes."""
 MIN_CHUNK_ROWS = 256
 MAX_CHUNK_ROWS = 65536
-RESERVED_INFOS = ("stream", "step", "reset")
+RESERVED_INFOS = ("stream", "step", "reset", "cut")
 """Names D4RL export puts under ``infos/`` for the stream index (fields may not use them)."""
+FRAME_FIELD = "frame"
+"""The frame field of a ``frames`` store (``replaystore.schemas.frames``): exported as observations."""
 
 
 def expand_local(path: Any) -> Any:
@@ -247,6 +249,11 @@ class StepMapping:
         The flag fields' names, where the schema has them.
     extras : list of Extra
         The other per-record fields.
+    frames : bool
+        The ``frames`` layout (one frame per record, an episode's final frame on a
+        frame-only record closing it): ``obs`` and ``next_obs`` are both the frame
+        field, and an episode's T steps are its first T of T + 1 records
+        (:func:`frame_steps`).
     """
 
     schema: Schema
@@ -259,6 +266,7 @@ class StepMapping:
     dones: str | None = None
     can_bootstrap: str | None = None
     extras: list[Extra] = field(default_factory=list)
+    frames: bool = False
 
     @property
     def main(self) -> set[str]:
@@ -349,6 +357,9 @@ def step_mapping(schema: Schema, fmt: str) -> StepMapping:
         or a field clashes with the exported stream index names.
     """
     obs, next_obs = _first(schema, "obs"), _first(schema, "next_obs")
+    framed = obs is None and next_obs is None and _first(schema, FRAME_FIELD) is not None
+    if framed:  # the frames layout: the observations are the frame field's records
+        obs = next_obs = FRAME_FIELD
     action, reward = _first(schema, "action", "actions"), _first(schema, "reward", "rewards")
     term, dones = _first(schema, "terminated"), _first(schema, "dones")
     missing = [what for what, got in (("obs", obs), ("next_obs", next_obs), ("action/actions", action),
@@ -356,9 +367,10 @@ def step_mapping(schema: Schema, fmt: str) -> StepMapping:
                if got is None]
     if missing:
         raise StoreError(f"{fmt} export needs step records with obs, next_obs, action(s), reward(s) and "
-                         f"terminated or dones; schema {schema.name!r} lacks {', '.join(missing)}")
+                         f"terminated or dones (or frame records: frame, action, reward, terminated); "
+                         f"schema {schema.name!r} lacks {', '.join(missing)}")
     assert obs and next_obs and action and reward
-    m = StepMapping(schema, obs, next_obs, action, reward)
+    m = StepMapping(schema, obs, next_obs, action, reward, frames=framed)
     if term:
         m.terminated, m.truncated = term, _first(schema, "truncated")
     else:
@@ -498,7 +510,9 @@ def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[C
     Yields
     ------
     Chunk
-        Consecutive records of one stream.
+        Consecutive records of one stream. In the frames layout (``m.frames``) an
+        episode closes only where the next record starts a new one (its flags are
+        the records' own; see :func:`frame_steps`).
 
     Raises
     ------
@@ -520,6 +534,9 @@ def iter_chunks(table: Table, m: StepMapping, rows_per_chunk: int) -> Iterator[C
             data = convert(m, table.read(rows[lo:hi]))
             term, trunc, end = m.flags(data)
             boundary = next_starts[lo:hi]
+            if m.frames:  # an episode's records run to its frame-only record; frame_steps marks cuts
+                yield Chunk(stream, steps[lo:hi], resets[lo:hi], data, term, trunc, boundary)
+                continue
             trunc = trunc | (boundary & ~end)  # cut: the episode stops here without an end flag
             yield Chunk(stream, steps[lo:hi], resets[lo:hi], data, term, trunc, end | boundary)
 
@@ -538,6 +555,8 @@ class Episode:
         The records, by exported name.
     term, trunc : numpy.ndarray
         Per step: terminated and truncated.
+    reset : bool
+        Whether the first record is a reset (else the episode starts its stream or follows a step gap).
     """
 
     stream: Any
@@ -545,6 +564,7 @@ class Episode:
     data: dict[str, np.ndarray]
     term: np.ndarray
     trunc: np.ndarray
+    reset: bool = True
 
     def __len__(self) -> int:
         """The number of steps."""
@@ -585,7 +605,170 @@ def _episode(parts: list[tuple[Chunk, int, int]]) -> Episode:
         return pieces[0] if len(pieces) == 1 else tree_concat(pieces)
 
     data = {k: cat(lambda c, k=k: c.data[k]) for k in first.data}
-    return Episode(first.stream, int(first.steps[lo0]), data, cat(lambda c: c.term), cat(lambda c: c.trunc))
+    return Episode(first.stream, int(first.steps[lo0]), data, cat(lambda c: c.term), cat(lambda c: c.trunc),
+                   bool(first.resets[lo0]))
+
+
+def stack_frames(frames: Any, k: int) -> Any:
+    """Stacks of the ``k`` latest frames of one episode: ``out[t] = frames[t - k + 1 .. t]``.
+
+    Slots before the episode's first frame repeat it, as gymnasium's
+    ``FrameStackObservation(padding_type="reset")`` and the samplers' ``stack_padding="reset"``.
+
+    Parameters
+    ----------
+    frames : numpy.ndarray
+        One episode's frames, ``(N, *frame_shape)``.
+    k : int
+        Frames per stack.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(N, k, *frame_shape)``. Cost: one copy of ``k`` times the frames.
+    """
+    n = len(frames)
+    idx = np.maximum(np.arange(n)[:, None] + np.arange(1 - k, 1)[None, :], 0)
+    return frames[idx]
+
+
+@dataclass
+class FrameEpisode:
+    """One episode of a frames store, as the episode formats export it.
+
+    Attributes
+    ----------
+    stream : Any
+        The stream key.
+    first_step : int
+        Step of the first record.
+    frames : numpy.ndarray
+        The T + 1 frames: the observation of each step, then the final one.
+    steps : dict of str to numpy.ndarray
+        The T step records' other fields (action, reward, extras), by exported name.
+    extras : dict of str to numpy.ndarray
+        The extras of all T + 1 records, by exported name.
+    term, trunc : numpy.ndarray
+        Per step: terminated and truncated (truncated includes the cut).
+    cut : bool
+        Whether the last step carried neither flag (the episode stops at a reset, a
+        step gap or its stream's end without one); ``trunc[-1]`` is set for it.
+    reset : bool
+        Whether the first record is a reset.
+    """
+
+    stream: Any
+    first_step: int
+    frames: np.ndarray
+    steps: dict[str, np.ndarray]
+    extras: dict[str, np.ndarray]
+    term: np.ndarray
+    trunc: np.ndarray
+    cut: bool
+    reset: bool = True
+
+    def __len__(self) -> int:
+        """The number of steps (T)."""
+        return len(self.term)
+
+
+def frame_steps(m: StepMapping, ep: Episode) -> FrameEpisode | None:
+    """The steps of one frames-store episode of N records: T = N - 1 steps and N frames.
+
+    Record t holds the frame seen at step t and the step taken on it; the last
+    record holds the final frame only (its action, reward and flags are not a
+    step). An episode of one record (a first frame, no step yet) has no steps.
+
+    Parameters
+    ----------
+    m : StepMapping
+        A frames mapping (``m.frames``).
+    ep : Episode
+        The episode's records, as :func:`iter_episodes` assembles them from
+        :func:`iter_chunks` of the frames layout.
+
+    Returns
+    -------
+    FrameEpisode or None
+        The episode, or None when it has no step.
+    """
+    n = len(ep)
+    if n < 2:
+        return None
+    t = n - 1
+    term, trunc = ep.term[:t].astype(bool), ep.trunc[:t].astype(bool)
+    cut = not (term[-1] or trunc[-1])
+    if cut:
+        trunc = trunc.copy()
+        trunc[-1] = True
+    steps = {k: ep.data[k][:t] for k in (m.action, m.reward)}
+    extras = {e.key: ep.data[e.key] for e in m.extras}
+    return FrameEpisode(ep.stream, ep.first_step, ep.data[m.obs], steps, extras, term, trunc, cut, ep.reset)
+
+
+def frame_records(frames: np.ndarray, actions: np.ndarray, rewards: np.ndarray, term: np.ndarray,
+                  trunc: np.ndarray, cut: bool) -> dict[str, np.ndarray]:
+    """One episode's records of a frames store back from its T + 1 frames and T steps (import).
+
+    The inverse of :func:`frame_steps`: record t holds frame t and step t's action,
+    reward and flags; the last record holds the final frame with zero action and
+    reward and false flags; a cut episode's last step gets its truncated flag
+    cleared again.
+
+    Parameters
+    ----------
+    frames : numpy.ndarray
+        ``(T + 1, *frame_shape)``.
+    actions, rewards, term, trunc : numpy.ndarray
+        Per step (T rows).
+    cut : bool
+        Whether the export marked the last step truncated for a cut.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``frame``, ``action``, ``reward``, ``terminated``, ``truncated`` (T + 1 rows).
+    """
+    def pad(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([a, np.zeros((1, *a.shape[1:]), dtype=a.dtype)])
+
+    trunc = np.asarray(trunc, dtype=bool).copy()
+    if cut and len(trunc):
+        trunc[-1] = False
+    return {FRAME_FIELD: frames, "action": pad(np.asarray(actions)), "reward": pad(np.asarray(rewards)),
+            "terminated": pad(np.asarray(term, dtype=bool)), "truncated": pad(trunc)}
+
+
+def check_stack(stack: Any, m: StepMapping, fmt: str) -> int | None:
+    """``stack`` checked: None, or a positive int for a frames store.
+
+    Parameters
+    ----------
+    stack : Any
+        The ``stack=`` the user gave.
+    m : StepMapping
+        The table's mapping.
+    fmt : str
+        The format's name, for messages.
+
+    Returns
+    -------
+    int or None
+        The stack size (None: one frame per observation).
+
+    Raises
+    ------
+    StoreError
+        ``stack`` is not a positive int, or the table is not a frames store.
+    """
+    if stack is None:
+        return None
+    if not isinstance(stack, (int, np.integer)) or isinstance(stack, bool) or stack < 1:
+        raise StoreError(f"stack: expected a positive int (frames per stacked observation), got {stack!r}")
+    if not m.frames:
+        raise StoreError(f"{fmt} export: stack={stack} applies to frames stores (a {FRAME_FIELD!r} field, no "
+                         f"obs/next_obs); schema {m.schema.name!r} stores its observations whole")
+    return int(stack)
 
 
 def stream_key_json(key: Any) -> Any:

@@ -37,19 +37,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replaystore.errors import ImportSourceError, StoreError
+from replaystore.errors import ImportSourceError, SchemaError, StoreError
 from replaystore.schemas import Dense, Schema, nested
 from replaystore.schemas import episode as episode_schema
 from replaystore.store import Store, open_store
 from replaystore.tools.formats import minari_obs as mo
 from replaystore.tools.formats.common import (
+    FRAME_FIELD,
     Episode,
     ImportDestination,
     SourceErrors,
     StepMapping,
+    check_stack,
     chunk_rows,
     expand_local,
     flags,
+    frame_records,
+    frame_steps,
     h5_dataset,
     iter_chunks,
     iter_episodes,
@@ -57,6 +61,7 @@ from replaystore.tools.formats.common import (
     pick_table,
     progress_bar,
     require_h5py,
+    stack_frames,
     step_mapping,
     stream_key_json,
     tree_concat,
@@ -321,6 +326,30 @@ class _Episodes:
         self.info = info_columns(m.schema)
         self.info_names = {n for ic in self.info for n in (ic.value, ic.valid, ic.reset) if n}
 
+    def frame_arrays(self, ep: Episode, stack: int | None) -> dict[str, Any] | None:
+        """A frames-store episode of N records: N observations (stacked when asked), N - 1 steps."""
+        m = self.m
+        fe = frame_steps(m, ep)
+        if fe is None:
+            return None
+        actions = fe.steps[m.action]
+        if self.action_space["type"] == "Discrete":
+            actions = actions.astype(np.int64, copy=False)
+        where = f"in stream {ep.stream!r}"
+        mo.check_in_space(self.action_space, actions, m.action, "action", where)
+        obs = fe.frames if stack is None else stack_frames(fe.frames, stack)
+        mo.check_in_space(self.obs_space, obs, m.obs, "observation", where)
+        return {
+            "observations": obs,
+            "actions": actions,
+            "rewards": fe.steps[m.reward],
+            "terminations": fe.term,
+            "truncations": fe.trunc,
+            "infos": dict(fe.extras),  # T + 1 rows already: one per record, the last the final frame's
+            "meta": {"replaystore_stream": stream_key_json(ep.stream), "replaystore_first_step": ep.first_step,
+                     "replaystore_cut": fe.cut},
+        }
+
     def arrays(self, ep: Episode) -> dict[str, Any]:
         m = self.m
         obs, nxt = ep.data[m.obs], ep.data[m.next_obs]
@@ -429,7 +458,7 @@ class _HDF5Writer:
 
 def export_minari(store: Store, out: str, *, table: str | None = None, dataset_id: str | None = None,
                   backend: str = "arrow", progress: bool = False, batch_rows: int | None = None,
-                  ) -> dict[str, Any]:
+                  stack: int | None = None) -> dict[str, Any]:
     """Write one table as the Minari dataset ``dataset_id`` under the datasets root ``out``.
 
     The files are written without importing minari; ``minari.load_dataset``
@@ -453,12 +482,17 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         Show a progress bar on stderr (when it is a terminal).
     batch_rows : int, optional
         Records per read (default: about 16 MiB worth).
+    stack : int, optional
+        Frames stores only: each observation is the stack of the ``stack``
+        latest frames of its episode (``(T + 1, stack, *frame_shape)`` per
+        episode, reset-padded as gymnasium's ``FrameStackObservation``); default
+        one frame per observation.
 
     Returns
     -------
     dict of str to Any
-        ``format``, ``path``, ``dataset_id``, ``files``, ``records``,
-        ``episodes`` and ``streams``.
+        ``format``, ``path``, ``dataset_id``, ``files``, ``records`` (steps
+        exported), ``episodes`` and ``streams``.
 
     Raises
     ------
@@ -466,11 +500,23 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
         A malformed dataset id, ``out`` not local or the dataset already
         existing, h5py missing for ``"hdf5"``, the store has several tables and
         none was chosen, the schema has no step fields, a ragged id lies outside
-        its mask, or ``batch_rows`` is not a positive int.
+        its mask, ``batch_rows`` is not a positive int, or ``stack`` is not a
+        positive int or is given for a store that is not a frames store.
+
+    Notes
+    -----
+    A ``frames`` store (``replaystore.schemas.frames``) exports each episode's
+    T + 1 records as T steps: its observations are the T + 1 frames (the last
+    one the final frame), its actions, rewards and flags those of the first T
+    records, its infos the extras of all T + 1 records. An episode still being
+    collected (its last step without terminated or truncated) exports with
+    ``truncations[-1]`` true (episode metadata ``replaystore_cut``); a lone
+    first frame (no step yet) is left out.
     """
     out = expand_local(out)
     t = pick_table(store, table)
     m = step_mapping(t.schema, "Minari")
+    stack = check_stack(stack, m, "Minari")
     h5py = require_h5py() if backend == "hdf5" else None
     dataset_id = dataset_id or default_dataset_id(store, t.name)
     _check_id(dataset_id)
@@ -484,10 +530,10 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
     rows = chunk_rows(t.schema, batch_rows)
     # the spaces the schema metadata keeps (recorded from the environment) where they describe the fields;
     # else Box spaces of the fields' dtypes and shapes (a Discrete action space for a scalar int action)
-    recorded_obs = _recorded_space(t.schema, "observation_space", m.obs)
+    recorded_obs = _recorded_space(t.schema, "observation_space", m.obs) if stack is None else None
     recorded_act = _recorded_space(t.schema, "action_space", m.action)
-    obs_doc = (recorded_obs[0] if recorded_obs is not None
-               else mo.obs_space(t.schema, m.obs, lambda f: box_space(f.dtype, f.shape)))
+    obs_doc = (recorded_obs[0] if recorded_obs is not None else mo.obs_space(
+        t.schema, m.obs, lambda f: box_space(f.dtype, (stack, *f.shape) if stack else f.shape)))
     if recorded_act is not None:
         action_space, inferred = recorded_act[0], False
     else:
@@ -500,10 +546,13 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
     try:
         with progress_bar(len(t), f"export minari ({backend})", progress) as bar:
             for ep in iter_episodes(iter_chunks(t, m, rows)):
-                writer.write(episodes, conv.arrays(ep))
-                episodes += 1
-                steps += len(ep)
+                arrays = conv.frame_arrays(ep, stack) if m.frames else conv.arrays(ep)
                 bar.update(len(ep))
+                if arrays is None:  # a frames episode with no step yet
+                    continue
+                writer.write(episodes, arrays)
+                episodes += 1
+                steps += len(arrays["rewards"])
     except BaseException:
         writer.close()
         shutil.rmtree(dataset_dir, ignore_errors=True)
@@ -511,14 +560,14 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
     writer.close()
     infos: dict[str, Any] = {e.key: ({"from": e.name, "encoding": "dense"} if e.kind == "dense" else
                                      {"from": e.name, "encoding": "bool mask", "width": e.width})
-                             for e in m.extras if e.name not in conv.info_names}
-    for ic in conv.info:
+                             for e in m.extras if m.frames or e.name not in conv.info_names}
+    for ic in conv.info if not m.frames else ():
         infos[ic.key] = {"from": ic.value, "valid": ic.valid, "reset": ic.reset, "encoding": "info",
                          "absent": f"zero, with _{ic.key} false (written where some row lacks the key)"}
     if conv.next_obs_kept:
         infos["next_obs"] = {"from": m.next_obs, "encoding": "dense"}
     size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
-    metadata = {
+    metadata: dict[str, Any] = {
         "dataset_id": dataset_id,
         "minari_version": MINARI_VERSION,
         "data_format": backend,
@@ -537,6 +586,10 @@ def export_minari(store: Store, out: str, *, table: str | None = None, dataset_i
             "infos": infos, "infos_last_row": "padding (zeros)", "actions_inferred": inferred,
         },
     }
+    if m.frames:
+        metadata["replaystore"].update({
+            "layout": "frames", "stack": stack, "observations": [m.obs], "infos_last_row": "the final frame's record",
+            "truncations": f"{m.truncated} | cut (episode metadata replaystore_cut)"})
     for key in ("env_spec", "eval_env_spec"):  # what recover_environment() makes the environment from
         if isinstance(t.schema.metadata.get(key), str):
             metadata[key] = t.schema.metadata[key]
@@ -805,7 +858,10 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
 
     Each episode becomes steps of a stream (episodes a replaystore export wrote
     go back to their streams and steps); read an episode at a time, committed
-    every 64 MiB of appended data.
+    every 64 MiB of appended data. A dataset exported from a ``frames`` store
+    (metadata ``replaystore.layout`` = ``"frames"``) becomes a frames store of
+    the source's schema again: each episode's T + 1 records (the last frame of
+    each stack when the export stacked them), the cut flag undone.
 
     Parameters
     ----------
@@ -854,6 +910,7 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
     total = meta.get("total_episodes", 0)
     if not isinstance(total, int) or isinstance(total, bool) or total < 0:
         raise ImportSourceError("total_episodes", "a count of episodes", repr(total)[:80], str(data / "metadata.json"))
+    frames = _frames_source(meta, data)
     if fmt in ("arrow", "parquet"):
         reader: Any = _ArrowReader(data, fmt, obs, act)
     elif fmt == "hdf5":
@@ -879,12 +936,13 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
                 for i, (stream, first) in enumerate(plan):
                     ep = reader.episode(i)
                     if schema is None:
-                        schema = _schema_for(meta, obs, act, ep)
-                        _records(schema, ep, i, obs, act)  # the first episode, checked before the store exists
+                        schema = frames[0] if frames is not None else _schema_for(meta, obs, act, ep)
+                        # the first episode, checked before the store exists
+                        _records(schema, ep, i, obs, act, frames, reader.meta(i))
                         st = dest.opened(open_store(url, schema, mode="w", storage_options=storage_options))
                         w = st.writer()
                     assert w is not None
-                    batch = _records(schema, ep, i, obs, act)
+                    batch = _records(schema, ep, i, obs, act, frames, metas[i])
                     n = len(batch["reward"])
                     reset = np.zeros(n, dtype=bool)
                     reset[:1] = True
@@ -898,11 +956,67 @@ def import_minari(src: str, url: str, *, dataset_id: str | None = None, progress
                     w.close()
         finally:
             reader.close()
-        if st is None:  # no episodes: an empty store of the spaces' shapes
-            st = dest.opened(open_store(url, _schema_for(meta, obs, act, None), mode="w",
-                                        storage_options=storage_options))
+        if st is None:  # no episodes: an empty store of the spaces' shapes (of the source's schema for frames)
+            st = dest.opened(open_store(url, frames[0] if frames is not None else _schema_for(meta, obs, act, None),
+                                        mode="w", storage_options=storage_options))
         st.refresh()
     return st
+
+
+def _frames_source(meta: dict[str, Any], data: Path) -> tuple[Schema, int | None] | None:
+    """The source schema and stack size of a frames-store export (``replaystore.layout`` = frames), else None.
+
+    The schema keeps its dense fields (ragged ones, exported as masks, are left out with a warning).
+    """
+    ours = meta.get("replaystore")
+    if not isinstance(ours, dict) or ours.get("layout") != "frames":
+        return None
+    where = str(data / "metadata.json")
+    stack = ours.get("stack")
+    if stack is not None and (not isinstance(stack, int) or isinstance(stack, bool) or stack < 1):
+        raise ImportSourceError("replaystore.stack", "null or a positive int", repr(stack)[:80], where)
+    try:
+        source = Schema.from_dict(ours.get("schema"))  # type: ignore[arg-type]
+    except (SchemaError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ImportSourceError("replaystore.schema", "the source frames schema", f"unusable ({exc})",
+                                where) from None
+    missing = [n for n in (FRAME_FIELD, "action", "reward", "terminated", "truncated") if n not in source]
+    if missing:
+        raise ImportSourceError("replaystore.schema", "a frames schema (frame, action, reward, terminated, "
+                                "truncated)", f"one without {', '.join(missing)}", where)
+    dropped = [f.name for f in source.fields if not isinstance(f, Dense)]
+    if dropped:
+        warnings.warn(f"Minari import: ragged field(s) {dropped} of the frames store left out (exported as masks)",
+                      stacklevel=4)
+        source = Schema(source.name, [f for f in source.fields if isinstance(f, Dense)], version=source.version,
+                        metadata=dict(source.metadata))
+    return source, stack
+
+
+def _frame_batch(schema: Schema, ep: dict[str, Any], i: int, stack: int | None,
+                 meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One exported frames episode back as its T + 1 records (see ``frame_records``)."""
+    obs = np.asarray(ep["observations"])
+    frame = schema.field(FRAME_FIELD)
+    assert isinstance(frame, Dense)
+    want = frame.shape if stack is None else (stack, *frame.shape)
+    if obs.shape[1:] != want:
+        raise ImportSourceError(f"episode {i} observations", f"per-step shape {want}", f"shape {obs.shape[1:]}")
+    frames = obs if stack is None else obs[:, -1]
+    batch = frame_records(frames, np.asarray(ep["actions"]), np.asarray(ep["rewards"]), ep["terminations"],
+                          ep["truncations"], meta.get("replaystore_cut") is True)
+    out = {name: mo.typed(schema, name, value) for name, value in batch.items()}
+    infos: dict[str, np.ndarray] = ep.get("infos") or {}
+    n = len(frames)
+    for f in schema.fields:
+        if f.name in out:
+            continue
+        value = infos.get(f.name)
+        if value is None or np.shape(value)[:1] != (n,):
+            got = "absent" if value is None else f"shape {np.shape(value)}"
+            raise ImportSourceError(f"episode {i} infos[{f.name!r}]", f"{n} rows (one per frame)", got)
+        out[f.name] = mo.typed(schema, f.name, value)
+    return out
 
 
 def _schema_for(meta: dict[str, Any], obs: dict[str, Any], act: dict[str, Any],
@@ -983,7 +1097,8 @@ def _reset_known(ep: dict[str, Any] | None, key: str) -> bool:
 
 
 def _records(schema: Schema, ep: dict[str, Any], i: int, obs_space: dict[str, Any] | None = None,
-             act_space: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+             act_space: dict[str, Any] | None = None, frames: tuple[Schema, int | None] | None = None,
+             meta: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     obs = ep["observations"]
     for name in ("rewards", "terminations", "truncations", "actions"):
         if np.ndim(ep[name]) < 1:
@@ -1001,6 +1116,8 @@ def _records(schema: Schema, ep: dict[str, Any], i: int, obs_space: dict[str, An
     if obs_space is not None and act_space is not None:
         mo.check_in_space(obs_space, obs, "obs", "observation", f"in episode {i}")
         mo.check_in_space(act_space, np.asarray(ep["actions"]), "action", "action", f"in episode {i}")
+    if frames is not None:
+        return _frame_batch(schema, ep, i, frames[1], meta or {})
 
     def typed(name: str, value: Any) -> Any:
         return mo.typed(schema, name, value)
