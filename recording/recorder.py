@@ -11,6 +11,7 @@ episode). Every value of a step is cast and checked before any of it is buffered
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 from replaystore.errors import RecordingError, SchemaMismatchError, ShapeError, StoreError, StoreNotFoundError
 from replaystore.gym.cast import as_array, cast, check_bounds
 from replaystore.gym.episodes import EPISODE_KEYS
+from replaystore.gym.framestack import DEFAULT_CODEC, FrameStack
 from replaystore.gym.nestobs import Leaves, is_nested, leaf_layout, leaves, pick
 from replaystore.gym.spaces import InfoSpec, SpaceBounds, bounds, info_columns, schema_from_spaces
 from replaystore.schemas import Dense, Schema
@@ -70,6 +72,13 @@ class SlotRecorder:
         continue after their last stored step.
     capacity, storage_options
         Passed to :func:`open_store` when opening a URL.
+    frame_stack
+        Frames per stacked observation (``FrameStackObservation``'s ``stack_size``): the store
+        then has the ``frames`` layout, each frame once (zstd), and ``stack=`` samplers rebuild
+        the stacks. None (default): observations are stored whole.
+    frame_padding
+        With ``frame_stack``: how the stacks are padded at an episode's start, ``"reset"``
+        (gymnasium's default) or ``"zero"``.
 
     Raises
     ------
@@ -83,7 +92,8 @@ class SlotRecorder:
                  action_space: Any, *, env: Any = None, schema: Schema | None = None, name: str | None = None,
                  info_keys: Sequence[str] | Mapping[str, InfoSpec | None] = (), commit_every: int = 10_000,
                  streams: Sequence[str | int] | None = None, capacity: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, frame_stack: int | None = None,
+                 frame_padding: str = "reset") -> None:
         if not isinstance(commit_every, int) or isinstance(commit_every, bool) or commit_every < 1:
             raise RecordingError(f"commit_every: expected a positive int, got {commit_every!r}")
         if streams is not None and (len(streams) != slots or len(set(streams)) != slots):
@@ -99,6 +109,12 @@ class SlotRecorder:
         self._capacity = capacity
         self._storage_options = storage_options
         self._bounds = bounds(action_space)
+        self._fs: FrameStack | None = None
+        if frame_stack is not None:
+            if is_nested(observation_space) or not hasattr(observation_space, "shape"):
+                raise RecordingError(f"frame_stack: needs a Box observation space (stacked by "
+                                     f"FrameStackObservation), got {observation_space}")
+            self._fs = FrameStack("obs", _space_shape(observation_space), frame_stack, frame_padding)
         # the integer ranges of the observation's Discrete/MultiDiscrete/MultiBinary leaves, by column suffix
         self._obs_bounds: dict[str, SpaceBounds] = {}
         for sfx, _, sub in (leaves(observation_space) if is_nested(observation_space)
@@ -156,8 +172,22 @@ class SlotRecorder:
     def _create(self, info: Mapping[str, InfoSpec]) -> None:
         schema = schema_from_spaces(self.observation_space, self.action_space, name=self.name, env=self.env,
                                     info=info)
+        if self._fs is not None:
+            schema = self._frames_schema(schema)
         self._attach(open_store(os.fspath(self._target), schema, mode="a", capacity=self._capacity,  # type: ignore[arg-type]
                                 storage_options=self._storage_options), owns=True)
+
+    def _frames_schema(self, steps: Schema) -> Schema:
+        """The ``frames`` layout of ``steps``: ``obs``/``next_obs`` become one ``frame`` field (zstd)."""
+        assert self._fs is not None
+        obs = steps.field("obs")
+        frame = Dense("frame", obs.dtype, self._fs.frame_shape, codec=DEFAULT_CODEC,  # type: ignore[union-attr]
+                      description="the newest frame of observation s_t (the final one on the frame-only "
+                                  "record closing an episode)")
+        fields = [frame if f.name == "obs" else f for f in steps.fields if f.name != "next_obs"]
+        meta = dict(steps.metadata)
+        meta.update(frame_stack=self._fs.stack, frame_padding=self._fs.padding)
+        return Schema(steps.name, fields, metadata=meta)
 
     def _attach(self, store: Store, *, owns: bool) -> None:
         """Check ``store``'s schema against the spaces and open a writer."""
@@ -187,6 +217,9 @@ class SlotRecorder:
                     if len(steps):
                         self.step[slot] = max(int(self.step[slot]), int(steps.max()) + 1)
         self._fields = {f.name: f for f in schema.dense_fields}
+        if self._fs is not None:  # (the whole stacks, cast and checked before their newest frame is kept)
+            whole = Dense("obs", self._fields["frame"].dtype, self._fs.obs_shape)
+            self._fields.update(obs=whole, next_obs=dataclasses.replace(whole, name="next_obs"))
         if self._leaves is not None:
             if any(a.dtype != self._fields[f"obs{sfx}"].dtype for sfx, a in self.obs.arrays.items()):
                 self.obs = self._obs_array()
@@ -213,9 +246,19 @@ class SlotRecorder:
                 for base in ("obs", "next_obs"):
                     want[f"{base}{sfx}"] = leaf_layout(sub)[1]
                     names.append(f"{base}{sfx}")
+        if self._fs is not None:
+            del want["obs"], want["next_obs"]
+            want["frame"] = self._fs.frame_shape
+            names = ["frame", *(n for n in names if n not in ("obs", "next_obs"))]
         for key in self.info_keys:
             names += info_columns(key)
         problems = []
+        if self._fs is not None:
+            meta = schema.metadata
+            if (meta.get("frame_stack"), meta.get("frame_padding")) != (self._fs.stack, self._fs.padding):
+                problems.append(f"frames stacked {meta.get('frame_stack')!r} with padding "
+                                f"{meta.get('frame_padding')!r}, expected {self._fs.stack} with "
+                                f"{self._fs.padding!r} (frame_stack=, frame_padding=)")
         got = {f.name for f in schema.fields if f.kind != "meta"}
         if got != set(names):
             problems.append(f"fields {sorted(got)}, expected {sorted(names)}")
@@ -298,6 +341,10 @@ class SlotRecorder:
             seed = seeds[slot]
             self.ep_seed[slot] = None if seed is None else int(seed)
         values = self._obs_field("obs", obs, mask)
+        if self._fs is not None:
+            bad = ~self._fs.starts(values)
+            if bad.any():
+                raise self._fs.refuse("starts an episode without its padding", np.flatnonzero(mask)[bad])
         self.obs[mask] = values
         self.in_episode[mask] = True
         self._start(mask)
@@ -312,6 +359,9 @@ class SlotRecorder:
         """Slots in ``mask`` leave their episode unfinished (reset mid-episode, a failed step, close)."""
         mask = np.asarray(mask, dtype=bool) & self.in_episode
         if mask.any():
+            if self._fs is not None and self.schema is not None:  # the last transition's next frame
+                slots = np.flatnonzero(mask & (self.ep_length > 0))
+                self._close_frames(slots, self._fs.newest(self.obs[slots]))
             self._end(mask, np.zeros(self.slots, bool), np.zeros(self.slots, bool))
 
     def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
@@ -345,6 +395,10 @@ class SlotRecorder:
             if self.schema is None:
                 self._create_from(infos, mask)
             cols = self._cast_step(sel, action, next_obs, reward, terminated, truncated, infos)
+            if self._fs is not None:
+                bad = ~self._fs.slides(cols["obs"], cols["next_obs"])
+                if bad.any():
+                    raise self._fs.refuse("and the next one are not one frame apart", np.flatnonzero(mask)[bad])
         except BaseException:
             self.abandon(mask)
             raise
@@ -354,6 +408,8 @@ class SlotRecorder:
         self.ep_length[sel] += 1
         self.ep_return[sel] += cols["reward"]
         done = cols["terminated"] | cols["truncated"]
+        if self._fs is not None and done.any():  # an episode's final frame: a record of its own
+            self._close_frames(np.flatnonzero(mask)[done], self._fs.newest(cols["next_obs"][done]))
         if not done.any():
             self.obs[sel] = cols["next_obs"]
         else:
@@ -412,6 +468,9 @@ class SlotRecorder:
         return cols
 
     def _buffer(self, mask: np.ndarray | slice, cols: dict[str, Any]) -> None:
+        if self._fs is not None:  # the frames layout: the newest frame of obs; next_obs is the next record's
+            cols = {"frame": self._fs.newest(cols["obs"]),
+                    **{k: v for k, v in cols.items() if k not in ("obs", "next_obs")}}
         for name, values in cols.items():
             if isinstance(values, Leaves):
                 for sfx, leaf in values.arrays.items():
@@ -425,6 +484,22 @@ class SlotRecorder:
         n = len(slots)
         self._buffered += n
         self._uncommitted += n
+
+    def _close_frames(self, slots: np.ndarray, frames: np.ndarray) -> None:
+        """Buffer the frame-only records closing the episodes of ``slots``: their final frames, at their next step."""
+        m = len(slots)
+        if not m:
+            return
+        assert self.schema is not None
+        for f in self.schema.dense_fields:
+            self._buf.setdefault(f.name, []).append(frames if f.name == "frame"
+                                                    else np.zeros((m, *f.shape), dtype=f.dtype))
+        self._buf.setdefault("_slot", []).append(slots)
+        self._buf.setdefault("_step", []).append(self.step[slots].copy())
+        self._buf.setdefault("_reset", []).append(np.zeros(m, dtype=bool))
+        self.step[slots] += 1
+        self._buffered += m
+        self._uncommitted += m
 
     # -- appends and commits ------------------------------------------------------------
     @property
