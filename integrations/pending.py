@@ -141,9 +141,10 @@ class FramesLog(PendingLog):
         As :class:`PendingLog`.
     n_envs : int
         As :class:`PendingLog`.
-    newest : mapping of str to callable
-        Per stacked observation leaf (column suffix, ``""`` for a flat observation): the
-        function giving the newest frame of each of ``[n, *obs_shape]`` observations.
+    newest : mapping of str to tuple
+        Per frame field: the stacked observation leaf's column suffix (``""`` for a flat
+        observation) and the function giving the newest frame of each of ``[n, *obs_shape]``
+        observations.
 
     Notes
     -----
@@ -158,7 +159,7 @@ class FramesLog(PendingLog):
         self.open = np.zeros(n_envs, dtype=bool)  # env's last appended row lacks its closing frame
         self.last: dict[str, np.ndarray | None] = dict.fromkeys(self.newest)  # its next_obs's newest frame
         self.closing = False
-        self._stacked = {f"{base}{sfx}" for sfx in self.newest for base in ("obs", "next_obs")}
+        self._stacked = {f"{base}{sfx}" for sfx, _ in self.newest.values() for base in ("obs", "next_obs")}
 
     def _append(self, n: int) -> bool:
         # docstring inherited
@@ -185,19 +186,19 @@ class FramesLog(PendingLog):
             col = np.zeros((total, *a.shape[1:]), dtype=a.dtype)
             col[main] = a[:n]
             out[name] = col
-        for sfx, newest in self.newest.items():
+        for field, (sfx, newest) in self.newest.items():
             frames = newest(self.arrays[f"obs{sfx}"][:n])
             col = np.zeros((total, *frames.shape[1:]), dtype=frames.dtype)
             col[main] = frames
             if end.any():
                 col[close_rows] = newest(self.arrays[f"next_obs{sfx}"][:n][end])
-            last = self.last[sfx]
+            last = self.last[field]
             if last is not None:
                 col[pre_rows] = last[env[pre]]
                 col[tail_rows] = last[tail]
-            out[f"frame{sfx}"] = col
+            out[field] = col
             if n:
-                self.last[sfx] = newest(self.arrays[f"next_obs{sfx}"][n - ne:n])
+                self.last[field] = newest(self.arrays[f"next_obs{sfx}"][n - ne:n])
         streams = np.zeros(total, dtype=np.int64)
         streams[main] = env
         streams[close_rows] = env[end]

@@ -87,6 +87,22 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def frame_field(sfx: str) -> str:
+    """The frame field of an observation leaf: ``"frame"`` for a flat observation, ``"frame_<key>"`` in a Dict.
+
+    Parameters
+    ----------
+    sfx : str
+        The leaf's column suffix (``""``, ``"__<key>"``).
+
+    Returns
+    -------
+    str
+        A top-level dense field (the loaders' ``stack_field=``).
+    """
+    return "frame" if not sfx else f"frame_{sfx[len(_SEP):]}"
+
+
 class _StoreBufferMixin:
     """The store-backed body shared by :class:`ReplayStoreBuffer` and :class:`ReplayStoreDictBuffer`."""
 
@@ -141,10 +157,10 @@ class _StoreBufferMixin:
         self.commit_every: int = commit_every
         if self._frames:
             self._log: PendingLog = FramesLog(store, self._columns, commit_every * n_envs, n_envs,
-                                              {sfx: fs.newest for sfx, fs in self._frames.items()})
+                                              {frame_field(sfx): (sfx, fs.newest) for sfx, fs in self._frames.items()})
             first = next(iter(self._frames.values()))
             self._stacker: Stacker | None = Stacker(store.default, first.stack, first.padding,
-                                                    f"frame{next(iter(self._frames))}")
+                                                    frame_field(next(iter(self._frames))))
         else:
             self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
             self._stacker = None
@@ -221,12 +237,9 @@ class _StoreBufferMixin:
         """The ``frames`` layout of these steps: each frame once (zstd), the other leaves as recorded."""
         fields: list[Any] = []
         space = self.observation_space
-        frame_fields = {sfx: Dense("frame" + sfx, steps.field(f"obs{sfx}").dtype, fs.frame_shape,  # type: ignore[union-attr]
-                                   codec=DEFAULT_CODEC) for sfx, fs in self._frames.items()}
-        if not isinstance(space, spaces.Dict):
-            fields.append(frame_fields[""])
-        else:
-            fields.append(nested("frame", {sfx[len(_SEP):]: f for sfx, f in frame_fields.items()}))
+        fields += [Dense(frame_field(sfx), steps.field(f"obs{sfx}").dtype, fs.frame_shape,  # type: ignore[union-attr]
+                         codec=DEFAULT_CODEC) for sfx, fs in self._frames.items()]
+        if isinstance(space, spaces.Dict):
             raw = {key: steps.field(f"obs{_SEP}{key}") for key in space.spaces if f"{_SEP}{key}" not in self._frames}
             if raw:
                 fields += [nested("obs", raw), nested("next_obs", raw)]
@@ -508,11 +521,12 @@ class _StoreBufferMixin:
             return {name: arr[tail] for name, arr in log.arrays.items()}
         rows = valid[idx[in_store]]
         table = log.table
-        raw = [name for name in self._read_columns if not name.startswith("frame")]
+        frames = {frame_field(sfx) for sfx in self._frames}
+        raw = [name for name in self._read_columns if name not in frames]
         stored = self._flat(table.read(rows, columns=raw))
         windows = index.windows(rows, self._stacker.stack, self._stacker.padding)
         for sfx, fs in self._frames.items():
-            got = FrameWindows(windows, f"frame{sfx}").apply(table, {})
+            got = FrameWindows(windows, frame_field(sfx)).apply(table, {})
             stored[f"obs{sfx}"], stored[f"next_obs{sfx}"] = fs.join(got["obs"]), fs.join(got["next_obs"])
         if not len(tail):
             return stored
