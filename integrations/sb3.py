@@ -345,6 +345,8 @@ class _StoreBufferMixin:
         """Ignored (SB3's base class sets it to False on construction)."""
 
     def _transitions(self) -> int:
+        if self._stacker is not None:  # (frames: the records with a next frame; frame-only ones are not steps)
+            return len(self._stacker.index().valid_rows) + self._log.n
         return len(self._log.table) + self._log.n
 
     def size(self) -> int:
