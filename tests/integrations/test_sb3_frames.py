@@ -1,4 +1,4 @@
-"""``ReplayStoreBuffer(frame_stack=k)``: stacked observations stored as frames, given back as SB3's own buffer holds them.
+"""``ReplayStoreBuffer(frame_stack=k)``: stacked observations stored as frames, sampled as SB3's own buffer holds them.
 
 A reference model: SB3's ``ReplayBuffer`` fed the same ``add`` calls. Observations are built as
 ``VecFrameStack`` builds them (zero padding at an episode's start, the terminal stack in

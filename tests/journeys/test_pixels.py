@@ -23,12 +23,12 @@ from gymnasium.wrappers import FrameStackObservation
 from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecTransposeImage
-from support.pixels import live_bytes, pong, stored_transitions
 
 from replaystore.gym import RecordEpisodes, RecordVectorEpisodes, recorded_episodes
 from replaystore.integrations.sb3 import ReplayStoreBuffer, ReplayStoreDictBuffer
 from replaystore.loaders import UniformSampler, make_loader
 from replaystore.store import open_store
+from support.pixels import live_bytes, pong, stored_transitions
 
 SB3_STEP_BYTES = 2 * 4 * 84 * 84  # SB3's ReplayBuffer: stacked uint8 obs + next_obs per transition
 
