@@ -663,6 +663,22 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         Whether an absent store is created (default). Never under ``Model.load`` or
         when a pickled buffer is loaded (``load_replay_buffer``): a missing store then
         raises ``StoreNotFoundError``.
+    frame_stack : int, optional
+        Frames per stacked observation, as ``VecFrameStack(venv, n_stack)`` stacks them
+        (``frame_stack=n_stack``; along the channel axis, first after DQN's
+        ``VecTransposeImage``, last otherwise). The store then holds each frame once,
+        zstd-compressed (the ``frames`` layout: the newest frame of each observation and one
+        frame-only record closing each episode; ~100-600x fewer bytes per Atari step than
+        SB3's buffer), and ``sample`` rebuilds the stacks with the loaders' frame stacking:
+        the same arrays SB3's own buffer gives. Each ``add`` is checked (``next_obs`` one
+        frame on from ``obs``, an episode's first ``obs`` padded); otherwise
+        ``BufferArgumentError`` and nothing of the step is kept. The frame-only records count
+        towards the capacity; once records are evicted, the oldest kept episode of each env
+        is stacked as if it started at its oldest kept frame (its first ``frame_stack - 1``
+        transitions differ from what was added). None (default): whole observations.
+    frame_padding : str
+        With ``frame_stack``: ``"zero"`` (default; ``VecFrameStack``) or ``"reset"`` (the first
+        frame repeated, as gymnasium's ``FrameStackObservation``).
 
     Attributes
     ----------
@@ -797,6 +813,12 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         Passed to the storage backend.
     create : bool
         Whether an absent store is created (as :class:`ReplayStoreBuffer`).
+    frame_stack : int, optional
+        Frames per stacked observation: each image leaf (a uint8 Box of 3 dims) is stored
+        as a frame field ``frame_<key>`` (zstd), the other leaves whole; as
+        :class:`ReplayStoreBuffer`.
+    frame_padding : str
+        As :class:`ReplayStoreBuffer`.
 
     Attributes
     ----------
