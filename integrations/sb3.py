@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
                                  'pip install "replaystore[sb3]"') from exc
 
 from replaystore.gym import schema_from_spaces
-from replaystore.gym.framestack import DEFAULT_CODEC, FrameStack
+from replaystore.gym.framestack import DEFAULT_CODEC, FrameStack, frame_field
 from replaystore.integrations.pending import EPISODE_KEYS, FramesLog, PendingLog, commit_collected, orphan, track
 from replaystore.loaders import EmptyStoreError
 from replaystore.loaders.stacking import FrameWindows, Stacker
@@ -85,22 +85,6 @@ def _positive_int(name: str, value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or int(value) < 1:
         raise BufferArgumentError(f"{name}: expected a positive int, got {value!r}")
     return int(value)
-
-
-def frame_field(sfx: str) -> str:
-    """The frame field of an observation leaf: ``"frame"`` for a flat observation, ``"frame_<key>"`` in a Dict.
-
-    Parameters
-    ----------
-    sfx : str
-        The leaf's column suffix (``""``, ``"__<key>"``).
-
-    Returns
-    -------
-    str
-        A top-level dense field (the loaders' ``stack_field=``).
-    """
-    return "frame" if not sfx else f"frame_{sfx[len(_SEP):]}"
 
 
 class _StoreBufferMixin:
@@ -345,8 +329,9 @@ class _StoreBufferMixin:
         """Ignored (SB3's base class sets it to False on construction)."""
 
     def _transitions(self) -> int:
-        if self._stacker is not None:  # (frames: the records with a next frame; frame-only ones are not steps)
-            return len(self._stacker.index().valid_rows) + self._log.n
+        if self._stacker is not None:  # (frames: the records with a next frame, and each env's last one
+            assert isinstance(self._log, FramesLog)  # waiting for it; frame-only records are not steps)
+            return len(self._stacker.index().valid_rows) + self._log.n + int(self._log.open.sum())
         return len(self._log.table) + self._log.n
 
     def size(self) -> int:

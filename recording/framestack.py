@@ -25,6 +25,22 @@ DEFAULT_CODEC = "zstd"
 """The frame field's codec."""
 
 
+def frame_field(sfx: str) -> str:
+    """The frame field of an observation leaf: ``"frame"``, or ``"frame_<key>"`` for leaf ``obs__<key>``.
+
+    Parameters
+    ----------
+    sfx : str
+        The leaf's column suffix (``""``, ``"__image"``, ``"__pos__0"``).
+
+    Returns
+    -------
+    str
+        A top-level dense field (``"frame_pos_0"``): the loaders' ``stack_field=``.
+    """
+    return "frame" + sfx.replace("__", "_")
+
+
 class FrameStack:
     """How a stacked observation splits into frames, and the checks that it is one.
 

@@ -60,7 +60,9 @@ class RecordEpisodes(gym.Wrapper):
         frame of each observation, one frame-only record closing each episode), and
         ``UniformSampler(st, n, stack=k, stack_padding=frame_padding)`` gives back the stacks
         the environment returned. Each observation is checked to be such a stack
-        (RecordingError otherwise). None (default): observations are stored whole.
+        (RecordingError otherwise). A Dict observation (``FrameStackObservation`` stacks every
+        leaf) stores each leaf as a frame field ``frame_<key>`` (``stack_field=``); every leaf
+        must be a Box. None (default): observations are stored whole.
     frame_padding
         With ``frame_stack``: ``"reset"`` (default; ``FrameStackObservation``'s default
         ``padding_type``) or ``"zero"``.
@@ -211,7 +213,9 @@ class RecordVectorEpisodes(VectorWrapper):
         frame of each observation, one frame-only record closing each episode), and
         ``UniformSampler(st, n, stack=k, stack_padding=frame_padding)`` gives back the stacks
         the environment returned. Each observation is checked to be such a stack
-        (RecordingError otherwise). None (default): observations are stored whole.
+        (RecordingError otherwise). A Dict observation (``FrameStackObservation`` stacks every
+        leaf) stores each leaf as a frame field ``frame_<key>`` (``stack_field=``); every leaf
+        must be a Box. None (default): observations are stored whole.
     frame_padding
         With ``frame_stack``: ``"reset"`` (default; ``FrameStackObservation``'s default
         ``padding_type``) or ``"zero"``.

@@ -140,6 +140,7 @@ def test_samples_committed_and_pending_rows_as_sb3(tmp_path: Path) -> None:
     plan = [(1 if t % 9 == 8 else 0, t) for t in range(25)]  # 2 commits, 5 pending steps
     _feed(buf, peer, plan, n, True, 0)
     assert buf.pending == 5 * n
+    assert buf.size() == peer.size() == 25  # (each env's last committed step counts while it waits for its next frame)
     every = {(peer.observations[t, e].tobytes(), peer.next_observations[t, e].tobytes(),
               float(peer.rewards[t, e])) for t in range(peer.pos) for e in range(n)}
     np.random.seed(0)

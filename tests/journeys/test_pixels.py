@@ -8,7 +8,8 @@ One user's path per test, on real ALE Pong (84x84 grayscale, frame skip 4):
 - train SB3's DQN on ``VecFrameStack(4)`` with ``ReplayStoreBuffer(frame_stack=4)``, teeing every
   ``add`` into SB3's own ``ReplayBuffer``: >= 100x fewer bytes per step, and the stored transitions
   (and the buffer's own samples) equal SB3's, index for index;
-- the same with a Dict observation whose image leaf is stacked (``ReplayStoreDictBuffer``).
+- the same with a Dict observation whose image leaf is stacked (``ReplayStoreDictBuffer``, and the
+  recorder, which stores every leaf of ``FrameStackObservation``'s Dict as a frame field).
 """
 
 from __future__ import annotations
@@ -215,3 +216,24 @@ def test_dict_observation_image_leaf_stored_as_frames(tmp_path: Path) -> None:
         assert st.schema.field("frame_screen").codec is not None
         _check_against_peer(st, peer, n_envs, leaf="screen")
         assert live_bytes(st) * 100 <= SB3_STEP_BYTES * 150 * n_envs
+
+
+def test_recorded_dict_observation_with_an_image_leaf(tmp_path: Path) -> None:
+    url = str(tmp_path / "dict-rec")
+    env = RecordEpisodes(FrameStackObservation(ImageAndScore(pong(60)), 4), url, frame_stack=4)
+    seen = []
+    obs, _ = env.reset(seed=0)
+    for t in range(150):
+        nxt, _, term, trunc, _ = env.step(t % 6)
+        seen.append((obs, nxt))
+        obs = nxt
+        if term or trunc:
+            obs, _ = env.reset()
+    env.close()
+    with open_store(url, mode="r") as st:
+        assert st.schema.field("frame_screen").codec is not None and st.schema.field("frame_screen").shape == (84, 84)
+        for leaf in ("screen", "clock"):
+            (got,) = stored_transitions(st, 4, "reset", field=f"frame_{leaf}").values()
+            np.testing.assert_array_equal(got["obs"], np.stack([o[leaf] for o, _ in seen]))
+            np.testing.assert_array_equal(got["next_obs"], np.stack([x[leaf] for _, x in seen]))
+        assert live_bytes(st) * 100 <= SB3_STEP_BYTES * len(seen)

@@ -45,9 +45,9 @@ class Frames(gym.Env[np.ndarray, int]):
         return frame, float(action), self.t >= self.length, False, {"n": self.t}
 
 
-def _stored(url: str, padding: str) -> dict[str, dict[str, np.ndarray]]:
+def _stored(url: str, padding: str, field: str = "frame") -> dict[str, dict[str, np.ndarray]]:
     with open_store(url, mode="r") as st:
-        sampler = EpochSampler(st, 1_000_000, stack=K, stack_padding=padding)
+        sampler = EpochSampler(st, 1_000_000, stack=K, stack_padding=padding, stack_field=field)
         b = {k: np.asarray(v) for k, v in gather(st.default, sampler.sample()).items()
              if not isinstance(v, list)}
         pos = {int(r): i for i, r in enumerate(b["indices"].tolist())}
@@ -160,10 +160,9 @@ def test_bad_arguments_and_mismatched_stores(tmp_path: Path) -> None:
         RecordEpisodes(env, str(tmp_path / "a"), frame_stack=2)  # (3, 5, 6) does not split as 2 frames
     with pytest.raises(RecordingError, match="frame_padding"):
         RecordEpisodes(env, str(tmp_path / "b"), frame_stack=K, frame_padding="edge")
-    dict_env = gym.wrappers.TransformObservation(
-        env, lambda o: {"image": o}, gym.spaces.Dict({"image": env.observation_space}))
-    with pytest.raises(RecordingError, match="Box observation"):
-        RecordEpisodes(dict_env, str(tmp_path / "c"), frame_stack=K)
+    with pytest.raises(RecordingError, match="needs Box observations"):
+        RecordEpisodes(FrameStackObservation(WithScore(Frames(), discrete=True), K), str(tmp_path / "c"),
+                       frame_stack=K)
     url = str(tmp_path / "d")
     rec = RecordEpisodes(env, url, frame_stack=K)
     rec.reset(seed=0)
@@ -176,3 +175,41 @@ def test_bad_arguments_and_mismatched_stores(tmp_path: Path) -> None:
     with open_store(url, mode="r") as st:
         assert st.schema.names == ("frame", "action", "reward", "terminated", "truncated")
         assert st.schema.field("frame").shape == (5, 6) and len(st) == 2
+
+
+class WithScore(gym.ObservationWrapper):
+    """A Dict observation: the frame (an image leaf) and a small vector (or a Discrete) leaf."""
+
+    def __init__(self, env: gym.Env[Any, Any], discrete: bool = False) -> None:
+        super().__init__(env)
+        self.discrete = discrete
+        score = gym.spaces.Discrete(9) if discrete else gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"image": env.observation_space, "score": score})
+
+    def observation(self, observation: Any) -> Any:
+        """The frame and a score derived from it."""
+        v = float(observation[0, 0]) / 255
+        return {"image": observation, "score": int(v * 8) if self.discrete else np.array([v, -v], np.float32)}
+
+
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+def test_dict_observation_every_leaf_a_frame_field(tmp_path: Path, padding: str) -> None:
+    url = str(tmp_path / "s")
+    env = RecordEpisodes(FrameStackObservation(WithScore(Frames(4)), K, padding_type=padding), url,
+                         frame_stack=K, frame_padding=padding, commit_every=5)
+    seen = []
+    obs, _ = env.reset(seed=0)
+    for t in range(15):
+        nxt, _, term, trunc, _ = env.step(t % 3)
+        seen.append((obs, nxt))
+        obs = nxt
+        if term or trunc:
+            obs, _ = env.reset()
+    env.close()
+    with open_store(url, mode="r") as st:
+        assert st.schema.names == ("frame_image", "frame_score", "action", "reward", "terminated", "truncated")
+        assert st.schema.field("frame_image").shape == (5, 6) and st.schema.field("frame_score").shape == (2,)
+    for leaf in ("image", "score"):
+        (got,) = _stored(url, padding, f"frame_{leaf}").values()
+        np.testing.assert_array_equal(got["obs"], np.stack([o[leaf] for o, _ in seen]))
+        np.testing.assert_array_equal(got["next_obs"], np.stack([x[leaf] for _, x in seen]))
