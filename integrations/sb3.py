@@ -212,7 +212,8 @@ class _StoreBufferMixin:
             image = is_image_space(sub, check_channels=False)
             axis = 0 if image and is_image_space_channels_first(sub) else -1
             try:
-                out[sfx] = FrameStack(name, tuple(sub.shape), frame_stack, padding, axis=axis, new_axis=False)
+                # (one channel per frame, first: frames of the image's own shape, as the recorders store them)
+                out[sfx] = FrameStack(name, tuple(sub.shape), frame_stack, padding, axis=axis, new_axis=axis == 0)
             except RecordingError as exc:
                 raise BufferArgumentError(str(exc)) from None
         return out

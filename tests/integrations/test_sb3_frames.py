@@ -165,7 +165,7 @@ def test_bytes_per_step_and_codec(tmp_path: Path) -> None:
     buf.close()
     with open_store(url, mode="r") as st:
         assert st.schema.names == ("frame", "action", "reward", "terminated", "truncated")
-        assert st.schema.field("frame").shape == (1, 84, 84) and st.schema.field("frame").codec is not None
+        assert st.schema.field("frame").shape == (84, 84) and st.schema.field("frame").codec is not None
         assert st.schema.metadata["frame_stack"] == K and st.schema.metadata["frame_padding"] == "zero"
         assert len(st) == 201  # 200 steps and the open episode's final frame
         stored = sum(c["stored"] for c in st.info()["tables"]["records"]["columns"].values())
@@ -223,3 +223,40 @@ def test_pickled_buffer_reopens_its_frames_store(tmp_path: Path) -> None:
     s = again.sample(8)
     assert s.observations.shape == (8, *space.shape)
     again.close()
+
+
+def test_a_recorded_frames_store_is_an_sb3_replay(tmp_path: Path) -> None:
+    import gymnasium as gym
+    from gymnasium.wrappers import FrameStackObservation
+
+    from replaystore.gym import RecordEpisodes
+
+    class Frames(gym.Env[np.ndarray, int]):
+        observation_space = gym.spaces.Box(0, 255, (5, 6), np.uint8)
+        action_space = gym.spaces.Discrete(3)
+
+        def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+            super().reset(seed=seed)
+            self.t = 0
+            return self.np_random.integers(1, 255, (5, 6), dtype=np.uint8), {}
+
+        def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+            self.t += 1
+            return self.np_random.integers(1, 255, (5, 6), dtype=np.uint8), 1.0, self.t >= 4, False, {}
+
+    url = str(tmp_path / "rec")
+    env = RecordEpisodes(FrameStackObservation(Frames(), K), url, frame_stack=K)
+    seen = set()
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):
+        nxt, *_, term, trunc, _ = env.step(0)
+        seen.add((obs.tobytes(), nxt.tobytes()))
+        obs = env.reset()[0] if term or trunc else nxt
+    env.close()
+    space = gym.spaces.Box(0, 255, (K, 5, 6), np.uint8)
+    buf = ReplayStoreBuffer(1000, space, spaces.Discrete(3), "cpu", url=url, frame_stack=K, frame_padding="reset")
+    assert buf.size() == 10
+    s = buf.sample(50)
+    assert {(o.tobytes(), x.tobytes()) for o, x in zip(s.observations.numpy(), s.next_observations.numpy(),
+                                                         strict=True)} <= seen
+    buf.close()
