@@ -433,10 +433,11 @@ class _StoreBufferMixin:
             if bad.any():
                 raise BufferArgumentError(str(fs.refuse("and its next_obs are not one frame apart",
                                                         np.flatnonzero(bad))))
-            bad = begin & ~fs.starts(obs)
-            if bad.any():
-                raise BufferArgumentError(str(fs.refuse("starts an episode without its padding",
-                                                        np.flatnonzero(bad))))
+            if begin.any():
+                starts = np.flatnonzero(begin)
+                bad = ~fs.starts(obs[starts])
+                if bad.any():
+                    raise BufferArgumentError(str(fs.refuse("starts an episode without its padding", starts[bad])))
 
     def _continues(self, rows: slice) -> bool:
         """Whether every env's ``obs`` is bytewise its last ``next_obs`` (the common case, checked cheaply)."""

@@ -163,12 +163,12 @@ def _check_against_peer(st: Any, peer: Any, n_envs: int, leaf: str | None = None
 def test_dqn_on_vecframestack_pong_stores_frames_once(tmp_path: Path) -> None:
     n_envs = 2
     url = str(tmp_path / "dqn-pong")
-    model = DQN("CnnPolicy", _atari_vec(n_envs), buffer_size=2_000, learning_starts=100, batch_size=32,
-                train_freq=4, seed=0, device="cpu",
+    model = DQN("CnnPolicy", _atari_vec(n_envs), buffer_size=2_000, learning_starts=100, batch_size=16,
+                train_freq=8, seed=0, device="cpu",
                 replay_buffer_class=_tee(ReplayStoreBuffer, ReplayBuffer),
                 replay_buffer_kwargs={"url": url, "frame_stack": 4, "commit_every": 50},
                 policy_kwargs={"net_arch": [32], "features_extractor_kwargs": {"features_dim": 32}})
-    model.learn(300)  # trains on minibatches the store buffer samples (committed and pending rows)
+    model.learn(240)  # trains on minibatches the store buffer samples (committed and pending rows)
     buf, peer = model.replay_buffer, model.replay_buffer.peer
     assert buf.size() >= peer.size()
     # the buffer's own samples, with everything committed: each one of SB3's transitions
