@@ -75,8 +75,9 @@ class SlotRecorder:
         Passed to :func:`open_store` when opening a URL.
     frame_stack
         Frames per stacked observation (``FrameStackObservation``'s ``stack_size``): the store
-        then has the ``frames`` layout, each frame once (zstd), and ``stack=`` samplers rebuild
-        the stacks. None (default): observations are stored whole.
+        then has the ``frames`` layout, each frame once (zstd; one field per leaf of a Dict or
+        Tuple observation, ``frame_<key>``), and ``stack=`` samplers rebuild the stacks. Each
+        observation is checked to be such a stack. None (default): observations are stored whole.
     frame_padding
         With ``frame_stack``: how the stacks are padded at an episode's start, ``"reset"``
         (gymnasium's default) or ``"zero"``.
