@@ -20,7 +20,7 @@ import numpy as np
 from replaystore.schemas import Dense
 from replaystore.store import Store, Table, Writer
 
-__all__ = ["EPISODE_KEYS", "PendingLog", "commit_collected", "orphan", "track"]
+__all__ = ["EPISODE_KEYS", "FramesLog", "PendingLog", "commit_collected", "orphan", "track"]
 
 EPISODE_KEYS = ("stream", "first_step", "length", "return", "seed", "terminated", "truncated")
 """The columns of the per-commit ``episodes`` metadata (as ``replaystore.gym``'s recorders write it)."""
@@ -85,12 +85,7 @@ class PendingLog:
         """
         if self.closed:
             return
-        if self.n:
-            keys = self.stream_keys()
-            assert self.writer is not None
-            n = self.n
-            self.writer.append({name: a[:n] for name, a in self.arrays.items()},
-                               stream=keys[np.arange(n) % self.n_envs], reset=self.reset[:n])
+        if self._append(self.n):
             self.n = 0  # (the writer holds them now: a failed commit below leaves them pending there)
             self.appended = True
         if not self.appended and not self.ended["stream"]:
@@ -101,6 +96,16 @@ class PendingLog:
         self.writer.commit(metadata={"episodes": ended} if ended is not None else None)
         self.appended = False
         self.ended = {k: [] for k in EPISODE_KEYS}
+
+    def _append(self, n: int) -> bool:
+        """Append the first ``n`` pending rows to the writer; whether anything was appended."""
+        if not n:
+            return False
+        keys = self.stream_keys()
+        assert self.writer is not None
+        self.writer.append({name: a[:n] for name, a in self.arrays.items()},
+                           stream=keys[np.arange(n) % self.n_envs], reset=self.reset[:n])
+        return True
 
     def close(self) -> None:
         """Commit what is pending and release the writer and the store (idempotent)."""
@@ -115,6 +120,105 @@ class PendingLog:
                     self.writer.close()
             finally:
                 self.store.close()
+
+
+class FramesLog(PendingLog):
+    """A :class:`PendingLog` whose store has the ``frames`` layout: each stacked frame stored once.
+
+    The pending rows keep whole stacked observations (``obs<sfx>``/``next_obs<sfx>``, sampled
+    from RAM as they are); a commit appends per row the newest frame of ``obs`` as ``frame<sfx>``
+    with the row's other columns, and after the last row of an episode (:attr:`end`: it ended,
+    or the next one was cut off) a frame-only record with the newest frame of its ``next_obs``.
+    :meth:`close` closes every env's open episode that way, so its last transition can be drawn.
+
+    Parameters
+    ----------
+    store : Store
+        As :class:`PendingLog`.
+    columns : mapping of str to Dense
+        The columns of the pending rows (whole stacks).
+    rows : int
+        As :class:`PendingLog`.
+    n_envs : int
+        As :class:`PendingLog`.
+    newest : mapping of str to tuple
+        Per frame field: the stacked observation leaf's column suffix (``""`` for a flat
+        observation) and the function giving the newest frame of each of ``[n, *obs_shape]``
+        observations.
+
+    Notes
+    -----
+    Cost: a commit copies the pending rows' newest frames and scalars once more.
+    """
+
+    def __init__(self, store: Store, columns: Mapping[str, Dense], rows: int, n_envs: int,
+                 newest: Mapping[str, Any]) -> None:
+        super().__init__(store, columns, rows, n_envs)
+        self.newest = dict(newest)
+        self.end = np.zeros(rows, dtype=bool)
+        self.open = np.zeros(n_envs, dtype=bool)  # env's last appended row lacks its closing frame
+        self.last: dict[str, np.ndarray | None] = dict.fromkeys(self.newest)  # its next_obs's newest frame
+        self.closing = False
+        self._stacked = {f"{base}{sfx}" for sfx, _ in self.newest.values() for base in ("obs", "next_obs")}
+
+    def _append(self, n: int) -> bool:
+        # docstring inherited
+        ne = self.n_envs
+        env = np.arange(n) % ne
+        end = self.end[:n].copy()
+        pre = np.zeros(n, dtype=bool)
+        pre[:min(n, ne)] = self.reset[:min(n, ne)] & self.open[env[:ne]]  # an episode cut at the last commit
+        if self.closing:
+            end[max(0, n - ne):] = True
+        tail = np.flatnonzero(self.open) if (self.closing and not n) else np.zeros(0, dtype=np.int64)
+        if not n and not len(tail):
+            return False
+        count = pre.astype(np.int64) + 1 + end
+        main = np.cumsum(count) - count + pre
+        total = int(count.sum()) + len(tail)
+        close_rows = main[end] + 1
+        pre_rows = main[pre] - 1
+        tail_rows = np.arange(total - len(tail), total)
+        out: dict[str, np.ndarray] = {}
+        for name, a in self.arrays.items():
+            if name in self._stacked:
+                continue
+            col = np.zeros((total, *a.shape[1:]), dtype=a.dtype)
+            col[main] = a[:n]
+            out[name] = col
+        for field, (sfx, newest) in self.newest.items():
+            frames = newest(self.arrays[f"obs{sfx}"][:n])
+            col = np.zeros((total, *frames.shape[1:]), dtype=frames.dtype)
+            col[main] = frames
+            if end.any():
+                col[close_rows] = newest(self.arrays[f"next_obs{sfx}"][:n][end])
+            last = self.last[field]
+            if last is not None:
+                col[pre_rows] = last[env[pre]]
+                col[tail_rows] = last[tail]
+            out[field] = col
+            if n:
+                self.last[field] = newest(self.arrays[f"next_obs{sfx}"][n - ne:n])
+        streams = np.zeros(total, dtype=np.int64)
+        streams[main] = env
+        streams[close_rows] = env[end]
+        streams[pre_rows] = env[pre]
+        streams[tail_rows] = tail
+        reset = np.zeros(total, dtype=bool)
+        reset[main] = self.reset[:n]
+        keys = self.stream_keys()
+        assert self.writer is not None
+        self.writer.append(out, stream=keys[streams], reset=reset)
+        if n:
+            self.open[:] = ~end[n - ne:n]
+        if self.closing:
+            self.open[:] = False
+        return True
+
+    def close(self) -> None:
+        """Close every env's open episode with a frame-only record, commit, and release (idempotent)."""
+        self.closing = True
+        super().close()
 
 
 _STOP = object()  # tells the flusher thread to finish

@@ -26,6 +26,7 @@ import torch as th
 from replaystore.errors import (
     BufferArgumentError,
     MissingDependencyError,
+    RecordingError,
     SchemaMismatchError,
     StoreError,
     StoreNotFoundError,
@@ -35,6 +36,7 @@ try:
     from gymnasium import spaces
     from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+    from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
     from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecNormalize
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess without stable-baselines3
@@ -42,9 +44,11 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
                                  'pip install "replaystore[sb3]"') from exc
 
 from replaystore.gym import schema_from_spaces
-from replaystore.integrations.pending import EPISODE_KEYS, PendingLog, commit_collected, orphan, track
+from replaystore.gym.framestack import DEFAULT_CODEC, FrameStack, frame_field
+from replaystore.integrations.pending import EPISODE_KEYS, FramesLog, PendingLog, commit_collected, orphan, track
 from replaystore.loaders import EmptyStoreError
-from replaystore.schemas import Dense, Schema
+from replaystore.loaders.stacking import FrameWindows, Stacker
+from replaystore.schemas import Dense, Schema, nested
 from replaystore.store import Store, open_store
 
 __all__ = ["ReplayStoreBuffer", "ReplayStoreDictBuffer", "commit_collected", "resume_learning_starts", "train_offline"]
@@ -99,7 +103,8 @@ class _StoreBufferMixin:
 
     def _open(self, url: Any, buffer_size: int, n_envs: int, handle_timeout_termination: bool,
               optimize_memory_usage: bool, commit_every: int | None,
-              storage_options: Mapping[str, Any] | None, create: bool = True) -> None:
+              storage_options: Mapping[str, Any] | None, create: bool = True, frame_stack: int | None = None,
+              frame_padding: str = "zero") -> None:
         if url is None:
             raise BufferArgumentError("url: expected the store's URL (a local path, file://, s3://, memory://) "
                                       "in replay_buffer_kwargs={'url': ...}, got none")
@@ -113,24 +118,36 @@ class _StoreBufferMixin:
         self.url = os.fspath(url)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.optimize_memory_usage = False
-        self._init_args = {"buffer_size": buffer_size, "n_envs": n_envs, "commit_every": commit_every,
+        self._init_args: dict[str, Any] = {"buffer_size": buffer_size, "n_envs": n_envs, "commit_every": commit_every,
                            "handle_timeout_termination": self.handle_timeout_termination,
                            "storage_options": dict(storage_options) if storage_options is not None else None}
+        if frame_stack is not None:
+            self._init_args["frame_stack"], self._init_args["frame_padding"] = frame_stack, frame_padding
         self.capacity = max(buffer_size // n_envs, 1) * n_envs  # records kept, as SB3's arrays would keep them
         self._leaves = self._obs_leaves()
-        expected = schema_from_spaces(self.observation_space, self.action_space, name="sb3",
-                                      reward_dtype=np.float32,
-                                      metadata={"producer": "replaystore.integrations.sb3"})
+        steps = schema_from_spaces(self.observation_space, self.action_space, name="sb3",
+                                   reward_dtype=np.float32,
+                                   metadata={"producer": "replaystore.integrations.sb3"})
+        self._frames = self._frame_stacks(frame_stack, frame_padding)
+        expected = steps if not self._frames else self._frames_schema(steps, frame_stack, frame_padding)
         commit_collected()  # (the pending steps of collected buffers first: a reopened url holds them)
         store = self._open_store(expected, storage_options, bool(create))
-        schema = store.schema
+        schema = store.schema if not self._frames else steps  # (frames: the pending rows keep whole stacks)
         self._columns = {f.name: f for f in schema.dense_fields}
-        self._read_columns = list(self._columns)
+        self._read_columns = [f.name for f in store.schema.dense_fields]
         if commit_every is None:  # the default: 1000 steps, fewer for large observations
             step_bytes = n_envs * sum(f.dtype.itemsize * math.prod(f.shape) for f in self._columns.values())
             commit_every = max(1, min(DEFAULT_COMMIT_EVERY, TAIL_BYTES // step_bytes))
         self.commit_every: int = commit_every
-        self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
+        if self._frames:
+            self._log: PendingLog = FramesLog(store, self._columns, commit_every * n_envs, n_envs,
+                                              {frame_field(sfx): (sfx, fs.newest) for sfx, fs in self._frames.items()})
+            first = next(iter(self._frames.values()))
+            self._stacker: Stacker | None = Stacker(store.default, first.stack, first.padding,
+                                                    frame_field(next(iter(self._frames))))
+        else:
+            self._log = PendingLog(store, self._columns, commit_every * n_envs, n_envs)
+            self._stacker = None
         # collected (SB3 models are reference cycles: at any allocation of any thread): the finalizer only
         # hands the log to the flusher thread, since no store I/O may run inside the garbage collector
         self._finalizer = weakref.finalize(self, orphan, self._log)
@@ -172,6 +189,49 @@ class _StoreBufferMixin:
                                           "Dict buffers take one level of Box/Discrete/MultiDiscrete/MultiBinary")
             out.append((f"{_SEP}{key}", key))
         return out
+
+    def _frame_stacks(self, frame_stack: int | None, padding: str) -> dict[str, FrameStack]:
+        """Per observation leaf stored as frames (by column suffix): its :class:`FrameStack` (none without one).
+
+        A flat Box observation is one stack; in a Dict, every image leaf (uint8 Box of 3 dims).
+        The stacking axis is the channel axis as SB3's ``VecFrameStack`` uses it: first for a
+        channel-first image (after ``VecTransposeImage``), last otherwise.
+        """
+        if frame_stack is None:
+            return {}
+        space = self.observation_space
+        subs = ([("", "obs", space)] if not isinstance(space, spaces.Dict) else
+                [(f"{_SEP}{key}", f"obs{_SEP}{key}", sub) for key, sub in space.spaces.items()
+                 if is_image_space(sub, check_channels=False)])
+        if not subs or not all(isinstance(sub, spaces.Box) for _, _, sub in subs):
+            raise BufferArgumentError(f"frame_stack: needs a Box observation or a Dict with an image leaf (uint8 "
+                                      f"Box of 3 dims), got {space}")
+        out = {}
+        for sfx, name, sub in subs:
+            assert isinstance(sub, spaces.Box)
+            image = is_image_space(sub, check_channels=False)
+            axis = 0 if image and is_image_space_channels_first(sub) else -1
+            try:
+                # (one channel per frame, first: frames of the image's own shape, as the recorders store them)
+                out[sfx] = FrameStack(name, tuple(sub.shape), frame_stack, padding, axis=axis, new_axis=axis == 0)
+            except RecordingError as exc:
+                raise BufferArgumentError(str(exc)) from None
+        return out
+
+    def _frames_schema(self, steps: Schema, frame_stack: Any, padding: str) -> Schema:
+        """The ``frames`` layout of these steps: each frame once (zstd), the other leaves as recorded."""
+        fields: list[Any] = []
+        space = self.observation_space
+        fields += [Dense(frame_field(sfx), steps.field(f"obs{sfx}").dtype, fs.frame_shape,  # type: ignore[union-attr]
+                         codec=DEFAULT_CODEC) for sfx, fs in self._frames.items()]
+        if isinstance(space, spaces.Dict):
+            raw = {key: steps.field(f"obs{_SEP}{key}") for key in space.spaces if f"{_SEP}{key}" not in self._frames}
+            if raw:
+                fields += [nested("obs", raw), nested("next_obs", raw)]
+        fields += [steps.field(name) for name in ("action", "reward", "terminated", "truncated")]
+        meta = dict(steps.metadata)
+        meta.update(frame_stack=int(frame_stack), frame_padding=padding)
+        return Schema("sb3_frames", fields, metadata=meta)
 
     def _open_store(self, expected: Schema, storage_options: Mapping[str, Any] | None, create: bool) -> Store:
         """Open the store at ``self.url`` (created if absent and ``create``) and check it holds these steps.
@@ -222,6 +282,14 @@ class _StoreBufferMixin:
                 f"buffer would keep {self.capacity} (buffer_size {self._init_args['buffer_size']} with n_envs "
                 f"{self.n_envs}); pass the buffer_size it was created with, or another url")
         schema = store.schema
+        if self._frames:
+            meta = schema.metadata
+            first = next(iter(self._frames.values()))
+            if meta.get("frame_stack") != first.stack or meta.get("frame_padding") != first.padding:
+                raise SchemaMismatchError(
+                    f"{self.url}: the store holds frames stacked {meta.get('frame_stack')!r} with padding "
+                    f"{meta.get('frame_padding')!r}, this buffer stacks {first.stack} with {first.padding!r} "
+                    f"(frame_stack=, frame_padding=)")
         got = {f.name: f for f in schema.fields if f.kind != "meta"}
         want = {f.name: f for f in expected.dense_fields}
         extra = sorted(set(got) - set(want))
@@ -262,6 +330,9 @@ class _StoreBufferMixin:
         """Ignored (SB3's base class sets it to False on construction)."""
 
     def _transitions(self) -> int:
+        if self._stacker is not None:  # (frames: the records with a next frame, and each env's last one
+            assert isinstance(self._log, FramesLog)  # waiting for it; frame-only records are not steps)
+            return len(self._stacker.index().valid_rows) + self._log.n + int(self._log.open.sum())
         return len(self._log.table) + self._log.n
 
     def size(self) -> int:
@@ -319,14 +390,21 @@ class _StoreBufferMixin:
             a["truncated"][rows] = False
         # a new episode where the last one ended, or where obs does not continue the last next_obs
         begin = self._prev_done
+        cut = None
         if self._has_prev and not begin.all() and not self._continues(rows):
             same = np.ones(n, dtype=bool)
             for obs_col, _, _, _ in self._obs_specs:
                 same &= (a[obs_col][rows] == self._prev_next[obs_col]).reshape(n, -1).all(axis=1)
             cut = ~same & ~begin
-            if cut.any():  # the env was reset mid-episode (e.g. a new learn()): the episode is abandoned
-                self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
             begin = begin | ~same
+        if self._frames:
+            self._check_frames(rows, begin)
+            assert isinstance(log, FramesLog)
+            log.end[rows] = done_
+            if cut is not None and cut.any() and i >= n:  # (the cut episode's last row is pending: close it)
+                log.end[i - n:i] |= cut
+        if cut is not None and cut.any():  # the env was reset mid-episode (e.g. a new learn()): abandoned
+            self._end(cut, np.zeros(n, bool), np.zeros(n, bool))
         log.reset[rows] = begin
         if begin.any():
             self._ep_first[begin] = self._step[begin]
@@ -345,6 +423,21 @@ class _StoreBufferMixin:
         log.n = i + n
         if log.n + n > log.rows:
             log.commit()
+
+    def _check_frames(self, rows: slice, begin: np.ndarray) -> None:
+        """BufferArgumentError unless each stacked observation is an episode start or continues, and slides."""
+        a = self._log.arrays
+        for sfx, fs in self._frames.items():
+            obs, nxt = a[f"obs{sfx}"][rows], a[f"next_obs{sfx}"][rows]
+            bad = ~fs.slides(obs, nxt)
+            if bad.any():
+                raise BufferArgumentError(str(fs.refuse("and its next_obs are not one frame apart",
+                                                        np.flatnonzero(bad))))
+            if begin.any():
+                starts = np.flatnonzero(begin)
+                bad = ~fs.starts(obs[starts])
+                if bad.any():
+                    raise BufferArgumentError(str(fs.refuse("starts an episode without its padding", starts[bad])))
 
     def _continues(self, rows: slice) -> bool:
         """Whether every env's ``obs`` is bytewise its last ``next_obs`` (the common case, checked cheaply)."""
@@ -377,6 +470,8 @@ class _StoreBufferMixin:
     def _draw(self, batch_size: int) -> dict[str, np.ndarray]:
         """The flat columns of ``batch_size`` transitions drawn uniformly (with replacement)."""
         log = self._log
+        if self._stacker is not None:
+            return self._draw_frames(batch_size)
         view = log.table.view()  # (its read keeps a nested field's leaves flat, under their column names)
         committed = len(view)
         total = committed + log.n
@@ -392,6 +487,38 @@ class _StoreBufferMixin:
             return {name: arr[tail] for name, arr in log.arrays.items()}
         # (draws from the store first, then from RAM: the same i.i.d. uniform draws, grouped)
         stored = self._flat(view.read(view.rows_at(idx[in_store]), self._read_columns))
+        return {name: np.concatenate((stored[name], arr[tail])) for name, arr in log.arrays.items()}
+
+    def _draw_frames(self, batch_size: int) -> dict[str, np.ndarray]:
+        """As :meth:`_draw`, from a ``frames`` store: stacks rebuilt by the loaders' frame stacking.
+
+        Drawn uniformly from the committed records with a next frame and the pending rows
+        (which keep their whole stacks in RAM).
+        """
+        log = self._log
+        assert self._stacker is not None
+        index = self._stacker.index()
+        valid = index.valid_rows
+        committed = len(valid)
+        total = committed + log.n
+        if total <= 0:
+            raise EmptyStoreError(f"{self.url}: the replay holds no transition to sample")
+        idx = np.random.randint(0, total, size=batch_size)
+        in_store = idx < committed
+        tail = idx[~in_store] - committed
+        if not in_store.any():
+            return {name: arr[tail] for name, arr in log.arrays.items()}
+        rows = valid[idx[in_store]]
+        table = log.table
+        frames = {frame_field(sfx) for sfx in self._frames}
+        raw = [name for name in self._read_columns if name not in frames]
+        stored = self._flat(table.read(rows, columns=raw))
+        windows = index.windows(rows, self._stacker.stack, self._stacker.padding)
+        for sfx, fs in self._frames.items():
+            got = FrameWindows(windows, frame_field(sfx)).apply(table, {})
+            stored[f"obs{sfx}"], stored[f"next_obs{sfx}"] = fs.join(got["obs"]), fs.join(got["next_obs"])
+        if not len(tail):
+            return stored
         return {name: np.concatenate((stored[name], arr[tail])) for name, arr in log.arrays.items()}
 
     def _flat(self, cols: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -523,6 +650,22 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         Whether an absent store is created (default). Never under ``Model.load`` or
         when a pickled buffer is loaded (``load_replay_buffer``): a missing store then
         raises ``StoreNotFoundError``.
+    frame_stack : int, optional
+        Frames per stacked observation, as ``VecFrameStack(venv, n_stack)`` stacks them
+        (``frame_stack=n_stack``; along the channel axis, first after DQN's
+        ``VecTransposeImage``, last otherwise). The store then holds each frame once,
+        zstd-compressed (the ``frames`` layout: the newest frame of each observation and one
+        frame-only record closing each episode; ~100-600x fewer bytes per Atari step than
+        SB3's buffer), and ``sample`` rebuilds the stacks with the loaders' frame stacking:
+        the same arrays SB3's own buffer gives. Each ``add`` is checked (``next_obs`` one
+        frame on from ``obs``, an episode's first ``obs`` padded); otherwise
+        ``BufferArgumentError`` and nothing of the step is kept. The frame-only records count
+        towards the capacity; once records are evicted, the oldest kept episode of each env
+        is stacked as if it started at its oldest kept frame (its first ``frame_stack - 1``
+        transitions differ from what was added). None (default): whole observations.
+    frame_padding : str
+        With ``frame_stack``: ``"zero"`` (default; ``VecFrameStack``) or ``"reset"`` (the first
+        frame repeated, as gymnasium's ``FrameStackObservation``).
 
     Attributes
     ----------
@@ -555,7 +698,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
                  commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, frame_stack: int | None = None, frame_padding: str = "zero") -> None:
         if isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError("observation_space: a Dict space; use ReplayStoreDictBuffer")
         _positive_int("buffer_size", buffer_size)
@@ -563,7 +706,7 @@ class ReplayStoreBuffer(_StoreBufferMixin, ReplayBuffer):
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
-                   storage_options, create)
+                   storage_options, create, frame_stack, frame_padding)
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -657,6 +800,12 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         Passed to the storage backend.
     create : bool
         Whether an absent store is created (as :class:`ReplayStoreBuffer`).
+    frame_stack : int, optional
+        Frames per stacked observation: each image leaf (a uint8 Box of 3 dims) is stored
+        as a frame field ``frame_<key>`` (zstd), the other leaves whole; as
+        :class:`ReplayStoreBuffer`.
+    frame_padding : str
+        As :class:`ReplayStoreBuffer`.
 
     Attributes
     ----------
@@ -681,7 +830,7 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, url: str | os.PathLike[str] | None = None,
                  commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, frame_stack: int | None = None, frame_padding: str = "zero") -> None:
         if not isinstance(observation_space, spaces.Dict):
             raise BufferArgumentError(f"observation_space: expected a Dict space, got "
                                       f"{type(observation_space).__name__}; use ReplayStoreBuffer")
@@ -690,7 +839,7 @@ class ReplayStoreDictBuffer(_StoreBufferMixin, DictReplayBuffer):
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self._open(url, buffer_size, n_envs, handle_timeout_termination, optimize_memory_usage, commit_every,
-                   storage_options, create)
+                   storage_options, create, frame_stack, frame_padding)
 
     def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray],  # type: ignore[override]
             action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:

@@ -11,16 +11,19 @@ episode). Every value of a step is cast and checked before any of it is buffered
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces as gym_spaces
 
 from replaystore.errors import RecordingError, SchemaMismatchError, ShapeError, StoreError, StoreNotFoundError
 from replaystore.gym.cast import as_array, cast, check_bounds
 from replaystore.gym.episodes import EPISODE_KEYS
+from replaystore.gym.framestack import DEFAULT_CODEC, FrameStack, frame_field
 from replaystore.gym.nestobs import Leaves, is_nested, leaf_layout, leaves, pick
 from replaystore.gym.spaces import InfoSpec, SpaceBounds, bounds, info_columns, schema_from_spaces
 from replaystore.schemas import Dense, Schema
@@ -70,6 +73,14 @@ class SlotRecorder:
         continue after their last stored step.
     capacity, storage_options
         Passed to :func:`open_store` when opening a URL.
+    frame_stack
+        Frames per stacked observation (``FrameStackObservation``'s ``stack_size``): the store
+        then has the ``frames`` layout, each frame once (zstd; one field per leaf of a Dict or
+        Tuple observation, ``frame_<key>``), and ``stack=`` samplers rebuild the stacks. Each
+        observation is checked to be such a stack. None (default): observations are stored whole.
+    frame_padding
+        With ``frame_stack``: how the stacks are padded at an episode's start, ``"reset"``
+        (gymnasium's default) or ``"zero"``.
 
     Raises
     ------
@@ -83,7 +94,8 @@ class SlotRecorder:
                  action_space: Any, *, env: Any = None, schema: Schema | None = None, name: str | None = None,
                  info_keys: Sequence[str] | Mapping[str, InfoSpec | None] = (), commit_every: int = 10_000,
                  streams: Sequence[str | int] | None = None, capacity: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, frame_stack: int | None = None,
+                 frame_padding: str = "reset") -> None:
         if not isinstance(commit_every, int) or isinstance(commit_every, bool) or commit_every < 1:
             raise RecordingError(f"commit_every: expected a positive int, got {commit_every!r}")
         if streams is not None and (len(streams) != slots or len(set(streams)) != slots):
@@ -99,6 +111,15 @@ class SlotRecorder:
         self._capacity = capacity
         self._storage_options = storage_options
         self._bounds = bounds(action_space)
+        # frame_stack: per observation leaf (column suffix; "" for a Box observation), its FrameStack
+        self._fs: dict[str, FrameStack] = {}
+        if frame_stack is not None:
+            for sfx, _, sub in (leaves(observation_space) if is_nested(observation_space)
+                                else [("", (), observation_space)]):
+                if not isinstance(sub, gym_spaces.Box):
+                    raise RecordingError(f"frame_stack: needs Box observations (each leaf stacked by "
+                                         f"FrameStackObservation), got {type(sub).__name__} for 'obs{sfx}'")
+                self._fs[sfx] = FrameStack(f"obs{sfx}", _space_shape(sub), frame_stack, frame_padding)
         # the integer ranges of the observation's Discrete/MultiDiscrete/MultiBinary leaves, by column suffix
         self._obs_bounds: dict[str, SpaceBounds] = {}
         for sfx, _, sub in (leaves(observation_space) if is_nested(observation_space)
@@ -156,8 +177,22 @@ class SlotRecorder:
     def _create(self, info: Mapping[str, InfoSpec]) -> None:
         schema = schema_from_spaces(self.observation_space, self.action_space, name=self.name, env=self.env,
                                     info=info)
+        if self._fs:
+            schema = self._frames_schema(schema)
         self._attach(open_store(os.fspath(self._target), schema, mode="a", capacity=self._capacity,  # type: ignore[arg-type]
                                 storage_options=self._storage_options), owns=True)
+
+    def _frames_schema(self, steps: Schema) -> Schema:
+        """The ``frames`` layout of ``steps``: each ``obs``/``next_obs`` leaf becomes one frame field (zstd)."""
+        frames = [Dense(frame_field(sfx), steps.field(f"obs{sfx}").dtype, fs.frame_shape,  # type: ignore[union-attr]
+                        codec=DEFAULT_CODEC, description=f"the newest frame of observation s_t{sfx} (the final "
+                        "one on the frame-only record closing an episode)") for sfx, fs in self._fs.items()]
+        whole = {f"{base}{sfx}" for sfx in self._fs for base in ("obs", "next_obs")}
+        fields = frames + [f for f in steps.fields if f.name not in whole]
+        meta = dict(steps.metadata)
+        first = next(iter(self._fs.values()))
+        meta.update(frame_stack=first.stack, frame_padding=first.padding)
+        return Schema(steps.name, fields, metadata=meta)
 
     def _attach(self, store: Store, *, owns: bool) -> None:
         """Check ``store``'s schema against the spaces and open a writer."""
@@ -187,6 +222,10 @@ class SlotRecorder:
                     if len(steps):
                         self.step[slot] = max(int(self.step[slot]), int(steps.max()) + 1)
         self._fields = {f.name: f for f in schema.dense_fields}
+        for sfx, fs in self._fs.items():  # (the whole stacks, cast and checked before their newest frame is kept)
+            whole = Dense(f"obs{sfx}", self._fields[frame_field(sfx)].dtype, fs.obs_shape)
+            self._fields[f"obs{sfx}"] = whole
+            self._fields[f"next_obs{sfx}"] = dataclasses.replace(whole, name=f"next_obs{sfx}")
         if self._leaves is not None:
             if any(a.dtype != self._fields[f"obs{sfx}"].dtype for sfx, a in self.obs.arrays.items()):
                 self.obs = self._obs_array()
@@ -213,9 +252,22 @@ class SlotRecorder:
                 for base in ("obs", "next_obs"):
                     want[f"{base}{sfx}"] = leaf_layout(sub)[1]
                     names.append(f"{base}{sfx}")
+        if self._fs:
+            whole = {f"{base}{sfx}" for sfx in self._fs for base in ("obs", "next_obs")}
+            for name in whole:
+                want.pop(name, None)
+            want.update({frame_field(sfx): fs.frame_shape for sfx, fs in self._fs.items()})
+            names = [*(frame_field(sfx) for sfx in self._fs), *(n for n in names if n not in whole)]
         for key in self.info_keys:
             names += info_columns(key)
         problems = []
+        if self._fs:
+            meta = schema.metadata
+            first = next(iter(self._fs.values()))
+            if (meta.get("frame_stack"), meta.get("frame_padding")) != (first.stack, first.padding):
+                problems.append(f"frames stacked {meta.get('frame_stack')!r} with padding "
+                                f"{meta.get('frame_padding')!r}, expected {first.stack} with "
+                                f"{first.padding!r} (frame_stack=, frame_padding=)")
         got = {f.name for f in schema.fields if f.kind != "meta"}
         if got != set(names):
             problems.append(f"fields {sorted(got)}, expected {sorted(names)}")
@@ -298,6 +350,10 @@ class SlotRecorder:
             seed = seeds[slot]
             self.ep_seed[slot] = None if seed is None else int(seed)
         values = self._obs_field("obs", obs, mask)
+        for sfx, fs in self._fs.items():
+            bad = ~fs.starts(_leaf(values, sfx))
+            if bad.any():
+                raise fs.refuse("starts an episode without its padding", np.flatnonzero(mask)[bad])
         self.obs[mask] = values
         self.in_episode[mask] = True
         self._start(mask)
@@ -312,6 +368,9 @@ class SlotRecorder:
         """Slots in ``mask`` leave their episode unfinished (reset mid-episode, a failed step, close)."""
         mask = np.asarray(mask, dtype=bool) & self.in_episode
         if mask.any():
+            if self._fs and self.schema is not None:  # the last transition's next frame
+                slots = np.flatnonzero(mask & (self.ep_length > 0))
+                self._close_frames(slots, self._newest(self.obs[slots]))
             self._end(mask, np.zeros(self.slots, bool), np.zeros(self.slots, bool))
 
     def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
@@ -345,6 +404,10 @@ class SlotRecorder:
             if self.schema is None:
                 self._create_from(infos, mask)
             cols = self._cast_step(sel, action, next_obs, reward, terminated, truncated, infos)
+            for sfx, fs in self._fs.items():
+                bad = ~fs.slides(_leaf(cols["obs"], sfx), _leaf(cols["next_obs"], sfx))
+                if bad.any():
+                    raise fs.refuse("and the next one are not one frame apart", np.flatnonzero(mask)[bad])
         except BaseException:
             self.abandon(mask)
             raise
@@ -354,6 +417,8 @@ class SlotRecorder:
         self.ep_length[sel] += 1
         self.ep_return[sel] += cols["reward"]
         done = cols["terminated"] | cols["truncated"]
+        if self._fs and done.any():  # an episode's final frame: a record of its own
+            self._close_frames(np.flatnonzero(mask)[done], self._newest(cols["next_obs"][done]))
         if not done.any():
             self.obs[sel] = cols["next_obs"]
         else:
@@ -412,6 +477,8 @@ class SlotRecorder:
         return cols
 
     def _buffer(self, mask: np.ndarray | slice, cols: dict[str, Any]) -> None:
+        if self._fs:  # the frames layout: the newest frame of obs; next_obs is the next record's
+            cols = {**self._newest(cols["obs"]), **{k: v for k, v in cols.items() if k not in ("obs", "next_obs")}}
         for name, values in cols.items():
             if isinstance(values, Leaves):
                 for sfx, leaf in values.arrays.items():
@@ -425,6 +492,26 @@ class SlotRecorder:
         n = len(slots)
         self._buffered += n
         self._uncommitted += n
+
+    def _newest(self, obs: Any) -> dict[str, np.ndarray]:
+        """Per frame field, the newest frame of each of the stacked observations ``obs`` (``[n, ...]``)."""
+        return {frame_field(sfx): fs.newest(_leaf(obs, sfx)) for sfx, fs in self._fs.items()}
+
+    def _close_frames(self, slots: np.ndarray, frames: dict[str, np.ndarray]) -> None:
+        """Buffer the frame-only records closing the episodes of ``slots``: their final frames, at their next step."""
+        m = len(slots)
+        if not m:
+            return
+        assert self.schema is not None
+        for f in self.schema.dense_fields:
+            self._buf.setdefault(f.name, []).append(frames[f.name] if f.name in frames
+                                                    else np.zeros((m, *f.shape), dtype=f.dtype))
+        self._buf.setdefault("_slot", []).append(slots)
+        self._buf.setdefault("_step", []).append(self.step[slots].copy())
+        self._buf.setdefault("_reset", []).append(np.zeros(m, dtype=bool))
+        self.step[slots] += 1
+        self._buffered += m
+        self._uncommitted += m
 
     # -- appends and commits ------------------------------------------------------------
     @property
@@ -492,6 +579,11 @@ def _check_in(name: str, values: np.ndarray, b: SpaceBounds) -> None:
             check_bounds(name, values, b.low, b.high)  # raises IdRangeError naming the values
     else:
         check_bounds(name, values, b.low, b.high)
+
+
+def _leaf(values: Any, sfx: str) -> np.ndarray:
+    """Leaf ``sfx`` of observations held as an array (a Box space) or as :class:`Leaves`."""
+    return values.arrays[sfx] if isinstance(values, Leaves) else values
 
 
 def _space_shape(space: Any) -> tuple[int, ...]:

@@ -54,6 +54,18 @@ class RecordEpisodes(gym.Wrapper):
         The stream key (default ``"w<writer>-0"``); a key already stored continues after its last step.
     capacity, storage_options
         For :func:`~replaystore.store.open_store`.
+    frame_stack
+        Frames per stacked observation (``FrameStackObservation(env, k)``: ``frame_stack=k``).
+        The store then holds each frame once, zstd-compressed (the ``frames`` layout: the newest
+        frame of each observation, one frame-only record closing each episode), and
+        ``UniformSampler(st, n, stack=k, stack_padding=frame_padding)`` gives back the stacks
+        the environment returned. Each observation is checked to be such a stack
+        (RecordingError otherwise). A Dict observation (``FrameStackObservation`` stacks every
+        leaf) stores each leaf as a frame field ``frame_<key>`` (``stack_field=``); every leaf
+        must be a Box. None (default): observations are stored whole.
+    frame_padding
+        With ``frame_stack``: ``"reset"`` (default; ``FrameStackObservation``'s default
+        ``padding_type``) or ``"zero"``.
 
     Raises
     ------
@@ -74,12 +86,14 @@ class RecordEpisodes(gym.Wrapper):
     def __init__(self, env: gym.Env[Any, Any], url_or_store: str | os.PathLike[str] | Store, *,
                  commit_every: int = 10_000, info_keys: Sequence[str] | Mapping[str, InfoSpec | None] = (),
                  schema: Schema | None = None, name: str | None = None, stream: str | int | None = None,
-                 capacity: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
+                 capacity: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                 frame_stack: int | None = None, frame_padding: str = "reset") -> None:
         super().__init__(env)
         self.recorder = SlotRecorder(url_or_store, 1, env.observation_space, env.action_space, env=env,
                                      schema=schema, name=name, info_keys=info_keys, commit_every=commit_every,
                                      streams=None if stream is None else [stream], capacity=capacity,
-                                     storage_options=storage_options)
+                                     storage_options=storage_options, frame_stack=frame_stack,
+                                     frame_padding=frame_padding)
 
     @property
     def store(self) -> Store | None:
@@ -193,6 +207,18 @@ class RecordVectorEpisodes(VectorWrapper):
         One stream key per sub-env (default ``"w<writer>-<i>"``).
     capacity, storage_options
         For :func:`~replaystore.store.open_store`.
+    frame_stack
+        Frames per stacked observation (``FrameStackObservation(env, k)``: ``frame_stack=k``).
+        The store then holds each frame once, zstd-compressed (the ``frames`` layout: the newest
+        frame of each observation, one frame-only record closing each episode), and
+        ``UniformSampler(st, n, stack=k, stack_padding=frame_padding)`` gives back the stacks
+        the environment returned. Each observation is checked to be such a stack
+        (RecordingError otherwise). A Dict observation (``FrameStackObservation`` stacks every
+        leaf) stores each leaf as a frame field ``frame_<key>`` (``stack_field=``); every leaf
+        must be a Box. None (default): observations are stored whole.
+    frame_padding
+        With ``frame_stack``: ``"reset"`` (default; ``FrameStackObservation``'s default
+        ``padding_type``) or ``"zero"``.
 
     Raises
     ------
@@ -206,7 +232,8 @@ class RecordVectorEpisodes(VectorWrapper):
                  commit_every: int = 10_000, info_keys: Sequence[str] | Mapping[str, InfoSpec | None] = (),
                  schema: Schema | None = None, name: str | None = None,
                  streams: Sequence[str | int] | None = None, capacity: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None,
+                 frame_stack: int | None = None, frame_padding: str = "reset") -> None:
         super().__init__(env)
         mode = env.metadata.get("autoreset_mode")
         if mode is None:
@@ -219,7 +246,8 @@ class RecordVectorEpisodes(VectorWrapper):
         self.recorder = SlotRecorder(url_or_store, env.num_envs, env.single_observation_space,
                                      env.single_action_space, env=env, schema=schema, name=name,
                                      info_keys=info_keys, commit_every=commit_every, streams=streams,
-                                     capacity=capacity, storage_options=storage_options)
+                                     capacity=capacity, storage_options=storage_options,
+                                     frame_stack=frame_stack, frame_padding=frame_padding)
         self._autoreset = np.zeros(env.num_envs, dtype=bool)  # sub-envs the next step resets (NEXT_STEP)
         self._started = False
 
