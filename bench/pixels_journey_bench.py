@@ -3,8 +3,8 @@
     python bench/pixels_journey_bench.py            # 20k vector steps of 4 Pongs (~80k transitions)
     python bench/pixels_journey_bench.py --quick    # 1.5k vector steps
 
-Pong (ALE, grayscale, frame skip 4, random policy, 84x84 nearest-neighbour resize as
-``AtariPreprocessing`` gives) in 4 environments, stacked by 4:
+Pong through gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4, random policy)
+in 4 environments, stacked by 4:
 
 - **recorder**: gymnasium's ``FrameStackObservation(4)`` under ``RecordVectorEpisodes(frame_stack=4)``;
 - **SB3 buffer**: ``VecFrameStack(4)`` + ``VecTransposeImage`` (as DQN wraps it) feeding
@@ -32,17 +32,14 @@ N_ENVS, STACK, SIZE = 4, 4, 84
 
 
 def pong(channel: bool) -> Any:
-    """Pong, 84x84 grayscale (nearest-neighbour resize), frame skip 4."""
+    """Pong through ``AtariPreprocessing``: 84x84 grayscale, frame skip 4 (``(84, 84, 1)`` with ``channel``)."""
     import ale_py
     import gymnasium as gym
 
     gym.register_envs(ale_py)
-    env = gym.make("ALE/Pong-v5", obs_type="grayscale", frameskip=4, repeat_action_probability=0.0)
-    rows, cols = (np.arange(SIZE) * 210 // SIZE)[:, None], (np.arange(SIZE) * 160 // SIZE)[None, :]
-    shape = (SIZE, SIZE, 1) if channel else (SIZE, SIZE)
-    space = gym.spaces.Box(0, 255, shape, np.uint8)
-    return gym.wrappers.TransformObservation(
-        env, (lambda o: o[rows, cols][..., None]) if channel else (lambda o: o[rows, cols]), space)
+    env = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0)
+    return gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=SIZE, grayscale_obs=True,
+                                           grayscale_newaxis=channel)
 
 
 def live_bytes(url: str) -> tuple[int, int, int]:

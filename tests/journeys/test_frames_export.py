@@ -1,8 +1,7 @@
 """Journey: Atari frames recorded once into a compressed ``frames`` store, exported, read by the peers, re-imported.
 
-A user records Pong as ``AtariPreprocessing`` gives it (84x84 grayscale, frame skip 4; AtariPreprocessing resizes with
-OpenCV, which the test environment lacks, so ALE's grayscale screen is resized by nearest neighbour here) through
-gymnasium's ``FrameStackObservation(4)``,
+A user records Pong through gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4) and
+``FrameStackObservation(4)``,
 writes each frame once into a zstd ``frames`` store with a plain writer loop (the documented frames API), then
 exports it: to Minari (read back with ``minari.load_dataset``; stacked observations equal gymnasium's stacks frame
 for frame), to D4RL HDF5 (read with h5py), to Parquet (read with DuckDB and pyarrow). Each export imports back into
@@ -14,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import ale_py
 import duckdb
 import gymnasium as gym
 import h5py
@@ -27,26 +25,11 @@ from replaystore.schemas import frames
 from replaystore.store import Store, open_store
 from replaystore.tools.export import export_store
 from replaystore.tools.importer import import_store
-
-gym.register_envs(ale_py)
+from support.pixels import pong as pong_env
 
 STEPS = 300
 EPISODE_STEPS = 120  # TimeLimit: episodes of 120, 120 and (cut by the loop, marked truncated) 60 steps
 STACK = 4
-
-
-class Resize84(gym.ObservationWrapper):
-    """Nearest-neighbour resize of ALE's grayscale screen to 84x84 (``AtariPreprocessing``'s frame shape)."""
-
-    def __init__(self, env: gym.Env[Any, Any]) -> None:
-        super().__init__(env)
-        h, w = env.observation_space.shape[:2]  # type: ignore[index]
-        self._rows, self._cols = (np.arange(84) * h // 84)[:, None], (np.arange(84) * w // 84)[None, :]
-        self.observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
-
-    def observation(self, observation: Any) -> Any:
-        """The resized frame."""
-        return observation[self._rows, self._cols]
 
 
 def record_pong(url: str) -> tuple[Store, list[dict[str, Any]]]:
@@ -55,9 +38,7 @@ def record_pong(url: str) -> tuple[Store, list[dict[str, Any]]]:
     Each episode in the reference: its stacked observations (T + 1, from FrameStackObservation), actions, rewards,
     terminations and truncations.
     """
-    env = Resize84(gym.make("ALE/Pong-v5", obs_type="grayscale", frameskip=4, repeat_action_probability=0.0,
-                            max_episode_steps=EPISODE_STEPS))
-    env = gym.wrappers.FrameStackObservation(env, STACK)
+    env = gym.wrappers.FrameStackObservation(pong_env(EPISODE_STEPS), STACK)
     env.action_space.seed(0)
     st = open_store(url, frames((84, 84), actions=int(env.action_space.n), codec="zstd"), mode="w+")
     episodes: list[dict[str, Any]] = []

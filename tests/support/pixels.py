@@ -1,8 +1,6 @@
-"""Atari for the pixel journeys: Pong as ``AtariPreprocessing`` gives it (84x84 grayscale, frame skip 4).
+"""Atari for the pixel journeys: Pong through gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4).
 
-``AtariPreprocessing`` resizes with OpenCV, which the test environment does not install; ALE's own
-grayscale screen resized by nearest neighbour gives the same kind of frames without it. Also: the
-stacked transitions a frames store holds, per stream in step order, through the loaders' public
+Also: the stacked transitions a frames store holds, per stream in step order, through the loaders' public
 ``EpochSampler(stack=)`` (one pass over the drawable records).
 """
 
@@ -23,29 +21,15 @@ gym.register_envs(ale_py)
 SIZE = 84
 
 
-class Resize84(gym.ObservationWrapper):
-    """Nearest-neighbour resize of a grayscale screen to 84x84 (``AtariPreprocessing``'s frame shape)."""
-
-    def __init__(self, env: gym.Env[Any, Any], channel: bool = False) -> None:
-        super().__init__(env)
-        h, w = env.observation_space.shape[:2]  # type: ignore[index]
-        self._rows = (np.arange(SIZE) * h // SIZE)[:, None]
-        self._cols = (np.arange(SIZE) * w // SIZE)[None, :]
-        self.channel = channel
-        shape = (SIZE, SIZE, 1) if channel else (SIZE, SIZE)
-        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
-
-    def observation(self, observation: Any) -> Any:
-        """The resized frame."""
-        frame = observation[self._rows, self._cols]
-        return frame[..., None] if self.channel else frame
-
-
 def pong(max_episode_steps: int = 80, channel: bool = False) -> gym.Env[Any, Any]:
-    """Pong, 84x84 grayscale, frame skip 4, deterministic actions; short episodes (time limit)."""
-    env = gym.make("ALE/Pong-v5", obs_type="grayscale", frameskip=4, repeat_action_probability=0.0,
-                   max_episode_steps=max_episode_steps)
-    return Resize84(env, channel)
+    """Pong through gymnasium's ``AtariPreprocessing``: 84x84 grayscale, frame skip 4, no no-ops, short episodes.
+
+    ``channel``: frames of shape ``(84, 84, 1)`` (``grayscale_newaxis``), what SB3's ``VecFrameStack`` stacks.
+    ``max_episode_steps`` counts agent steps (the time limit sees the emulator's 4 frames of each).
+    """
+    env = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0, max_episode_steps=4 * max_episode_steps)
+    return gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, screen_size=SIZE, grayscale_obs=True,
+                                           grayscale_newaxis=channel)
 
 
 def stored_transitions(st: Store, stack: int, padding: str, field: str = "frame") -> dict[str, dict[str, np.ndarray]]:
