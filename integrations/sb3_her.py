@@ -15,7 +15,7 @@ import copy
 import os
 import warnings
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -158,7 +158,7 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         self.goal_selection_strategy = strategy
         self.n_sampled_goal = int(n_sampled_goal)
         self.her_ratio = 1 - (1.0 / (self.n_sampled_goal + 1))
-        cast(dict[str, Any], self._init_args).update(
+        self._init_args.update(
             n_sampled_goal=self.n_sampled_goal, goal_selection_strategy=strategy.name.lower(),
             copy_info_dict=self.copy_info_dict)
         self._build_ledger()

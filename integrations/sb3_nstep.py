@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -120,7 +120,7 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
                          handle_timeout_termination, url=url, commit_every=commit_every,
                          storage_options=storage_options, create=create)
         self.n_steps, self.gamma = int(n_steps), gamma
-        cast(dict[str, Any], self._init_args).update(n_steps=self.n_steps, gamma=self.gamma)
+        self._init_args.update(n_steps=self.n_steps, gamma=self.gamma)
         self._build_ledger()
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
