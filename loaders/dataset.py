@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Carried, Feature, Transform
+from replaystore.loaders.shared import SharedSlots, from_slot
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
 from replaystore.schemas import Schema, map_tree
@@ -93,10 +95,22 @@ class WorkerBatch:
         The minibatch as :func:`gather_arrays` returns it.
     """
 
-    __slots__ = ("arrays",)
+    __slots__ = ("arrays", "slots")
 
-    def __init__(self, arrays: dict[str, Any]) -> None:
+    def __init__(self, arrays: dict[str, Any], slots: SharedSlots | None = None) -> None:
         self.arrays = arrays
+        self.slots = slots
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its large arrays in a shared slot where it has slots and one is free (loaders/shared.py)."""
+        info = get_worker_info() if self.slots is not None else None
+        placed = self.slots.put(info.id, self.arrays) if self.slots is not None and info is not None else None
+        if placed is None:
+            return WorkerBatch, (self.arrays,)
+        token, slot, layout = placed
+        moved = {k for k, _, _, _ in layout}
+        rest = {k: None if k in moved else v for k, v in self.arrays.items()}
+        return _slot_batch, (token, slot, layout, rest)
 
     def tensors(self) -> dict[str, Any]:
         """The minibatch as tensors sharing the arrays' memory.
@@ -121,6 +135,10 @@ class WorkerBatch:
         return {k: v.pin_memory() if isinstance(v, torch.Tensor)
                 else map_tree(torch.Tensor.pin_memory, v) if isinstance(v, (dict, tuple)) else v
                 for k, v in self.tensors().items()}
+
+
+def _slot_batch(token: tuple[int, int], slot: int, layout: list[Any], rest: dict[str, Any]) -> WorkerBatch:
+    return WorkerBatch(from_slot(token, slot, layout, rest))
 
 
 def gather_arrays(table: Table, request: Request, parts: Sequence[Feature] = ()) -> dict[str, Any]:
@@ -256,6 +274,8 @@ class StoreDataset(Dataset):
         self.cache = cache  # open_store's ``cache``: the opener's, so workers share its directory
         self._pid: int | None = None
         self._store: Store | None = None
+        self.slots: SharedSlots | None = None
+        """Shared slots forked workers send large arrays through (:func:`make_loader` sets them)."""
 
     def _table(self) -> Table:
         if self._store is None or self._pid != os.getpid():
@@ -296,7 +316,7 @@ class StoreDataset(Dataset):
                 batch = self._gather(table, request)
             except RowError as exc:
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
-        return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
+        return WorkerBatch(batch, self.slots) if get_worker_info() is not None else to_tensors(batch)
 
     def _gather(self, table: Table, request: Request) -> dict[str, Any]:
         return gather_arrays(table, request, self.parts)  # (a TransformError is not retried)
@@ -307,7 +327,7 @@ class StoreDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the opened store: each process opens its own."""
-        return {**self.__dict__, "_store": None, "_pid": None}
+        return {**self.__dict__, "_store": None, "_pid": None, "slots": None}
 
 
 def _first(batch: Any) -> Any:
@@ -446,4 +466,14 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
                          num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)
     loader.output, loader.schema = output, sampler.table.schema
+    if num_workers and loader.persistent_workers and _start_method(loader) == "fork":
+        dataset.slots = SharedSlots(num_workers, (loader.prefetch_factor or 2) + 2)
     return loader
+
+
+def _start_method(loader: DataLoader) -> str:
+    """How ``loader``'s workers start (``"fork"``, ``"spawn"``, ``"forkserver"``), without fixing the default."""
+    ctx = loader.multiprocessing_context
+    if ctx is not None:
+        return str(ctx.get_start_method())
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]

@@ -428,13 +428,18 @@ class CompressedArray:
             raise IndexError(f"{self.path}: row out of range for {n} records")
         idx = np.where(idx < 0, idx + n, idx)
         flat = idx.reshape(-1)
-        res = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype) if out is None else out
+        rest = self.shape[1:]
+        res = np.empty((len(flat), *rest), dtype=self.dtype) if out is None else out
         if len(flat):
             blocks, inv = np.unique(flat // BLOCK, return_inverse=True)
-            decoded = np.empty((len(blocks), BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
-            self._decode_blocks(blocks.tolist(), decoded)
-            res.reshape(len(flat), *self.shape[1:])[...] = decoded[inv.reshape(-1), flat % BLOCK]
-        return res if out is not None else res.reshape(*idx.shape, *self.shape[1:])
+            decoded = np.empty((len(blocks) * BLOCK, *rest), dtype=self.dtype.newbyteorder("<"))
+            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), BLOCK, *rest))
+            rows = inv.reshape(-1) * BLOCK + flat % BLOCK
+            if res.flags.c_contiguous and res.dtype == decoded.dtype:  # each row copied once, into the result
+                np.take(decoded, rows, axis=0, out=res.reshape(len(flat), *rest), mode="clip")  # (unbuffered)
+            else:
+                res.reshape(len(flat), *rest)[...] = decoded[rows]
+        return res if out is not None else res.reshape(*idx.shape, *rest)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """Rows by a slice, an int or an index array along axis 0 (decoded copies).
