@@ -221,6 +221,7 @@ class RecordVectorEpisodes(VectorWrapper):
                                      info_keys=info_keys, commit_every=commit_every, streams=streams,
                                      capacity=capacity, storage_options=storage_options)
         self._autoreset = np.zeros(env.num_envs, dtype=bool)  # sub-envs the next step resets (NEXT_STEP)
+        self._all = np.ones(env.num_envs, dtype=bool)  # (read only)
         self._started = False
 
     @property
@@ -295,15 +296,16 @@ class RecordVectorEpisodes(VectorWrapper):
         n = self.num_envs
         mode = self.autoreset_mode
         error: BaseException | None = None
-        starting = np.zeros(n, dtype=bool)
+        # (the recorder records only the slots in an episode: ``recording`` need not say so)
+        done = np.logical_or(terminated, truncated)
+        starting: np.ndarray | None = None  # sub-envs whose observation starts an episode, if any
+        next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n) if rec.info_keys else {}
         if mode == AutoresetMode.NEXT_STEP:
-            starting = self._autoreset.copy()  # reset by this step: their observation starts an episode
-            recording = rec.in_episode & ~starting
-            next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n)
+            # reset by this step: their observation starts an episode (they record nothing)
+            starting = self._autoreset if self._autoreset.any() else None
+            recording = self._all if starting is None else ~starting
         else:
-            recording = rec.in_episode.copy()
-            done = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
-            next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n)
+            recording = self._all
             if mode == AutoresetMode.SAME_STEP and done.any():
                 starting = done
                 next_obs, info_values = _same_step_final(rec.info_keys, obs, infos, done, info_values)
@@ -311,13 +313,13 @@ class RecordVectorEpisodes(VectorWrapper):
             rec.record(recording, act, next_obs, rewards, terminated, truncated, info_values)
         except ReplayStoreError as exc:
             error = exc
-        if starting.any():
+        if starting is not None:
             try:
                 rec.begin(starting, obs, [None] * n)
             except ReplayStoreError as exc:
                 error = error or exc
         if mode == AutoresetMode.NEXT_STEP:
-            self._autoreset = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
+            self._autoreset = done
         if error is not None:
             raise error
         return obs, rewards, terminated, truncated, infos
