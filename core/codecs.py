@@ -495,7 +495,7 @@ def _zstd_contexts() -> _ZstdContexts | None:
                 try:
                     import ctypes
 
-                    import numcodecs.zstd
+                    import numcodecs.zstd  # type: ignore[import-untyped]
 
                     got = _ZstdContexts(ctypes.CDLL(numcodecs.zstd.__file__))
                 except (OSError, AttributeError, ImportError):  # (a build that hides its symbols)
