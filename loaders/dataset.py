@@ -93,6 +93,10 @@ class WorkerBatch:
     ----------
     arrays : dict of str to Any
         The minibatch as :func:`gather_arrays` returns it.
+    slots : SharedSlots, optional
+        Shared slots its large arrays go through where one is free (forked persistent
+        workers of :func:`make_loader`; loaders/shared.py): the main process then views
+        them without a pipe transfer. Otherwise, and for small arrays, they are pickled.
     """
 
     __slots__ = ("arrays", "slots")
