@@ -27,6 +27,9 @@ from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, Writer, open_store
 
 STEP_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+ALL = np.ones(0, dtype=bool)
+"""A ``record`` mask meaning every slot (those in an episode record)."""
+_sum, _any, _min, _max = np.add.reduce, np.logical_or.reduce, np.minimum.reduce, np.maximum.reduce
 APPEND_BYTES = 8 << 20
 """Buffered records are appended to the writer once they hold about this many bytes."""
 
@@ -115,6 +118,7 @@ class SlotRecorder:
         self._keys = np.array([])
         # per-slot episode state
         self.in_episode = np.zeros(slots, dtype=bool)
+        self._all_in = False  # every slot in an episode
         self.step = np.zeros(slots, dtype=np.int64)  # each slot's next step (one more per record it stores)
         self.ep_first = np.zeros(slots, dtype=np.int64)  # the step its episode started at
         self.ep_return = np.zeros(slots, dtype=np.float64)
@@ -245,7 +249,8 @@ class SlotRecorder:
         if type(value) is np.ndarray and value.dtype == f.dtype and value.shape == (self.slots, *f.shape):
             # the common case (values already as the field holds them): a copy and, for finite floats, a check
             rows = value[mask] if type(mask) is not slice else value.copy()
-            if not (f.finite and f.dtype.kind == "f") or np.isfinite(rows).all():
+            # (a finite sum means every value is finite: one reduction; else the exact check below)
+            if not (f.finite and f.dtype.kind == "f") or math.isfinite(_sum(rows, axis=None)):
                 return rows
         rows = self._rows(name, value, mask)
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
@@ -300,6 +305,7 @@ class SlotRecorder:
         values = self._obs_field("obs", obs, mask)
         self.obs[mask] = values
         self.in_episode[mask] = True
+        self._all_in = bool(self.in_episode.all())
         self._start(mask)
 
     def _start(self, mask: np.ndarray) -> None:
@@ -324,11 +330,12 @@ class SlotRecorder:
                         bool(truncated[slot])), strict=True):
                     self._ended[key].append(value)
         self.in_episode[mask] = False
+        self._all_in = False
 
     # -- transitions --------------------------------------------------------------------
     def record(self, mask: np.ndarray, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
                truncated: Any, infos: InfoValues) -> None:
-        """Slots in ``mask`` (which must be in an episode) store one transition each.
+        """Slots in ``mask`` (:data:`ALL`: every slot; only those in an episode record) store one transition each.
 
         ``action`` comes from :meth:`check_action`; the other values hold every slot
         (``[slots, ...]``). Everything is cast before anything is buffered; on a typed error
@@ -337,11 +344,15 @@ class SlotRecorder:
         Cost: a cast per field; an append every few thousand records, a commit every
         ``commit_every``.
         """
-        mask = np.asarray(mask, dtype=bool) & self.in_episode
-        count = np.count_nonzero(mask)
-        if not count:
-            return
-        sel: np.ndarray | slice = slice(None) if count == self.slots else mask  # (a view, not a copy, when all)
+        if mask is ALL and self._all_in:  # every slot records (the common step): no mask work
+            sel: np.ndarray | slice = slice(None)
+            mask = self.in_episode
+        else:
+            mask = self.in_episode.copy() if mask is ALL else np.asarray(mask, dtype=bool) & self.in_episode
+            count = np.count_nonzero(mask)
+            if not count:
+                return
+            sel = slice(None) if count == self.slots else mask  # (a view, not a copy, when all)
         try:
             if self.schema is None:
                 self._create_from(infos, mask)
@@ -353,7 +364,7 @@ class SlotRecorder:
         self.step[sel] += 1
         self.ep_return[sel] += cols["reward"]
         done = cols["terminated"] | cols["truncated"]
-        if not np.any(done):
+        if not _any(done, axis=None):
             self.obs[sel] = cols["next_obs"]
         else:  # (a few steps in an episode's length: the per-slot work here is rare)
             slots = self._all_slots[sel]
@@ -516,7 +527,7 @@ class SlotRecorder:
 def _check_in(name: str, values: np.ndarray, b: SpaceBounds) -> None:
     """IdRangeError naming ``name`` unless every value lies in ``[b.low, b.high)``."""
     if isinstance(b.low, int) and isinstance(b.high, int):  # scalar bounds: two reductions, no temporaries
-        if values.size and (int(values.min()) < b.low or int(values.max()) >= b.high):
+        if values.size and (int(_min(values, axis=None)) < b.low or int(_max(values, axis=None)) >= b.high):
             check_bounds(name, values, b.low, b.high)  # raises IdRangeError naming the values
     else:
         check_bounds(name, values, b.low, b.high)

@@ -16,12 +16,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from replaystore.errors import RecordingError, ReplayStoreError
 from replaystore.gym.nestobs import replace_rows
-from replaystore.gym.recorder import InfoValues, SlotRecorder
+from replaystore.gym.recorder import ALL, InfoValues, SlotRecorder
 from replaystore.gym.spaces import InfoSpec
 from replaystore.schemas import Schema
 from replaystore.store import Store
 
 _ONE = np.ones(1, dtype=bool)
+_any = np.logical_or.reduce
 
 
 class RecordEpisodes(gym.Wrapper):
@@ -221,7 +222,6 @@ class RecordVectorEpisodes(VectorWrapper):
                                      info_keys=info_keys, commit_every=commit_every, streams=streams,
                                      capacity=capacity, storage_options=storage_options)
         self._autoreset = np.zeros(env.num_envs, dtype=bool)  # sub-envs the next step resets (NEXT_STEP)
-        self._all = np.ones(env.num_envs, dtype=bool)  # (read only)
         self._started = False
 
     @property
@@ -302,11 +302,11 @@ class RecordVectorEpisodes(VectorWrapper):
         next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n) if rec.info_keys else {}
         if mode == AutoresetMode.NEXT_STEP:
             # reset by this step: their observation starts an episode (they record nothing)
-            starting = self._autoreset if self._autoreset.any() else None
-            recording = self._all if starting is None else ~starting
+            starting = self._autoreset if _any(self._autoreset, axis=None) else None
+            recording = ALL if starting is None else ~starting
         else:
-            recording = self._all
-            if mode == AutoresetMode.SAME_STEP and done.any():
+            recording = ALL
+            if mode == AutoresetMode.SAME_STEP and _any(done, axis=None):
                 starting = done
                 next_obs, info_values = _same_step_final(rec.info_keys, obs, infos, done, info_values)
         try:
