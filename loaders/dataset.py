@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -94,8 +93,8 @@ class WorkerBatch:
     arrays : dict of str to Any
         The minibatch as :func:`gather_arrays` returns it.
     slots : SharedSlots, optional
-        Shared slots its large arrays go through where one is free (forked persistent
-        workers of :func:`make_loader`; loaders/shared.py): the main process then views
+        Shared slots its large arrays go through where one is free (persistent workers of
+        :func:`make_loader`; loaders/shared.py): the main process then views
         them without a pipe transfer. Otherwise, and for small arrays, they are pickled.
     """
 
@@ -279,7 +278,7 @@ class StoreDataset(Dataset):
         self._pid: int | None = None
         self._store: Store | None = None
         self.slots: SharedSlots | None = None
-        """Shared slots forked workers send large arrays through (:func:`make_loader` sets them)."""
+        """Shared slots workers send large arrays through (:func:`make_loader` sets them)."""
 
     def _table(self) -> Table:
         if self._store is None or self._pid != os.getpid():
@@ -331,7 +330,11 @@ class StoreDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the opened store: each process opens its own."""
-        return {**self.__dict__, "_store": None, "_pid": None, "slots": None}
+        from multiprocessing.context import get_spawning_popen
+
+        # (the slots travel only to the workers being started: their descriptor goes with them)
+        slots = self.slots if get_spawning_popen() is not None else None
+        return {**self.__dict__, "_store": None, "_pid": None, "slots": slots}
 
 
 def _first(batch: Any) -> Any:
@@ -470,14 +473,6 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
                          num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)
     loader.output, loader.schema = output, sampler.table.schema
-    if num_workers and loader.persistent_workers and _start_method(loader) == "fork":
+    if num_workers and loader.persistent_workers:
         dataset.slots = SharedSlots(num_workers, (loader.prefetch_factor or 2) + 2)
     return loader
-
-
-def _start_method(loader: DataLoader) -> str:
-    """How ``loader``'s workers start (``"fork"``, ``"spawn"``, ``"forkserver"``), without fixing the default."""
-    ctx = loader.multiprocessing_context
-    if ctx is not None:
-        return str(ctx.get_start_method())
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]

@@ -5,9 +5,10 @@ A forked DataLoader worker pickles its minibatch through a pipe; an array of a m
 copies, ~2 ms a minibatch on 2 cores. Torch's own tensor sharing creates a shared-memory
 segment per batch and passes its descriptor over a socket, which costs more. Instead
 :func:`make_loader`'s persistent forked workers write the minibatch's large arrays into a
-*slot* of a region of anonymous shared memory mapped before the workers forked
-(:class:`SharedSlots`) and send only where they are; the main process wraps the slot's
-bytes as numpy arrays without a copy.
+*slot* of a region of shared memory (:class:`SharedSlots`: an unnamed memfd, mapped by
+the main process and by each worker, forked or handed its descriptor as it is spawned) and
+send only where they are; the main process wraps the slot's bytes as numpy arrays without
+a copy.
 
 A slot is used by one minibatch at a time: a worker takes a free one of its own slots,
 and the main process frees it when the last array viewing it is garbage (a
@@ -33,6 +34,7 @@ MIN_BYTES = 64 << 10
 """Arrays of at least this many bytes go through a slot; smaller ones are pickled."""
 
 _ALIGN = 64
+_STATES = 4096  # the slots' state bytes come first, then the slots
 _tokens = itertools.count()
 _LIVE: weakref.WeakValueDictionary[tuple[int, int], SharedSlots] = weakref.WeakValueDictionary()
 
@@ -40,9 +42,9 @@ _LIVE: weakref.WeakValueDictionary[tuple[int, int], SharedSlots] = weakref.WeakV
 class SharedSlots:
     """Slots of anonymous shared memory, ``per_worker`` for each of ``workers`` forked workers.
 
-    Made in the main process before the workers fork (the mapping is inherited; the
-    memory is allocated as slots are first written, and freed with the last process
-    that maps it).
+    Made in the main process before the workers start (forked workers inherit the mapping,
+    spawned ones get the descriptor with the dataset; the memory is allocated as slots are
+    first written, and freed with the last process that maps it).
 
     Parameters
     ----------
@@ -57,11 +59,37 @@ class SharedSlots:
     def __init__(self, workers: int, per_worker: int, slot_bytes: int = SLOT_BYTES) -> None:
         self.token = (os.getpid(), next(_tokens))
         self.workers, self.per_worker, self.slot_bytes = workers, per_worker, slot_bytes
-        self._data = mmap.mmap(-1, workers * per_worker * slot_bytes)  # (MAP_SHARED | MAP_ANONYMOUS)
-        self._state_map = mmap.mmap(-1, workers * per_worker)
-        self.states = np.frombuffer(self._state_map, dtype=np.uint8)
-        """Per slot: 1 while a minibatch uses it, 0 when free (written by the worker, then the main process)."""
+        self._fd = _shared_file(self._size())
+        self._map()
         _LIVE[self.token] = self
+
+    def _size(self) -> int:
+        return _STATES + self.workers * self.per_worker * self.slot_bytes
+
+    def _map(self) -> None:
+        self._data = mmap.mmap(self._fd, self._size())  # (MAP_SHARED: one memory in every process)
+        self.states = np.frombuffer(self._data, dtype=np.uint8, count=self.workers * self.per_worker)
+        """Per slot: 1 while a minibatch uses it, 0 when free (written by the worker, then the main process)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """To a spawned (or forkserver) worker as it starts: the shared file's descriptor travels with it.
+
+        Raises
+        ------
+        RuntimeError
+            Outside a worker's start (slots are never pickled otherwise).
+        """
+        from multiprocessing.context import get_spawning_popen
+        from multiprocessing.reduction import DupFd
+
+        if get_spawning_popen() is None:
+            raise RuntimeError("SharedSlots travel only to the workers being started")
+        return _attach, (self.token, self.workers, self.per_worker, self.slot_bytes, DupFd(self._fd))
+
+    def __del__(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
 
     def put(self, worker: int, arrays: dict[str, Any]) -> tuple[Any, ...] | None:
         """Copy the large arrays of ``arrays`` into a free slot of ``worker`` (in the worker process).
@@ -90,7 +118,7 @@ class SharedSlots:
             return None
         slot = first + int(free[0])
         self.states[slot] = 1
-        layout, at = [], slot * self.slot_bytes
+        layout, at = [], _STATES + slot * self.slot_bytes
         for k, v in big:
             np.ndarray(v.shape, dtype=v.dtype, buffer=self._data, offset=at)[...] = v
             layout.append((k, at, v.dtype, v.shape))
@@ -122,6 +150,33 @@ class SharedSlots:
             weakref.finalize(arr, _release, self.states, slot, left)
             out[k] = arr
         return out
+
+
+def _shared_file(size: int) -> int:
+    """A descriptor of ``size`` bytes of shared memory, unnamed (a memfd, else an unlinked temporary file)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("replaystore-slots", os.MFD_CLOEXEC)
+    else:  # (macOS: a deleted file's pages, in /dev/shm where there is one)
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, delete=False) as f:
+            fd = os.dup(f.fileno())
+        os.unlink(f.name)
+    try:
+        os.ftruncate(fd, size)  # (sparse: memory is taken as slots are written)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _attach(token: tuple[int, int], workers: int, per_worker: int, slot_bytes: int, fd: Any) -> SharedSlots:
+    """The slots in a started worker, over the descriptor the main process passed."""
+    slots = SharedSlots.__new__(SharedSlots)
+    slots.token, slots.workers, slots.per_worker, slots.slot_bytes = token, workers, per_worker, slot_bytes
+    slots._fd = fd.detach() if hasattr(fd, "detach") else int(fd)
+    slots._map()
+    return slots
 
 
 def _release(states: np.ndarray, slot: int, left: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""Forked persistent loader workers hand large arrays over in shared slots: the minibatches equal
+"""Persistent loader workers (forked or spawned) hand large arrays over in shared slots: the minibatches equal
 those gathered in-process, whether a slot was free or the batch went through the pipe; a slot is
 reused once the arrays viewing it are garbage."""
 
@@ -59,9 +59,28 @@ def test_slot_and_pipe_minibatches_equal_the_in_process_ones(tmp_path) -> None:
     assert slots.states.sum() >= 1  # the batch held in ``got`` is in a slot
 
 
-def test_not_persistent_or_spawned_workers_use_the_pipe(tmp_path) -> None:
+def test_spawned_workers_get_the_slots_too(tmp_path) -> None:
     st = _store(tmp_path / "s")
-    for kw in ({"persistent_workers": False, "multiprocessing_context": "fork"},
-               {"multiprocessing_context": "spawn"}):
-        loader = make_loader(st, UniformSampler(st, batch_size=16, stack=4, seed=1), num_workers=1, **kw)
-        assert loader.dataset.slots is None
+    loader = make_loader(st, UniformSampler(st, batch_size=16, stack=4, seed=2), num_workers=1,
+                         multiprocessing_context="spawn")
+    slots = loader.dataset.slots
+    ref = UniformSampler(st, batch_size=16, stack=4, seed=2)
+    it = iter(loader)
+    held = [next(it) for _ in range(8)]
+    assert slots.states.sum() >= 1  # the worker wrote into the slots the main process maps
+    for got in held:
+        want = gather(st.default, ref.sample())
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+
+
+def test_workers_that_do_not_persist_use_the_pipe(tmp_path) -> None:
+    st = _store(tmp_path / "s")
+    loader = make_loader(st, UniformSampler(st, batch_size=16, stack=4, seed=1), num_workers=1,
+                         persistent_workers=False, multiprocessing_context="fork")
+    assert loader.dataset.slots is None
+    ref = UniformSampler(st, batch_size=16, stack=4, seed=1)
+    got = next(iter(loader))
+    want = gather(st.default, ref.sample())
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
