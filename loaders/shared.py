@@ -54,14 +54,23 @@ class SharedSlots:
         Slots per worker: the minibatches of one worker that may be in flight or held at once.
     slot_bytes : int, optional
         Bytes of a slot.
+    fd : int, optional
+        In a worker: the descriptor of the main process's slots (kept, closed with them).
+    token : tuple of int, optional
+        With ``fd``: the main process's slots' token.
     """
 
-    def __init__(self, workers: int, per_worker: int, slot_bytes: int = SLOT_BYTES) -> None:
-        self.token = (os.getpid(), next(_tokens))
+    def __init__(self, workers: int, per_worker: int, slot_bytes: int = SLOT_BYTES, *, fd: int | None = None,
+                 token: tuple[int, int] | None = None) -> None:
         self.workers, self.per_worker, self.slot_bytes = workers, per_worker, slot_bytes
-        self._fd = _shared_file(self._size())
+        if fd is None:  # new slots, in the main process
+            self.token = (os.getpid(), next(_tokens))
+            self._fd = _shared_file(self._size())
+            _LIVE[self.token] = self
+        else:  # the main process's slots, in a worker
+            assert token is not None
+            self.token, self._fd = token, fd
         self._map()
-        _LIVE[self.token] = self
 
     def _size(self) -> int:
         return _STATES + self.workers * self.per_worker * self.slot_bytes
@@ -172,11 +181,8 @@ def _shared_file(size: int) -> int:
 
 def _attach(token: tuple[int, int], workers: int, per_worker: int, slot_bytes: int, fd: Any) -> SharedSlots:
     """The slots in a started worker, over the descriptor the main process passed."""
-    slots = SharedSlots.__new__(SharedSlots)
-    slots.token, slots.workers, slots.per_worker, slots.slot_bytes = token, workers, per_worker, slot_bytes
-    slots._fd = fd.detach() if hasattr(fd, "detach") else int(fd)
-    slots._map()
-    return slots
+    return SharedSlots(workers, per_worker, slot_bytes, fd=fd.detach() if hasattr(fd, "detach") else int(fd),
+                       token=token)
 
 
 def _release(states: np.ndarray, slot: int, left: list[int]) -> None:
