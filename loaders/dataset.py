@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Carried, Feature, Transform
+from replaystore.loaders.shared import SharedSlots, from_slot
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
 from replaystore.schemas import Schema, map_tree
@@ -91,12 +92,28 @@ class WorkerBatch:
     ----------
     arrays : dict of str to Any
         The minibatch as :func:`gather_arrays` returns it.
+    slots : SharedSlots, optional
+        Shared slots its large arrays go through where one is free (persistent workers of
+        :func:`make_loader`; loaders/shared.py): the main process then views
+        them without a pipe transfer. Otherwise, and for small arrays, they are pickled.
     """
 
-    __slots__ = ("arrays",)
+    __slots__ = ("arrays", "slots")
 
-    def __init__(self, arrays: dict[str, Any]) -> None:
+    def __init__(self, arrays: dict[str, Any], slots: SharedSlots | None = None) -> None:
         self.arrays = arrays
+        self.slots = slots
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its large arrays in a shared slot where it has slots and one is free (loaders/shared.py)."""
+        info = get_worker_info() if self.slots is not None else None
+        placed = self.slots.put(info.id, self.arrays) if self.slots is not None and info is not None else None
+        if placed is None:
+            return WorkerBatch, (self.arrays,)
+        token, slot, layout = placed
+        moved = {k for k, _, _, _ in layout}
+        rest = {k: None if k in moved else v for k, v in self.arrays.items()}
+        return _slot_batch, (token, slot, layout, rest)
 
     def tensors(self) -> dict[str, Any]:
         """The minibatch as tensors sharing the arrays' memory.
@@ -121,6 +138,10 @@ class WorkerBatch:
         return {k: v.pin_memory() if isinstance(v, torch.Tensor)
                 else map_tree(torch.Tensor.pin_memory, v) if isinstance(v, (dict, tuple)) else v
                 for k, v in self.tensors().items()}
+
+
+def _slot_batch(token: tuple[int, int], slot: int, layout: list[Any], rest: dict[str, Any]) -> WorkerBatch:
+    return WorkerBatch(from_slot(token, slot, layout, rest))
 
 
 def gather_arrays(table: Table, request: Request, parts: Sequence[Feature] = ()) -> dict[str, Any]:
@@ -256,6 +277,8 @@ class StoreDataset(Dataset):
         self.cache = cache  # open_store's ``cache``: the opener's, so workers share its directory
         self._pid: int | None = None
         self._store: Store | None = None
+        self.slots: SharedSlots | None = None
+        """Shared slots workers send large arrays through (:func:`make_loader` sets them)."""
 
     def _table(self) -> Table:
         if self._store is None or self._pid != os.getpid():
@@ -296,7 +319,7 @@ class StoreDataset(Dataset):
                 batch = self._gather(table, request)
             except RowError as exc:
                 raise StaleReadError(f"{exc}; the sampler's view is newer or older than the store's") from exc
-        return WorkerBatch(batch) if get_worker_info() is not None else to_tensors(batch)
+        return WorkerBatch(batch, self.slots) if get_worker_info() is not None else to_tensors(batch)
 
     def _gather(self, table: Table, request: Request) -> dict[str, Any]:
         return gather_arrays(table, request, self.parts)  # (a TransformError is not retried)
@@ -307,7 +330,11 @@ class StoreDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the opened store: each process opens its own."""
-        return {**self.__dict__, "_store": None, "_pid": None}
+        from multiprocessing.context import get_spawning_popen
+
+        # (the slots travel only to the workers being started: their descriptor goes with them)
+        slots = self.slots if get_spawning_popen() is not None else None
+        return {**self.__dict__, "_store": None, "_pid": None, "slots": slots}
 
 
 def _first(batch: Any) -> Any:
@@ -446,4 +473,6 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]
                          num_workers=num_workers, pin_memory=pin_memory, collate_fn=_first, **kwargs)
     loader.output, loader.schema = output, sampler.table.schema
+    if num_workers and loader.persistent_workers:
+        dataset.slots = SharedSlots(num_workers, (loader.prefetch_factor or 2) + 2)
     return loader

@@ -298,15 +298,12 @@ class FrameWindows:
         got = w >= 0
         uniq, inv = np.unique(w[got], return_inverse=True)
         f = table.read(uniq, columns=[field])[field]
-        if got.all():
-            stacked = f[inv.reshape(w.shape)]
-        else:
-            stacked = np.zeros((*w.shape, *f.shape[1:]), dtype=f.dtype)
-            stacked[got] = f[inv]
-        lead = (slice(None),) * (w.ndim - 1)  # batch (and window) axes; the stack axis follows
+        at = np.full(w.shape, -1, dtype=np.int64)  # each slot's row of f, -1 for a zero slot
+        at[got] = inv.reshape(-1)
         k = self.frames.shape[-1] - 1  # frames per stack
-        obs = stacked[(*lead, slice(None, k))]
-        nxt = stacked[(*lead, slice(1, k + 1) if self.next_frames is None else slice(k + 2, None))]
+        # obs and next_obs each gathered straight from f (contiguous, one copy each)
+        obs = _frames_at(f, at[..., :k])
+        nxt = _frames_at(f, at[..., 1:k + 1] if self.next_frames is None else at[..., k + 2:])
         out: dict[str, Any] = {}
         for name, value in batch.items():
             if name == "indices":
@@ -315,3 +312,13 @@ class FrameWindows:
         if "obs" not in out:
             out["obs"], out["next_obs"] = obs, nxt
         return out
+
+
+def _frames_at(f: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Rows ``at`` of ``f`` (shape ``(*at.shape, *f.shape[1:])``, C-contiguous), zeros where ``at`` is -1."""
+    if not at.size or at.min() >= 0:
+        return f.take(at, axis=0)
+    out = np.zeros((*at.shape, *f.shape[1:]), dtype=f.dtype)
+    real = at >= 0
+    out[real] = f.take(at[real], axis=0)
+    return out

@@ -30,6 +30,9 @@ from replaystore.schemas import Dense, Schema
 from replaystore.store import Store, Writer, open_store
 
 STEP_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+ALL = np.ones(0, dtype=bool)
+"""A ``record`` mask meaning every slot (those in an episode record)."""
+_sum, _any, _min, _max = np.add.reduce, np.logical_or.reduce, np.minimum.reduce, np.maximum.reduce
 APPEND_BYTES = 8 << 20
 """Buffered records are appended to the writer once they hold about this many bytes."""
 
@@ -136,10 +139,9 @@ class SlotRecorder:
         self._keys = np.array([])
         # per-slot episode state
         self.in_episode = np.zeros(slots, dtype=bool)
-        self.first = np.zeros(slots, dtype=bool)
-        self.step = np.zeros(slots, dtype=np.int64)
-        self.ep_first = np.zeros(slots, dtype=np.int64)
-        self.ep_length = np.zeros(slots, dtype=np.int64)
+        self._all_in = False  # every slot in an episode
+        self.step = np.zeros(slots, dtype=np.int64)  # each slot's next step (one more per record it stores)
+        self.ep_first = np.zeros(slots, dtype=np.int64)  # the step its episode started at
         self.ep_return = np.zeros(slots, dtype=np.float64)
         self.ep_seed: list[int | None] = [None] * slots
         self._all_slots = np.arange(slots)
@@ -149,8 +151,10 @@ class SlotRecorder:
         self._leaves = ([(sfx, path) for sfx, path, _ in leaves(observation_space)]
                         if is_nested(observation_space) else None)
         self.obs = self._obs_array()  # the current observation of each slot, in the obs field's dtype
-        # buffered records and the episodes ended since the last commit
+        # buffered records (their slots; steps and resets are worked out at the flush) and the
+        # (slot, step) where episodes started since the last flush; the episodes ended since the last commit
         self._buf: dict[str, list[np.ndarray]] = {}
+        self._starts: list[tuple[np.ndarray, np.ndarray]] = []
         self._buffered = 0
         self._uncommitted = 0
         self._ended: dict[str, list[Any]] = {k: [] for k in EPISODE_KEYS}
@@ -297,7 +301,8 @@ class SlotRecorder:
         if type(value) is np.ndarray and value.dtype == f.dtype and value.shape == (self.slots, *f.shape):
             # the common case (values already as the field holds them): a copy and, for finite floats, a check
             rows = value[mask] if type(mask) is not slice else value.copy()
-            if not (f.finite and f.dtype.kind == "f") or np.isfinite(rows).all():
+            # (a finite sum means every value is finite: one reduction; else the exact check below)
+            if not (f.finite and f.dtype.kind == "f") or math.isfinite(_sum(rows, axis=None)):
                 return rows
         rows = self._rows(name, value, mask)
         return cast(name, rows, f.dtype, (len(rows), *f.shape), finite=bool(f.finite))
@@ -356,38 +361,40 @@ class SlotRecorder:
                 raise fs.refuse("starts an episode without its padding", np.flatnonzero(mask)[bad])
         self.obs[mask] = values
         self.in_episode[mask] = True
+        self._all_in = bool(self.in_episode.all())
         self._start(mask)
 
     def _start(self, mask: np.ndarray) -> None:
-        self.first[mask] = True
         self.ep_first[mask] = self.step[mask]
-        self.ep_length[mask] = 0
         self.ep_return[mask] = 0.0
+        self._starts.append((self._all_slots[mask], self.step[mask]))  # (their next records are resets)
 
     def abandon(self, mask: np.ndarray) -> None:
         """Slots in ``mask`` leave their episode unfinished (reset mid-episode, a failed step, close)."""
         mask = np.asarray(mask, dtype=bool) & self.in_episode
         if mask.any():
-            if self._fs and self.schema is not None:  # the last transition's next frame
-                slots = np.flatnonzero(mask & (self.ep_length > 0))
-                self._close_frames(slots, self._newest(self.obs[slots]))
             self._end(mask, np.zeros(self.slots, bool), np.zeros(self.slots, bool))
+            if self._fs and self.schema is not None:  # the last transition's next frame (not one of its steps)
+                slots = np.flatnonzero(mask & (self.step > self.ep_first))
+                self._close_frames(slots, self._newest(self.obs[slots]))
 
     def _end(self, mask: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
         for slot in np.flatnonzero(mask):
-            if self.ep_length[slot] > 0:  # an episode without a step stored nothing
+            length = int(self.step[slot] - self.ep_first[slot])  # (a step per record stored)
+            if length > 0:  # an episode without a step stored nothing
                 ret = float(self.ep_return[slot])
                 for key, value in zip(EPISODE_KEYS, (
-                        self.stream_keys[slot], int(self.ep_first[slot]), int(self.ep_length[slot]),
+                        self.stream_keys[slot], int(self.ep_first[slot]), length,
                         ret if math.isfinite(ret) else None, self.ep_seed[slot], bool(terminated[slot]),
                         bool(truncated[slot])), strict=True):
                     self._ended[key].append(value)
         self.in_episode[mask] = False
+        self._all_in = False
 
     # -- transitions --------------------------------------------------------------------
     def record(self, mask: np.ndarray, action: np.ndarray, next_obs: Any, reward: Any, terminated: Any,
                truncated: Any, infos: InfoValues) -> None:
-        """Slots in ``mask`` (which must be in an episode) store one transition each.
+        """Slots in ``mask`` (:data:`ALL`: every slot; only those in an episode record) store one transition each.
 
         ``action`` comes from :meth:`check_action`; the other values hold every slot
         (``[slots, ...]``). Everything is cast before anything is buffered; on a typed error
@@ -396,10 +403,15 @@ class SlotRecorder:
         Cost: a cast per field; an append every few thousand records, a commit every
         ``commit_every``.
         """
-        mask = np.asarray(mask, dtype=bool) & self.in_episode
-        if not mask.any():
-            return
-        sel: np.ndarray | slice = slice(None) if mask.all() else mask  # (a view, not a copy, when all)
+        if mask is ALL and self._all_in:  # every slot records (the common step): no mask work
+            sel: np.ndarray | slice = slice(None)
+            mask = self.in_episode
+        else:
+            mask = self.in_episode.copy() if mask is ALL else np.asarray(mask, dtype=bool) & self.in_episode
+            count = np.count_nonzero(mask)
+            if not count:
+                return
+            sel = slice(None) if count == self.slots else mask  # (a view, not a copy, when all)
         try:
             if self.schema is None:
                 self._create_from(infos, mask)
@@ -413,16 +425,12 @@ class SlotRecorder:
             raise
         self._buffer(sel, cols)
         self.step[sel] += 1
-        self.first[sel] = False
-        self.ep_length[sel] += 1
         self.ep_return[sel] += cols["reward"]
         done = cols["terminated"] | cols["truncated"]
-        if self._fs and done.any():  # an episode's final frame: a record of its own
-            self._close_frames(np.flatnonzero(mask)[done], self._newest(cols["next_obs"][done]))
-        if not done.any():
+        if not _any(done, axis=None):
             self.obs[sel] = cols["next_obs"]
-        else:
-            slots = np.flatnonzero(mask)
+        else:  # (a few steps in an episode's length: the per-slot work here is rare)
+            slots = self._all_slots[sel]
             self.obs[slots[~done]] = cols["next_obs"][~done]
             ended = np.zeros(self.slots, dtype=bool)
             ended[slots[done]] = True
@@ -431,6 +439,8 @@ class SlotRecorder:
             term[slots] = cols["terminated"]
             trunc[slots] = cols["truncated"]
             self._end(ended, term, trunc)
+            if self._fs:  # an episode's final frame: a record of its own (after _end: not one of its steps)
+                self._close_frames(slots[done], self._newest(cols["next_obs"][done]))
         if self._buffered >= self._append_rows:
             self.flush()
         if self._uncommitted >= self.commit_every:
@@ -479,16 +489,20 @@ class SlotRecorder:
     def _buffer(self, mask: np.ndarray | slice, cols: dict[str, Any]) -> None:
         if self._fs:  # the frames layout: the newest frame of obs; next_obs is the next record's
             cols = {**self._newest(cols["obs"]), **{k: v for k, v in cols.items() if k not in ("obs", "next_obs")}}
+        buf = self._buf
+        if not buf:
+            for name, values in cols.items():
+                for column in ([f"{name}{sfx}" for sfx in values.arrays] if isinstance(values, Leaves) else [name]):
+                    buf[column] = []
+            buf["_slot"] = []
         for name, values in cols.items():
             if isinstance(values, Leaves):
                 for sfx, leaf in values.arrays.items():
-                    self._buf.setdefault(f"{name}{sfx}", []).append(leaf)
+                    buf[f"{name}{sfx}"].append(leaf)
             else:
-                self._buf.setdefault(name, []).append(values)
-        slots = self._all_slots[mask]
-        self._buf.setdefault("_slot", []).append(slots)
-        self._buf.setdefault("_step", []).append(self.step[mask].copy())
-        self._buf.setdefault("_reset", []).append(self.first[mask].copy())
+                buf[name].append(values)
+        slots = self._all_slots if type(mask) is slice else self._all_slots[mask]  # (never written to)
+        buf["_slot"].append(slots)
         n = len(slots)
         self._buffered += n
         self._uncommitted += n
@@ -507,9 +521,7 @@ class SlotRecorder:
             self._buf.setdefault(f.name, []).append(frames[f.name] if f.name in frames
                                                     else np.zeros((m, *f.shape), dtype=f.dtype))
         self._buf.setdefault("_slot", []).append(slots)
-        self._buf.setdefault("_step", []).append(self.step[slots].copy())
-        self._buf.setdefault("_reset", []).append(np.zeros(m, dtype=bool))
-        self.step[slots] += 1
+        self.step[slots] += 1  # (a record of its own: its step is the slot's next; never a reset)
         self._buffered += m
         self._uncommitted += m
 
@@ -533,10 +545,35 @@ class SlotRecorder:
             return
         assert self.writer is not None
         arrays = {name: np.concatenate(parts) for name, parts in self._buf.items()}
-        slot, step, reset = arrays.pop("_slot"), arrays.pop("_step"), arrays.pop("_reset")
+        slot = arrays.pop("_slot")
+        step, reset = self._steps_of(slot)
         self.writer.append(arrays, stream=self._keys[slot], step=step, reset=reset)
         self._buf.clear()
         self._buffered = 0
+
+    def _steps_of(self, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step and reset flag of each buffered record, whose slots are ``slot`` (in the order stored).
+
+        A slot's step grows by one per record it stores and by nothing else, so its buffered
+        records hold the steps just below its current one, in order; a record is a reset where
+        an episode started at its step. The starts whose first record is still to come are
+        kept. Cost: O(records) vectorised, once per flush.
+        """
+        order = np.argsort(slot, kind="stable")  # each slot's records together, in the order stored
+        counts = np.bincount(slot, minlength=self.slots)
+        starts = np.cumsum(counts) - counts  # where each slot's records begin in ``order``
+        base = self.step - counts  # each slot's first buffered step
+        step = np.empty(len(slot), dtype=np.int64)
+        step[order] = np.arange(len(slot)) - np.repeat(starts, counts) + np.repeat(base, counts)
+        reset = np.zeros(len(slot), dtype=bool)
+        if self._starts:
+            s_slot = np.concatenate([s for s, _ in self._starts])
+            s_step = np.concatenate([t for _, t in self._starts])
+            here = (s_step >= base[s_slot]) & (s_step < self.step[s_slot])  # its first record is buffered
+            reset[order[starts[s_slot[here]] + (s_step[here] - base[s_slot[here]])]] = True
+            waiting = s_step >= self.step[s_slot]  # no record of that episode yet
+            self._starts = [(s_slot[waiting], s_step[waiting])] if waiting.any() else []
+        return step, reset
 
     def commit(self) -> None:
         """Append what is buffered and commit, with the episodes ended since the last commit.
@@ -575,7 +612,7 @@ class SlotRecorder:
 def _check_in(name: str, values: np.ndarray, b: SpaceBounds) -> None:
     """IdRangeError naming ``name`` unless every value lies in ``[b.low, b.high)``."""
     if isinstance(b.low, int) and isinstance(b.high, int):  # scalar bounds: two reductions, no temporaries
-        if values.size and (int(values.min()) < b.low or int(values.max()) >= b.high):
+        if values.size and (int(_min(values, axis=None)) < b.low or int(_max(values, axis=None)) >= b.high):
             check_bounds(name, values, b.low, b.high)  # raises IdRangeError naming the values
     else:
         check_bounds(name, values, b.low, b.high)

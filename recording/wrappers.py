@@ -16,12 +16,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from replaystore.errors import RecordingError, ReplayStoreError
 from replaystore.gym.nestobs import replace_rows
-from replaystore.gym.recorder import InfoValues, SlotRecorder
+from replaystore.gym.recorder import ALL, InfoValues, SlotRecorder
 from replaystore.gym.spaces import InfoSpec
 from replaystore.schemas import Schema
 from replaystore.store import Store
 
 _ONE = np.ones(1, dtype=bool)
+_any = np.logical_or.reduce
 
 
 class RecordEpisodes(gym.Wrapper):
@@ -323,29 +324,30 @@ class RecordVectorEpisodes(VectorWrapper):
         n = self.num_envs
         mode = self.autoreset_mode
         error: BaseException | None = None
-        starting = np.zeros(n, dtype=bool)
+        # (the recorder records only the slots in an episode: ``recording`` need not say so)
+        done = np.logical_or(terminated, truncated)
+        starting: np.ndarray | None = None  # sub-envs whose observation starts an episode, if any
+        next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n) if rec.info_keys else {}
         if mode == AutoresetMode.NEXT_STEP:
-            starting = self._autoreset.copy()  # reset by this step: their observation starts an episode
-            recording = rec.in_episode & ~starting
-            next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n)
+            # reset by this step: their observation starts an episode (they record nothing)
+            starting = self._autoreset if _any(self._autoreset, axis=None) else None
+            recording = ALL if starting is None else ~starting
         else:
-            recording = rec.in_episode.copy()
-            done = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
-            next_obs, info_values = obs, _vector_infos(rec.info_keys, infos, n)
-            if mode == AutoresetMode.SAME_STEP and done.any():
+            recording = ALL
+            if mode == AutoresetMode.SAME_STEP and _any(done, axis=None):
                 starting = done
                 next_obs, info_values = _same_step_final(rec.info_keys, obs, infos, done, info_values)
         try:
             rec.record(recording, act, next_obs, rewards, terminated, truncated, info_values)
         except ReplayStoreError as exc:
             error = exc
-        if starting.any():
+        if starting is not None:
             try:
                 rec.begin(starting, obs, [None] * n)
             except ReplayStoreError as exc:
                 error = error or exc
         if mode == AutoresetMode.NEXT_STEP:
-            self._autoreset = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
+            self._autoreset = done
         if error is not None:
             raise error
         return obs, rewards, terminated, truncated, infos

@@ -335,30 +335,42 @@ class CompressedArray:
                                                 f"can take ({self.max_bytes})")
 
     def _decode(self, block: int, out: np.ndarray) -> None:
-        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked.
+        """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked (:meth:`_decode_blocks`)."""
+        self._decode_blocks([block], out[None])
 
-        Its CRC32C, then the decoded size its header declares (exactly ``out``'s bytes:
-        a shorter block would leave part of ``out`` as it was), then the decoder's own
-        checks; any failure is a CorruptObjectError naming the shard and the block.
+    def _decode_blocks(self, blocks: list[int], out: np.ndarray) -> None:
+        """Decode ``blocks[i]`` into ``out[i]`` (each :data:`BLOCK` records; ``out`` C-contiguous), checked.
+
+        Per block its CRC32C, then the decoded size its header declares (exactly one
+        block's bytes: a shorter block would leave part of ``out`` as it was), then the
+        decoder's own checks; any failure is a CorruptObjectError naming the shard and
+        the block. Cost: one decompression per block, nothing per record.
         """
         raw, index = self._load()
-        off, n = int(index[block, 0]), int(index[block, 1])
-        data = raw[off:off + n - _CRC]
-        if google_crc32c.value(data) != int(raw[off + n - _CRC:off + n].view("<u4")[0]):
-            raise CorruptObjectError(self.path, f"crc32c checksum mismatch in block {block}")
-        dest = out.view(np.uint8).reshape(-1)
-        codec = self._codec
-        declared = codec.declared_size(data)
-        if declared != dest.size:
-            got = "no size" if declared is None else f"{declared} bytes"
-            raise CorruptObjectError(self.path, f"block {block} declares {got} decoded, expected {dest.size} "
-                                                f"({codec.name}; run replaystore verify)")
+        dest = out.view(np.uint8).reshape(len(blocks), -1)
+        codec, path, expected = self._codec, self.path, dest.shape[1]
+        crc, declared_size = google_crc32c.value, codec.declared_size
+        spans = [(off, n - _CRC) for off, n in index[blocks].tolist()]
+        for i, (off, n) in enumerate(spans):
+            data = raw[off:off + n]
+            if crc(data) != int.from_bytes(raw[off + n:off + n + _CRC], "little"):
+                raise CorruptObjectError(path, f"crc32c checksum mismatch in block {blocks[i]}")
+            declared = declared_size(data)
+            if declared != expected:
+                got = "no size" if declared is None else f"{declared} bytes"
+                raise CorruptObjectError(path, f"block {blocks[i]} declares {got} decoded, expected {expected} "
+                                               f"({codec.name}; run replaystore verify)")
         try:
-            codec.decode_into(data, dest)
-        except Exception as exc:  # (whatever a codec's decoder raises on damaged data)
-            raise CorruptObjectError(self.path, f"block {block} does not decode as {codec.name} "
-                                                f"({exc})") from None
-        CompressedArray.blocks_decoded += 1
+            codec.decode_blocks(raw, spans, dest)
+        except Exception:  # (whatever a codec's decoder raises on damaged data): name the block
+            for i, (off, n) in enumerate(spans):
+                try:
+                    codec.decode_into(raw[off:off + n], dest[i])
+                except Exception as exc:
+                    raise CorruptObjectError(path, f"block {blocks[i]} does not decode as {codec.name} "
+                                                   f"({exc})") from None
+            raise
+        CompressedArray.blocks_decoded += len(spans)
 
     def check(self) -> None:
         """Decode every block, one at a time into one block's buffer (what ``verify`` runs).
@@ -416,14 +428,18 @@ class CompressedArray:
             raise IndexError(f"{self.path}: row out of range for {n} records")
         idx = np.where(idx < 0, idx + n, idx)
         flat = idx.reshape(-1)
-        res = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype) if out is None else out
+        rest = self.shape[1:]
+        res = np.empty((len(flat), *rest), dtype=self.dtype) if out is None else out
         if len(flat):
             blocks, inv = np.unique(flat // BLOCK, return_inverse=True)
-            decoded = np.empty((len(blocks), BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
-            for i, b in enumerate(blocks.tolist()):
-                self._decode(b, decoded[i])
-            res.reshape(len(flat), *self.shape[1:])[...] = decoded[inv.reshape(-1), flat % BLOCK]
-        return res if out is not None else res.reshape(*idx.shape, *self.shape[1:])
+            decoded = np.empty((len(blocks) * BLOCK, *rest), dtype=self.dtype.newbyteorder("<"))
+            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), BLOCK, *rest))
+            rows = inv.reshape(-1) * BLOCK + flat % BLOCK
+            if res.flags.c_contiguous and res.dtype == decoded.dtype:  # each row copied once, into the result
+                np.take(decoded, rows, axis=0, out=res.reshape(len(flat), *rest), mode="clip")  # (unbuffered)
+            else:
+                res.reshape(len(flat), *rest)[...] = decoded[rows]
+        return res if out is not None else res.reshape(*idx.shape, *rest)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """Rows by a slice, an int or an index array along axis 0 (decoded copies).
