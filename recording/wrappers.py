@@ -208,18 +208,9 @@ class RecordVectorEpisodes(VectorWrapper):
         One stream key per sub-env (default ``"w<writer>-<i>"``).
     capacity, storage_options
         For :func:`~replaystore.store.open_store`.
-    frame_stack
-        Frames per stacked observation (``FrameStackObservation(env, k)``: ``frame_stack=k``).
-        The store then holds each frame once, zstd-compressed (the ``frames`` layout: the newest
-        frame of each observation, one frame-only record closing each episode), and
-        ``UniformSampler(st, n, stack=k, stack_padding=frame_padding)`` gives back the stacks
-        the environment returned. Each observation is checked to be such a stack
-        (RecordingError otherwise). A Dict observation (``FrameStackObservation`` stacks every
-        leaf) stores each leaf as a frame field ``frame_<key>`` (``stack_field=``); every leaf
-        must be a Box. None (default): observations are stored whole.
-    frame_padding
-        With ``frame_stack``: ``"reset"`` (default; ``FrameStackObservation``'s default
-        ``padding_type``) or ``"zero"``.
+    frame_stack, frame_padding
+        As :class:`RecordEpisodes` (each sub-env's observations are checked to be stacks; the
+        sub-envs' frames go to their own streams).
 
     Raises
     ------
