@@ -89,10 +89,13 @@ def test_recorded_vector_pong_and_its_loader(tmp_path: Path) -> None:
             np.testing.assert_array_equal(got[key]["next_obs"], np.stack([p[1] for p in per[i]]))
         assert live_bytes(st) * 100 <= SB3_STEP_BYTES * sum(map(len, per))
         every = {(o.tobytes(), x.tobytes()) for p in per for o, x in p}
-        for batch in make_loader(st, UniformSampler(st, 32, stack=4, num_batches=2)):
-            assert tuple(batch["obs"].shape) == (32, 4, 84, 84)
-            for o, x in zip(batch["obs"].numpy(), batch["next_obs"].numpy(), strict=True):
-                assert (o.tobytes(), x.tobytes()) in every
+        for workers in (0, 2):  # in-process, and through workers (large arrays come back in shared slots)
+            batches = list(make_loader(st, UniformSampler(st, 32, stack=4, num_batches=3), num_workers=workers))
+            assert len(batches) == 3
+            for batch in batches:
+                assert tuple(batch["obs"].shape) == (32, 4, 84, 84)
+                for o, x in zip(batch["obs"].numpy(), batch["next_obs"].numpy(), strict=True):
+                    assert (o.tobytes(), x.tobytes()) in every
 
 
 def _atari_vec(n_envs: int, dict_obs: bool = False) -> Any:
