@@ -97,6 +97,9 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
         Passed to the storage backend.
     create : bool
         Whether an absent store is created (as ``ReplayStoreDictBuffer``).
+    frame_stack : None
+        Refused (``BufferArgumentError``) unless None: this buffer stores whole observations;
+        frames stored once are for ``ReplayStoreBuffer`` / ``ReplayStoreDictBuffer``.
 
     Attributes
     ----------
@@ -132,7 +135,10 @@ class ReplayStoreHerBuffer(_EpisodeLedgerMixin, ReplayStoreDictBuffer, HerReplay
                  n_sampled_goal: int = 4, goal_selection_strategy: GoalSelectionStrategy | str = "future",
                  copy_info_dict: bool = False, *, url: str | os.PathLike[str] | None = None,
                  commit_every: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, frame_stack: int | None = None) -> None:
+        if frame_stack is not None:  # (the twins read whole obs/next_obs columns)
+            raise BufferArgumentError(f"frame_stack: the HER and n-step buffers store whole observations; got "
+                                      f"{frame_stack!r} (frames stored once: ReplayStoreBuffer, ReplayStoreDictBuffer)")
         if isinstance(observation_space, spaces.Dict):
             missing = [k for k in _GOAL_KEYS if k not in observation_space.spaces]
             if missing:

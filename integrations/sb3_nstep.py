@@ -85,6 +85,9 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
         Passed to the storage backend.
     create : bool
         Whether an absent store is created (as ``ReplayStoreBuffer``).
+    frame_stack : None
+        Refused (``BufferArgumentError``) unless None: this buffer stores whole observations;
+        frames stored once are for ``ReplayStoreBuffer`` / ``ReplayStoreDictBuffer``.
 
     Attributes
     ----------
@@ -112,7 +115,11 @@ class ReplayStoreNStepBuffer(_EpisodeLedgerMixin, ReplayStoreBuffer, NStepReplay
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, n_steps: int = 3, gamma: float = 0.99, *,
                  url: str | os.PathLike[str] | None = None, commit_every: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None, create: bool = True) -> None:
+                 storage_options: Mapping[str, Any] | None = None, create: bool = True,
+                 frame_stack: int | None = None) -> None:
+        if frame_stack is not None:  # (the twins read whole obs/next_obs columns)
+            raise BufferArgumentError(f"frame_stack: the HER and n-step buffers store whole observations; got "
+                                      f"{frame_stack!r} (frames stored once: ReplayStoreBuffer, ReplayStoreDictBuffer)")
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or int(n_steps) < 1:
             raise BufferArgumentError(f"n_steps: expected a positive int, got {n_steps!r}")
         gamma = _gamma(gamma)

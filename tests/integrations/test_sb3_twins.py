@@ -324,6 +324,10 @@ def test_bad_arguments_get_typed_errors_and_create_nothing(tmp_path: Path) -> No
         ReplayStoreHerBuffer(10, gym.spaces.Dict({"observation": box}), disc, url=url)
     with pytest.raises(BufferArgumentError, match="url"):
         ReplayStoreHerBuffer(10, goal, disc)
+    with pytest.raises(BufferArgumentError, match="frame_stack"):
+        ReplayStoreNStepBuffer(10, box, disc, url=url, frame_stack=4)
+    with pytest.raises(BufferArgumentError, match="frame_stack"):
+        ReplayStoreHerBuffer(10, goal, disc, url=url, frame_stack=4)
     assert not (tmp_path / "s").exists()
     buf = ReplayStoreHerBuffer(100, goal, disc, url=url)  # no env: refused at sampling, with what to do
     feed(counters(1), [buf], 12)
