@@ -53,6 +53,17 @@ FORMAT = "replaystore.d4rl/1"
 COMMIT_BYTES = 64 << 20
 
 
+def _source_attrs(f: Any, url: str, table: str, schema: Schema, keys: list[Any], int_keys: bool) -> None:
+    """The root attributes naming the source store, table, schema and stream key type of an export."""
+    f.attrs["replaystore.format"] = FORMAT
+    f.attrs["replaystore.source"] = url
+    f.attrs["replaystore.table"] = table
+    f.attrs["replaystore.schema"] = schema.to_json()
+    f.attrs["replaystore.stream_type"] = "int" if int_keys else ("str" if not any(
+        isinstance(k, int) for k in keys) else "mixed")
+    f.attrs["replaystore.int_streams"] = json.dumps([k for k in keys if isinstance(k, int)] if not int_keys else [])
+
+
 def _local(path: str) -> Path:
     if "://" in path and not path.startswith("file://"):
         raise StoreError(f"{path}: D4RL HDF5 files are written to and read from a local path")
@@ -157,14 +168,7 @@ def export_d4rl(store: Store, out: str, *, table: str | None = None, progress: b
         with h5py.File(path, "w") as f, progress_bar(n, "export d4rl", progress) as bar:
             ds = {name: f.create_dataset(name, shape=(n, *shape), dtype=dtype, chunks=_chunks(n, shape, dtype))
                   for name, (shape, dtype, _) in layout.items()}
-            f.attrs["replaystore.format"] = FORMAT
-            f.attrs["replaystore.source"] = store.url
-            f.attrs["replaystore.table"] = t.name
-            f.attrs["replaystore.schema"] = schema.to_json()
-            f.attrs["replaystore.stream_type"] = "int" if int_keys else ("str" if not any(
-                isinstance(k, int) for k in keys) else "mixed")
-            f.attrs["replaystore.int_streams"] = json.dumps([k for k in keys if isinstance(k, int)]
-                                                            if not int_keys else [])
+            _source_attrs(f, store.url, t.name, schema, keys, int_keys)
             f.attrs["replaystore.mapping"] = json.dumps(_mapping_doc(m))
             pos = 0
             for c in iter_chunks(t, m, rows):
@@ -239,14 +243,7 @@ def _export_frames(store: Store, t: Any, m: StepMapping, out: str, h5py: Any, pr
             ds = {name: f.create_dataset(name, shape=(n_steps, *shape), dtype=dtype,
                                          chunks=_chunks(n_steps, shape, dtype))
                   for name, (shape, dtype) in layout.items()}
-            f.attrs["replaystore.format"] = FORMAT
-            f.attrs["replaystore.source"] = store.url
-            f.attrs["replaystore.table"] = t.name
-            f.attrs["replaystore.schema"] = schema.to_json()
-            f.attrs["replaystore.stream_type"] = "int" if int_keys else ("str" if not any(
-                isinstance(k, int) for k in keys) else "mixed")
-            f.attrs["replaystore.int_streams"] = json.dumps([k for k in keys if isinstance(k, int)]
-                                                            if not int_keys else [])
+            _source_attrs(f, store.url, t.name, schema, keys, int_keys)
             mapping = _mapping_doc(m)
             mapping.update({"observations": f"{m.obs}[t]", "next_observations": f"{m.obs}[t + 1]",
                             "timeouts": f"{m.truncated} | cut (infos/cut)"})
