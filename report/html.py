@@ -16,8 +16,8 @@ order (each a ``<section id=...>``, listed in :data:`SECTIONS`):
     :data:`~replaystore.report.plots.MAX_LINES` streams: the streams with most episodes and the
     mean of all).
 ``fields``
-    Per field: count, min, max, mean, std and quantiles, per dimension for fields of at most
-    :data:`SMALL_VECTOR` values (nested leaves under their column names).
+    Per field: count, min, max, mean, std and quantiles, per dimension for small vectors and per channel for images, as
+    ``field_stats`` gives them (nested leaves under their column names).
 ``health``
     The data-health findings (NaN/Inf, step gaps, truncated and unfinished episodes, constant
     fields, jumps of orders of magnitude).
@@ -57,9 +57,6 @@ MAX_STREAM_ROWS = 50
 """The streams table shows at most this many streams (the first, in stream order)."""
 MAX_FIELD_ROWS = 400
 """The fields table shows at most this many rows (fields and dimensions)."""
-SMALL_VECTOR = 8
-"""Fields of at most this many values per record get a row per dimension; larger ones one row of
-their range over every dimension."""
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -254,54 +251,58 @@ def _index(d: int, shape: tuple[int, ...], n: int) -> str:
     return str(d)
 
 
+def _stat_rows(name: str, s: Any) -> list[list[str]]:
+    """The table rows of one field's statistics: one per dimension, channel or the whole field."""
+    lo, hi, mean, std = _flat(s.min), _flat(s.max), _flat(s.mean), _flat(s.std)
+    qs = [_flat(s.quantiles[q]) if q in s.quantiles else np.zeros(0) for q in QUANTILES]
+    shape = tuple(s.shape)
+    values = int(np.prod(shape, dtype=np.int64))
+    rows = []
+    for d in range(len(mean)):
+        if s.kind == "image":
+            label = f"{name} channel {d} (scaled to [0, 1])"
+        elif len(mean) == 1:
+            label = name if values <= 1 else f"{name} (all {values:,} values)"
+        else:
+            label = f"{name}[{_index(d, shape, len(mean))}]"
+        first = d == 0
+        rows.append([esc(label), esc(s.kind), esc(s.dtype), num(s.count) if first else "",
+                     num(s.rows) + (" (sample)" if s.sampled else "") if first else "",
+                     num(lo[d]), num(hi[d]), num(mean[d]), num(std[d]),
+                     *(num(q[d]) if len(q) > d else "–" for q in qs),
+                     num(s.nan) if first else "", num(s.inf) if first else ""])
+    return rows
+
+
 def fields_html(stats: dict[str, Any]) -> str:
-    """The per-field statistics table: one row per field, or per dimension of a small vector.
+    """The per-field statistics table: a row per dimension of small vectors, per channel of images.
 
     Parameters
     ----------
     stats : dict of str to FieldStats
-        ``field_stats(table)``.
+        ``field_stats(table)``: per dimension for small vectors, per channel for images, else
+        over every value of the field (one row).
 
     Returns
     -------
     str
-        The table (cut at :data:`MAX_FIELD_ROWS` rows, with a note).
+        The table (cut at :data:`MAX_FIELD_ROWS` rows, with a note); a ragged field has a row
+        of its list lengths too.
     """
     if not stats:
         return note("No field statistics.")
-    header = ["field", "kind", "dtype", "count", "min", "max", "mean", "std",
-              *(f"q{int(q * 100):02d}" for q in QUANTILES), "nan", "inf"]
+    header = ["field", "kind", "dtype", "count", "records read", "min", "max", "mean", "std",
+              *(f"q{round(q * 100):02d}" for q in QUANTILES), "nan", "inf"]
     rows: list[list[str]] = []
-    pooled_rows = 0
     for name, s in stats.items():
-        lo, hi, mean, std = _flat(s.min), _flat(s.max), _flat(s.mean), _flat(s.std)
-        qs = {q: _flat(s.quantiles[q]) if q in s.quantiles else None for q in QUANTILES}
-        shape = tuple(getattr(s, "shape", ()) or ())
-        kind, dtype = esc(getattr(s, "kind", "")), esc(getattr(s, "dtype", ""))
-        nan, inf = _flat(getattr(s, "nan", 0)).sum(), _flat(getattr(s, "inf", 0)).sum()
-        if len(mean) <= SMALL_VECTOR:
-            for d in range(len(mean)):
-                label = name if len(mean) == 1 else f"{name}[{_index(d, shape, len(mean))}]"
-                rows.append([esc(label), kind, dtype, num(s.count), num(lo[d]), num(hi[d]), num(mean[d]), num(std[d]),
-                             *(num(qs[q][d]) if qs[q] is not None and len(qs[q]) > d else "–" for q in QUANTILES),
-                             num(int(nan)) if d == 0 else "", num(int(inf)) if d == 0 else ""])
-        else:
-            # pooled over every dimension: the mean of the means, the pooled std; quantiles per dimension
-            # do not pool (stats.json has them), so the row shows their range over the dimensions
-            pooled_rows += 1
-            pooled = float(np.sqrt(max(float(np.nanmean(std ** 2 + mean ** 2) - np.nanmean(mean) ** 2), 0.0)))
-            rows.append([esc(f"{name} (all {len(mean):,} values)"), kind, dtype, num(s.count), num(np.nanmin(lo)),
-                         num(np.nanmax(hi)), num(np.nanmean(mean)), num(pooled),
-                         *(f"{num(np.nanmin(qs[q]))}…{num(np.nanmax(qs[q]))}" if qs[q] is not None and len(qs[q])
-                           else "–" for q in QUANTILES), num(int(nan)), num(int(inf))])
+        rows += _stat_rows(name, s)
+        if getattr(s, "lengths", None) is not None:
+            rows += _stat_rows(f"{name} (list length)", s.lengths)
     out = table(header, rows[:MAX_FIELD_ROWS], cls="fields", numeric_from=3)
     if len(rows) > MAX_FIELD_ROWS:
-        out += note(f"{len(rows) - MAX_FIELD_ROWS:,} more rows not shown.")
-    if not pooled_rows:
-        return out
-    return out + note(f"Fields of more than {SMALL_VECTOR} values per record show one row over all their values: "
-                      "min and max of all, the mean of the means, the pooled std and the range of the per-value "
-                      "quantiles (replaystore stats has every value's).")
+        out += note(f"{len(rows) - MAX_FIELD_ROWS:,} more rows not shown (replaystore stats writes them all).")
+    return out + note("count: finite values counted over every dimension; NaN and Inf are left out of the statistics "
+                      "and counted apart. Large fields are summarised from a seeded sample of records (records read).")
 
 
 def health_html(findings: Sequence[Any]) -> str:
@@ -448,7 +449,8 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     ...     _ = w.append({"obs": np.zeros((3, 2), np.float32), "action": np.arange(3),
     ...                   "reward": np.ones(3, np.float32), "next_obs": np.zeros((3, 2), np.float32),
     ...                   "terminated": np.array([False, False, True])}, stream=0)
-    >>> out = build_report(doc_store, tempfile.mkdtemp() + "/report.html", progress=False)
+    >>> with tempfile.TemporaryDirectory() as where:
+    ...     out = build_report(doc_store, f"{where}/report.html", progress=False)
     >>> out.sections[0], out.bytes > 0
     ('summary', True)
     """

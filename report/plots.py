@@ -189,13 +189,16 @@ def lines(series: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str, xlab
     fig = new_figure()
     ax = fig.add_subplot()
     for label, x, y in series:
-        if steps:
-            ax.step(*thinned(x, y), where="post", label=label, linewidth=1.2)
+        if steps:  # a cumulative count: from 0 at its first x
+            tx, ty = thinned(np.r_[x[:1], x], np.r_[0, y])
+            ax.step(tx, ty, where="post", label=label, linewidth=1.2, marker="o" if len(tx) <= 30 else None,
+                    markersize=3)
         else:
             bx, by = binned(x, y)
             ax.plot(bx, by, label=label, linewidth=1.0, marker="." if len(bx) < 30 else None)
     if mean is not None and steps:
-        ax.step(*thinned(*mean), where="post", label="total", color="black", linewidth=2.2)
+        tx, ty = thinned(np.r_[mean[0][:1], mean[0]], np.r_[0, mean[1]])
+        ax.step(tx, ty, where="post", label="total", color="black", linewidth=2.2)
     elif mean is not None:
         ax.plot(*binned(*mean), label="mean", color="black", linewidth=2.2)
     ax.set_title(title)
