@@ -12,8 +12,9 @@ from hypothesis import strategies as hs
 
 from replaystore.errors import UnknownColumnError
 from replaystore.report import QUANTILES, field_stats, lerobot_stats
-from replaystore.schemas import Dense, Ragged, Schema, nested
+from replaystore.schemas import BatchMeta, Dense, Ragged, Schema, dqn, nested
 from replaystore.store import open_store
+from support.batches import dqn_batch
 
 LEROBOT_KEYS = {"min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99"}
 """The keys of a feature in LeRobot's meta/stats.json (lerobot/datasets/compute_stats.py)."""
@@ -193,3 +194,34 @@ def test_lerobot_layout(tmp_path: Path) -> None:
     image = np.asarray(doc["image"]["max"])
     assert np.all((image >= 0) & (image <= 1))
     assert doc["gone"]["mean"] == [None]  # no finite value: null, never NaN
+
+
+def test_dqn_store_every_field_and_its_csr_lengths(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    batch = dqn_batch(rng, 300, observation_size=4, heads=2, actions=5)
+    n = len(batch.obs)
+    st = open_store(str(tmp_path / "s"), dqn(4, 2, actions=5), mode="w")
+    with st.writer() as w:
+        w.append(batch, stream=0)
+        w.commit()
+    cols = vars(batch)
+    stats = field_stats(st)
+    assert list(stats) == [f.name for f in st.schema.fields if not isinstance(f, BatchMeta)]
+    for name in ("legal_ids", "next_legal_ids"):
+        s = stats[name]
+        assert s.lengths is not None
+        offsets = cols[s.lengths.name]
+        assert s.kind == "ragged" and s.count == offsets[-1] and s.rows == n
+        assert_stats_equal(s.lengths, reference(np.diff(offsets), False))
+        assert_stats_equal(s, reference(cols[name], False))
+    assert_stats_equal(stats["masks"], reference(cols["masks"], True))
+    assert_stats_equal(stats["dones"], reference(cols["dones"], True))
+
+
+def test_empty_table(tmp_path: Path) -> None:
+    st = open_store(str(tmp_path / "s"), dqn(3, 2, actions=4), mode="w")
+    stats = field_stats(st)
+    assert stats["obs"].rows == 0 and stats["obs"].count == 0 and np.all(np.isnan(stats["obs"].mean))
+    doc = lerobot_stats(stats)
+    assert doc["obs"]["count"] == [0] and doc["obs"]["mean"] == [None, None, None]
+    json.dumps(doc, allow_nan=False)
