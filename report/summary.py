@@ -113,7 +113,8 @@ def commit_span(commits: Sequence[dict[str, Any]]) -> str:
 
 
 def summary_html(store: Store | Table, table_name: str | None = None, *, episodes: Any = None,
-                 commits: Sequence[dict[str, Any]] | None = None, cap: bool = True) -> str:
+                 commits: Sequence[dict[str, Any]] | None = None, info: dict[str, Any] | None = None,
+                 cap: bool = True) -> str:
     """The summary of a store (or of one table): schema, records, streams, episodes, writers, size, commits.
 
     Parameters
@@ -128,7 +129,10 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
         The table's episodes if already computed (``episodes_of``); None: counted here, within
         the cap.
     commits : sequence of dict, optional
-        ``Store.commits()`` if already read; None: read here, within the cap.
+        The commits (each with its ``time_ns``: ``Store.commits()``) if already read; None:
+        ``Store.commits()`` is read here, within the cap.
+    info : dict, optional
+        ``Store.info()`` if already read.
     cap : bool, optional
         Keep the cost bounded (the notebook view): count episodes only for tables of at most
         :data:`REPR_EPISODE_RECORDS` records, read commits only for stores of at most
@@ -147,7 +151,7 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
     """
     rows: list[tuple[str, str]] = []
     if isinstance(store, Store):
-        info = store.info()
+        info = store.info() if info is None else info
         names = [table_name] if table_name is not None else store.tables
         tables = {n: store.table(n) for n in names}
         rows.append(("store", esc(store.url)))
@@ -159,7 +163,6 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
             rows.append((f"{prefix}streams", num(info["tables"][n]["streams"])))
         one = next(iter(tables.values())) if len(tables) == 1 else None
     else:
-        info = None
         tables = {store.name: store}
         one = store
         rows.append(("table", esc(store.name)))
@@ -172,8 +175,10 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
             episodes = episodes_of(one)
         rows.append(("episodes", episode_counts(episodes) if episodes is not None else
                      esc(f"not counted here (over {REPR_EPISODE_RECORDS:,} records: Store.report counts them)")))
-    if info is not None:
-        assert isinstance(store, Store)
+    if not isinstance(store, Store) and commits is not None:
+        rows.append(("commits", f"{num(len(commits))} hold its records; {commit_span(commits)}"))
+    if isinstance(store, Store):
+        assert info is not None
         rows.append(("writers", f"{num(info['writers'])} ({num(info['writers_closed'])} closed)"))
         if commits is None and (not cap or info["commits"] <= REPR_COMMITS):
             commits = store.commits()

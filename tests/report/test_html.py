@@ -264,11 +264,28 @@ def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
     page = parse(tmp_path / "right.html")
     assert page.table("fields", "field")["x"][6] == "4"
     assert "No episodes" in page.text("episodes")
-    # a Table alone: no store-level sections' data, and they say so
+    # a Table alone: no sampler states; its commits from its fragments
     build_report(st.table("left"), tmp_path / "left.html", progress=False)
     page = parse(tmp_path / "left.html")
     assert page.order == list(SECTIONS)
-    assert "A Table was given" in page.text("commits")
+    assert "A Table was given" in page.text("samplers")
+    assert page.table("commits", "writer")["0"][3] == "3"
+
+
+def test_many_commits_are_read_from_the_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replaystore.report import html
+
+    st = small_store(str(tmp_path / "s"))
+    build_report(st, tmp_path / "history.html", progress=False)
+    monkeypatch.setattr(html, "HISTORY_COMMITS", 2)  # the store has 7 commits: over it
+    build_report(st, tmp_path / "fragments.html", progress=False)
+    history, fragments = parse(tmp_path / "history.html"), parse(tmp_path / "fragments.html")
+    assert "not the whole commit history" in fragments.text("commits")
+    by_history, by_fragments = history.table("commits", "writer"), fragments.table("commits", "writer")
+    for w in ("0", "1"):  # the same appends, rows and times; compactions only from the history
+        appends = sum(c["kind"] == "append" for c in st.commits() if c["writer"] == int(w))
+        assert by_fragments[w][1] == str(appends) and by_fragments[w][2] == "–"
+        assert by_fragments[w][3:] == by_history[w][3:]
 
 
 def _plain_transitions(n: int) -> dict[str, np.ndarray]:
