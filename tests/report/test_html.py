@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from replaystore.errors import StoreError
-from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler
+from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler, SequenceSampler, UniformSampler
 from replaystore.report.html import MAX_STREAM_ROWS, SECTIONS, build_report
 from replaystore.schemas import Dense, Schema, transitions
 from replaystore.store import Store, open_store
@@ -46,7 +46,8 @@ class Page(HTMLParser):
             if k in a:
                 self.links.append((tag, k, a[k]))
         if tag == "section":
-            self._section = {"tables": [], "svgs": 0, "imgs": [], "plots": [], "strips": [], "slots": [], "text": []}
+            self._section = {"tables": [], "svgs": 0, "imgs": [], "plots": [], "strips": [], "slots": [], "text": [],
+                             "svg_text": []}
             self.sections[a["id"]] = self._section
             self.order.append(a["id"])
         s = self._section
@@ -84,8 +85,8 @@ class Page(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._cell is not None:
             self._cell.append(data)
-        if self._section is not None and self._svg_depth == 0:
-            self._section["text"].append(data)
+        if self._section is not None:
+            self._section["text" if self._svg_depth == 0 else "svg_text"].append(data)
 
     def table(self, section: str, header: str) -> dict[str, list[str]]:
         """The table of ``section`` whose first header cell is ``header``: first cell -> row."""
@@ -152,6 +153,13 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     epoch.sample()
     epoch.save()
     ReservoirSampler(st, batch_size=2, capacity=6, seed=0, name="keep").save()
+    windows = SequenceSampler(st, length=2, batch_size=3, seed=0, name="windows")
+    for _ in range(3):
+        windows.sample()
+    windows.save()
+    uniform = UniformSampler(st, batch_size=3, seed=0, name="uni")
+    uniform.sample()
+    uniform.save()
     st.save_state("model", {"step": 7}, {"weights": np.zeros((2, 3))})
     out = tmp_path / "r.html"
 
@@ -170,7 +178,7 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     assert summary["episodes"].startswith("5 (3 terminated, 1 truncated, 1 open)")
     assert summary["writers"] == "2 (2 closed)"
     assert f"({info['bytes']:,} bytes" in summary["size on disk"]
-    assert summary["state slots"].count("v") >= 4
+    assert summary["state slots"].count("(v") == 6
     schema_rows = page.table("summary", "field")
     assert schema_rows["obs"][1:5] == ["dense", "float32", "(2,)", "raw"]
     assert set(schema_rows) == set(st.schema.names)
@@ -184,6 +192,9 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     # episodes: the histograms and the learning curve, as inline SVG
     assert page.sections["episodes"]["plots"] == ["returns", "lengths", "learning-curve"]
     assert page.sections["episodes"]["svgs"] == 3
+    titles = page.sections["episodes"]["svg_text"]
+    assert "episode return (4 episodes)" in titles and "episode length (4 episodes)" in titles
+    assert "stream a" in titles and "stream b" in titles and "stream c" in titles  # the learning curve's lines
 
     # fields: per dimension of obs, equal to numpy's on the same values
     data = st.read(st.row_ids())
@@ -210,14 +221,19 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     assert page.sections["frames"]["imgs"] == [] and "No image fields" in page.text("frames")
 
     # samplers: every slot, where it stands, and the priority histogram of the prioritized one
-    assert page.sections["samplers"]["slots"] == ["keep", "model", "pass", "per"]
+    slots = page.sections["samplers"]["slots"]
+    assert slots == ["keep", "model", "pass", "per", "uni", "windows"]
     assert page.sections["samplers"]["plots"] == ["priorities-per"] and page.sections["samplers"]["svgs"] == 1
-    pos = page.pairs("samplers")
-    assert pos["kind"] in ("reservoir", "epoch", "prioritized")
-    assert pos["rows taken of this pass"].startswith("5 of 17")
-    assert pos["capacity"] == "6" and pos["members"] == "6"
-    assert pos["max priority"] == "32"
-    assert "weights float64[2, 3]" in page.text("samplers")
+    assert "priorities of 'per' (17 rows)" in page.sections["samplers"]["svg_text"]
+    pos = {slot: {r[0]: r[1] for r in t} for slot, t in zip(slots, page.sections["samplers"]["tables"], strict=True)}
+    assert [pos[s]["kind"] for s in ("keep", "pass", "per", "uni", "windows")] == [
+        "reservoir", "epoch", "prioritized", "uniform", "sequence"]
+    assert pos["pass"]["rows taken of this pass"].startswith("5 of 17") and pos["pass"]["pass (epoch)"] == "0"
+    assert pos["keep"]["capacity"] == "6" and pos["keep"]["members"] == "6" and pos["keep"]["records offered"] == "17"
+    assert pos["per"]["max priority"] == "32" and pos["per"]["rows tracked"] == "17"
+    assert pos["windows"]["minibatches drawn"] == "3" and '"length": 2' in pos["windows"]["hyperparameters"]
+    assert pos["uni"]["minibatches drawn"] == "1"
+    assert pos["model"]["arrays"] == "weights float64[2, 3]" and pos["model"]["document keys"] == "step"
 
     # commits: rows per writer over time, and the writers' table
     assert page.sections["commits"]["plots"] == ["commits"]
