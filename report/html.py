@@ -517,15 +517,15 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     episodes_of, stream_summaries, field_stats, health = _data()
     show = progress is True or (progress is None and sys.stderr.isatty())
     parts: dict[str, str] = {}
-    with tqdm(total=len(SECTIONS) + 4, desc="report", unit="step", leave=False, disable=not show) as bar:
+    fields = len(tab.schema.record_names)  # field_stats reports each field it has summarised
+    with tqdm(total=len(SECTIONS) + 3 + fields, desc="report", unit="step", leave=False, disable=not show) as bar:
         def step(what: str) -> None:
             bar.set_postfix_str(what, refresh=False)
             bar.update(1)
 
         episodes = episodes_of(tab)
         step("episodes")
-        stats = field_stats(tab)
-        step("statistics")
+        stats = field_stats(tab, progress=lambda name, done, total: step(f"statistics of {name}"))
         findings = health(tab, stats, episodes)
         step("health")
         info = store.info() if store is not None else None

@@ -276,7 +276,7 @@ def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="left"):
         build_report(st, tmp_path / "no.html", progress=False)
     assert not (tmp_path / "no.html").exists()
-    build_report(st, tmp_path / "right.html", table="right", progress=False)
+    st.report(tmp_path / "right.html", table="right", progress=False)  # the Store face
     page = parse(tmp_path / "right.html")
     assert page.table("fields", "field")["x"][6] == "4"
     assert "No episodes" in page.text("episodes")
