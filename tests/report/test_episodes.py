@@ -216,3 +216,42 @@ def test_dqn_records_sum_rewards_and_end_at_dones(tmp_path: Path) -> None:
     eps = episodes_of(st)
     assert eps.end_flags == ("dones",) and set(eps.end) <= {"terminated", "open"}
     assert_matches_iter_episodes(st.default, eps, reward="rewards")
+
+
+def reference_spans(steps: np.ndarray, resets: np.ndarray, end: np.ndarray) -> list[tuple[int, int, bool]]:
+    """One stream's episodes as ``iter_episodes`` split them record by record before the split was shared."""
+    out = []
+    start = np.zeros(len(steps), dtype=bool)
+    start[0] = True
+    start[1:] = resets[1:] | end[:-1] | (np.diff(steps) != 1)
+    bounds = np.r_[np.flatnonzero(start), len(steps)]
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        began = bool(resets[lo]) or steps[lo] == 0 or (lo > 0 and bool(end[lo - 1]) and steps[lo] == steps[lo - 1] + 1)
+        out.append((lo, hi, began))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams=hs.lists(hs.lists(hs.tuples(hs.integers(1, 3), hs.booleans(), hs.booleans()), min_size=1, max_size=12),
+                        min_size=1, max_size=4),
+       first_step=hs.integers(0, 2))
+def test_spans_of_concatenated_streams_are_each_streams_spans(streams: list[list[tuple[int, bool, bool]]],
+                                                              first_step: int) -> None:
+    """``episode_spans`` over several streams at once equals the per-stream split, stream by stream."""
+    from replaystore.episodebounds import episode_spans
+
+    steps, resets, ends, firsts, expected = [], [], [], [], []
+    offset = 0
+    for records in streams:
+        st = first_step + np.cumsum([d for d, _, _ in records]) - records[0][0]
+        rs = np.array([r for _, r, _ in records])
+        en = np.array([e for _, _, e in records])
+        expected += [(lo + offset, hi + offset, b) for lo, hi, b in reference_spans(st, rs, en)]
+        steps.append(st)
+        resets.append(rs)
+        ends.append(en)
+        firsts.append(np.r_[True, np.zeros(len(records) - 1, bool)])
+        offset += len(records)
+    lo, hi, began = episode_spans(np.concatenate(steps), np.concatenate(resets), np.concatenate(ends),
+                                  np.concatenate(firsts))
+    assert list(zip(lo.tolist(), hi.tolist(), began.tolist(), strict=True)) == expected
