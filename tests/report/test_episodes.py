@@ -13,7 +13,7 @@ from hypothesis import strategies as hs
 from replaystore.loaders import iter_episodes
 from replaystore.report import Episodes, episodes_of, stream_summaries
 from replaystore.schemas import Dense, Schema, dqn, transitions
-from replaystore.store import open_store
+from replaystore.store import ROW_BITS, Store, open_store
 from support.batches import dqn_batch
 
 
@@ -86,6 +86,7 @@ def test_end_time_is_the_commit_of_the_last_record(tmp_path: Path) -> None:
     eps = episodes_of(st)
     assert list(eps.stream) == [0, 0, 1]
     np.testing.assert_array_equal(eps.end_time, [times[0], times[1], times[1]])
+    np.testing.assert_array_equal(eps.end_time, times_from_commits(st, eps.last_row))
     assert list(eps.end) == ["terminated", "terminated", "open"]
     # a view that is no longer the table's current one gives the same episodes
     old = st.default.view()
@@ -143,6 +144,17 @@ def test_summaries_count_gaps_and_whole_episode_returns(tmp_path: Path) -> None:
     assert_matches_iter_episodes(st.default, eps)
 
 
+def times_from_commits(st: Store, rows: np.ndarray) -> np.ndarray:
+    """The commit time of each row, from ``Store.commits()``' append row ranges (the reference mapping)."""
+    spans = []
+    for body in st.commits():
+        for a in body.get("tables", {}).get(st.default.name, {}).get("appends", []):
+            lo, hi = a["rows"]
+            base = body["writer"] << ROW_BITS
+            spans.append((base | lo, base | hi, body["time_ns"] / 1e9))
+    return np.array([next(t for lo, hi, t in spans if lo <= r < hi) for r in rows.tolist()], dtype=np.float64)
+
+
 @hs.composite
 def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int | None]:
     """Appends ``(stream, steps, resets, terminated, truncated)`` plus a capacity."""
@@ -165,9 +177,11 @@ def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(plan=_plans(), commit_each=hs.booleans())
+@given(plan=_plans(), commit_each=hs.booleans(), compact=hs.booleans(), second_writer=hs.integers(0, 7))
 def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathFactory,
-                                             plan: tuple[list, int | None], commit_each: bool) -> None:
+                                             plan: tuple[list, int | None], commit_each: bool, compact: bool,
+                                             second_writer: int) -> None:
+    """Streams, step gaps, resets, ends, truncation, capacity eviction, compaction and a second writer."""
     appends, capacity = plan
     url = str(tmp_path_factory.mktemp("gen") / "s")
     st = open_store(url, _schema(), mode="w", capacity=capacity)
@@ -178,12 +192,21 @@ def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathF
             if commit_each:
                 w.commit()
         w.commit()
+        if compact:
+            w.compact()
+    if second_writer:  # its own stream: row ids with another writer's bits
+        with st.writer() as w2:
+            n = second_writer
+            w2.append(_batch(n, np.arange(n) % 3 == 2, np.zeros(n, bool), rng.standard_normal(n)), stream="other")
+            w2.commit()
+    st.refresh()
     eps = episodes_of(st)
     assert_matches_iter_episodes(st.default, eps)
     assert int(eps.length.sum()) == len(st)
     summaries = stream_summaries(st, eps)
     assert sum(s.episodes + s.open for s in summaries) == len(eps)
     assert np.all(np.isfinite(eps.end_time))
+    np.testing.assert_array_equal(eps.end_time, times_from_commits(st, eps.last_row))
 
 
 def test_many_streams_cover_every_record_once(tmp_path: Path) -> None:
