@@ -12,7 +12,7 @@ from hypothesis import strategies as hs
 
 from replaystore.loaders import iter_episodes
 from replaystore.report import Episodes, episodes_of, stream_summaries
-from replaystore.schemas import Dense, Schema, dqn, transitions
+from replaystore.schemas import Dense, Schema, dqn, frames, transitions
 from replaystore.store import ROW_BITS, Store, open_store
 from support.batches import dqn_batch
 
@@ -278,3 +278,59 @@ def test_spans_of_concatenated_streams_are_each_streams_spans(streams: list[list
     lo, hi, began = episode_spans(np.concatenate(steps), np.concatenate(resets), np.concatenate(ends),
                                   np.concatenate(firsts))
     assert list(zip(lo.tolist(), hi.tolist(), began.tolist(), strict=True)) == expected
+
+
+def test_frames_layout_closing_records_belong_to_no_episode(tmp_path: Path) -> None:
+    """An episode of T steps is T + 1 records in a frames store; its length and return are of its T steps."""
+    st = open_store(str(tmp_path / "f"), frames((16, 16), actions=3), mode="w")
+
+    def episode(t: int, end: str | None) -> dict[str, np.ndarray]:
+        n = t + 1 if end else t  # the frame-only record closes an ended episode
+        cols = {"frame": np.zeros((n, 16, 16), np.uint8), "action": np.zeros(n, np.int64),
+                "reward": np.r_[np.ones(t, np.float32), np.zeros(n - t, np.float32)],
+                "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+        if end:
+            cols[end][t - 1] = True
+        return cols
+
+    with st.writer() as w:
+        for t, end in ((5, "terminated"), (3, "truncated"), (4, None)):
+            w.append(episode(t, end), stream=0, reset=True)
+        w.append(episode(6, "terminated"), stream=1, reset=True)
+        w.commit()
+    eps = episodes_of(st)
+    assert list(eps.stream) == [0, 0, 0, 1]
+    assert list(eps.length) == [5, 3, 4, 6] and list(eps.ret) == [5.0, 3.0, 4.0, 6.0]
+    assert list(eps.end) == ["terminated", "truncated", "open", "terminated"]
+    assert list(eps.first_step) == [0, 6, 10, 0] and bool(eps.complete.all())
+    summaries = stream_summaries(st, eps)
+    assert [(s.records, s.episodes, s.open) for s in summaries] == [(14, 2, 1), (7, 1, 0)]
+
+
+def test_recorded_pong_frames(tmp_path: Path) -> None:
+    from gymnasium.wrappers import FrameStackObservation
+
+    from replaystore.gym import RecordEpisodes
+    from support.pixels import pong
+
+    url = str(tmp_path / "pong")
+    env = RecordEpisodes(FrameStackObservation(pong(max_episode_steps=12), 4), url, frame_stack=4)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    lengths, n = [], 0
+    for _ in range(40):
+        _, _, term, trunc, _ = env.step(int(rng.integers(6)))
+        n += 1
+        if term or trunc:
+            lengths.append(n)
+            n = 0
+            env.reset()
+    env.close()
+    with open_store(url, mode="r") as st:
+        eps = episodes_of(st)
+        done = eps.end != "open"
+        assert list(eps.length[done]) == lengths and len(lengths) == 3
+        assert set(eps.end[done]) == {"truncated"} and bool(eps.complete.all())
+        # the episode under way: its steps, and the frame the recorder holds for the next one
+        assert list(eps.length[~done]) == [n + 1]
+
