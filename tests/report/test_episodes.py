@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from replaystore.loaders import iter_episodes
-from replaystore.report import Episodes, episodes_of, stream_summaries
+from replaystore.report import Episodes, episodes_of, field_stats, health, stream_summaries
 from replaystore.schemas import Dense, Schema, dqn, frames, transitions
 from replaystore.store import ROW_BITS, Store, open_store
 from support.batches import dqn_batch
@@ -305,6 +305,7 @@ def test_frames_layout_closing_records_belong_to_no_episode(tmp_path: Path) -> N
     assert list(eps.first_step) == [0, 6, 10, 0] and bool(eps.complete.all())
     summaries = stream_summaries(st, eps)
     assert [(s.records, s.episodes, s.open) for s in summaries] == [(14, 2, 1), (7, 1, 0)]
+    assert [f.check for f in health(st, field_stats(st), eps) if f.severity == "warning"] == []
 
 
 def test_recorded_pong_frames(tmp_path: Path) -> None:
