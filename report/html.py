@@ -61,6 +61,8 @@ HISTORY_COMMITS = 2_000
 """The commits section reads the commit history (``Store.commits()``, a storage read per commit the first
 time) only for stores of at most this many commits; past it, the table's fragments tell the commits whose
 records it holds."""
+MAX_FINDINGS = 200
+"""The health table shows at most this many findings (the worst first)."""
 MAX_FIELD_ROWS = 400
 """The fields table shows at most this many rows (fields and dimensions)."""
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -322,17 +324,19 @@ def health_html(findings: Sequence[Any]) -> str:
     Returns
     -------
     str
-        The table; a note when nothing was found.
+        The table (at most :data:`MAX_FINDINGS` rows); a note when nothing was found.
     """
     if not findings:
         return note("No findings: no NaN or Inf, no step gaps, no unfinished or truncated episodes worth "
                     "a note, no constant fields, no jumps of orders of magnitude.")
     ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(str(f.severity), 9))
+    more = note(f"{len(ordered) - MAX_FINDINGS:,} more findings not shown.") if len(ordered) > MAX_FINDINGS else ""
+    ordered = ordered[:MAX_FINDINGS]
     rows = "".join(
         f'<tr class="sev-{esc(f.severity)}"><td>{esc(f.severity)}</td><td>{esc(f.check)}</td><td>{esc(f.subject)}</td>'
         f'<td class="num">{num(f.count)}</td><td>{esc(f.message)}</td></tr>' for f in ordered)
     return ('<table class="health"><thead><tr><th>severity</th><th>check</th><th>subject</th>'
-            f'<th class="num">count</th><th>finding</th></tr></thead><tbody>{rows}</tbody></table>')
+            f'<th class="num">count</th><th>finding</th></tr></thead><tbody>{rows}</tbody></table>{more}')
 
 
 def _rows_added(commit: dict[str, Any], table_name: str) -> int:

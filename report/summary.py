@@ -25,6 +25,8 @@ from replaystore.store import Store, Table
 
 REPR_EPISODE_RECORDS = 100_000
 """The notebook summary counts episodes only in tables of at most this many records."""
+MAX_SCHEMA_ROWS = 300
+"""The schema table lists at most this many fields (a note counts the rest)."""
 METADATA_CHARS = 4_000
 """Schema metadata longer than this (as indented JSON) is cut, with a note."""
 
@@ -48,11 +50,12 @@ def schema_html(schema: Schema) -> str:
     Returns
     -------
     str
-        A table of field, kind, dtype, shape, codec and description, then the schema's
-        metadata as indented JSON (cut at :data:`METADATA_CHARS` characters).
+        A table of field, kind, dtype, shape, codec and description (the first
+        :data:`MAX_SCHEMA_ROWS` fields), then the schema's metadata as indented JSON (cut at
+        :data:`METADATA_CHARS` characters).
     """
     rows = []
-    for f in schema.fields:
+    for f in schema.fields[:MAX_SCHEMA_ROWS]:
         if isinstance(f, Dense):
             shape = "(" + ", ".join(str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
             rows.append([esc(f.name), "dense", esc(f.dtype.name), shape, esc(f.codec or "raw"), esc(f.description)])
@@ -63,6 +66,8 @@ def schema_html(schema: Schema) -> str:
             rows.append([esc(f.name), "meta", "json", "one per append", "–", esc(f.description)])
     out = table(["field", "kind", "dtype", "shape", "codec", "description"], rows, cls="schema",
                 caption=f"schema {schema.name} (version {schema.version})", numeric_from=99)
+    if len(schema.fields) > MAX_SCHEMA_ROWS:
+        out += f'<p class="note">{len(schema.fields) - MAX_SCHEMA_ROWS:,} more fields not listed.</p>'
     if schema.metadata:
         text = json.dumps(schema.metadata, indent=2, sort_keys=True, default=str)
         cut = len(text) > METADATA_CHARS

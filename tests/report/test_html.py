@@ -383,6 +383,28 @@ def test_frame_strips_of_a_recorded_pong_frames_store(tmp_path: Path) -> None:
     assert gym is not None
 
 
+def test_noisy_pictures_keep_the_page_under_5_mb(tmp_path: Path) -> None:
+    from replaystore.report.frames import FRAMES_BYTES
+
+    names = [f"camera{i}" for i in range(4)]
+    schema = Schema("cams", [*(Dense(n, np.uint8, (256, 256, 3)) for n in names), Dense("reward", np.float32),
+                             Dense("terminated", np.bool_)])
+    st = open_store(str(tmp_path / "cams"), schema, mode="x")
+    rng = np.random.default_rng(0)
+    n = 30  # three episodes of 10: 9 frames a field, each ~260 KB of noise as base64 PNG
+    with st.writer() as w:
+        w.append({**{k: rng.integers(0, 256, (n, 256, 256, 3), dtype=np.uint8) for k in names},
+                  "reward": np.ones(n, np.float32), "terminated": np.arange(n) % 10 == 9}, stream=0)
+    out = tmp_path / "cams.html"
+    done = build_report(st, out, progress=False)
+    assert done.bytes < 5 * 2**20
+    page = parse(out)
+    strips = page.sections["frames"]["strips"]
+    assert set(strips) == set(names)  # every field keeps its first strip
+    assert len(strips) < 3 * len(names) and "more strips left out" in page.text("frames")
+    assert sum(len(i["src"]) for i in page.sections["frames"]["imgs"]) <= FRAMES_BYTES
+
+
 def test_frames_of_any_layout_become_small_pngs() -> None:
     from replaystore.report.frames import MAX_SIDE, png_data_uri
 
