@@ -100,9 +100,15 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     for unit in report.deleted:
         print(f"{verb} {unit.kind} {unit.path} ({len(unit.objects)} objects, {size_text(unit.bytes)})")
-    print(f"{verb} {len(report.deleted)} unreferenced units, {report.objects} objects, {size_text(report.bytes)}; "
-          f"kept {len(report.recent)} unreferenced units newer than {args.older_than:g} s")
+    print(f"{verb} {_count(len(report.deleted), 'unreferenced unit')}, {_count(report.objects, 'object')}, "
+          f"{size_text(report.bytes)}; kept {_count(len(report.recent), 'unreferenced unit')} newer than "
+          f"{args.older_than:g} s")
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    """``"1 unit"``, ``"2 units"``."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _cmd_copy(args: argparse.Namespace) -> int:

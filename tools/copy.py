@@ -164,7 +164,11 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
     total = sum(len(copied.table(t).view().fragments) for t in copied.tables)
     with progress_bar(total, "verify copy", progress, unit="fragment") as bar:
-        problems = verify_store(copied, progress=lambda n: bar.update(n - bar.n))
+
+        def advance(n: int) -> None:
+            bar.update(n - bar.n)
+
+        problems = verify_store(copied, progress=advance)
     if problems:
         dst.delete(MANIFEST)  # a copy that does not verify is no store
         damaged = verify_store(src)  # (only when the copy fails: a damaged source is named as such)

@@ -113,35 +113,25 @@ def episode_summary(table: Table) -> dict[str, Any] | None:
 
     Notes
     -----
-    Cost: one scan of the stream, step, reset, end flag and reward columns.
+    Cost: the table's stream index and one read of its end flag and reward columns.
     """
     schema = table.schema
-    scalars = {f.name for f in schema.dense_fields if not f.shape}
-    flags = [n for n in END_FLAGS if n in scalars and schema.field(n).dtype.kind == "b"]
+    scalars = {f.name: f for f in schema.dense_fields if not f.shape}
+    flags = [n for n in END_FLAGS if n in scalars and scalars[n].dtype.kind == "b"]
     if not flags:
         return None
     reward = next((n for n in REWARD_FIELDS if n in scalars), None)
-    columns = ["stream", "step", "reset", *flags, *([reward] if reward else [])]
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in columns}
-    known: dict[Any, int] = {}  # stream key -> a table-wide number
-    for batch in table.scan(columns, batch_rows=1 << 20):
-        enc = batch.column("stream").dictionary_encode()
-        ids = np.array([known.setdefault(k, len(known)) for k in enc.dictionary.to_pylist()], dtype=np.int64)
-        parts["stream"].append(ids[enc.indices.to_numpy()] if len(ids) else np.zeros(0, dtype=np.int64))
-        for c in columns[1:]:
-            parts[c].append(batch.column(c).to_numpy(zero_copy_only=False))
-    n = sum(len(p) for p in parts["step"])
     empty = {"episodes": 0, "ended": 0, "open": 0, "terminated": 0 if "terminated" in flags else None,
              "truncated": 0 if "truncated" in flags else None,
              "return": None if reward is None else _stat(np.zeros(0)), "length": _stat(np.zeros(0))}
+    index = table.stream_index()  # sorted by (stream, step)
+    rows = index.rows
+    n = len(rows)
     if n == 0:
         return empty
-    streams = np.concatenate(parts["stream"])
-    steps = np.concatenate(parts["step"]).astype(np.int64)
-    order = np.lexsort((steps, streams))
-    streams, steps = streams[order], steps[order]
-    resets = np.concatenate(parts["reset"]).astype(bool)[order]
-    by_flag = {f: np.concatenate(parts[f]).astype(bool)[order] for f in flags}
+    streams, steps, resets = index.stream_ids, index.steps, np.asarray(index.resets, dtype=bool)
+    data = table.read(rows, columns=[*flags, *([reward] if reward else [])])
+    by_flag = {f: np.asarray(data[f], dtype=bool) for f in flags}
     ends = np.zeros(n, dtype=bool)
     for v in by_flag.values():
         ends |= v
@@ -159,7 +149,7 @@ def episode_summary(table: Table) -> dict[str, Any] | None:
         if f in by_flag:
             out[f] = int(by_flag[f][stops[ended] - 1].sum())
     if reward is not None:
-        rewards = np.concatenate(parts[reward]).astype(np.float64)[order]
+        rewards = np.asarray(data[reward], dtype=np.float64)
         returns = np.add.reduceat(rewards, starts)[ended] if len(starts) else np.zeros(0)
         out["return"] = _stat(returns)
     return out
@@ -388,12 +378,16 @@ def info_text(doc: Mapping[str, Any]) -> str:
         + (f", {len(tables)} tables" if len(tables) != 1 else ""),
         f"writers   {doc['writers']} ({doc['writers_closed']} closed), {doc['commits']} commits",
         f"commits   {_span(doc)}",
-        f"size      {_size(doc['bytes'])} on disk (as du counts it), {_size(doc['apparent_bytes'])} apparent",
+        f"size      {_size(doc['bytes'])} allocated on disk (as du counts it), {_size(doc['apparent_bytes'])} "
+        "apparent",
     ]
+    if doc["state"]:
+        lines.append(f"state     {len(doc['state'])} slot{'s' if len(doc['state']) != 1 else ''}: "
+                     + ", ".join(doc["state"]))
     for name, t in tables.items():
         lines.append("")
         lines.append(f"table {name}: schema {t['schema']} (version {t['version']}), {t['records']} records, "
-                     f"{t['streams']} streams")
+                     f"{t['streams']} stream{'s' if t['streams'] != 1 else ''}")
         rows = []
         for f in t["fields"]:
             if f["kind"] == "dense":
@@ -419,7 +413,7 @@ def info_text(doc: Mapping[str, Any]) -> str:
 
 
 def details_text(doc: Mapping[str, Any]) -> str:
-    """``--verbose``'s internals: log checkpoint, chunk cache, state slots, fragments, column sizes.
+    """``--verbose``'s internals: log checkpoint, sizes, chunk cache, state slots, fragments, column sizes.
 
     Parameters
     ----------
@@ -429,29 +423,27 @@ def details_text(doc: Mapping[str, Any]) -> str:
     Returns
     -------
     str
-        The lines.
+        The lines, after a ``internals:`` line.
     """
     checkpoint = doc["log_checkpoint"]
-    lines = ["internals",
-             f"  log checkpoint  {'none' if checkpoint is None else f'#{checkpoint}'}",
-             f"  size on disk    {_size(doc['bytes'])} allocated, {_size(doc['apparent_bytes'])} apparent"]
+    lines = ["internals:",
+             f"log checkpoint  {'none' if checkpoint is None else f'#{checkpoint}'}",
+             f"size on disk    {_size(doc['bytes'])} allocated, {_size(doc['apparent_bytes'])} apparent"]
     cache = doc["chunk_cache"]
     if cache is not None:  # a store on S3: where this machine keeps its chunk objects
-        lines.append(f"  chunk cache     {cache['directory']} ({_size(cache['bytes'])} of this store here)")
+        lines.append(f"chunk cache     {cache['directory']} ({_size(cache['bytes'])} of this store here)")
     slots = doc["state"]
-    lines.append(f"  state slots     {len(slots) or 'none'}")
+    lines.append(f"state slots     {len(slots) or 'none'}")
     for slot, st_info in slots.items():
         versions = st_info["versions"]
-        lines.append(f"    {slot!r}: {len(versions)} version(s) {versions[0]}..{versions[-1]}, "
+        lines.append(f"  {slot!r}: {len(versions)} version(s) {versions[0]}..{versions[-1]}, "
                      f"{_size(st_info['bytes'])}")
     for name, t in doc["tables"].items():
-        lines.append(f"  table {name}: {t['fragments']} fragments")
-        rows = []
+        lines.append(f"table {name!r}: {t['records']} records, {t['streams']} streams, {t['fragments']} fragments")
         for col, c in t["columns"].items():
             ratio = f"{c['raw'] / c['stored']:.1f}x" if c["stored"] else "-"
-            rows.append([col, _size(c["stored"]), _size(c["raw"]), ratio, c["codec"] or "none"])
-        if rows:
-            lines += _aligned(["column", "stored", "raw", "ratio", "codec"], rows, indent="    ")
+            lines.append(f"  {col:24s} {_size(c['stored']):>10s} stored, {_size(c['raw']):>10s} raw ({ratio}) "
+                         f"codec {c['codec'] or 'none'}")
     return "\n".join(lines)
 
 

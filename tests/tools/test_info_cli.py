@@ -1,0 +1,237 @@
+"""``replaystore info``: the short summary people read, ``--json`` for programs, ``--verbose`` for the internals.
+
+The JSON keys are the ones docs/GUIDE.md ("Command line: info") documents, exactly; the episode
+numbers equal those of ``iter_episodes`` (a different reading of the same rule) and of the Gymnasium
+recorder's own episode list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st_
+
+from replaystore.loaders import iter_episodes
+from replaystore.schemas import Dense, Schema, transitions
+from replaystore.store import open_store
+from replaystore.tools import info as info_module
+from replaystore.tools.info import episode_summary, info_document
+from support.s3 import moto_s3
+from support.tty import run_cli
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "GUIDE.md"
+CARTPOLE_STEPS = 1500
+
+
+def _section(title: str) -> str:
+    text = GUIDE.read_text()
+    start = text.index(f"\n### {title}\n")
+    end = text.index("\n#", start + 5)
+    return text[start:end]
+
+
+def _table_keys(section: str, after: str) -> list[str]:
+    """The backticked keys of the first ``| key | value |`` table after the line starting with ``after``."""
+    lines = section[section.index(after):].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| key |"))
+    keys = []
+    for line in lines[first + 2:]:
+        if not line.startswith("|"):
+            break
+        keys.append(re.fullmatch(r"\| `(\w+)` \|.*", line).group(1))  # type: ignore[union-attr]
+    return keys
+
+
+def _prose_keys(section: str, lead: str) -> list[str]:
+    """The backticked keys of the paragraph starting with ``lead`` (a list in prose)."""
+    para = section[section.index(lead):].split("\n\n")[0].split(":", 1)[1]
+    return re.findall(r"`(\w+)`", re.sub(r"\([^()]*\)", "", para))  # (what parentheses say is no key)
+
+
+def _no_constants(name: str) -> Any:
+    raise AssertionError(f"{name} in the JSON document")
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory: pytest.TempPathFactory) -> str:
+    gym = pytest.importorskip("gymnasium")
+    from replaystore.gym import RecordEpisodes
+
+    url = str(tmp_path_factory.mktemp("info") / "cartpole")
+    env = RecordEpisodes(gym.make("CartPole-v1"), url, commit_every=500)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(CARTPOLE_STEPS):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    env.close()
+    return url
+
+
+def test_json_has_exactly_the_documented_keys(cartpole: str) -> None:
+    r = run_cli("info", "--json", cartpole, tty=False)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout, parse_constant=_no_constants)  # one document: NaN, Infinity refused
+    section = _section("Command line: info")
+    assert list(doc) == _table_keys(section, "- `--json`") == list(info_module.INFO_KEYS)
+    table = doc["tables"]["records"]
+    assert list(table) == _table_keys(section, "Each table:") == list(info_module.TABLE_KEYS)
+    for f in table["fields"]:
+        assert list(f) == _prose_keys(section, "Each field:") == list(info_module.FIELD_KEYS)
+    episodes = table["episodes"]
+    assert list(episodes) == _prose_keys(section, "Episodes:") == list(info_module.EPISODE_KEYS)
+    assert list(episodes["return"]) == list(episodes["length"]) == list(info_module.STAT_KEYS)
+    assert doc["records"] == CARTPOLE_STEPS and doc["streams"] == 1 and doc["tables_count"] == 1
+    assert doc["first_commit"] <= doc["last_commit"] and doc["last_commit"].endswith("Z")
+    assert [f["name"] for f in table["fields"]] == ["obs", "action", "reward", "next_obs", "terminated", "truncated"]
+    assert table["fields"][0] == {"name": "obs", "kind": "dense", "dtype": "float32", "shape": [4], "codec": None,
+                                  "offsets": None}
+    assert table["metadata"]["env_id"] == "CartPole-v1"
+    assert set(doc["commit_metadata"]) == {"0"} and "episodes" in doc["commit_metadata"]["0"]
+
+
+def test_json_of_a_store_on_s3(tmp_path: Path) -> None:
+    with moto_s3("replaystore-info") as server:
+        url = server.url("ragged")
+        st = open_store(url, Schema("r", [Dense("x", np.float32, (2,)), Dense("done", np.bool_)]),
+                        storage_options=server.storage_options)
+        with st.writer() as w:
+            w.append({"x": np.zeros((5, 2), np.float32), "done": np.zeros(5, bool)}, stream="a")
+            w.commit(metadata={"note": "s3"})
+        r = run_cli("info", "--json", url, "--storage-options", json.dumps(server.storage_options), tty=False)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout, parse_constant=_no_constants)
+    assert list(doc) == list(info_module.INFO_KEYS)
+    assert doc["url"].startswith("s3://") and doc["records"] == 5 and doc["bytes"] == doc["apparent_bytes"] > 0
+    assert doc["commit_metadata"] == {"0": {"note": "s3"}}
+    # no "terminated"/"dones": a "done" flag is not an end flag this summary knows
+    assert doc["tables"]["records"]["episodes"] is None
+
+
+def test_no_nan_in_json_where_no_episode_ended(tmp_path: Path) -> None:
+    url = str(tmp_path / "open")
+    st = open_store(url, transitions(2))
+    with st.writer() as w:
+        w.append({"obs": np.zeros((4, 2), np.float32), "action": np.zeros(4, np.int64),
+                  "reward": np.ones(4, np.float32), "next_obs": np.zeros((4, 2), np.float32),
+                  "terminated": np.zeros(4, bool)}, stream=0)
+        w.commit()
+    r = run_cli("info", "--json", url, tty=False)
+    assert r.returncode == 0, r.stderr
+    episodes = json.loads(r.stdout, parse_constant=_no_constants)["tables"]["records"]["episodes"]
+    assert episodes == {"episodes": 1, "ended": 0, "open": 1, "terminated": 0, "truncated": None,
+                        "return": {"mean": None, "min": None, "max": None},
+                        "length": {"mean": None, "min": None, "max": None}}
+    human = run_cli("info", url, tty=False).stdout
+    assert "episodes  1: 0 ended (0 terminated), 1 open" in human and "returns" not in human
+
+
+def test_human_summary_shows_the_schema_table_pretty_metadata_and_episodes(cartpole: str) -> None:
+    from replaystore.gym import recorded_episodes
+
+    r = run_cli("info", cartpole, tty=False)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    lines = out.splitlines()
+    assert lines[0] == f"store     {cartpole}"
+    assert re.search(r"^size      [\d.]+ \w+ allocated on disk \(as du counts it\), [\d.]+ \w+ apparent$", out, re.M)
+    assert re.search(r"^commits   \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \.\. \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s\)$",
+                     out, re.M)
+    # the schema as an aligned table
+    header = lines.index("  field       kind   dtype    shape   codec")
+    assert lines[header + 1] == "  ----------  -----  -------  ------  -----"
+    assert lines[header + 2].split() == ["obs", "dense", "float32", "(4,)", "-"]
+    assert lines[header + 3].split() == ["action", "dense", "int64", "scalar", "-"]
+    # metadata: indented key: value lines; the JSON text of spaces and specs shown as its content
+    assert '\\"' not in out and '{"' not in out
+    spec = lines.index("    env_spec:")
+    assert "      max_episode_steps: 500" in lines[spec + 1:spec + 12]
+    assert "      id: CartPole-v1" in lines[spec + 1:spec + 12]
+    assert "    env_id: CartPole-v1" in lines
+    # episodes and returns, as the recorder listed the ended ones
+    ended = [e for e in recorded_episodes(open_store(cartpole, mode="r")) if e["terminated"] or e["truncated"]]
+    returns = [e["return"] for e in ended]
+    lengths = [e["length"] for e in ended]
+    total = len(ended) + (sum(lengths) < CARTPOLE_STEPS)
+    assert f"  episodes  {total}: {len(ended)} ended ({sum(e['terminated'] for e in ended)} terminated, " \
+           f"{sum(e['truncated'] for e in ended)} truncated), {total - len(ended)} open" in lines
+    assert (f"  returns   mean {np.mean(returns):.4g}, min {min(returns):.4g}, max {max(returns):.4g} "
+            "(ended episodes)") in lines
+    assert f"  lengths   mean {np.mean(lengths):.4g} steps, min {min(lengths)}, max {max(lengths)}" in lines
+    assert "commit metadata (each writer's newest):" in lines
+    # the internals are --verbose's
+    assert "internals:" not in out and "log checkpoint" not in out and "fragments" not in out
+
+
+def test_verbose_adds_the_internals(cartpole: str) -> None:
+    short = run_cli("info", cartpole, tty=False).stdout
+    r = run_cli("info", "--verbose", cartpole, tty=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(short.rstrip("\n") + "\n\ninternals:\n")
+    rest = r.stdout[len(short):]
+    for needle in ("log checkpoint  none", "size on disk    ", " allocated, ", "state slots     none",
+                   f"table 'records': {CARTPOLE_STEPS} records, 1 streams, 1 fragments"):
+        assert needle in rest
+    assert re.search(r"^  obs +[\d.]+ \w+ stored, +[\d.]+ \w+ raw \(1\.0x\) codec none$", rest, re.M)
+
+
+def test_json_and_the_summary_agree_with_info_document(cartpole: str) -> None:
+    doc = info_document(open_store(cartpole, mode="r"))
+    assert json.loads(run_cli("info", "--json", cartpole, tty=False).stdout) == json.loads(json.dumps(doc))
+
+
+# -- the episode rule, against iter_episodes ------------------------------------------------------------
+def _reference(table: Any) -> dict[str, Any]:
+    """Episodes as iter_episodes yields them (complete_only=False), summarised."""
+    eps = list(iter_episodes(table, complete_only=False))
+    ended = [e for e in eps if e["terminated"]]  # transitions(2): terminated is the only end flag
+    returns = [float(e["reward"].double().sum()) for e in ended]
+    lengths = [len(e["steps"]) for e in ended]
+    return {"episodes": len(eps), "ended": len(ended), "open": len(eps) - len(ended), "returns": returns,
+            "lengths": lengths}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st_.data())
+def test_episode_summary_counts_as_iter_episodes(tmp_path: Path, data: st_.DataObject) -> None:
+    """Several streams (int and str keys, one key "1" beside 1), resets in mid-episode, step gaps, ends."""
+    url = str(tmp_path / f"ep{data.draw(st_.integers(0, 10**9))}")
+    st = open_store(url, transitions(2), mode="w+")
+    keys = data.draw(st_.lists(st_.sampled_from([0, 1, "1", "b"]), min_size=1, max_size=3, unique=True))
+    with st.writer() as w:
+        for key in keys:
+            n = data.draw(st_.integers(1, 25))
+            gaps = np.array(data.draw(st_.lists(st_.sampled_from([1, 1, 1, 2]), min_size=n, max_size=n)))
+            resets = np.array(data.draw(st_.lists(st_.booleans(), min_size=n, max_size=n)))
+            ends = np.array(data.draw(st_.lists(st_.sampled_from([False, False, True]), min_size=n, max_size=n)))
+            rewards = np.array(data.draw(st_.lists(st_.integers(-3, 3), min_size=n, max_size=n)), np.float32)
+            w.append({"obs": np.zeros((n, 2), np.float32), "action": np.zeros(n, np.int64), "reward": rewards,
+                      "next_obs": np.zeros((n, 2), np.float32), "terminated": ends},
+                     stream=key, step=np.cumsum(gaps) - 1, reset=resets)
+        w.commit()
+    got = episode_summary(st.default)
+    want = _reference(st.default)
+    assert got is not None
+    assert (got["episodes"], got["ended"], got["open"], got["terminated"]) == \
+        (want["episodes"], want["ended"], want["open"], want["ended"])
+    if want["ended"]:
+        assert got["return"] == pytest.approx({"mean": np.mean(want["returns"]), "min": min(want["returns"]),
+                                               "max": max(want["returns"])})
+        assert got["length"] == pytest.approx({"mean": np.mean(want["lengths"]), "min": min(want["lengths"]),
+                                               "max": max(want["lengths"])})
+    else:
+        assert got["return"] == got["length"] == {"mean": None, "min": None, "max": None}
+
+
+def test_pretty_lines_cut_long_lists_and_nest_mappings() -> None:
+    lines = info_module.pretty_lines({"a": list(range(20)), "b": {"c": "{\"d\": [1, 2]}", "e": {}},
+                                      "f": [{"g": 1}, 2], "h": "  padded"})
+    assert lines == ["  a: [0, 1, 2, 3, 4, 5, 6, 7, ... (20 items)]", "  b:", "    c:", "      d: [1, 2]",
+                     "    e: {}", "  f: (2 items)", "    - [0]", "      g: 1", "    - 2", '  h: "  padded"']
