@@ -175,8 +175,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _quiet_option(p: argparse.ArgumentParser) -> None:
     """Give a long command ``--quiet``: no progress bar (shown only when stderr is a terminal anyway)."""
-    # (SUPPRESS: given before the command, ``replaystore --quiet copy ...``, it stays set)
-    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+    p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar on stderr (one is shown only when stderr is a terminal)")
 
 
@@ -193,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A persistent, on-disk dataset and replay store for reinforcement learning.",
     )
     parser.add_argument("--version", action="version", version=f"replaystore {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true",
+    # (its own dest: a command's --quiet default would overwrite it; main() merges the two)
+    parser.add_argument("-q", "--quiet", dest="quiet_all", action="store_true",
                         help="no progress bars (long commands show one on stderr when it is a terminal)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -335,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    if args.quiet_all:  # replaystore --quiet COMMAND: as COMMAND --quiet
+        args.quiet = True
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ReplayStoreError
+from replaystore.report import episodes_of  # (the report's data layer: its pages count the same episodes)
+from replaystore.report.episodes import reward_field
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, Table, open_store
 from replaystore.store.maintenance import Problem, verify_store
@@ -32,14 +34,10 @@ TABLE_KEYS = ("schema", "version", "records", "streams", "fragments", "fields", 
 """The keys of each table's entry under ``"tables"``."""
 FIELD_KEYS = ("name", "kind", "dtype", "shape", "codec", "offsets")
 """The keys of each field's entry under a table's ``"fields"``."""
-EPISODE_KEYS = ("episodes", "ended", "open", "terminated", "truncated", "return", "length")
+EPISODE_KEYS = ("episodes", "ended", "open", "terminated", "truncated", "whole", "return", "length")
 """The keys of a table's ``"episodes"`` (null when its schema has no episode end flag)."""
 STAT_KEYS = ("mean", "min", "max")
-"""The keys of ``"return"`` and ``"length"`` (over the ended episodes; null when there are none)."""
-END_FLAGS = ("terminated", "truncated", "dones")
-"""Dense bool fields that end an episode (any of them set on its last record)."""
-REWARD_FIELDS = ("reward", "rewards")
-"""The dense scalar field summed into an episode's return (the first the schema has)."""
+"""The keys of ``"return"`` and ``"length"`` (over the whole episodes; null when there are none)."""
 LIST_ITEMS = 8
 """Items of a list shown in the human summary before it is cut short."""
 
@@ -93,10 +91,11 @@ def _stat(values: np.ndarray) -> dict[str, float | None]:
 def episode_summary(table: Table) -> dict[str, Any] | None:
     """Episodes of ``table`` and their returns and lengths; None when its schema has no end flag.
 
-    An episode starts at a reset, after an episode end or after a step gap, and ends at a
-    record whose ``terminated``, ``truncated`` or ``dones`` flag is set (as
-    ``replaystore.loaders.iter_episodes`` counts them); the steps of a stream after its
-    last end are one open episode. Returns sum ``reward`` (or ``rewards``) over an episode.
+    The episodes of ``replaystore.report.episodes_of`` (those of
+    ``replaystore.loaders.iter_episodes(table, complete_only=False)``): an episode starts at
+    a reset, after an episode end or after a step gap, and ends at a record whose
+    ``terminated``, ``truncated`` or ``dones`` flag is set; the steps of a stream after its
+    last end are one open episode. A return sums ``reward`` (or ``rewards``) over an episode.
 
     Parameters
     ----------
@@ -106,53 +105,29 @@ def episode_summary(table: Table) -> dict[str, Any] | None:
     Returns
     -------
     dict or None
-        ``episodes``, ``ended``, ``open``, ``terminated`` and ``truncated`` (ended episodes
-        by their last flag; None where the schema has no such field), ``return`` and
-        ``length`` (``mean``, ``min``, ``max`` over the ended episodes; None without a
-        reward field).
+        ``episodes``, ``ended``, ``open``; ``terminated`` and ``truncated`` (the ended ones by
+        how they ended: a ``terminated`` or ``dones`` flag, or only ``truncated``; ``truncated``
+        is None when the schema has no such field); ``whole``
+        (ended and complete: begun at a reset, at step 0 or right after an end, not cut by
+        retention); ``return`` (None without a reward field) and ``length``, each
+        ``mean``, ``min``, ``max`` over the whole episodes (None where there are none).
 
     Notes
     -----
     Cost: the table's stream index and one read of its end flag and reward columns.
     """
-    schema = table.schema
-    scalars = {f.name: f for f in schema.dense_fields if not f.shape}
-    flags = [n for n in END_FLAGS if n in scalars and scalars[n].dtype.kind == "b"]
-    if not flags:
+    ep = episodes_of(table)
+    if not ep.end_flags:
         return None
-    reward = next((n for n in REWARD_FIELDS if n in scalars), None)
-    empty = {"episodes": 0, "ended": 0, "open": 0, "terminated": 0 if "terminated" in flags else None,
-             "truncated": 0 if "truncated" in flags else None,
-             "return": None if reward is None else _stat(np.zeros(0)), "length": _stat(np.zeros(0))}
-    index = table.stream_index()  # sorted by (stream, step)
-    rows = index.rows
-    n = len(rows)
-    if n == 0:
-        return empty
-    streams, steps, resets = index.stream_ids, index.steps, np.asarray(index.resets, dtype=bool)
-    data = table.read(rows, columns=[*flags, *([reward] if reward else [])])
-    by_flag = {f: np.asarray(data[f], dtype=bool) for f in flags}
-    ends = np.zeros(n, dtype=bool)
-    for v in by_flag.values():
-        ends |= v
-    same = np.zeros(n, dtype=bool)  # continues the previous record's stream without a step gap
-    same[1:] = (streams[1:] == streams[:-1]) & (steps[1:] == steps[:-1] + 1)
-    start = ~same | resets
-    start[1:] |= ends[:-1]
-    starts = np.flatnonzero(start)
-    stops = np.r_[starts[1:], n]
-    ended = ends[stops - 1]
-    lengths = (stops - starts)[ended]
-    out = dict(empty, episodes=len(starts), ended=int(ended.sum()), open=int((~ended).sum()),
-               length=_stat(lengths))
-    for f in ("terminated", "truncated"):
-        if f in by_flag:
-            out[f] = int(by_flag[f][stops[ended] - 1].sum())
-    if reward is not None:
-        rewards = np.asarray(data[reward], dtype=np.float64)
-        returns = np.add.reduceat(rewards, starts)[ended] if len(starts) else np.zeros(0)
-        out["return"] = _stat(returns)
-    return out
+    whole = ep.whole
+    has_reward = reward_field(table.schema) is not None
+    return {"episodes": len(ep), "ended": int(np.count_nonzero(ep.ended)),
+            "open": int(np.count_nonzero(~ep.ended)),
+            "terminated": int(np.count_nonzero(ep.end == "terminated")),
+            "truncated": int(np.count_nonzero(ep.end == "truncated")) if "truncated" in ep.end_flags else None,
+            "whole": int(np.count_nonzero(whole)),
+            "return": _stat(ep.ret[whole]) if has_reward else None,
+            "length": _stat(ep.length[whole])}
 
 
 def _iso(time_ns: int | None) -> str | None:
@@ -321,13 +296,12 @@ def episode_lines(ep: Mapping[str, Any] | None) -> list[str]:
     """
     if not ep:
         return []
-    how = [f"{ep[k]} {k}" for k in ("terminated", "truncated") if ep.get(k) is not None]
-    ended = f"{ep['ended']} ended" + (f" ({', '.join(how)})" if how else "")
-    lines = [f"episodes  {ep['episodes']}: {ended}, {ep['open']} open"]
-    ret, length = ep.get("return"), ep["length"]
+    how = f" ({ep['terminated']} terminated, {ep['truncated']} truncated)" if ep["truncated"] is not None else ""
+    lines = [f"episodes  {ep['episodes']}: {ep['ended']} ended{how}, {ep['open']} open"]
+    ret, length = ep["return"], ep["length"]
+    over = f"({ep['whole']} whole episode{'s' if ep['whole'] != 1 else ''})"
     if ret is not None and ret["mean"] is not None:
-        lines.append(f"returns   mean {_num(ret['mean'])}, min {_num(ret['min'])}, max {_num(ret['max'])} "
-                     "(ended episodes)")
+        lines.append(f"returns   mean {_num(ret['mean'])}, min {_num(ret['min'])}, max {_num(ret['max'])} {over}")
     if length["mean"] is not None:
         lines.append(f"lengths   mean {_num(length['mean'])} steps, min {_num(length['min'])}, "
                      f"max {_num(length['max'])}")

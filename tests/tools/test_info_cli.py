@@ -126,11 +126,11 @@ def test_no_nan_in_json_where_no_episode_ended(tmp_path: Path) -> None:
     r = run_cli("info", "--json", url, tty=False)
     assert r.returncode == 0, r.stderr
     episodes = json.loads(r.stdout, parse_constant=_no_constants)["tables"]["records"]["episodes"]
-    assert episodes == {"episodes": 1, "ended": 0, "open": 1, "terminated": 0, "truncated": None,
+    assert episodes == {"episodes": 1, "ended": 0, "open": 1, "terminated": 0, "truncated": None, "whole": 0,
                         "return": {"mean": None, "min": None, "max": None},
                         "length": {"mean": None, "min": None, "max": None}}
     human = run_cli("info", url, tty=False).stdout
-    assert "episodes  1: 0 ended (0 terminated), 1 open" in human and "returns" not in human
+    assert "episodes  1: 0 ended, 1 open" in human and "returns" not in human
 
 
 def test_human_summary_shows_the_schema_table_pretty_metadata_and_episodes(cartpole: str) -> None:
@@ -163,7 +163,7 @@ def test_human_summary_shows_the_schema_table_pretty_metadata_and_episodes(cartp
     assert f"  episodes  {total}: {len(ended)} ended ({sum(e['terminated'] for e in ended)} terminated, " \
            f"{sum(e['truncated'] for e in ended)} truncated), {total - len(ended)} open" in lines
     assert (f"  returns   mean {np.mean(returns):.4g}, min {min(returns):.4g}, max {max(returns):.4g} "
-            "(ended episodes)") in lines
+            f"({len(ended)} whole episodes)") in lines  # (each began at a reset)
     assert f"  lengths   mean {np.mean(lengths):.4g} steps, min {min(lengths)}, max {max(lengths)}" in lines
     assert "commit metadata (each writer's newest):" in lines
     # the internals are --verbose's
@@ -192,10 +192,11 @@ def _reference(table: Any) -> dict[str, Any]:
     """Episodes as iter_episodes yields them (complete_only=False), summarised."""
     eps = list(iter_episodes(table, complete_only=False))
     ended = [e for e in eps if e["terminated"]]  # transitions(2): terminated is the only end flag
-    returns = [float(e["reward"].double().sum()) for e in ended]
-    lengths = [len(e["steps"]) for e in ended]
-    return {"episodes": len(eps), "ended": len(ended), "open": len(eps) - len(ended), "returns": returns,
-            "lengths": lengths}
+    whole = [e for e in ended if e["complete"]]
+    returns = [float(e["reward"].double().sum()) for e in whole]
+    lengths = [len(e["steps"]) for e in whole]
+    return {"episodes": len(eps), "ended": len(ended), "open": len(eps) - len(ended), "whole": len(whole),
+            "returns": returns, "lengths": lengths}
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -219,9 +220,9 @@ def test_episode_summary_counts_as_iter_episodes(tmp_path: Path, data: st_.DataO
     got = episode_summary(st.default)
     want = _reference(st.default)
     assert got is not None
-    assert (got["episodes"], got["ended"], got["open"], got["terminated"]) == \
-        (want["episodes"], want["ended"], want["open"], want["ended"])
-    if want["ended"]:
+    assert (got["episodes"], got["ended"], got["open"], got["terminated"], got["whole"]) == \
+        (want["episodes"], want["ended"], want["open"], want["ended"], want["whole"])
+    if want["whole"]:
         assert got["return"] == pytest.approx({"mean": np.mean(want["returns"]), "min": min(want["returns"]),
                                                "max": max(want["returns"])})
         assert got["length"] == pytest.approx({"mean": np.mean(want["lengths"]), "min": min(want["lengths"]),

@@ -2,7 +2,7 @@
 
 The real console script runs in a subprocess whose stderr is the slave end of a pseudo-terminal
 (``pty.openpty()``) or a pipe; copy, vacuum, export, import and verify each draw their bar on the
-terminal only, and ``--quiet`` (after the command, or before it) turns it off there too. The
+terminal only (and so does ``stats``), and ``--quiet`` (after the command, or before it) turns it off there too. The
 Python functions' ``progress=True`` stays silent where stderr is not a terminal.
 """
 
@@ -61,6 +61,7 @@ COMMANDS = {
     "export-d4rl": (lambda url, fresh: ["export", url, fresh + ".h5", "--to", "d4rl"], "export d4rl", "exported "),
     "import": (lambda url, fresh: ["import", url + "-parquet", fresh, "--from", "parquet"], "import parquet",
                "imported "),
+    "stats": (lambda url, fresh: ["stats", url], "stats", "}"),  # (the JSON document on stdout)
 }
 
 
