@@ -40,6 +40,9 @@ STAT_KEYS = ("mean", "min", "max")
 """The keys of ``"return"`` and ``"length"`` (over the whole episodes; null when there are none)."""
 LIST_ITEMS = 8
 """Items of a list shown in the human summary before it is cut short."""
+COMMIT_METADATA_LIMIT = 500
+"""Commit metadata is read only from stores with at most this many commits (reading every commit record
+costs about a millisecond each); ``--verbose`` reads it from any store."""
 
 
 def _size(n: int) -> str:
@@ -136,10 +139,16 @@ def _iso(time_ns: int | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time_ns / 1e9))
 
 
-def _commit_metadata(commits: list[dict[str, Any]]) -> dict[str, Any]:
+def _commit_times(st: Store) -> list[int]:
+    """The commit times (ns) of the visible records: their fragments' parts, no commit record read."""
+    return [time_ns for name in st.tables for f in st.table(name).view().fragments
+            for _, time_ns, rows in f.parts if rows and time_ns]
+
+
+def _commit_metadata(st: Store) -> dict[str, Any]:
     """Each writer's newest non-empty commit metadata (key: the writer number as a string)."""
     out: dict[str, Any] = {}
-    for c in commits:
+    for c in st.commits():
         if c.get("metadata"):
             out[str(c.get("writer"))] = c["metadata"]
     return dict(sorted(out.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
@@ -156,7 +165,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def info_document(st: Store, *, episodes: bool = True) -> dict[str, Any]:
+def info_document(st: Store, *, episodes: bool = True,
+                  commit_limit: int | None = COMMIT_METADATA_LIMIT) -> dict[str, Any]:
     """What ``replaystore info --json`` prints: a JSON-ready summary of store ``st``.
 
     Parameters
@@ -164,8 +174,11 @@ def info_document(st: Store, *, episodes: bool = True) -> dict[str, Any]:
     st : Store
         The store.
     episodes : bool, optional
-        Count episodes and their returns (one scan of a few columns of each table whose
+        Count episodes and their returns (one read of a few columns of each table whose
         schema has an end flag); False leaves each table's ``episodes`` None.
+    commit_limit : int or None, optional
+        Read the commit records for ``commit_metadata`` only when the store has at most
+        this many commits (None: always); otherwise ``commit_metadata`` is None.
 
     Returns
     -------
@@ -176,12 +189,11 @@ def info_document(st: Store, *, episodes: bool = True) -> dict[str, Any]:
 
     Notes
     -----
-    Cost: one ``Store.info`` (a listing of the store), the commit records (read once), and
-    the episodes' scans.
+    Cost: one ``Store.info`` (a listing of the store), the episodes' reads and, up to
+    ``commit_limit`` commits, one read of each commit record.
     """
     info = st.info()
-    commits = st.commits()
-    times = [int(c.get("time_ns", 0)) for c in commits if c.get("time_ns")]
+    times = _commit_times(st)
     tables: dict[str, Any] = {}
     for name, t in info["tables"].items():
         schema = st.schemas[name]
@@ -200,7 +212,8 @@ def info_document(st: Store, *, episodes: bool = True) -> dict[str, Any]:
         "first_commit": _iso(min(times)) if times else None, "last_commit": _iso(max(times)) if times else None,
         "bytes": info["bytes"], "apparent_bytes": info["apparent_bytes"],
         "log_checkpoint": info["log_checkpoint"], "chunk_cache": info["chunk_cache"], "state": info["state"],
-        "commit_metadata": _commit_metadata(commits), "tables": tables,
+        "commit_metadata": _commit_metadata(st) if commit_limit is None or info["commits"] <= commit_limit else None,
+        "tables": tables,
     }
     return _finite(doc)
 
@@ -377,7 +390,10 @@ def info_text(doc: Mapping[str, Any]) -> str:
             lines.append("  metadata:")
             lines += pretty_lines(t["metadata"], "    ")
         lines += ["  " + line for line in episode_lines(t["episodes"])]
-    if doc["commit_metadata"]:
+    if doc["commit_metadata"] is None:
+        lines.append("")
+        lines.append(f"commit metadata: not read ({doc['commits']} commits; --verbose reads them)")
+    elif doc["commit_metadata"]:
         lines.append("")
         lines.append("commit metadata (each writer's newest):")
         for writer, meta in doc["commit_metadata"].items():
@@ -437,7 +453,7 @@ def print_info(st: Store, *, verbose: bool = False, as_json: bool = False) -> No
     -----
     Cost: :func:`info_document`.
     """
-    doc = info_document(st)
+    doc = info_document(st, commit_limit=None if verbose else COMMIT_METADATA_LIMIT)
     if as_json:
         print(json.dumps(doc, indent=2, allow_nan=False))
         return

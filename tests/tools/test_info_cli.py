@@ -182,6 +182,29 @@ def test_verbose_adds_the_internals(cartpole: str) -> None:
     assert re.search(r"^  obs +[\d.]+ \w+ stored, +[\d.]+ \w+ raw \(1\.0x\) codec none$", rest, re.M)
 
 
+def test_commit_metadata_is_not_read_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "many")
+    st = open_store(url, transitions(2))
+    with st.writer() as w:
+        for i in range(3):
+            w.append({"obs": np.zeros((2, 2), np.float32), "action": np.zeros(2, np.int64),
+                      "reward": np.ones(2, np.float32), "next_obs": np.zeros((2, 2), np.float32),
+                      "terminated": np.array([False, True])}, stream=0)
+            w.commit(metadata={"i": i})
+    st = open_store(url, mode="r")
+    assert info_document(st)["commit_metadata"] == {"0": {"i": 2}}
+    assert info_document(st, commit_limit=2)["commit_metadata"] is None
+    times = sorted(c["time_ns"] for c in st.commits() if c["kind"] == "append")
+    doc = info_document(st, commit_limit=2)
+    assert (doc["first_commit"], doc["last_commit"]) == (info_module._iso(times[0]), info_module._iso(times[-1]))
+    monkeypatch.setattr(info_module, "COMMIT_METADATA_LIMIT", 2)
+    info_module.print_info(st)
+    assert "commit metadata: not read (4 commits; --verbose reads them)" in capsys.readouterr().out
+    info_module.print_info(st, verbose=True)
+    assert "commit metadata (each writer's newest):\n  writer 0:\n    i: 2\n" in capsys.readouterr().out
+
+
 def test_json_and_the_summary_agree_with_info_document(cartpole: str) -> None:
     doc = info_document(open_store(cartpole, mode="r"))
     assert json.loads(run_cli("info", "--json", cartpole, tty=False).stdout) == json.loads(json.dumps(doc))
