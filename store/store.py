@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import time
@@ -75,6 +76,16 @@ def register_sql_face(face: SqlFace) -> None:
         The face :meth:`Store.sql` and :meth:`Store.duckdb` call.
     """
     _SQL_FACE[:] = [face]
+
+
+REPORT_PACKAGE = "replaystore.report"
+"""The package :meth:`Store.report` and :meth:`Store._repr_html_` load by name at their first call: it sits
+above the store (it reads a ``Store`` through the loaders), so no module of the store imports it."""
+
+
+def _report(module: str) -> Any:
+    """``replaystore.report.<module>``, imported by name (once; Python keeps it in ``sys.modules``)."""
+    return importlib.import_module(f"{REPORT_PACKAGE}.{module}")
 
 
 def _sql_face() -> SqlFace:
@@ -521,6 +532,48 @@ class Store(ReadFace):
                 bar.update(done - bar.n)
 
             return vacuum(self, older_than_s, dry_run, state_keep_last, progress=advance)
+
+    # -- looking at it: replaystore.report, loaded by name at the first call --------------------
+    def report(self, path: str | os.PathLike[str], **kwargs: Any) -> Any:
+        """Write a self-contained HTML report of the store (``replaystore report``; docs/GUIDE.md, "The HTML report").
+
+        One file with no network use at view time: the summary, per-stream episodes and returns,
+        return and length histograms and the learning curve, per-field statistics, data-health
+        findings, frame strips of image fields, saved sampler states and commits per writer.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The HTML file to write.
+        **kwargs
+            ``table=`` (a store with several tables) and ``progress=``, as
+            :func:`replaystore.report.html.build_report` takes them.
+
+        Returns
+        -------
+        ReportSummary
+            ``path``, ``bytes``, ``seconds`` and ``sections``.
+
+        Raises
+        ------
+        StoreError
+            A store of several tables without ``table=``, or an unknown table.
+
+        Notes
+        -----
+        Cost: see :func:`~replaystore.report.html.build_report` (a few seconds for a million records).
+        """
+        return _report("html").build_report(self, path, **kwargs)
+
+    def _repr_html_(self) -> str:
+        """The summary table (schema, records, streams, episodes, writers, size) for notebooks.
+
+        Kept cheap: :func:`replaystore.report.summary.summary_html` with its cap (episodes
+        counted only in tables of at most 100,000 records; the commits' time span taken from
+        the fragments, without reading the commit history).
+        """
+        html: str = _report("summary").summary_html(self)
+        return html
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
