@@ -1,9 +1,9 @@
 """Progress bars of the long commands: drawn on a terminal, silent in a pipe and with ``--quiet``.
 
 The real console script runs in a subprocess whose stderr is the slave end of a pseudo-terminal
-(``pty.openpty()``) or a pipe; copy, vacuum, export, import and verify each draw their bar on the
-terminal only (and so does ``stats``), and ``--quiet`` (after the command, or before it) turns it off there too. The
-Python functions' ``progress=True`` stays silent where stderr is not a terminal.
+(``pty.openpty()``) or a pipe; copy, vacuum, export, import, verify, stats and report each draw
+their bar on the terminal only, and ``--quiet`` (after the command, or before it) turns it off
+there too. The Python functions' ``progress=True`` stays silent where stderr is not a terminal.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ COMMANDS = {
     "import": (lambda url, fresh: ["import", url + "-parquet", fresh, "--from", "parquet"], "import parquet",
                "imported "),
     "stats": (lambda url, fresh: ["stats", url], "stats", "}"),  # (the JSON document on stdout)
+    "report": (lambda url, fresh: ["report", url, "-o", fresh + ".html"], "report", "wrote "),
 }
 
 
