@@ -528,7 +528,9 @@ class Store(ReadFace):
         with tqdm(desc="vacuum", unit="unit", leave=False, file=sys.stderr) as bar:
 
             def advance(done: int, total: int) -> None:
-                bar.total = total
+                if bar.total != total:  # known once the garbage is listed
+                    bar.total = total
+                    bar.refresh()
                 bar.update(done - bar.n)
 
             return vacuum(self, older_than_s, dry_run, state_keep_last, progress=advance)

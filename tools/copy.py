@@ -147,7 +147,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     snapshot = {t: src.table(t).row_ids() for t in src.tables}
     paths = live_objects(src)
     report = CopyReport()
-    with progress_bar(len(paths), "copy", progress, unit="obj") as bar:
+    with progress_bar(len(paths), "copy", progress, unit="obj", scale=False) as bar:
         for path in paths:
             try:
                 _copy_object(src.storage, dst, path, report)
@@ -163,7 +163,7 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     report.written += len(manifest)
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
     total = sum(len(copied.table(t).view().fragments) for t in copied.tables)
-    with progress_bar(total, "verify copy", progress, unit="fragment") as bar:
+    with progress_bar(total, "verify copy", progress, unit="fragment", scale=False) as bar:
 
         def advance(n: int) -> None:
             bar.update(n - bar.n)

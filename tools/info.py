@@ -478,7 +478,7 @@ def run_verify(url: str, storage_options: Mapping[str, Any] | None, progress: bo
         print(f"DAMAGED {exc}")
         return 1
     total = sum(len(st.table(t).view().fragments) for t in st.tables)
-    with progress_bar(total, "verify", progress, unit="fragment") as bar:
+    with progress_bar(total, "verify", progress, unit="fragment", scale=False) as bar:
 
         def advance(n: int) -> None:
             bar.update(n - bar.n)

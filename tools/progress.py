@@ -32,7 +32,7 @@ def progress_shown(enabled: bool) -> bool:
         return False
 
 
-def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec") -> tqdm:
+def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec", *, scale: bool = True) -> tqdm:
     """A tqdm bar on stderr, shown only when asked for and stderr is a terminal.
 
     Parameters
@@ -45,6 +45,9 @@ def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec")
         Whether the caller asked for progress.
     unit : str, optional
         Unit name.
+    scale : bool, optional
+        Show counts with SI prefixes (``1.2M rec``); False for counts of a few hundred
+        (objects, fragments), shown as plain integers.
 
     Returns
     -------
@@ -52,7 +55,7 @@ def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec")
         The bar (disabled when not shown); use it as a context manager. It is
         cleared from the terminal when closed.
     """
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False, file=sys.stderr,
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, leave=False, file=sys.stderr,
                 disable=not progress_shown(enabled))
 
 
