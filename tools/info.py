@@ -352,7 +352,7 @@ def info_text(doc: Mapping[str, Any]) -> str:
     -------
     str
         Lines: the store and its format, records, writers and commits, the time span of the
-        commits, the size as ``du`` counts it; per table its fields as an aligned table
+        commits, the size as ``du`` counts it, the state slots' names; per table its fields as an aligned table
         (field, kind, dtype, shape, codec), its schema metadata pretty-printed and its
         episodes and returns; then each writer's newest commit metadata.
     """

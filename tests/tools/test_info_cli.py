@@ -259,3 +259,31 @@ def test_pretty_lines_cut_long_lists_and_nest_mappings() -> None:
                                       "f": [{"g": 1}, 2], "h": "  padded"})
     assert lines == ["  a: [0, 1, 2, 3, 4, 5, 6, 7, ... (20 items)]", "  b:", "    c:", "      d: [1, 2]",
                      "    e: {}", "  f: (2 items)", "    - [0]", "      g: 1", "    - 2", '  h: "  padded"']
+
+
+def test_command_summaries_are_readable_lines(cartpole: str, tmp_path: Path) -> None:
+    """export, import, copy and vacuum end with one line of counts, sizes and paths, never a Python dict."""
+    size = r"[\d.]+ (?:B|KiB|MiB|GiB)"
+    out = str(tmp_path / "pq")
+    lines = {
+        "export": run_cli("export", cartpole, out, "--to", "parquet", tty=False),
+        "export-minari": run_cli("export", cartpole, str(tmp_path / "mi"), "--to", "minari", "--dataset-id",
+                                 "cart/random-v0", tty=False),
+        "import": run_cli("import", out, str(tmp_path / "back"), "--from", "parquet", tty=False),
+        "copy": run_cli("copy", cartpole, str(tmp_path / "copy"), tty=False),
+        "vacuum": run_cli("vacuum", str(tmp_path / "copy"), "--dry-run", tty=False),
+    }
+    for name, r in lines.items():
+        assert r.returncode == 0, (name, r.stderr)
+        assert "{" not in r.stdout and "'" not in r.stdout, (name, r.stdout)
+    assert re.fullmatch(rf"exported {re.escape(cartpole)} to parquet at {re.escape(out)}: {CARTPOLE_STEPS} records "
+                        rf"in 1 stream, 2 files, {size}\n", lines["export"].stdout)
+    assert re.fullmatch(rf"exported {re.escape(cartpole)} to minari dataset cart/random-v0 at "
+                        rf"{re.escape(str(tmp_path / 'mi' / 'cart' / 'random-v0'))}: {CARTPOLE_STEPS} records in 1 "
+                        rf"stream, \d+ episodes, \d+ files, {size}\n", lines["export-minari"].stdout)
+    assert re.fullmatch(rf"imported {re.escape(out)} \(parquet\) into {re.escape(str(tmp_path / 'back'))}: "
+                        rf"{CARTPOLE_STEPS} records in 1 stream, {size} on disk\n", lines["import"].stdout)
+    assert re.fullmatch(rf"copied \d+ objects \({size}, {size} of data written\) from {re.escape(cartpole)} to "
+                        rf"{re.escape(str(tmp_path / 'copy'))}; verified\n", lines["copy"].stdout)
+    assert re.fullmatch(r"would delete 0 unreferenced units, 0 objects, 0 B; kept 0 unreferenced units newer than "
+                        r"3600 s\n", lines["vacuum"].stdout)
