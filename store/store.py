@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
@@ -480,7 +481,7 @@ class Store(ReadFace):
 
     # -- storage ---------------------------------------------------------------------------
     def vacuum(self, older_than_s: float = 3600.0, dry_run: bool = False,
-               state_keep_last: int = STATE_KEEP_LAST) -> VacuumReport:
+               state_keep_last: int = STATE_KEEP_LAST, progress: bool = False) -> VacuumReport:
         """Delete objects no live commit references, once older than ``older_than_s``.
 
         Removes crashed writers' uncommitted fragments, compacted-away and retired fragments,
@@ -496,6 +497,8 @@ class Store(ReadFace):
             Delete nothing; report what would be deleted.
         state_keep_last : int, default 2
             Versions of each state slot to keep.
+        progress : bool, default False
+            Show a progress bar of the units deleted on stderr when it is a terminal.
 
         Returns
         -------
@@ -518,7 +521,19 @@ class Store(ReadFace):
 
         if self.mode == "r" and not dry_run:
             raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
-        return vacuum(self, older_than_s, dry_run, state_keep_last)
+        if not (progress and sys.stderr.isatty()):
+            return vacuum(self, older_than_s, dry_run, state_keep_last)
+        from tqdm import tqdm
+
+        with tqdm(desc="vacuum", unit="unit", leave=False, file=sys.stderr) as bar:
+
+            def advance(done: int, total: int) -> None:
+                if bar.total != total:  # known once the garbage is listed
+                    bar.total = total
+                    bar.refresh()
+                bar.update(done - bar.n)
+
+            return vacuum(self, older_than_s, dry_run, state_keep_last, progress=advance)
 
     # -- looking at it: replaystore.report, loaded by name at the first call --------------------
     def report(self, path: str | os.PathLike[str], **kwargs: Any) -> Any:

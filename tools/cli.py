@@ -78,39 +78,47 @@ def _options(args: argparse.Namespace) -> dict | None:
 def _cmd_info(args: argparse.Namespace) -> int:
     from replaystore.tools.info import print_info
 
-    print_info(_open(args))
+    print_info(_open(args), verbose=args.verbose, as_json=args.json)
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from replaystore.tools.info import run_verify
 
-    return run_verify(args.url, _options(args))
+    return run_verify(args.url, _options(args), progress=not args.quiet)
 
 
 def _cmd_vacuum(args: argparse.Namespace) -> int:
     from replaystore.store import open_store
+    from replaystore.tools.info import size_text
 
     options = _options(args)
     st = open_store(args.url, mode="r", storage_options=options)  # a clear error if there is no store
     if not args.dry_run:
         st = open_store(args.url, mode="a", storage_options=options)
-    report = st.vacuum(older_than_s=args.older_than, dry_run=args.dry_run)
+    report = st.vacuum(older_than_s=args.older_than, dry_run=args.dry_run, progress=not args.quiet)
     verb = "would delete" if args.dry_run else "deleted"
     for unit in report.deleted:
-        print(f"{verb} {unit.kind} {unit.path} ({len(unit.objects)} objects, {unit.bytes} bytes)")
-    print(f"{verb} {len(report.deleted)} unreferenced units, {report.objects} objects, {report.bytes} bytes; "
-          f"kept {len(report.recent)} unreferenced units newer than {args.older_than:g} s")
+        print(f"{verb} {unit.kind} {unit.path} ({len(unit.objects)} objects, {size_text(unit.bytes)})")
+    print(f"{verb} {_count(len(report.deleted), 'unreferenced unit')}, {_count(report.objects, 'object')}, "
+          f"{size_text(report.bytes)}; kept {_count(len(report.recent), 'unreferenced unit')} newer than "
+          f"{args.older_than:g} s")
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    """``"1 unit"``, ``"2 units"``."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _cmd_copy(args: argparse.Namespace) -> int:
     from replaystore.tools.copy import copy_store
+    from replaystore.tools.info import size_text
 
     options = _options(args)
-    report = copy_store(args.src, args.dst, src_options=options, dst_options=options)
-    print(f"copied {report.objects} objects ({report.bytes} bytes, {report.written} written) "
-          f"from {args.src} to {args.dst}; verified")
+    report = copy_store(args.src, args.dst, src_options=options, dst_options=options, progress=not args.quiet)
+    print(f"copied {report.objects} objects ({size_text(report.bytes)}, {size_text(report.written)} of data "
+          f"written) from {args.src} to {args.dst}; verified")
     return 0
 
 
@@ -121,20 +129,25 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from replaystore.tools.export import export_store
+    from replaystore.tools.export import export_store, export_summary
 
     summary = export_store(_open(args), args.out, args.to, table=args.table, dataset_id=args.dataset_id,
-                           progress=True, stack=args.stack)
-    print(f"exported {args.url} to {args.to}: {args.out} {summary}")
+                           progress=not args.quiet, stack=args.stack)
+    print(f"exported {args.url} to {export_summary(summary)}")
     return 0
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from replaystore.tools.importer import import_store
+    from replaystore.tools.info import size_text
 
-    st = import_store(args.src, args.url, args.from_, dataset_id=args.dataset_id, progress=True,
+    st = import_store(args.src, args.url, args.from_, dataset_id=args.dataset_id, progress=not args.quiet,
                       storage_options=_options(args))
-    print(f"imported {args.src} ({args.from_}) into {args.url}: {len(st)} records")
+    info = st.info()
+    records = sum(t["records"] for t in info["tables"].values())
+    streams = sum(t["streams"] for t in info["tables"].values())
+    print(f"imported {args.src} ({args.from_}) into {args.url}: {records} records in {streams} "
+          f"stream{'s' if streams != 1 else ''}, {size_text(info['bytes'])} on disk")
     return 0
 
 
@@ -170,6 +183,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _quiet_option(p: argparse.ArgumentParser) -> None:
+    """Give a long command ``--quiet``: no progress bar (shown only when stderr is a terminal anyway)."""
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar on stderr (one is shown only when stderr is a terminal)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``replaystore`` command line parser, with one subcommand per tool.
 
@@ -183,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A persistent, on-disk dataset and replay store for reinforcement learning.",
     )
     parser.add_argument("--version", action="version", version=f"replaystore {__version__}")
+    # (its own dest: a command's --quiet default would overwrite it; main() merges the two)
+    parser.add_argument("-q", "--quiet", dest="quiet_all", action="store_true",
+                        help="no progress bars (long commands show one on stderr when it is a terminal)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("schemas", help="list the built-in schemas with their fields",
@@ -190,10 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", help="only these schemas (default: all)")
     p.set_defaults(func=_cmd_schemas)
 
-    p = sub.add_parser("info", help="schema, records, streams, writers, capacity, size, format version",
-                       description="Describe a store: tables and schemas, record counts, streams, writers, "
-                                   "capacity, size on disk and format version.")
+    p = sub.add_parser("info", help="schema, records, streams, episodes, writers, capacity, size, format version",
+                       description="Describe a store: tables and their schemas as tables, metadata, record "
+                                   "counts, streams, episodes and returns, writers, commits and their time "
+                                   "span, capacity, size on disk and format version (docs/GUIDE.md, "
+                                   "'Command line: info').")
     p.add_argument("url", help="store path or URL (file://, memory://, s3://bucket/prefix)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (its keys: docs/GUIDE.md)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also the internals: fragments, column sizes and codecs, state slots, log checkpoint, "
+                        "chunk cache")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_info)
 
@@ -202,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "its checksum; print each damaged object; exit 1 if any.")
     p.add_argument("url", help="store path or URL")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("vacuum", help="delete objects no live commit references (crash leftovers, compacted data)",
@@ -215,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "commits of live writers are younger)")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_vacuum)
 
     p = sub.add_parser("copy", help="copy a store's committed state to a new location, keeping sparse files sparse",
@@ -224,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", help="source store path or URL")
     p.add_argument("dst", help="destination path or URL (must not exist, or be empty)")
     p.add_argument("--storage-options", help="fsspec storage options (JSON object) for both locations")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_copy)
 
     p = sub.add_parser("query", help="DuckDB SQL over a store",
@@ -251,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="frames stores, Minari and D4RL: observations are stacks of this many frames "
                         "(default: one frame each)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("import", help="import parquet, minari or d4rl data into a new store",
@@ -261,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_", required=True, help="parquet | minari | d4rl")
     p.add_argument("--dataset-id", help="Minari dataset id (when SRC is a directory)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_import)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a store (plots, statistics, frames)",
@@ -298,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the end-to-end demo",
                        description="Run replaystore end to end on a small built-in example.")
     p.add_argument("dir", nargs="?", default=None, help="where to put the demo store (default: a temp dir)")
+    _quiet_option(p)
     p.set_defaults(func=_cmd_demo)
     return parser
 
@@ -323,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    if args.quiet_all:  # replaystore --quiet COMMAND: as COMMAND --quiet
+        args.quiet = True
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit

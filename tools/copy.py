@@ -25,6 +25,7 @@ from replaystore.errors import CorruptObjectError, StoreError, StoreExistsError
 from replaystore.store import open_store
 from replaystore.store.maintenance import MANIFEST, live_objects, verify_store
 from replaystore.store.storage import Storage, open_storage
+from replaystore.tools.progress import progress_bar
 
 
 @dataclass
@@ -96,7 +97,7 @@ def _copy_object(src: Storage, dst: Storage, path: str, report: CopyReport) -> N
 
 
 def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | None = None,
-               dst_options: Mapping[str, Any] | None = None) -> CopyReport:
+               dst_options: Mapping[str, Any] | None = None, progress: bool = False) -> CopyReport:
     """Copy the store at ``src_url`` into a new store at ``dst_url`` and verify it.
 
     Copies exactly what one refresh of the source references (see the module
@@ -113,6 +114,9 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
         Storage options of the source.
     dst_options : mapping, optional
         Storage options of the destination.
+    progress : bool, optional
+        Show progress bars on stderr when it is a terminal: one per object copied, then one
+        per fragment of the copy verified.
 
     Returns
     -------
@@ -143,11 +147,13 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     snapshot = {t: src.table(t).row_ids() for t in src.tables}
     paths = live_objects(src)
     report = CopyReport()
-    for path in paths:
-        try:
-            _copy_object(src.storage, dst, path, report)
-        except FileNotFoundError:  # (a reclaimed unit, or gone since: the verification below decides)
-            continue
+    with progress_bar(len(paths), "copy", progress, unit="obj", scale=False) as bar:
+        for path in paths:
+            try:
+                _copy_object(src.storage, dst, path, report)
+            except FileNotFoundError:  # (a reclaimed unit, or gone since: the verification below decides)
+                pass
+            bar.update(1)
     dst.sync_dirs(paths)
     manifest = src.storage.read(MANIFEST)
     if not dst.create(MANIFEST, manifest):
@@ -156,7 +162,13 @@ def copy_store(src_url: str, dst_url: str, *, src_options: Mapping[str, Any] | N
     report.bytes += len(manifest)
     report.written += len(manifest)
     copied = open_store(dst_url, mode="r", storage_options=dst_options)
-    problems = verify_store(copied)
+    total = sum(len(copied.table(t).view().fragments) for t in copied.tables)
+    with progress_bar(total, "verify copy", progress, unit="fragment", scale=False) as bar:
+
+        def advance(n: int) -> None:
+            bar.update(n - bar.n)
+
+        problems = verify_store(copied, progress=advance)
     if problems:
         dst.delete(MANIFEST)  # a copy that does not verify is no store
         damaged = verify_store(src)  # (only when the copy fails: a damaged source is named as such)

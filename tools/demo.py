@@ -19,7 +19,6 @@ import argparse
 import copy
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
 from typing import Any
@@ -29,11 +28,12 @@ import torch
 from tqdm import tqdm
 
 from replaystore.loaders import PrioritizedSampler, make_loader
-from replaystore.schemas import Ragged, dqn
+from replaystore.schemas import dqn
 from replaystore.store import Store, open_store
 from replaystore.tools import tictactoe
 from replaystore.tools.dqn import QNet, greedy, train_step
-from replaystore.tools.info import size_text
+from replaystore.tools.info import info_document, info_text
+from replaystore.tools.progress import progress_shown
 from replaystore.tools.tables import format_table
 
 COLLECTORS = 2
@@ -45,8 +45,8 @@ RESUME_STEPS = 700
 EVAL_GAMES = 300
 
 
-def _bar(**kwargs: Any) -> tqdm:
-    return tqdm(disable=not sys.stderr.isatty(), leave=False, **kwargs)
+def _bar(progress: bool, **kwargs: Any) -> tqdm:
+    return tqdm(disable=not progress_shown(progress), leave=False, **kwargs)
 
 
 def collect(url: str, collector: int, seed: int) -> int:
@@ -112,7 +112,7 @@ def win_rate(net: QNet | None, rng: np.random.Generator, games: int = EVAL_GAMES
 
 
 def train(st: Store, sampler: PrioritizedSampler, online: QNet, target: QNet, opt: torch.optim.Optimizer,
-          steps: int, label: str) -> float:
+          steps: int, label: str, progress: bool = False) -> float:
     """Train ``steps`` minibatches from a DataLoader over ``sampler``.
 
     Parameters
@@ -131,6 +131,8 @@ def train(st: Store, sampler: PrioritizedSampler, online: QNet, target: QNet, op
         Minibatches.
     label : str
         The progress bar's label.
+    progress : bool, optional
+        Show the progress bar (on stderr, when it is a terminal).
 
     Returns
     -------
@@ -140,7 +142,7 @@ def train(st: Store, sampler: PrioritizedSampler, online: QNet, target: QNet, op
     sampler.num_batches = steps
     loader = make_loader(st, sampler, num_workers=1, prefetch_factor=1)
     losses = []
-    for i, batch in enumerate(_bar(iterable=loader, total=steps, desc=label, unit="batch")):
+    for i, batch in enumerate(_bar(progress, iterable=loader, total=steps, desc=label, unit="batch")):
         losses.append(train_step(online, target, opt, batch, sampler))
         if (i + 1) % 100 == 0:
             target.load_state_dict(online.state_dict())
@@ -156,7 +158,7 @@ def _load_net(net: QNet, arrays: dict[str, np.ndarray]) -> None:
 
 
 def store_summary(st: Store) -> list[str]:
-    """What a newcomer wants to know about the demo's store: records, games, streams, size and columns.
+    """What a newcomer wants to know about the demo's store: ``replaystore info``'s short summary.
 
     Parameters
     ----------
@@ -166,24 +168,10 @@ def store_summary(st: Store) -> list[str]:
     Returns
     -------
     list of str
-        Lines to print: one of counts and size, then the columns' stored sizes (``Store.info``),
-        the ragged ones on a line of their own.
+        The lines of :func:`replaystore.tools.info.info_text`: the store, records, writers,
+        commits, size, the schema as a table, its metadata, the episodes and their returns.
     """
-    info = st.info()
-    table = info["tables"]["records"]
-    counts = st.sql("SELECT count(*) FILTER (WHERE reset) AS games FROM records").column("games")[0].as_py()
-    lines = [f"{table['records']} records, {counts} games, {table['streams']} streams, "
-             f"{size_text(info['bytes'])} on disk"]
-    columns = table.get("columns", {})
-    schema = st.schemas["records"]
-    ragged = {f.name for f in schema.fields if isinstance(f, Ragged)}
-    sizes = [f"{name} {size_text(c['stored'])}" for name, c in columns.items() if name not in ragged]
-    for i in range(0, len(sizes), 5):
-        lines.append(("columns: " if i == 0 else "         ") + ", ".join(sizes[i:i + 5]))
-    kept = [f"{name} {size_text(c['stored'])}" for name, c in columns.items() if name in ragged]
-    if kept:
-        lines.append("ragged:  " + ", ".join(kept) + " (variable-length id lists, with their offsets)")
-    return lines
+    return info_text(info_document(st)).splitlines()
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -196,7 +184,8 @@ def run_demo(args: argparse.Namespace) -> int:
     Parameters
     ----------
     args : argparse.Namespace
-        ``args.dir``: where to put the store (default: a temporary directory).
+        ``args.dir``: where to put the store (default: a temporary directory); ``args.quiet``
+        (optional): no progress bars.
 
     Returns
     -------
@@ -222,6 +211,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     torch.manual_seed(0)
     root = args.dir or tempfile.mkdtemp(prefix="replaystore-demo-")
+    progress = not getattr(args, "quiet", False)
     url = os.path.join(root, "tictactoe-dqn")
     schema = dqn(tictactoe.OBSERVATION_SIZE, heads=1, actions=tictactoe.ACTIONS,
                  metadata={"env_id": "tictactoe", "action_frame": "board cell 0-8, row-major",
@@ -237,11 +227,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     with mp.get_context("spawn").Pool(COLLECTORS) as pool:
         counts = pool.starmap(collect, [(url, c, 100 + c) for c in range(COLLECTORS)])
     st = open_store(url)
+    played = st.sql("SELECT count(*) FILTER (WHERE reset) AS games FROM records").column("games")[0].as_py()
     print(f"   {sum(counts)} DqnBatch records committed by {len(st.writers)} writers "
-          f"in {len(st.commits())} commits")
+          f"in {len(st.commits())} commits: {played} games, each player's last move ends an episode "
+          "(2 a game)")
+    print(f"   the store, as `replaystore info {url}` shows it (--verbose adds the internals):")
     for line in store_summary(st):
-        print("   " + line)
-    print(f"   (the full report: replaystore info {url})")
+        print(("   | " + line).rstrip())
 
     stage_done()
 
@@ -254,7 +246,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     target = copy.deepcopy(online)
     opt = torch.optim.Adam(online.parameters(), lr=1e-3)
     sampler = PrioritizedSampler(st, batch_size=256, alpha=0.6, beta=0.4, seed=0, name="demo-per")
-    loss = train(st, sampler, online, target, opt, TRAIN_STEPS, "train")
+    loss = train(st, sampler, online, target, opt, TRAIN_STEPS, "train", progress)
     first, second = win_rate(online, rng)
     print(f"   after {TRAIN_STEPS} prioritized minibatches (loss {loss:.4f}): the Q-network wins "
           f"{first:.0%} moving first, {second:.0%} moving second")
@@ -282,7 +274,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     same = np.array_equal(probe.sample().rows, next_rows)
     print(f"   reopened {url}: {len(st)} records, {doc['steps']} steps done; next minibatch identical to the "
           f"uninterrupted run: {'yes' if same else 'NO'}")
-    loss = train(st, sampler, online, target, opt, RESUME_STEPS, "resume")
+    loss = train(st, sampler, online, target, opt, RESUME_STEPS, "resume", progress)
     first, second = win_rate(online, rng)
     print(f"   after {RESUME_STEPS} more minibatches (loss {loss:.4f}): wins {first:.0%} moving first, "
           f"{second:.0%} moving second")
@@ -301,7 +293,7 @@ def _run_demo(args: argparse.Namespace) -> int:
                round(avg(len(legal_ids)), 2) AS mean_legal_actions
         FROM records GROUP BY stream ORDER BY stream""")
     print(format_table(summary))
-    _export(st, root)
+    _export(st, root, progress)
     stage_done()
     parts = ", ".join(f"{name} {sec:.0f} s" for name, sec in zip(("collect", "train", "resume", "query and export"),
                                                                   stage_times, strict=True))
@@ -309,13 +301,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def _export(st: Store, root: str) -> None:
+def _export(st: Store, root: str, progress: bool) -> None:
     from replaystore.tools.export import export_store
 
     for fmt in ("parquet", "minari"):
         out = os.path.join(root, f"export-{fmt}")
         dataset_id = "tictactoe/random-v0" if fmt == "minari" else None
-        summary = export_store(st, out, fmt, dataset_id=dataset_id, progress=True)
+        summary = export_store(st, out, fmt, dataset_id=dataset_id, progress=progress)
         print(f"   exported to {fmt}: {summary['path']} ({summary['records']} records"
               + (f", {summary['episodes']} episodes: one ends at each of the 2 dones a game)"
                  if summary.get("episodes") else ")"))

@@ -17,10 +17,13 @@ and the field mappings.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from replaystore.errors import StoreError
 from replaystore.tools.formats.common import expand_local
+from replaystore.tools.info import size_text
 
 EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
 
@@ -95,4 +98,44 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
     return export_d4rl(store, out, table=table, progress=progress, stack=stack)
 
 
-__all__ = ["EXPORT_FORMATS", "export_store"]
+def _local_bytes(path: str) -> int | None:
+    """The bytes of the files at local ``path`` (a file, or a directory's files); None for a URL."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    path = path.removeprefix("file://")
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    if not os.path.isdir(path):
+        return None
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def export_summary(summary: Mapping[str, Any]) -> str:
+    """One line a person reads on what :func:`export_store` wrote (``replaystore export`` prints it).
+
+    Parameters
+    ----------
+    summary : mapping
+        What :func:`export_store` returned.
+
+    Returns
+    -------
+    str
+        ``"<format> at <path>: N records in S streams, E episodes, F files, <size>"`` (the
+        parts the summary has; the size of a local output's files).
+    """
+    parts = [f"{summary['records']} records"
+             + (f" in {summary['streams']} stream{'s' if summary['streams'] != 1 else ''}"
+                if summary.get("streams") is not None else "")]
+    if summary.get("episodes") is not None:
+        parts.append(f"{summary['episodes']} episodes")
+    if summary.get("files") is not None:
+        parts.append(f"{summary['files']} file{'s' if summary['files'] != 1 else ''}")
+    size = _local_bytes(str(summary["path"]))
+    if size is not None:
+        parts.append(size_text(size))
+    what = summary["format"] + (f" dataset {summary['dataset_id']}" if summary.get("dataset_id") else "")
+    return f"{what} at {summary['path']}: {', '.join(parts)}"
+
+
+__all__ = ["EXPORT_FORMATS", "export_store", "export_summary"]

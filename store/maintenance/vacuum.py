@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -251,8 +252,13 @@ def find_garbage(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S,
     return report
 
 
+DELETE_BATCH = 1000
+"""Objects deleted per request at most (S3's bulk delete takes 1000); progress is reported per batch."""
+
+
 def vacuum(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run: bool = False,
-           state_keep_last: int = DEFAULT_STATE_KEEP_LAST) -> VacuumReport:
+           state_keep_last: int = DEFAULT_STATE_KEEP_LAST,
+           progress: Callable[[int, int], None] | None = None) -> VacuumReport:
     """Delete every garbage unit older than ``older_than_s`` (see the module docstring).
 
     The log is read again right before deleting, and a unit a commit made since
@@ -269,6 +275,9 @@ def vacuum(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run
         Delete nothing; report what would go.
     state_keep_last : int, optional
         State versions each slot keeps.
+    progress : callable, optional
+        Called as ``progress(done, total)`` with the units deleted so far and the units to
+        delete: once before the first delete, then after each batch of deletes.
 
     Returns
     -------
@@ -287,10 +296,25 @@ def vacuum(store: OpenStore, older_than_s: float = DEFAULT_OLDER_THAN_S, dry_run
     if dry_run:
         return report
     _keep_referenced(store, report)
-    # only the objects judged, never a whole prefix: nothing written since the listing goes
-    store.storage.delete_objects([o.path for u in report.deleted for o in u.objects])
-    for unit in report.deleted:
-        _prune_empty_dirs(store, unit)
+    total = len(report.deleted)
+    if progress:
+        progress(0, total)
+    done = 0
+    while done < total:
+        # units whole, about DELETE_BATCH objects a request; each unit's objects in its order
+        end = done + 1
+        count = len(report.deleted[done].objects)
+        while end < total and count + len(report.deleted[end].objects) <= DELETE_BATCH:
+            count += len(report.deleted[end].objects)
+            end += 1
+        batch = report.deleted[done:end]
+        # only the objects judged, never a whole prefix: nothing written since the listing goes
+        store.storage.delete_objects([o.path for u in batch for o in u.objects])
+        for unit in batch:
+            _prune_empty_dirs(store, unit)
+        done = end
+        if progress:
+            progress(done, total)
     return report
 
 

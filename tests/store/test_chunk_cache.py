@@ -73,7 +73,7 @@ def test_a_second_reader_is_served_from_the_cache_and_maps_it(s3_server: S3Serve
     info = first.info()["chunk_cache"]
     assert info == {"directory": str(next((tmp_path / "cache").iterdir())),
                     "bytes": sum(f.stat().st_size for f in files)}
-    print_info(first)
+    print_info(first, verbose=True)  # (the internals: where the chunk cache is)
     assert f"chunk cache     {info['directory']} (" in capsys.readouterr().out
     assert not [f for f in files if f.name.startswith(chunkcache_module.TMP)]
     faults = Faults(deny_reads=CHUNKS)

@@ -142,7 +142,8 @@ def test_info_shows_stored_and_raw_bytes_per_column(tmp_path) -> None:
     assert cols["frame"]["raw"] == want["frame"].nbytes and cols["frame"]["codec"] == "zstd:3"
     assert 0 < cols["frame"]["stored"] < cols["frame"]["raw"]
     assert cols["action"] == {"stored": 40 * 8, "raw": 40 * 8, "codec": None}
-    out = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", "info", str(tmp_path / "st")],
+    out = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", "info", "--verbose",
+                          str(tmp_path / "st")],
                          capture_output=True, text=True, check=True).stdout
     assert any(line.split()[:1] == ["frame"] and "codec zstd:3" in line for line in out.splitlines())
 

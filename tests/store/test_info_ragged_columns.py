@@ -25,6 +25,7 @@ def test_info_sizes_ragged_columns_values_and_offsets(tmp_path) -> None:
     cols = st.info()["tables"][st.default.name]["columns"]
     assert cols["legal_ids"] == {"stored": 16 * 8 + 8 * 8, "raw": 16 * 8 + 8 * 8, "codec": None}
     assert cols["next_legal_ids"] == {"stored": 8 * 4 + 8 * 8, "raw": 8 * 4 + 8 * 8, "codec": None}
-    out = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", "info", str(tmp_path / "st")],
+    out = subprocess.run([sys.executable, "-m", "replaystore.tools.cli", "info", "--verbose",
+                          str(tmp_path / "st")],
                          capture_output=True, text=True, check=True).stdout
     assert any(line.split()[:1] == ["next_legal_ids"] and "stored" in line for line in out.splitlines())

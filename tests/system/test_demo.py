@@ -41,13 +41,19 @@ def check_demo_store(tmp_path: Path, out: str) -> None:
     # what a newcomer reads: where the code is, one "shows:" line per stage, a short store summary, the columns
     assert f"the code is replaystore.tools.demo ({demo.__file__})" in out
     assert out.count("   shows: ") == 4
-    assert re.search(r"\d+ records, 2400 games, 8 streams, [\d.]+ \w+ on disk", out)
-    assert re.search(r"ragged: +legal_ids [\d.]+ \w+, next_legal_ids [\d.]+ \w+", out)
+    assert re.search(r"committed by 2 writers in \d+ commits: 2400 games", out)
+    # replaystore info's short summary: counts, size, the schema as a table, metadata, episodes and returns
+    assert re.search(r"\| records   \d+ in 8 streams\n", out)
+    assert re.search(r"\| size      [\d.]+ \w+ allocated on disk \(as du counts it\)", out)
+    assert re.search(r"\|   legal_ids +ragged +int64 +variable \(legal_offsets\)", out)
+    assert "|     env_id: tictactoe" in out
+    assert re.search(r"\|   episodes  4800: 4800 ended, 0 open\n", out)
+    assert re.search(r"\|   returns   mean \S+, min -1, max 1", out)
     assert "tails: records whose TD target does not bootstrap" in out
     assert "first_mover_result: the first mover's mean game result" in out
     assert "mean_legal_actions: the mean number of legal moves" in out
     assert "episodes: one ends at each of the 2 dones a game" in out
-    assert "log checkpoint" not in out and "apparent" not in out  # the full info report stays in `info`
+    assert "log checkpoint" not in out and "fragments" not in out  # the internals stay in `info --verbose`
     assert re.search(r"done in \d+ s \(collect \d+ s, train \d+ s, resume \d+ s, query and export \d+ s\)", out)
     st = open_store(str(tmp_path / "tictactoe-dqn"), mode="r")
     assert len(st) > 10_000 and len(st.streams()) == 8

@@ -121,6 +121,9 @@ def test_info_shows_allocated_and_apparent_sizes_and_state_slots(tmp_path: Path)
     r = cli("info", str(tmp_path / "src"))
     assert r.returncode == 0, r.stderr
     assert "allocated" in r.stdout and "apparent" in r.stdout
+    assert "state     2 slots: other, sampler" in r.stdout  # the short summary names them; --verbose details them
+    r = cli("info", "--verbose", str(tmp_path / "src"))
+    assert r.returncode == 0, r.stderr
     assert "'sampler': 2 version(s) 1..2" in r.stdout and "'other': 1 version(s) 0..0" in r.stdout
 
 

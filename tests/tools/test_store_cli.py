@@ -34,10 +34,15 @@ def store_url(tmp_path_factory):
 def test_info_names_schema_records_streams_writers_capacity_size_version(store_url):
     r = run("info", store_url)
     assert r.returncode == 0, r.stderr
-    for needle in ("format version  2", "capacity        10000", "writers         1 (1 closed)", "120 records",
-                   "commits         4",  # (3 appends and close's right-sizing)
-                   "log checkpoint  none", "3 streams", "size on disk", "dqn (version 1)",
+    for needle in ("format    version 2, capacity 10000", "writers   1 (1 closed), 4 commits",  # (3 appends and
+                   "records   120 in 3 streams", "allocated on disk", "schema dqn (version 1)",  # close's right-sizing)
                    "legal_ids"):
+        assert needle in r.stdout
+    assert "log checkpoint" not in r.stdout  # the internals: --verbose
+    r = run("info", "--verbose", store_url)
+    assert r.returncode == 0, r.stderr
+    for needle in ("format    version 2", "log checkpoint  none", "120 records, 3 streams", "size on disk",
+                   "state slots     none"):
         assert needle in r.stdout
 
 

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from replaystore.errors import ImportSourceError, StoreError, StoreExistsError
 from replaystore.schemas import Dense, Ragged, Schema, dense_mask, map_tree
 from replaystore.store import Table
+from replaystore.tools.progress import progress_bar as progress_bar  # (re-exported: the formats import it)
 
 TARGET_CHUNK_BYTES = 16 << 20
 """Records per read are chosen so that one chunk of a table holds about this many bytes."""
@@ -57,29 +56,6 @@ def expand_local(path: Any) -> Any:
     if text.startswith("file://"):
         return "file://" + os.path.expanduser(text[len("file://"):])
     return os.path.expanduser(text) if "://" not in text else text
-
-
-def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "rec") -> tqdm:
-    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal.
-
-    Parameters
-    ----------
-    total : int, optional
-        Expected count (None: unknown).
-    desc : str
-        Label.
-    enabled : bool
-        Whether the caller asked for progress.
-    unit : str, optional
-        Unit name.
-
-    Returns
-    -------
-    tqdm.tqdm
-        The bar (disabled when not shown); use it as a context manager.
-    """
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
-                disable=not (enabled and sys.stderr.isatty()))
 
 
 def record_bytes(schema: Schema) -> int:
