@@ -454,6 +454,13 @@ def store_name(url: str) -> str:
     return os.path.basename(tail.replace("\\", "/")) or "store"
 
 
+def _on_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # stderr replaced by an object without isatty, or closed
+        return False
+
+
 def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *, table: str | None = None,
                  progress: bool | None = None) -> ReportSummary:
     """Write the self-contained HTML report of a store (or of one of its tables).
@@ -469,8 +476,8 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     table : str, optional
         The table of a store with several (default: the store's only table).
     progress : bool, optional
-        A progress bar of the sections on stderr: None (default) when stderr is a terminal,
-        True always, False never.
+        A progress bar of the sections on stderr, drawn only when stderr is a terminal (as
+        the other long calls draw theirs): None (default) and True draw it there, False never.
 
     Returns
     -------
@@ -519,7 +526,7 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
 
             raise StoreError(f"table {table!r}: a Table was given, named {tab.name!r}")
     episodes_of, stream_summaries, field_stats, health = _data()
-    show = progress is True or (progress is None and sys.stderr.isatty())
+    show = progress is not False and _on_terminal()
     parts: dict[str, str] = {}
     fields = len(tab.schema.record_names)  # field_stats reports each field it has summarised
     with tqdm(total=len(SECTIONS) + 3 + fields, desc="report", unit="step", leave=False, disable=not show) as bar:

@@ -156,7 +156,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     st = _open(args)
     out = args.output if args.output is not None else f"{store_name(st.url)}-report.html"
-    done = build_report(st, out, table=args.table, progress=False if args.quiet else None)
+    done = build_report(st, out, table=args.table, progress=not args.quiet)
     print(done)  # one line: the path, its size and the seconds it took
     return 0
 
