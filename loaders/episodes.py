@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.episodebounds import end_fields, episode_spans
 from replaystore.errors import StoreError
 from replaystore.loaders.dataset import to_tensors
 from replaystore.schemas import map_tree
@@ -18,11 +19,10 @@ def _end_flags(table: Table) -> tuple[str, str | None]:
     nodes = schema.nesting.nodes if schema.nesting is not None else {}
     if not all(n in schema or n in nodes for n in ("obs", "next_obs")):
         raise StoreError(f"schema {schema.name!r}: episodes need 'obs' and 'next_obs' fields")
-    if "terminated" in schema:
-        return "terminated", "truncated" if "truncated" in schema else None
-    if "dones" in schema:
-        return "dones", None
-    raise StoreError(f"schema {schema.name!r}: episodes need a 'terminated' or 'dones' field")
+    flags = end_fields(schema)
+    if not flags:
+        raise StoreError(f"schema {schema.name!r}: episodes need a 'terminated' or 'dones' field")
+    return flags[0], flags[1] if len(flags) > 1 else None
 
 
 def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only: bool = True,
@@ -72,14 +72,10 @@ def iter_episodes(table: Table, streams: list[Any] | None = None, complete_only:
         term = data[term_name].astype(bool)
         trunc = data[trunc_name].astype(bool) if trunc_name else np.zeros(len(rows), dtype=bool)
         end = term | trunc
-        start = np.zeros(len(rows), dtype=bool)
-        start[0] = True
-        start[1:] = resets[1:] | end[:-1] | (np.diff(steps) != 1)
-        bounds = np.r_[np.flatnonzero(start), len(rows)]
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        los, his, begans = episode_spans(steps, resets, end)
+        for lo, hi, began in zip(los.tolist(), his.tolist(), begans.tolist(), strict=True):
             # whole if it ends with a flag and starts at a reset, right after an episode end,
             # or at step 0 of its stream (not after a gap left by retention or missing steps)
-            began = bool(resets[lo]) or steps[lo] == 0 or (lo > 0 and end[lo - 1] and steps[lo] == steps[lo - 1] + 1)
             ended = bool(end[hi - 1])
             complete = ended and began
             if complete_only and not complete:

@@ -4,4 +4,26 @@
 the tools: ``replaystore report`` and ``replaystore stats`` call it, and so do
 ``Store.report`` and ``Store._repr_html_``, which load this package by name at their first
 call (the store's own modules never import it).
+
+The data layer (episodes, per-field statistics, data health) reads stores through
+``replaystore.store``'s public API only and does not import torch (the episode split it
+shares with ``replaystore.loaders.iter_episodes`` lives in ``replaystore.episodebounds``).
 """
+
+from replaystore.report.episodes import Episodes, StreamSummary, episodes_of, stream_summaries
+from replaystore.report.health import CHECKS, Finding, health
+from replaystore.report.stats import QUANTILES, FieldStats, field_stats, lerobot_stats
+
+__all__ = [
+    "CHECKS",
+    "QUANTILES",
+    "Episodes",
+    "FieldStats",
+    "Finding",
+    "StreamSummary",
+    "episodes_of",
+    "field_stats",
+    "health",
+    "lerobot_stats",
+    "stream_summaries",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from collections.abc import Mapping
@@ -74,6 +75,16 @@ def register_sql_face(face: SqlFace) -> None:
         The face :meth:`Store.sql` and :meth:`Store.duckdb` call.
     """
     _SQL_FACE[:] = [face]
+
+
+REPORT_PACKAGE = "replaystore.report"
+"""The package :meth:`Store.report` and :meth:`Store._repr_html_` load by name at their first call: it sits
+above the store (it reads a ``Store`` through the loaders), so no module of the store imports it."""
+
+
+def _report(module: str) -> Any:
+    """``replaystore.report.<module>``, imported by name (once; Python keeps it in ``sys.modules``)."""
+    return importlib.import_module(f"{REPORT_PACKAGE}.{module}")
 
 
 def _sql_face() -> SqlFace:
@@ -508,6 +519,48 @@ class Store(ReadFace):
         if self.mode == "r" and not dry_run:
             raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
         return vacuum(self, older_than_s, dry_run, state_keep_last)
+
+    # -- looking at it: replaystore.report, loaded by name at the first call --------------------
+    def report(self, path: str | os.PathLike[str], **kwargs: Any) -> Any:
+        """Write a self-contained HTML report of the store (``replaystore report``; docs/GUIDE.md, "The HTML report").
+
+        One file with no network use at view time: the summary, per-stream episodes and returns,
+        return and length histograms and the learning curve, per-field statistics, data-health
+        findings, frame strips of image fields, saved sampler states and commits per writer.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The HTML file to write.
+        **kwargs
+            ``table=`` (a store with several tables) and ``progress=``, as
+            :func:`replaystore.report.html.build_report` takes them.
+
+        Returns
+        -------
+        ReportSummary
+            ``path``, ``bytes``, ``seconds`` and ``sections``.
+
+        Raises
+        ------
+        StoreError
+            A store of several tables without ``table=``, or an unknown table.
+
+        Notes
+        -----
+        Cost: see :func:`~replaystore.report.html.build_report` (a few seconds for a million records).
+        """
+        return _report("html").build_report(self, path, **kwargs)
+
+    def _repr_html_(self) -> str:
+        """The summary table (schema, records, streams, episodes, writers, size) for notebooks.
+
+        Kept cheap: :func:`replaystore.report.summary.summary_html` with its caps (episodes
+        counted only in tables of at most 100,000 records, the commit history read only for
+        at most 2,000 commits).
+        """
+        html: str = _report("summary").summary_html(self)
+        return html
 
     # -- lifecycle ------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -17,9 +17,10 @@ MODULES = (
     "replaystore.loaders.buffer",
     "replaystore.loaders.uniform",
     "replaystore.loaders.masks",
+    "replaystore.report.html",
 )
 """Modules whose docstrings hold examples."""
-ROOTS = ("/quickstart", "/doc-open-store", "/doc-sql", "/examples")
+ROOTS = ("/quickstart", "/doc-open-store", "/doc-sql", "/doc-report", "/examples")
 """The ``memory://`` stores the examples create."""
 
 

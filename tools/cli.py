@@ -138,6 +138,16 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from replaystore.report.html import build_report, store_name
+
+    st = _open(args)
+    out = args.output if args.output is not None else f"{store_name(st.url)}-report.html"
+    done = build_report(st, out, table=args.table, progress=False if args.quiet else None)
+    print(done)  # one line: the path, its size and the seconds it took
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from replaystore.tools.bench import run_bench
 
@@ -242,6 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-id", help="Minari dataset id (when SRC is a directory)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a store (plots, statistics, frames)",
+                       description="Write one self-contained HTML file about a store: the summary, streams, "
+                                   "episode returns and lengths (histograms, the learning curve), per-field "
+                                   "statistics, data health, frame strips of image fields, saved sampler states "
+                                   "and commits per writer. It needs no network to view.")
+    p.add_argument("url", help="store URL or path")
+    p.add_argument("-o", "--output", help="the HTML file (default: <store name>-report.html here)")
+    p.add_argument("--table", help="the table to report on (a store with several tables)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("bench", help="run the benchmarks against TorchRL (bench/*.py)",
                        description="Run the benchmark scripts of a source checkout (bench/): they print "

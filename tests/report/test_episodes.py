@@ -1,0 +1,205 @@
+"""``episodes_of`` and ``stream_summaries`` against ``iter_episodes`` and hand-built stores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from replaystore.loaders import iter_episodes
+from replaystore.report import Episodes, episodes_of, stream_summaries
+from replaystore.schemas import Dense, Schema, transitions
+from replaystore.store import open_store
+
+
+def _schema(truncated: bool = True, reward_shape: tuple[int, ...] = ()) -> Schema:
+    fields = [Dense("obs", np.float32, (2,)), Dense("next_obs", np.float32, (2,)),
+              Dense("reward", np.float64, reward_shape), Dense("terminated", np.bool_)]
+    if truncated:
+        fields.append(Dense("truncated", np.bool_))
+    return Schema("t", fields)
+
+
+def _batch(n: int, term: np.ndarray, trunc: np.ndarray | None, reward: np.ndarray) -> dict[str, np.ndarray]:
+    b = {"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32), "reward": reward,
+         "terminated": term}
+    if trunc is not None:
+        b["truncated"] = trunc
+    return b
+
+
+def assert_matches_iter_episodes(table: object, eps: Episodes) -> None:
+    """Episode for episode, ``eps`` is what ``iter_episodes(complete_only=False)`` yields."""
+    ref = list(iter_episodes(table, complete_only=False))  # type: ignore[arg-type]
+    assert len(eps) == len(ref)
+    for i, e in enumerate(ref):
+        rows = np.asarray(e["rows"])
+        assert eps.stream[i] == e["stream"]
+        assert eps.first_row[i] == rows[0] and eps.last_row[i] == rows[-1]
+        assert eps.first_step[i] == int(np.asarray(e["steps"])[0])
+        assert eps.length[i] == len(rows)
+        ended = eps.end[i] != "open"
+        assert bool(e["terminated"]) == (eps.end[i] == "terminated")
+        assert bool(e["truncated"]) == (eps.end[i] != "terminated")
+        assert bool(e["complete"]) == bool(eps.complete[i] and ended)
+        np.testing.assert_allclose(eps.ret[i], float(np.asarray(e["reward"], dtype=np.float64).sum()))
+
+
+def test_recorded_cartpole_matches_iter_episodes(tmp_path: Path) -> None:
+    url = str(tmp_path / "cp")
+    from replaystore.gym import RecordVectorEpisodes
+
+    env = RecordVectorEpisodes(gym.make_vec("CartPole-v1", num_envs=3), url, commit_every=40)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(150):
+        env.step(env.action_space.sample())
+    env.close()
+    with open_store(url, mode="r") as st:
+        eps = episodes_of(st.default)
+        assert eps.end_flags == ("terminated", "truncated")
+        assert len(eps) > 3 and eps.whole.sum() >= 3
+        assert_matches_iter_episodes(st.default, eps)
+        # CartPole pays 1 per step: a return is the episode's length
+        np.testing.assert_array_equal(eps.ret, eps.length)
+        summaries = stream_summaries(st.default, eps)
+        assert [s.stream for s in summaries] == st.default.streams()
+        assert sum(s.records for s in summaries) == len(st.default)
+        assert sum(s.episodes + s.open for s in summaries) == len(eps)
+        assert all(s.open <= 1 for s in summaries)  # at most the trailing steps of each env
+
+
+def test_end_time_is_the_commit_of_the_last_record(tmp_path: Path) -> None:
+    st = open_store(str(tmp_path / "s"), _schema(), mode="w")
+    with st.writer() as w:
+        w.append(_batch(3, np.array([0, 0, 1], bool), np.zeros(3, bool), np.ones(3)), stream=0)
+        w.commit()
+        w.append(_batch(2, np.array([0, 1], bool), np.zeros(2, bool), np.ones(2)), stream=0)
+        w.append(_batch(2, np.array([0, 0], bool), np.zeros(2, bool), np.ones(2)), stream=1)
+        w.commit()
+    times = [c["time_ns"] / 1e9 for c in st.commits() if c["kind"] == "append"]
+    eps = episodes_of(st)
+    assert list(eps.stream) == [0, 0, 1]
+    np.testing.assert_array_equal(eps.end_time, [times[0], times[1], times[1]])
+    assert list(eps.end) == ["terminated", "terminated", "open"]
+    # a view that is no longer the table's current one gives the same episodes
+    old = st.default.view()
+    with st.writer() as w:
+        w.append(_batch(1, np.array([1], bool), np.zeros(1, bool), np.ones(1)), stream=1)
+        w.commit()
+    again = episodes_of(old)
+    np.testing.assert_array_equal(again.first_row, eps.first_row)
+    np.testing.assert_array_equal(again.end_time, eps.end_time)
+    assert len(episodes_of(st)) == 3 and episodes_of(st).end[-1] == "terminated"
+
+
+def test_no_end_flag_gives_no_episodes(tmp_path: Path) -> None:
+    st = open_store(str(tmp_path / "s"), Schema("x", [Dense("obs", np.float32, (2,))]), mode="w")
+    with st.writer() as w:
+        w.append({"obs": np.zeros((4, 2), np.float32)})
+        w.commit()
+    eps = episodes_of(st)
+    assert len(eps) == 0 and eps.end_flags == ()
+    (s,) = stream_summaries(st, eps)
+    assert (s.records, s.episodes, s.open) == (4, 0, 0) and np.isnan(s.return_mean)
+
+
+def test_dones_and_vector_rewards(tmp_path: Path) -> None:
+    schema = Schema("d", [Dense("obs", np.float32, (2,)), Dense("next_obs", np.float32, (2,)),
+                          Dense("reward", np.float32, (2,)), Dense("dones", np.bool_)])
+    st = open_store(str(tmp_path / "s"), schema, mode="w")
+    with st.writer() as w:
+        w.append({"obs": np.zeros((3, 2), np.float32), "next_obs": np.zeros((3, 2), np.float32),
+                  "reward": np.array([[1, 2], [3, 4], [5, 6]], np.float32), "dones": np.array([0, 1, 0], bool)})
+        w.commit()
+    eps = episodes_of(st)
+    assert eps.end_flags == ("dones",)
+    np.testing.assert_array_equal(eps.ret, [10.0, 11.0])
+    assert list(eps.end) == ["terminated", "open"]
+    assert_matches_iter_episodes(st.default, eps)
+
+
+def test_summaries_count_gaps_and_whole_episode_returns(tmp_path: Path) -> None:
+    st = open_store(str(tmp_path / "s"), _schema(), mode="w")
+    with st.writer() as w:
+        # stream 7: steps 0..3 (episode ends at 1), a gap, steps 10..12 ending truncated
+        w.append(_batch(4, np.array([0, 1, 0, 0], bool), np.zeros(4, bool), np.array([1.0, 2, 3, 4])),
+                 stream=7, step=np.arange(4))
+        w.append(_batch(3, np.zeros(3, bool), np.array([0, 0, 1], bool), np.array([5.0, 6, 7])),
+                 stream=7, step=np.arange(10, 13))
+        w.commit()
+    eps = episodes_of(st)
+    assert list(eps.end) == ["terminated", "open", "truncated"]
+    assert list(eps.complete) == [True, True, False]
+    (s,) = stream_summaries(st, eps)
+    assert (s.records, s.first_step, s.last_step, s.gaps, s.episodes, s.open) == (7, 0, 12, 1, 2, 1)
+    assert (s.return_mean, s.return_min, s.return_max) == (3.0, 3.0, 3.0)  # only the whole episode
+    assert (s.length_mean, s.length_min, s.length_max) == (2.0, 2.0, 2.0)
+    assert_matches_iter_episodes(st.default, eps)
+
+
+@hs.composite
+def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int | None]:
+    """Appends ``(stream, steps, resets, terminated, truncated)`` plus a capacity."""
+    appends = []
+    nexts: dict[int, int] = {}
+    for _ in range(draw(hs.integers(1, 8))):
+        s = draw(hs.sampled_from([0, 1, 2]))
+        n = draw(hs.integers(1, 6))
+        gap = draw(hs.sampled_from([0, 0, 0, 1, 3]))
+        first = nexts.get(s, 0) + (gap if s in nexts else draw(hs.sampled_from([0, 0, 2])))
+        steps = first + np.arange(n)
+        nexts[s] = int(steps[-1]) + 1
+        bits = draw(hs.lists(hs.integers(0, 11), min_size=n, max_size=n))
+        term = np.array([b == 0 for b in bits])
+        trunc = np.array([b == 1 for b in bits])
+        resets = np.array([b == 2 for b in bits])
+        appends.append((s, n, steps, resets, term, trunc))
+    capacity = draw(hs.sampled_from([None, None, 5, 9]))
+    return appends, capacity
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=_plans(), commit_each=hs.booleans())
+def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathFactory,
+                                             plan: tuple[list, int | None], commit_each: bool) -> None:
+    appends, capacity = plan
+    url = str(tmp_path_factory.mktemp("gen") / "s")
+    st = open_store(url, _schema(), mode="w", capacity=capacity)
+    rng = np.random.default_rng(0)
+    with st.writer() as w:
+        for s, n, steps, resets, term, trunc in appends:
+            w.append(_batch(n, term, trunc, rng.standard_normal(n)), stream=s, step=steps, reset=resets)
+            if commit_each:
+                w.commit()
+        w.commit()
+    eps = episodes_of(st)
+    assert_matches_iter_episodes(st.default, eps)
+    assert int(eps.length.sum()) == len(st)
+    summaries = stream_summaries(st, eps)
+    assert sum(s.episodes + s.open for s in summaries) == len(eps)
+    assert np.all(np.isfinite(eps.end_time))
+
+
+def test_many_streams_cover_every_record_once(tmp_path: Path) -> None:
+    """64 streams of transitions: every record lies in exactly one episode, sorted by stream and step."""
+    n_streams, per = 64, 2000
+    st = open_store(str(tmp_path / "s"), transitions(4, actions=3), mode="w")
+    rng = np.random.default_rng(1)
+    with st.writer() as w:
+        for s in range(n_streams):
+            w.append({"obs": np.zeros((per, 4), np.float32), "action": np.zeros(per, np.int64),
+                      "reward": np.ones(per, np.float32), "next_obs": np.zeros((per, 4), np.float32),
+                      "terminated": rng.random(per) < 0.02}, stream=s, reset=True)
+        w.commit()
+    eps = episodes_of(st)
+    assert int(eps.length.sum()) == n_streams * per
+    np.testing.assert_array_equal(eps.ret, eps.length)
+    keys = np.array(eps.stream.tolist())
+    assert np.all(np.diff(keys) >= 0)
+    same = keys[1:] == keys[:-1]
+    assert np.all(eps.first_step[1:][same] > eps.first_step[:-1][same])

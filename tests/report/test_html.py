@@ -1,0 +1,367 @@
+"""The HTML report: one self-contained file with every section and the figures the store holds.
+
+Pages are parsed with ``html.parser`` (:class:`Page`): sections by id, their tables as text cells,
+their inline SVG plots and PNG frames, and every ``src``/``href`` on the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from replaystore.errors import StoreError
+from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler
+from replaystore.report.html import MAX_STREAM_ROWS, SECTIONS, build_report
+from replaystore.schemas import Dense, Schema, transitions
+from replaystore.store import Store, open_store
+
+
+class Page(HTMLParser):
+    """What a report page holds, per section: tables (rows of cell texts), plots, images, slots."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.sections: dict[str, dict[str, Any]] = {}
+        self.order: list[str] = []
+        self.links: list[tuple[str, str, str]] = []  # (tag, attribute, value) of every src/href
+        self.tags: set[str] = set()
+        self._section: dict[str, Any] | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._svg_depth = 0
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        self.tags.add(tag)
+        for k in ("src", "href", "xlink:href"):
+            if k in a:
+                self.links.append((tag, k, a[k]))
+        if tag == "section":
+            self._section = {"tables": [], "svgs": 0, "imgs": [], "plots": [], "strips": [], "slots": [], "text": []}
+            self.sections[a["id"]] = self._section
+            self.order.append(a["id"])
+        s = self._section
+        if s is None:
+            return
+        if tag == "svg":
+            if self._svg_depth == 0:
+                s["svgs"] += 1
+            self._svg_depth += 1
+        elif tag == "table":
+            s["tables"].append([])
+        elif tag == "tr":
+            self._row = []
+            s["tables"][-1].append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "img":
+            s["imgs"].append(a)
+        elif tag == "figure" and "data-plot" in a:
+            s["plots"].append(a["data-plot"])
+        elif tag == "div" and a.get("class") == "strip":
+            s["strips"].append(a["data-field"])
+        elif tag == "div" and a.get("class") == "slot":
+            s["slots"].append(a["data-slot"])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "section":
+            self._section = None
+        elif tag == "svg":
+            self._svg_depth -= 1
+        elif tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._section is not None and self._svg_depth == 0:
+            self._section["text"].append(data)
+
+    def table(self, section: str, header: str) -> dict[str, list[str]]:
+        """The table of ``section`` whose first header cell is ``header``: first cell -> row."""
+        for t in self.sections[section]["tables"]:
+            if t and t[0] and t[0][0] == header:
+                return {r[0]: r for r in t[1:]}
+        raise AssertionError(f"no table starting {header!r} in section {section!r}")
+
+    def pairs(self, section: str) -> dict[str, str]:
+        """Every two-cell row (``<th>name</th><td>value</td>``) of ``section``'s tables."""
+        return {r[0]: r[1] for t in self.sections[section]["tables"] for r in t if len(r) == 2}
+
+    def text(self, section: str) -> str:
+        """The section's text outside its plots."""
+        return " ".join(self.sections[section]["text"])
+
+
+def parse(path: str | Path) -> Page:
+    return Page(Path(path).read_text("utf-8"))
+
+
+def assert_self_contained(page: Page) -> None:
+    """No script, no stylesheet link, no src/href that leaves the page."""
+    assert "script" not in page.tags and "link" not in page.tags and "iframe" not in page.tags
+    for tag, attr, value in page.links:
+        assert value.startswith(("#", "data:")), (tag, attr, value[:80])
+        assert "//" not in value.split(",", 1)[0], (tag, attr, value[:80])
+
+
+# -- a transitions store with known episodes ---------------------------------------------------
+EPISODES = {"a": [(3, "terminated"), (5, "terminated")], "b": [(4, "truncated"), (2, "open")]}
+"""Per stream: (length, how it ends); every reward is 1, so an episode's return is its length."""
+
+
+def _episode_batch(length: int, end: str, obs0: float) -> dict[str, np.ndarray]:
+    obs = (obs0 + np.arange(length * 2, dtype=np.float32).reshape(length, 2))
+    return {"obs": obs, "action": np.arange(length) % 3, "reward": np.ones(length, np.float32), "next_obs": obs + 1,
+            "terminated": np.arange(length) == length - 1 if end == "terminated" else np.zeros(length, bool),
+            "truncated": np.arange(length) == length - 1 if end == "truncated" else np.zeros(length, bool)}
+
+
+def small_store(url: str) -> Store:
+    schema = Schema("steps", [Dense("obs", np.float32, (2,)), Dense("action", np.int64), Dense("reward", np.float32),
+                              Dense("next_obs", np.float32, (2,)), Dense("terminated", np.bool_),
+                              Dense("truncated", np.bool_)])
+    st = open_store(url, schema, mode="x")
+    with st.writer() as w:
+        for stream, eps in EPISODES.items():
+            for i, (length, end) in enumerate(eps):
+                w.append(_episode_batch(length, end, 10.0 * i), stream=stream)
+                w.commit()
+    with st.writer() as w2:  # a second writer
+        w2.append(_episode_batch(3, "terminated", -5.0), stream="c")
+    return st
+
+
+def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
+    st = small_store(str(tmp_path / "small"))
+    per = PrioritizedSampler(st, batch_size=4, seed=0, name="per")
+    rows = per.sample().rows
+    per.update(rows, np.array([0.5, 2.0, 8.0, 32.0]))
+    per.save()
+    epoch = EpochSampler(st, batch_size=5, seed=1, name="pass")
+    epoch.sample()
+    epoch.save()
+    ReservoirSampler(st, batch_size=2, capacity=6, seed=0, name="keep").save()
+    st.save_state("model", {"step": 7}, {"weights": np.zeros((2, 3))})
+    out = tmp_path / "r.html"
+
+    done = build_report(st, out, progress=False)
+
+    assert done.path == str(out) and done.bytes == out.stat().st_size and done.seconds > 0
+    assert done.sections == SECTIONS
+    page = parse(out)
+    assert page.order == list(SECTIONS)
+    assert_self_contained(page)
+
+    # summary: records, streams, episodes, writers, size as du counts it, the schema table
+    info = st.info()
+    summary = page.pairs("summary")
+    assert summary["records"] == "17" and summary["streams"] == "3"
+    assert summary["episodes"].startswith("5 (3 terminated, 1 truncated, 1 open)")
+    assert summary["writers"] == "2 (2 closed)"
+    assert f"({info['bytes']:,} bytes" in summary["size on disk"]
+    assert summary["state slots"].count("v") >= 4
+    schema_rows = page.table("summary", "field")
+    assert schema_rows["obs"][1:5] == ["dense", "float32", "(2,)", "raw"]
+    assert set(schema_rows) == set(st.schema.names)
+
+    # streams: records, episodes and the returns of whole episodes (return = length)
+    streams = page.table("streams", "stream")
+    assert streams["a"][1] == "8" and streams["a"][4] == "2" and streams["a"][5] == "0"
+    assert [streams["a"][i] for i in (6, 7, 8)] == ["4", "3", "5"]
+    assert streams["b"][4] == "1" and streams["b"][5] == "1" and streams["b"][6] == "4"
+
+    # episodes: the histograms and the learning curve, as inline SVG
+    assert page.sections["episodes"]["plots"] == ["returns", "lengths", "learning-curve"]
+    assert page.sections["episodes"]["svgs"] == 3
+
+    # fields: per dimension of obs, equal to numpy's on the same values
+    data = st.read(st.row_ids())
+    fields = page.table("fields", "field")
+    for d in (0, 1):
+        row = fields[f"obs[{d}]"]
+        assert float(row[5]) == pytest.approx(float(data["obs"][:, d].min()), rel=1e-3)
+        assert float(row[6]) == pytest.approx(float(data["obs"][:, d].max()), rel=1e-3)
+        assert float(row[7]) == pytest.approx(float(data["obs"][:, d].mean()), rel=1e-3)
+        assert float(row[8]) == pytest.approx(float(data["obs"][:, d].std()), rel=1e-3)
+        assert float(row[11]) == pytest.approx(float(np.quantile(data["obs"][:, d], 0.5)), rel=1e-3)
+    assert fields["reward"][3] == "17"
+
+    # health: every finding of the data layer, as a row
+    from replaystore.report.episodes import episodes_of
+    from replaystore.report.health import health
+    from replaystore.report.stats import field_stats
+
+    findings = health(st.default, field_stats(st.default), episodes_of(st.default))
+    rows_shown = [r for t in page.sections["health"]["tables"] for r in t[1:]]
+    assert sorted((r[1], r[2], r[4]) for r in rows_shown) == sorted((f.check, f.subject, f.message) for f in findings)
+
+    # frames: none here, and the page says so
+    assert page.sections["frames"]["imgs"] == [] and "No image fields" in page.text("frames")
+
+    # samplers: every slot, where it stands, and the priority histogram of the prioritized one
+    assert page.sections["samplers"]["slots"] == ["keep", "model", "pass", "per"]
+    assert page.sections["samplers"]["plots"] == ["priorities-per"] and page.sections["samplers"]["svgs"] == 1
+    pos = page.pairs("samplers")
+    assert pos["kind"] in ("reservoir", "epoch", "prioritized")
+    assert pos["rows taken of this pass"].startswith("5 of 17")
+    assert pos["capacity"] == "6" and pos["members"] == "6"
+    assert pos["max priority"] == "32"
+    assert "weights float64[2, 3]" in page.text("samplers")
+
+    # commits: rows per writer over time, and the writers' table
+    assert page.sections["commits"]["plots"] == ["commits"]
+    writers = page.table("commits", "writer")
+    commits = st.commits()
+    for w, rows_added in ((0, 14), (1, 3)):  # each writer's close compacts its fragments: a commit too
+        mine = [c for c in commits if c["writer"] == w]
+        assert writers[str(w)][1:4] == [str(len(mine)), str(sum(c["kind"] == "compact" for c in mine)),
+                                        str(rows_added)]
+
+
+def test_a_larger_store_stays_small_and_caps_its_tables(tmp_path: Path) -> None:
+    st = open_store(str(tmp_path / "big"), transitions(obs_shape=4), mode="x")
+    rng = np.random.default_rng(0)
+    streams, steps = 64, 1_500
+    with st.writer() as w:
+        for _ in range(3):
+            for s in range(streams):
+                n = steps // 3
+                w.append({"obs": rng.normal(size=(n, 4)).astype(np.float32), "action": rng.integers(0, 4, n),
+                          "reward": rng.normal(size=n).astype(np.float32),
+                          "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
+                          "terminated": rng.random(n) < 0.01}, stream=s)
+            w.commit()
+    out = tmp_path / "big.html"
+    done = build_report(st, out, progress=False)
+    assert done.bytes < 5 * 2**20
+    page = parse(out)
+    assert_self_contained(page)
+    assert len(page.table("streams", "stream")) == MAX_STREAM_ROWS
+    assert f"{streams - MAX_STREAM_ROWS} more streams not shown" in page.text("streams")
+    assert page.sections["episodes"]["svgs"] == 3
+
+
+def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
+    schemas = {"left": transitions(obs_shape=1), "right": Schema("plain", [Dense("x", np.float32)])}
+    st = open_store(str(tmp_path / "two"), schemas, mode="x")
+    with st.writer() as w:
+        w.append({**_plain_transitions(3), "x": np.arange(3, dtype=np.float32) * 2}, stream=0)
+    with pytest.raises(StoreError, match="left"):
+        build_report(st, tmp_path / "no.html", progress=False)
+    assert not (tmp_path / "no.html").exists()
+    build_report(st, tmp_path / "right.html", table="right", progress=False)
+    page = parse(tmp_path / "right.html")
+    assert page.table("fields", "field")["x"][6] == "4"
+    assert "No episodes" in page.text("episodes")
+    # a Table alone: no store-level sections' data, and they say so
+    build_report(st.table("left"), tmp_path / "left.html", progress=False)
+    page = parse(tmp_path / "left.html")
+    assert page.order == list(SECTIONS)
+    assert "A Table was given" in page.text("commits")
+
+
+def _plain_transitions(n: int) -> dict[str, np.ndarray]:
+    return {"obs": np.zeros((n, 1), np.float32), "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
+            "next_obs": np.zeros((n, 1), np.float32), "terminated": np.arange(n) == n - 1}
+
+
+def test_an_unwritable_path_names_it_and_leaves_nothing(tmp_path: Path) -> None:
+    st = small_store(str(tmp_path / "s"))
+    target = tmp_path / "missing" / "r.html"
+    with pytest.raises(FileNotFoundError, match="missing"):
+        build_report(st, target, progress=False)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_repr_html_is_the_summary_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = small_store(str(tmp_path / "s"))
+    page = Page("<section id='repr'>" + st._repr_html_() + "</section>")
+    assert "script" not in page.tags
+    pairs = page.pairs("repr")
+    assert pairs["records"] == "17" and pairs["episodes"].startswith("5 (")
+    assert set(page.table("repr", "field")) == set(st.schema.names)
+    # past its caps it reads neither the episodes nor the commit history, and says so
+    from replaystore.report import summary
+
+    monkeypatch.setattr(summary, "REPR_EPISODE_RECORDS", 10)
+    monkeypatch.setattr(summary, "REPR_COMMITS", 2)
+    pairs = Page("<section id='repr'>" + st._repr_html_() + "</section>").pairs("repr")
+    assert pairs["episodes"].startswith("not counted here")
+    assert "not read here" in pairs["commits"]
+
+
+def frames_of(page: Page, field: str) -> list[np.ndarray]:
+    """The frames shown for ``field``, decoded from their inline PNGs."""
+    out = []
+    for img in page.sections["frames"]["imgs"]:
+        if img["alt"].startswith(field + " step"):
+            head, data = img["src"].split(",", 1)
+            assert head == "data:image/png;base64"
+            out.append(np.asarray(Image.open(io.BytesIO(base64.b64decode(data)))))
+    return out
+
+
+def test_frame_strips_of_a_recorded_pong_frames_store(tmp_path: Path) -> None:
+    gym = pytest.importorskip("gymnasium")
+    from gymnasium.wrappers import FrameStackObservation
+
+    from replaystore.gym import RecordEpisodes
+    from support.pixels import pong
+
+    url = str(tmp_path / "pong")
+    env = RecordEpisodes(FrameStackObservation(pong(max_episode_steps=60), 4), url, frame_stack=4)
+    env.reset(seed=0)
+    for _ in range(200):
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            env.reset()
+    env.close()
+    st = open_store(url, mode="r")
+    out = tmp_path / "pong.html"
+    build_report(st, out, progress=False)
+    page = parse(out)
+    assert_self_contained(page)
+    strips = page.sections["frames"]["strips"]
+    assert strips and set(strips) == {"frame"} and len(strips) == 3
+    shown = frames_of(page, "frame")
+    assert len(shown) == 9 and all(f.shape == (84, 84) for f in shown)
+    # the first frame shown is the first record of the first whole episode, as stored
+    first = st.read(st.row_ids()[:1], columns=["frame"])["frame"][0]
+    assert any(np.array_equal(f, first) for f in shown)
+    assert gym is not None
+
+
+def test_frame_strips_of_every_image_leaf_of_a_dict_observation(tmp_path: Path) -> None:
+    from gymnasium.wrappers import FrameStackObservation
+
+    from replaystore.gym import RecordEpisodes
+    from support.dictenv import DictObsEnv
+
+    for name, env, fields in (
+            ("nested", RecordEpisodes(DictObsEnv(), str(tmp_path / "nested")), {"obs__image"}),
+            ("stacked", RecordEpisodes(FrameStackObservation(DictObsEnv(), 3), str(tmp_path / "stacked"),
+                                       frame_stack=3), {"frame_image"})):
+        env.reset(seed=0)
+        for t in range(40):
+            _, _, term, trunc, _ = env.step(t % 3)
+            if term or trunc:
+                env.reset()
+        env.close()
+        st = open_store(str(tmp_path / name), mode="r")
+        build_report(st, tmp_path / f"{name}.html", progress=False)
+        page = parse(tmp_path / f"{name}.html")
+        assert set(page.sections["frames"]["strips"]) == fields, name
+        (field,) = fields
+        shown = frames_of(page, field)
+        assert shown and all(f.shape == (8, 8, 3) for f in shown)
