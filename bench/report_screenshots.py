@@ -10,7 +10,8 @@
   game count and a shorter training.
 - **pong**: random Pong through gymnasium's ``AtariPreprocessing`` in 4 environments under
   ``FrameStackObservation(4)``, recorded with ``RecordVectorEpisodes(frame_stack=4)`` (the ``frames``
-  layout), 1,500 vector steps, episodes cut at 300 steps, with a saved ``PrioritizedSampler(stack=4)``.
+  layout), 1,500 vector steps, episodes cut at 300 steps, a commit every 500 records, with a saved
+  ``PrioritizedSampler(stack=4)``.
 
 Each report is opened in headless Chromium (tests/support/browser.py) at 1200 CSS pixels wide; the page must
 be clean (no console or page errors, no network request, every plot and frame strip rendered) or the script
@@ -50,7 +51,7 @@ def pong(where: Path) -> str:
     """The Pong ``frames`` store under ``where``."""
     from support.reportstores import pong_store
 
-    return pong_store(where, envs=4, steps=1_500, episode_steps=300, sampler=True)
+    return pong_store(where, envs=4, steps=1_500, episode_steps=300, sampler=True, commit_every=500)
 
 
 def shrink(png: Path, limit: int = LIMIT) -> int:
@@ -72,7 +73,7 @@ def shrink(png: Path, limit: int = LIMIT) -> int:
 
 def shoot(url: str, html: Path, png: Path) -> None:
     """Build the report of ``url`` into ``html``, open it in Chromium, check it and screenshot it to ``png``."""
-    from replaystore.report import build_report
+    from replaystore.report.html import build_report
     from replaystore.store import open_store
     from support.browser import Browser
 

@@ -39,7 +39,7 @@ def demo_url(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def pong_url(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return pong_store(tmp_path_factory.mktemp("pong"), envs=2, steps=150, episode_steps=60)
+    return pong_store(tmp_path_factory.mktemp("pong"), envs=2, steps=150, episode_steps=60, commit_every=50)
 
 
 def _opened(browser: Browser, html: Path) -> PageCheck:
@@ -55,7 +55,7 @@ def _text(html: Path) -> str:
 
 def test_the_demo_store_report_opens_clean_and_every_plot_renders(browser: Browser, demo_url: str,
                                                                    tmp_path: Path) -> None:
-    from replaystore.report import build_report
+    from replaystore.report.html import build_report
 
     html = tmp_path / "demo.html"
     with open_store(demo_url, mode="r") as st:
@@ -88,10 +88,10 @@ def test_the_cli_report_opens_clean(browser: Browser, pong_url: str, tmp_path: P
 @pytest.mark.slow
 def test_reports_of_the_demo_sized_store_and_a_longer_pong_recording_open_clean(browser: Browser,
                                                                                 tmp_path: Path) -> None:
-    from replaystore.report import build_report
+    from replaystore.report.html import build_report
 
     urls = [demo_store(tmp_path / "demo", games=300, train_steps=300),
-            pong_store(tmp_path / "pong", envs=4, steps=1_000, episode_steps=250)]
+            pong_store(tmp_path / "pong", envs=4, steps=1_000, episode_steps=250, commit_every=400)]
     for i, url in enumerate(urls):
         html = tmp_path / f"report-{i}.html"
         with open_store(url, mode="r") as st:

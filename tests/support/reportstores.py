@@ -117,7 +117,7 @@ def pong_store(root: str | os.PathLike[str], envs: int = 2, steps: int = 150, ep
     seed : int, optional
         Seed of the environments and the actions.
     commit_every : int, optional
-        The recorder's ``commit_every`` (vector steps; its default if None).
+        The recorder's ``commit_every`` (records; its default, 10,000, if None).
 
     Returns
     -------
