@@ -41,7 +41,7 @@ def demo(where: Path, fast: bool) -> str:
     if fast:
         from support.reportstores import demo_store
 
-        return demo_store(where, games=300, train_steps=300)
+        return demo_store(where, games=300, train_steps=300, train=True)
     subprocess.run([sys.executable, "-c", "import sys; from replaystore.tools.cli import main; sys.exit(main())",
                     "demo", str(where)], check=True, stdout=subprocess.DEVNULL)
     return str(where / "tictactoe-dqn")

@@ -2,8 +2,9 @@
 
 - :func:`demo_store`: what ``replaystore demo`` leaves (``replaystore.tools.demo``): the same schema and
   metadata, 2 writers x 4 streams of random tic-tac-toe games committed every 25 games a stream with the
-  demo's commit metadata, a ``PrioritizedSampler`` named ``demo-per`` trained on it (real DQN steps write its
-  priorities back) and saved, and the network's ``demo-qnet`` state slot. The writers run in this process,
+  demo's commit metadata, a ``PrioritizedSampler`` named ``demo-per`` that drew minibatches (with
+  ``train=True`` real DQN steps write its priorities back; else random ones) and was saved, and the
+  network's ``demo-qnet`` state slot. The writers run in this process,
   one after the other (the demo runs them in two processes at once: the records are the same). Smaller
   than the demo's by default (``games`` per stream).
 - :func:`pong_store`: Pong through gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4, random
@@ -28,7 +29,8 @@ DEMO_COLLECTORS = 2
 DEMO_COMMIT_EVERY = 25
 
 
-def demo_store(root: str | os.PathLike[str], games: int = 60, train_steps: int = 60, seed: int = 0) -> str:
+def demo_store(root: str | os.PathLike[str], games: int = 60, train_steps: int = 60, train: bool = False,
+               seed: int = 0) -> str:
     """Build the demo's store under ``root`` (``root/tictactoe-dqn``) and return its url.
 
     Parameters
@@ -38,7 +40,10 @@ def demo_store(root: str | os.PathLike[str], games: int = 60, train_steps: int =
     games : int, optional
         Games per stream (the demo plays 300).
     train_steps : int, optional
-        Prioritized DQN minibatches of 256 trained before the sampler is saved (the demo trains 2,200).
+        Minibatches of 256 the prioritized sampler draws before it is saved (the demo saves it after 1,500).
+    train : bool, optional
+        Train the demo's DQN on them (its |TD errors| become the priorities); otherwise each minibatch gets
+        random priorities (exponential, mean 0.3), which skips loading torch's optimizers (seconds).
     seed : int, optional
         Seed of the games and the network.
 
@@ -72,15 +77,21 @@ def demo_store(root: str | os.PathLike[str], games: int = 60, train_steps: int =
                     w.commit(metadata={"collector": collector, "games": (g + 1) * DEMO_STREAMS})
     torch.manual_seed(seed)
     online = QNet(tictactoe.OBSERVATION_SIZE, tictactoe.ACTIONS)
-    target = QNet(tictactoe.OBSERVATION_SIZE, tictactoe.ACTIONS)
-    target.load_state_dict(online.state_dict())
-    opt = torch.optim.Adam(online.parameters(), lr=1e-3)
     sampler = PrioritizedSampler(st, batch_size=256, alpha=0.6, beta=0.4, seed=seed, name="demo-per",
                                  num_batches=train_steps)
-    for i, batch in enumerate(make_loader(st, sampler, num_workers=0)):
-        train_step(online, target, opt, batch, sampler)
-        if (i + 1) % 100 == 0:
-            target.load_state_dict(online.state_dict())
+    if train:
+        target = QNet(tictactoe.OBSERVATION_SIZE, tictactoe.ACTIONS)
+        target.load_state_dict(online.state_dict())
+        opt = torch.optim.Adam(online.parameters(), lr=1e-3)
+        for i, batch in enumerate(make_loader(st, sampler, num_workers=0)):
+            train_step(online, target, opt, batch, sampler)
+            if (i + 1) % 100 == 0:
+                target.load_state_dict(online.state_dict())
+    else:  # |TD errors| of an untrained network are about this spread; no optimizer (torch's compiler) to load
+        prng = np.random.default_rng(seed)
+        for _ in range(train_steps):
+            req = sampler.sample()
+            sampler.update(req.rows, prng.exponential(0.3, len(req.rows)))
     sampler.save()
     st.save_state("demo-qnet", {"steps": train_steps},
                   {k.replace(".", "__"): v.detach().numpy().copy() for k, v in online.state_dict().items()})
