@@ -139,7 +139,7 @@ def main() -> int:
     os.makedirs(cache, exist_ok=True)
     print(f"# {'quick' if args.quick else 'full'} run: {os.cpu_count()} cpus; load average {_load()}; "
           f"stores in {cache}", flush=True)
-    out = Table("target", "target")
+    out = Table("limit", "limit")
     t_start = time.perf_counter()
     try:
         for name, build, what in (
