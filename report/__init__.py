@@ -26,4 +26,19 @@ __all__ = [
     "health",
     "lerobot_stats",
     "stream_summaries",
+    "ReportSummary",
+    "build_report",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``build_report`` and ``ReportSummary`` from ``replaystore.report.html``, imported at first use.
+
+    The HTML report needs matplotlib and pillow; the data layer above does not, so importing
+    this package (``replaystore stats``) does not load them.
+    """
+    if name in ("build_report", "ReportSummary"):
+        from replaystore.report import html
+
+        return getattr(html, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,10 @@ leaves (``obs__image``) count like any field. ``next_obs`` and other ``next_<nam
 whose ``<name>`` is an image field are left out (the same pictures one step later).
 
 Frames of other dtypes than uint8 are scaled from their minimum and maximum to 0-255. PNGs are
-encoded by pillow at the frame's own size and scaled up in the page (``image-rendering:
-pixelated``), so a strip of 84x84 Atari frames costs a few KB.
+encoded by pillow at the frame's own size (at most :data:`MAX_SIDE` pixels a side) and scaled up
+in the page (``image-rendering: pixelated``), so a strip of 84x84 Atari frames costs a few KB.
+In a ``frames`` store (schema metadata ``frame_stack``) an ended episode's last frame is its
+closing frame-only record, which holds the final observation.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ EPISODES_SHOWN = 3
 """Episodes per image field in the strips (the first, one in the middle, the last)."""
 MAX_IMAGE_FIELDS = 8
 """Image fields shown at most (a Dict observation of many image leaves: the first ones)."""
+MAX_SIDE = 256
+"""Frames larger than this (either side, pixels) are scaled down to it, keeping their aspect."""
 
 
 def _is_picture(shape: tuple[int, ...]) -> bool:
@@ -91,7 +95,7 @@ def picture(frame: np.ndarray) -> np.ndarray:
 
 
 def png_data_uri(frame: np.ndarray) -> str:
-    """A frame as a ``data:image/png;base64,...`` URI.
+    """A frame as a ``data:image/png;base64,...`` URI (scaled down to :data:`MAX_SIDE` pixels if larger).
 
     Parameters
     ----------
@@ -104,7 +108,10 @@ def png_data_uri(frame: np.ndarray) -> str:
         The URI.
     """
     buf = io.BytesIO()
-    Image.fromarray(picture(frame)).save(buf, format="PNG", optimize=True)
+    image = Image.fromarray(picture(frame))
+    if max(image.size) > MAX_SIDE:
+        image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.BILINEAR)
+    image.save(buf, format="PNG", optimize=True)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -119,6 +126,7 @@ def _spans(table: Table, episodes: Any) -> list[tuple[str, np.ndarray, np.ndarra
     """Up to :data:`EPISODES_SHOWN` ``(label, row ids, steps)`` of episodes (or streams, without any)."""
     out = []
     ends = np.asarray(episodes.end) if episodes is not None else np.zeros(0, object)
+    frames_layout = "frame_stack" in table.schema.metadata
     if len(ends):
         complete = np.flatnonzero(ends != "open")
         chosen = complete if len(complete) else np.arange(len(ends))
@@ -129,7 +137,10 @@ def _spans(table: Table, episodes: Any) -> list[tuple[str, np.ndarray, np.ndarra
             a, b = np.flatnonzero(rows == first), np.flatnonzero(rows == last)
             if not len(a) or not len(b):
                 continue
-            sel = slice(int(a[0]), int(b[0]) + 1)
+            hi = int(b[0]) + 1
+            if (frames_layout and ends[i] != "open" and hi < len(rows) and steps[hi] == steps[hi - 1] + 1):
+                hi += 1  # a frames store's episode closes with a frame-only record: its final observation
+            sel = slice(int(a[0]), hi)
             label = (f"stream {stream} · episode from step {num(int(steps[sel][0]))} · {num(int(episodes.length[i]))}"
                      f" steps · return {num(float(episodes.ret[i]))} · {ends[i]}")
             out.append((label, rows[sel], steps[sel]))

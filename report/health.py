@@ -190,10 +190,11 @@ def _jumps(stats: Mapping[str, FieldStats], skip: tuple[str, ...]) -> list[Findi
             hi, lo = float(scales.max()), float(scales.min())
             if hi >= JUMP_FACTOR * typical or (lo > 0 and typical >= JUMP_FACTOR * lo):
                 ratio = max(hi / typical, typical / lo if lo > 0 else 0.0)
+                size = s.rows // len(s.chunk_scale)
                 out.append(Finding("magnitude_jump", f"field {name!r}", "warning",
-                                   f"field {name!r}: the mean magnitude of a chunk of records is {ratio:,.0f} times "
-                                   f"the typical chunk's ({typical:.3g}; chunks of {s.rows // len(s.chunk_scale):,} "
-                                   "records in row order)", int(round(ratio))))
+                                   f"field {name!r}: the typical magnitude of its values changes {ratio:,.0f}-fold "
+                                   f"between chunks of {size:,} records (from {lo:.3g} to {hi:.3g}; median "
+                                   f"{typical:.3g})", int(round(ratio))))
                 continue
         q = max(float(np.max(np.abs(s.quantiles[0.01]))), float(np.max(np.abs(s.quantiles[0.99]))))
         peak = max(float(np.max(np.abs(s.min))), float(np.max(np.abs(s.max))))
@@ -226,8 +227,8 @@ def health(table: Any, stats: Mapping[str, FieldStats], episodes: Episodes) -> l
     ``magnitude_jump``
         A numeric field (not bool, not an image, not an end flag) whose scale jumps by orders
         of magnitude: the records read are split into up to 16 consecutive chunks in row
-        order (:attr:`FieldStats.chunk_scale`, the mean absolute finite value of each); it
-        fires when at least 4 chunks have a scale and the largest is at least
+        order, each with its typical magnitude (:attr:`FieldStats.chunk_scale`: the median of
+        its non-zero finite absolute values); it fires when at least 4 chunks have a scale and the largest is at least
         :data:`JUMP_FACTOR` times their median, or the median at least :data:`JUMP_FACTOR`
         times the smallest non-zero one; or, failing that, when the field's largest magnitude
         (``max(|min|, |max|)``) is at least :data:`OUTLIER_FACTOR` times the larger of

@@ -148,6 +148,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from replaystore.tools.stats import stats_document, write_stats
+
+    doc = stats_document(_open(args), args.table, progress=not args.quiet)
+    write_stats(doc, args.output)
+    if args.output is not None and not args.quiet:
+        print(f"wrote the statistics of {len(doc)} fields to {args.output}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from replaystore.tools.bench import run_bench
 
@@ -264,6 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("stats", help="per-field statistics as LeRobot's meta/stats.json",
+                       description="Per-field statistics of a table (min, max, mean, std, count and the "
+                                   "quantiles q01 q10 q50 q90 q99; per dimension for small vectors, per "
+                                   "channel for images) in the layout of a LeRobot dataset's meta/stats.json "
+                                   "(docs/GUIDE.md, 'Statistics and data health').")
+    p.add_argument("url", help="store path or URL")
+    p.add_argument("-o", "--output", help="write the JSON to this file (default: stdout)")
+    p.add_argument("--table", help="which table (stores with several tables)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
+    p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser("bench", help="run the benchmarks against TorchRL (bench/*.py)",
                        description="Run the benchmark scripts of a source checkout (bench/): they print "

@@ -12,8 +12,9 @@ from hypothesis import strategies as hs
 
 from replaystore.loaders import iter_episodes
 from replaystore.report import Episodes, episodes_of, stream_summaries
-from replaystore.schemas import Dense, Schema, transitions
+from replaystore.schemas import Dense, Schema, dqn, transitions
 from replaystore.store import open_store
+from support.batches import dqn_batch
 
 
 def _schema(truncated: bool = True, reward_shape: tuple[int, ...] = ()) -> Schema:
@@ -32,7 +33,7 @@ def _batch(n: int, term: np.ndarray, trunc: np.ndarray | None, reward: np.ndarra
     return b
 
 
-def assert_matches_iter_episodes(table: object, eps: Episodes) -> None:
+def assert_matches_iter_episodes(table: object, eps: Episodes, reward: str = "reward") -> None:
     """Episode for episode, ``eps`` is what ``iter_episodes(complete_only=False)`` yields."""
     ref = list(iter_episodes(table, complete_only=False))  # type: ignore[arg-type]
     assert len(eps) == len(ref)
@@ -46,7 +47,7 @@ def assert_matches_iter_episodes(table: object, eps: Episodes) -> None:
         assert bool(e["terminated"]) == (eps.end[i] == "terminated")
         assert bool(e["truncated"]) == (eps.end[i] != "terminated")
         assert bool(e["complete"]) == bool(eps.complete[i] and ended)
-        np.testing.assert_allclose(eps.ret[i], float(np.asarray(e["reward"], dtype=np.float64).sum()))
+        np.testing.assert_allclose(eps.ret[i], float(np.asarray(e[reward], dtype=np.float64).sum()))
 
 
 def test_recorded_cartpole_matches_iter_episodes(tmp_path: Path) -> None:
@@ -203,3 +204,15 @@ def test_many_streams_cover_every_record_once(tmp_path: Path) -> None:
     assert np.all(np.diff(keys) >= 0)
     same = keys[1:] == keys[:-1]
     assert np.all(eps.first_step[1:][same] > eps.first_step[:-1][same])
+
+
+def test_dqn_records_sum_rewards_and_end_at_dones(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    st = open_store(str(tmp_path / "s"), dqn(4, 2, actions=5), mode="w")
+    with st.writer() as w:
+        for s in ("a", "b"):
+            w.append(dqn_batch(rng, 200, observation_size=4, heads=2, actions=5), stream=s)
+        w.commit()
+    eps = episodes_of(st)
+    assert eps.end_flags == ("dones",) and set(eps.end) <= {"terminated", "open"}
+    assert_matches_iter_episodes(st.default, eps, reward="rewards")

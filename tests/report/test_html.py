@@ -336,10 +336,31 @@ def test_frame_strips_of_a_recorded_pong_frames_store(tmp_path: Path) -> None:
     assert strips and set(strips) == {"frame"} and len(strips) == 3
     shown = frames_of(page, "frame")
     assert len(shown) == 9 and all(f.shape == (84, 84) for f in shown)
-    # the first frame shown is the first record of the first whole episode, as stored
-    first = st.read(st.row_ids()[:1], columns=["frame"])["frame"][0]
-    assert any(np.array_equal(f, first) for f in shown)
+    # the first strip: the first ended episode's first frame as stored, and its last frame the
+    # final observation, which the frame-only record closing the episode holds
+    from replaystore.report.episodes import episodes_of
+
+    eps = episodes_of(st)
+    i = int(np.flatnonzero(eps.end != "open")[0])
+    rows, steps = st.rows(eps.stream[i])
+    first, last = (int(np.flatnonzero(rows == r)[0]) for r in (eps.first_row[i], eps.last_row[i]))
+    assert steps[last + 1] == steps[last] + 1
+    expected = st.read(rows[[first, last + 1]], columns=["frame"])["frame"]
+    np.testing.assert_array_equal(shown[0], expected[0])
+    np.testing.assert_array_equal(shown[2], expected[1])
     assert gym is not None
+
+
+def test_frames_of_any_layout_become_small_pngs() -> None:
+    from replaystore.report.frames import MAX_SIDE, png_data_uri
+
+    rng = np.random.default_rng(0)
+    for frame, shape in ((rng.integers(0, 255, (300, 400, 3), dtype=np.uint8), (192, MAX_SIDE, 3)),
+                         (rng.integers(0, 255, (3, 20, 30), dtype=np.uint8), (20, 30, 3)),  # channels first
+                         (rng.integers(0, 255, (4, 20, 30), dtype=np.uint8), (20, 30)),  # a stack: the newest
+                         (rng.normal(size=(10, 12)).astype(np.float32), (10, 12))):  # scaled to 0-255
+        data = base64.b64decode(png_data_uri(frame).split(",", 1)[1])
+        assert np.asarray(Image.open(io.BytesIO(data))).shape == shape
 
 
 def test_frame_strips_of_every_image_leaf_of_a_dict_observation(tmp_path: Path) -> None:
