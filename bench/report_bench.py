@@ -107,7 +107,7 @@ def cached(cache: str, name: str, build: Callable[[str], str]) -> tuple[str, flo
 
 def time_report(url: str, out: str, reps: int) -> tuple[float, int]:
     """The best of ``reps`` ``build_report`` runs (seconds) and the file's size (bytes)."""
-    from replaystore.report.html import build_report
+    from replaystore.report import build_report
     from replaystore.store import open_store
 
     best = float("inf")

@@ -73,7 +73,7 @@ def shrink(png: Path, limit: int = LIMIT) -> int:
 
 def shoot(url: str, html: Path, png: Path) -> None:
     """Build the report of ``url`` into ``html``, open it in Chromium, check it and screenshot it to ``png``."""
-    from replaystore.report.html import build_report
+    from replaystore.report import build_report
     from replaystore.store import open_store
     from support.browser import Browser
 

@@ -53,7 +53,7 @@ def _text(html: Path) -> str:
 
 def test_the_demo_store_report_opens_clean_and_every_plot_renders(browser: Browser, demo_url: str,
                                                                    tmp_path: Path) -> None:
-    from replaystore.report.html import build_report
+    from replaystore.report import build_report
 
     html = tmp_path / "demo.html"
     with open_store(demo_url, mode="r") as st:
@@ -85,7 +85,7 @@ def test_the_cli_report_opens_clean(browser: Browser, pong_url: str, tmp_path: P
 @pytest.mark.slow
 def test_reports_of_the_demo_sized_store_and_a_longer_pong_recording_open_clean(browser: Browser,
                                                                                 tmp_path: Path) -> None:
-    from replaystore.report.html import build_report
+    from replaystore.report import build_report
 
     urls = [demo_store(tmp_path / "demo", games=300, train_steps=300, train=True),
             pong_store(tmp_path / "pong", envs=4, steps=1_000, episode_steps=250, commit_every=400)]
