@@ -4,7 +4,8 @@ For the demo's tic-tac-toe DQN store (with its saved prioritized sampler) and a 
 (tests/support/reportstores.py): the report opens with no console error, no page error and no network request
 (every non-local request is aborted and recorded), and every plot and frame strip (``svg``, ``img``,
 ``canvas``) renders. The report is built each of the three ways a user builds it: ``build_report``,
-``Store.report`` and ``replaystore report STORE -o FILE``.
+``Store.report`` and ``replaystore report STORE -o FILE``. A recording with a Dict observation shows strips of
+its image leaf, and the notebook view (``Store._repr_html_``) renders clean in a page of its own.
 
 Without Chromium these tests are skipped with the reason (and fail under ``CI``, where ``.ci/run`` installs
 it): a skipped browser test checked nothing and is not a pass. The ``slow`` variant opens the reports of
@@ -21,7 +22,7 @@ import pytest
 
 from replaystore.store import open_store
 from support.browser import WIDTH, Browser, PageCheck
-from support.reportstores import demo_store, pong_store
+from support.reportstores import demo_store, dict_pong_store, pong_store
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,11 @@ def demo_url(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def pong_url(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> str:
     return pong_store(tmp_path_factory.mktemp("pong"), envs=2, steps=150, episode_steps=60, commit_every=50)
+
+
+@pytest.fixture(scope="module")
+def dict_url(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return dict_pong_store(tmp_path_factory.mktemp("dict"), steps=60, episode_steps=25)
 
 
 def _opened(browser: Browser, html: Path) -> PageCheck:
@@ -80,6 +86,26 @@ def test_the_cli_report_opens_clean(browser: Browser, pong_url: str, tmp_path: P
 
     assert main(["report", pong_url, "-o", str(html), "--quiet"]) == 0
     _opened(browser, html)
+
+
+def test_a_dict_observation_recording_shows_strips_of_its_image_leaf(browser: Browser, dict_url: str,
+                                                                    tmp_path: Path) -> None:
+    html = tmp_path / "dict.html"
+    with open_store(dict_url, mode="r") as st:
+        st.report(str(html))
+    check = _opened(browser, html)
+    assert check.count("img") >= 2
+    frames = _text(html).split('id="frames"', 1)[1].split("</section>", 1)[0]
+    assert "obs__screen" in frames and "<img" in frames
+
+
+def test_the_notebook_view_renders_clean(browser: Browser, demo_url: str, tmp_path: Path) -> None:
+    html = tmp_path / "notebook.html"
+    with open_store(demo_url, mode="r") as st:
+        html.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{st._repr_html_()}'
+                        "</body></html>", encoding="utf-8")
+    _opened(browser, html)
+    assert "tictactoe-dqn" in _text(html)
 
 
 @pytest.mark.slow
