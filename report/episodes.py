@@ -186,6 +186,29 @@ class Episodes:
                    np.zeros(0, dtype=bool), f64.copy(), end_flags)
 
 
+def frames_layout(schema: Any) -> bool:
+    """Whether a schema stores frames (``replaystore.schemas.frames``, the recorders' ``frame_stack=``).
+
+    Such a schema has a ``frame`` field (or ``frame_<key>`` fields) and no ``obs`` or ``next_obs``;
+    an episode of T steps is T + 1 records, the last a frame-only record (docs/SCHEMAS.md, "Frames").
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    bool
+        The answer.
+    """
+    names = set(schema.names)
+    nodes = schema.nesting.nodes if schema.nesting is not None else {}
+    if {"obs", "next_obs"} & (names | set(nodes)):
+        return False
+    return any(n == "frame" or n.startswith("frame_") for n in names)
+
+
 def reward_field(schema: Any) -> str | None:
     """The field an episode's return sums: the first of :data:`REWARD_FIELDS` the schema has as a dense field.
 
@@ -251,7 +274,10 @@ def episodes_of(table: Any) -> Episodes:
 
     An episode starts at a stream's first visible record, at a reset, after a record whose
     end flag is set, or after a step gap, and ends where the next starts: the episodes of
-    ``replaystore.loaders.iter_episodes(table, complete_only=False)``, in the same order.
+    ``replaystore.loaders.iter_episodes(table, complete_only=False)``, in the same order. In
+    the frames layout (:func:`frames_layout`) the frame-only record closing an episode (the
+    record after an end flag, at the next step, without a reset) belongs to no episode: an
+    episode's ``length`` counts its steps, as the exporters do.
 
     Parameters
     ----------
@@ -277,24 +303,30 @@ def episodes_of(table: Any) -> Episodes:
     if not len(order.rows):
         return Episodes.empty(flags)
     reward = reward_field(schema)
-    cols = view.read_columns(order.rows, [*flags, *([reward] if reward else [])])
-    term = _flag(cols[flags[0]], len(order.rows))
-    trunc = _flag(cols[flags[1]], len(order.rows)) if len(flags) > 1 else np.zeros(len(order.rows), dtype=bool)
+    rows, steps, resets, first = order.rows, order.steps, order.resets, order.firsts()
+    sid = order.stream_ids()
+    cols = view.read_columns(rows, [*flags, *([reward] if reward else [])])
+    term = _flag(cols[flags[0]], len(rows))
+    trunc = _flag(cols[flags[1]], len(rows)) if len(flags) > 1 else np.zeros(len(rows), dtype=bool)
+    r = (np.asarray(cols[reward], dtype=np.float64).reshape(len(rows), -1).sum(axis=1) if reward is not None
+         else np.full(len(rows), np.nan))
     ended = np.logical_or(term, trunc)
-    lo, hi, began = episode_spans(order.steps, order.resets, ended, order.firsts())
+    if frames_layout(schema):  # the frame-only record closing an episode is no step of any episode
+        closing = np.zeros(len(rows), dtype=bool)
+        closing[1:] = ended[:-1] & (np.diff(steps) == 1) & ~resets[1:] & ~first[1:]
+        if closing.any():
+            keep = ~closing
+            rows, steps, resets, first, sid = rows[keep], steps[keep], resets[keep], first[keep], sid[keep]
+            term, trunc, ended, r = term[keep], trunc[keep], ended[keep], r[keep]
+    lo, hi, began = episode_spans(steps, resets, ended, first)
     last = hi - 1
-    if reward is not None:
-        r = np.asarray(cols[reward], dtype=np.float64).reshape(len(order.rows), -1).sum(axis=1)
-        ret = np.add.reduceat(r, lo)
-    else:
-        ret = np.full(len(lo), np.nan)
+    ret = np.add.reduceat(r, lo) if len(lo) else np.zeros(0)
     keys = np.empty(len(order.keys), dtype=object)
     keys[:] = order.keys
-    sid = np.searchsorted(order.bounds, lo, side="right") - 1
     end = np.where(term[last], "terminated", np.where(trunc[last], "truncated", "open")).astype("<U10")
-    last_row = np.asarray(order.rows[last], dtype=np.int64)
-    return Episodes(keys[sid], np.asarray(order.rows[lo], dtype=np.int64), last_row,
-                    np.asarray(order.steps[lo], dtype=np.int64), (hi - lo).astype(np.int64), ret, end,
+    last_row = np.asarray(rows[last], dtype=np.int64)
+    return Episodes(keys[sid[lo]], np.asarray(rows[lo], dtype=np.int64), last_row,
+                    np.asarray(steps[lo], dtype=np.int64), (hi - lo).astype(np.int64), ret, end,
                     np.asarray(began, dtype=bool), commit_times(view, last_row), flags)
 
 

@@ -32,8 +32,14 @@ EPISODES_SHOWN = 3
 """Episodes per image field in the strips (the first, one in the middle, the last)."""
 MAX_IMAGE_FIELDS = 8
 """Image fields shown at most (a Dict observation of many image leaves: the first ones)."""
+FRAMES_BYTES = 3 << 20
+"""The most the frame strips add to the page (their PNGs in base64): past it, further strips are left out
+(each field keeps its first, scaled down to fit if need be), so a report of large or noisy pictures stays
+under 5 MB."""
 MAX_SIDE = 256
 """Frames larger than this (either side, pixels) are scaled down to it, keeping their aspect."""
+MIN_SIDE = 32
+"""A field's first strip is scaled down, halving, as far as this to fit :data:`FRAMES_BYTES`."""
 
 
 def _is_picture(shape: tuple[int, ...]) -> bool:
@@ -94,13 +100,15 @@ def picture(frame: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def png_data_uri(frame: np.ndarray) -> str:
-    """A frame as a ``data:image/png;base64,...`` URI (scaled down to :data:`MAX_SIDE` pixels if larger).
+def png_data_uri(frame: np.ndarray, max_side: int = MAX_SIDE) -> str:
+    """A frame as a ``data:image/png;base64,...`` URI (scaled down to ``max_side`` pixels a side if larger).
 
     Parameters
     ----------
     frame : numpy.ndarray
         One record of an image field.
+    max_side : int, optional
+        The largest side kept (default :data:`MAX_SIDE`).
 
     Returns
     -------
@@ -109,8 +117,8 @@ def png_data_uri(frame: np.ndarray) -> str:
     """
     buf = io.BytesIO()
     image = Image.fromarray(picture(frame))
-    if max(image.size) > MAX_SIDE:
-        image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.BILINEAR)
+    if max(image.size) > max_side:
+        image.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
     image.save(buf, format="PNG", optimize=True)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -187,17 +195,30 @@ def frames_html(table: Table, episodes: Any, fields: Sequence[str]) -> str:
     picks = [[int(i) for i in _pick(len(rows), 3)] for _, rows, _ in spans]
     wanted = np.concatenate([rows[p] for (_, rows, _), p in zip(spans, picks, strict=True)])
     data = table.read(wanted, columns=shown)
+    strips: dict[str, list[str]] = {name: [] for name in shown}
+    used = left = 0
+    start = np.r_[0, np.cumsum([len(p) for p in picks])]
+    for k, ((label, _rows, steps), p) in enumerate(zip(spans, picks, strict=True)):
+        for name in shown:  # every field's first strip before any field's second: the budget is shared fairly
+            side = MAX_SIDE
+            while True:
+                uris = [png_data_uri(data[name][start[k] + j], side) for j in range(len(p))]
+                cost = sum(len(u) for u in uris)
+                if used + cost <= FRAMES_BYTES or (k and side == MAX_SIDE) or side <= MIN_SIDE:
+                    break
+                side //= 2  # a field's first strip is kept: smaller, if that is what fits
+            if used + cost > FRAMES_BYTES and k:
+                left += 1
+                continue
+            used += cost
+            cells = "".join(f'<figure class="frame"><img alt="{esc(name)} step {int(steps[i])}" src="{u}">'
+                            f"<figcaption>step {num(int(steps[i]))}</figcaption></figure>"
+                            for i, u in zip(p, uris, strict=True))
+            strips[name].append(f'<div class="strip" data-field="{esc(name)}"><p class="strip-label">'
+                                f"{esc(label)}</p>{cells}</div>")
     for name in shown:
-        values = data[name]
-        out.append(f'<h3 class="field">{esc(name)}</h3>')
-        at = 0
-        for (label, _rows, steps), p in zip(spans, picks, strict=True):
-            cells = []
-            for i in p:
-                cells.append(f'<figure class="frame"><img alt="{esc(name)} step {int(steps[i])}" '
-                             f'src="{png_data_uri(values[at])}"><figcaption>step {num(int(steps[i]))}'
-                             f"</figcaption></figure>")
-                at += 1
-            out.append(f'<div class="strip" data-field="{esc(name)}"><p class="strip-label">{esc(label)}</p>'
-                       f'{"".join(cells)}</div>')
+        out.append(f'<h3 class="field">{esc(name)}</h3>{"".join(strips[name])}')
+    if left:
+        out.append(note(f"{left} more strips left out: the frames shown take {used / 2**20:.1f} MiB, the most a "
+                        "report spends on them."))
     return "".join(out)

@@ -79,7 +79,7 @@ def _nonfinite(stats: Mapping[str, FieldStats]) -> list[Finding]:
             recs = s.nan_records if kind == "nan" else s.inf_records
             if n:
                 out.append(Finding(kind, f"field {name!r}", "warning",
-                                   f"field {name!r}: {n:,} {word} values in {_plural(recs, 'record')}"
+                                   f"field {name!r}: {_plural(n, word + ' value')} in {_plural(recs, 'record')}"
                                    f"{_sample_note(s)}", n))
     return out
 
@@ -170,12 +170,13 @@ def _constant(stats: Mapping[str, FieldStats], skip: tuple[str, ...]) -> list[Fi
                                f"field {name!r}: every value is {value:g} in {_plural(s.rows, 'record')}"
                                f"{_sample_note(s)}", int(same.size)))
         elif same.any() and s.kind == "dense":
+            k = int(np.count_nonzero(same))
             dims = [np.unravel_index(i, np.shape(s.min)) for i in np.flatnonzero(same)[:8].tolist()]
             shown = ", ".join(str(tuple(int(x) for x in d)) if len(d) > 1 else str(int(d[0])) for d in dims)
-            more = "..." if np.count_nonzero(same) > 8 else ""
+            more = "..." if k > 8 else ""
             out.append(Finding("constant", f"field {name!r}", "info",
-                               f"field {name!r}: {_plural(int(np.count_nonzero(same)), 'dimension')} of {same.size} "
-                               f"never change ({shown}{more})", int(np.count_nonzero(same))))
+                               f"field {name!r}: {_plural(k, 'dimension')} of {same.size} never "
+                               f"{'changes' if k == 1 else 'change'} ({shown}{more})", k))
     return out
 
 

@@ -55,6 +55,14 @@ TITLES = {"summary": "Summary", "streams": "Streams", "episodes": "Episodes", "f
           "health": "Data health", "frames": "Frames", "samplers": "Samplers", "commits": "Commits"}
 MAX_STREAM_ROWS = 50
 """The streams table shows at most this many streams (the first, in stream order)."""
+MAX_WRITER_ROWS = 200
+"""The writers table shows at most this many writers."""
+HISTORY_COMMITS = 2_000
+"""The commits section reads the commit history (``Store.commits()``, a storage read per commit the first
+time) only for stores of at most this many commits; past it, the table's fragments tell the commits whose
+records it holds."""
+MAX_FINDINGS = 200
+"""The health table shows at most this many findings (the worst first)."""
 MAX_FIELD_ROWS = 400
 """The fields table shows at most this many rows (fields and dimensions)."""
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -316,17 +324,19 @@ def health_html(findings: Sequence[Any]) -> str:
     Returns
     -------
     str
-        The table; a note when nothing was found.
+        The table (at most :data:`MAX_FINDINGS` rows); a note when nothing was found.
     """
     if not findings:
         return note("No findings: no NaN or Inf, no step gaps, no unfinished or truncated episodes worth "
                     "a note, no constant fields, no jumps of orders of magnitude.")
     ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(str(f.severity), 9))
+    more = note(f"{len(ordered) - MAX_FINDINGS:,} more findings not shown.") if len(ordered) > MAX_FINDINGS else ""
+    ordered = ordered[:MAX_FINDINGS]
     rows = "".join(
         f'<tr class="sev-{esc(f.severity)}"><td>{esc(f.severity)}</td><td>{esc(f.check)}</td><td>{esc(f.subject)}</td>'
         f'<td class="num">{num(f.count)}</td><td>{esc(f.message)}</td></tr>' for f in ordered)
     return ('<table class="health"><thead><tr><th>severity</th><th>check</th><th>subject</th>'
-            f'<th class="num">count</th><th>finding</th></tr></thead><tbody>{rows}</tbody></table>')
+            f'<th class="num">count</th><th>finding</th></tr></thead><tbody>{rows}</tbody></table>{more}')
 
 
 def _rows_added(commit: dict[str, Any], table_name: str) -> int:
@@ -334,15 +344,52 @@ def _rows_added(commit: dict[str, Any], table_name: str) -> int:
     return int(sum(a["rows"][1] - a["rows"][0] for a in appends))
 
 
-def commits_html(commits: Sequence[dict[str, Any]], table_name: str) -> str:
+def commit_records(tab: Table, store: Store | None, commits: int | None) -> tuple[list[dict[str, Any]], bool]:
+    """Each commit's writer, time, kind and rows added to ``tab``: from the history, or the table's fragments.
+
+    Parameters
+    ----------
+    tab : Table
+        The table whose rows are counted.
+    store : Store or None
+        Its store; None when only the table was given.
+    commits : int or None
+        The store's commit count (``Store.info()["commits"]``).
+
+    Returns
+    -------
+    tuple of (list of dict, bool)
+        ``{"writer", "time_ns", "kind", "rows"}`` per commit, oldest first, and whether they
+        are the whole history. ``Store.commits()`` is read when the store has at most
+        :data:`HISTORY_COMMITS` commits (its first read costs a storage read per commit);
+        otherwise, and for a table alone, the commits come from the visible fragments'
+        ``parts`` (no storage read): the appends whose records the table still holds, without
+        compactions.
+    """
+    if store is not None and commits is not None and commits <= HISTORY_COMMITS:
+        return [{"writer": int(c["writer"]), "time_ns": int(c["time_ns"]), "kind": c.get("kind"),
+                 "rows": _rows_added(c, tab.name) if c.get("kind") == "append" else 0} for c in store.commits()], True
+    by: dict[tuple[int, int], dict[str, Any]] = {}
+    for frag in tab.view().fragments:
+        for seq, time_ns, rows in frag.parts:
+            rec = by.setdefault((frag.writer, int(seq)), {"writer": int(frag.writer), "time_ns": int(time_ns),
+                                                          "kind": "append", "rows": 0})
+            rec["rows"] += int(rows)
+    return sorted(by.values(), key=lambda r: (r["time_ns"], r["writer"])), False
+
+
+def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bool = True) -> str:
     """Rows committed over time per writer, and a table of each writer's commits.
 
     Parameters
     ----------
     commits : sequence of dict
-        ``Store.commits()``.
+        :func:`commit_records`' records.
     table_name : str
         The table whose rows are counted.
+    history : bool, optional
+        Whether they are the whole commit history (else the appends the table's fragments
+        hold: a note says so and compactions are not counted).
 
     Returns
     -------
@@ -355,8 +402,9 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str) -> str:
         return note("No commits.")
     times = np.array([c["time_ns"] / 1e9 for c in commits])
     x, xlabel = _time_axis(times)
-    writer = np.array([int(c["writer"]) for c in commits])
-    added = np.array([_rows_added(c, table_name) if c.get("kind") == "append" else 0 for c in commits])
+    writer = np.array([c["writer"] for c in commits], dtype=np.int64)
+    added = np.array([c["rows"] for c in commits], dtype=np.int64)
+    compact = np.array([c["kind"] == "compact" for c in commits], dtype=bool)
     ws = sorted(set(writer.tolist()))
     totals = {w: int(added[writer == w].sum()) for w in ws}
     chosen = ws if len(ws) <= plots.MAX_LINES else sorted(ws, key=lambda w: -totals[w])[:4]
@@ -369,14 +417,17 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str) -> str:
     rows = []
     for w in ws:
         mine = writer == w
-        kinds = [c.get("kind") for c, m in zip(commits, mine.tolist(), strict=True) if m]
-        rows.append([num(w), num(int(mine.sum())), num(kinds.count("compact")), num(totals[w]),
+        rows.append([num(w), num(int(mine.sum())), num(int(compact[mine].sum())) if history else "–", num(totals[w]),
                      esc(utc(float(times[mine].min()))), esc(utc(float(times[mine].max())))])
-    tab = table(["writer", "commits", "compactions", "rows added", "first commit", "last commit"], rows[:200],
-                cls="writers")
-    if len(rows) > 200:
-        tab += note(f"{len(rows) - 200:,} more writers not shown.")
-    return f'<div class="plots"><figure class="plot" data-plot="commits">{fig}</figure></div>{tab}'
+    tab = table(["writer", "commits", "compactions", "rows added", "first commit", "last commit"],
+                rows[:MAX_WRITER_ROWS], cls="writers")
+    if len(rows) > MAX_WRITER_ROWS:
+        tab += note(f"{len(rows) - MAX_WRITER_ROWS:,} more writers not shown.")
+    lead = "" if history else note(
+        f"Over {HISTORY_COMMITS:,} commits (or a table alone): these are the appends whose records the table "
+        "still holds, read from its fragments, not the whole commit history (Store.commits()); compactions "
+        "are not counted.")
+    return f'{lead}<div class="plots"><figure class="plot" data-plot="commits">{fig}</figure></div>{tab}'
 
 
 # -- the page -------------------------------------------------------------------------------
@@ -410,8 +461,9 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     Parameters
     ----------
     store_or_table : Store or Table
-        What to report on. A ``Table`` has no size, commits or state slots of its own: the
-        summary leaves those out and the samplers and commits sections say so.
+        What to report on. A ``Table`` has no size, commit history or state slots of its own:
+        the summary leaves those out, the samplers section says so and the commits section
+        shows the appends its fragments hold.
     path : str or path-like
         The HTML file to write (replaced if it exists; written whole or not at all).
     table : str, optional
@@ -435,7 +487,8 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     Notes
     -----
     Cost: the data layer's passes over the table (episodes: the end flags and rewards; field
-    statistics: every dense field once), a read of the commit history and of each state slot,
+    statistics: every field once, large ones sampled), ``Store.info()`` (a walk of the store's
+    objects), the commit history when it has at most :data:`HISTORY_COMMITS` commits, each state slot,
     a few records per image field, and a dozen small plots. The page stays within a few MB
     whatever the store's size: lines are binned, tables capped, frames few.
 
@@ -468,20 +521,21 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
     episodes_of, stream_summaries, field_stats, health = _data()
     show = progress is True or (progress is None and sys.stderr.isatty())
     parts: dict[str, str] = {}
-    with tqdm(total=len(SECTIONS) + 4, desc="report", unit="step", leave=False, disable=not show) as bar:
+    fields = len(tab.schema.record_names)  # field_stats reports each field it has summarised
+    with tqdm(total=len(SECTIONS) + 3 + fields, desc="report", unit="step", leave=False, disable=not show) as bar:
         def step(what: str) -> None:
             bar.set_postfix_str(what, refresh=False)
             bar.update(1)
 
         episodes = episodes_of(tab)
         step("episodes")
-        stats = field_stats(tab)
-        step("statistics")
+        stats = field_stats(tab, progress=lambda name, done, total: step(f"statistics of {name}"))
         findings = health(tab, stats, episodes)
         step("health")
-        commits = store.commits() if store is not None else None
+        info = store.info() if store is not None else None
+        commits, history = commit_records(tab, store, info["commits"] if info is not None else None)
         parts["summary"] = summary.summary_html(store if store is not None else tab, tab.name, episodes=episodes,
-                                                commits=commits, cap=False)
+                                                commits=commits, info=info, cap=False)
         step("summary")
         parts["streams"] = streams_html(stream_summaries(tab, episodes))
         step("streams")
@@ -497,8 +551,7 @@ def build_report(store_or_table: Store | Table, path: str | os.PathLike[str], *,
         parts["samplers"] = (samplers.samplers_html(store) if store is not None else
                              note("A Table was given: sampler state lives in the store (Store.report)."))
         step("samplers")
-        parts["commits"] = (commits_html(commits, tab.name) if commits is not None else
-                            note("A Table was given: the commit log is the store's (Store.report)."))
+        parts["commits"] = commits_html(commits, tab.name, history)
         step("commits")
         name = _name(store if store is not None else tab)
         when = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -33,7 +33,7 @@ def num(value: Any, digits: int = 4) -> str:
     Parameters
     ----------
     value : Any
-        An int, a float, a numpy scalar, or None (shown as an en dash).
+        An int, a float, a numpy scalar, or None; None and NaN are shown as an en dash.
     digits : int, optional
         Significant digits of floats.
 
@@ -52,8 +52,8 @@ def num(value: Any, digits: int = 4) -> str:
         f = float(value)
     except (TypeError, ValueError):
         return esc(value)
-    if math.isnan(f):
-        return "nan"
+    if math.isnan(f):  # (statistics of nothing: no whole episode, no finite value)
+        return "–"
     if math.isinf(f):
         return "inf" if f > 0 else "-inf"
     return f"{f:.{digits}g}"

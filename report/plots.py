@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 MAX_POINTS = 300
 """A line of a plot has at most this many points (binned means past it)."""
 BINS = 40
-"""Histograms have at most this many bins."""
+"""Histograms have at most this many bins (fewer for fewer than 160 values: a quarter as many, at least 10)."""
 MAX_LINES = 8
 """Learning curves and commit plots draw one line per stream or writer up to this many; past it,
 the few largest and the mean (learning curve) or the total (commits)."""
@@ -151,10 +151,11 @@ def histogram(values: np.ndarray, title: str, xlabel: str, *, integer: bool = Fa
     ax = fig.add_subplot()
     if len(v):
         lo, hi = float(v.min()), float(v.max())
-        if integer and hi - lo < BINS:
+        bins = min(BINS, max(10, len(v) // 4))  # few values: fewer, wider bins
+        if integer and hi - lo < bins:
             edges = np.arange(lo - 0.5, hi + 1.5)
         else:
-            edges = np.linspace(lo, hi if hi > lo else lo + 1, BINS + 1)
+            edges = np.linspace(lo, hi if hi > lo else lo + 1, bins + 1)
         counts, edges = np.histogram(v, edges)
         ax.stairs(counts, edges, fill=True, color="#4c72b0", alpha=0.85)
         if log:

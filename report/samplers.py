@@ -29,6 +29,8 @@ from replaystore.report import plots
 from replaystore.report.markup import esc, note, num, size
 from replaystore.store import Store
 
+MAX_SLOTS = 20
+"""The sampler section shows at most this many state slots (in name order)."""
 SAMPLER_KINDS = ("uniform", "prioritized", "epoch", "sequence", "reservoir")
 """The ``kind`` a saved sampler state names (``Sampler.kind``)."""
 
@@ -120,7 +122,8 @@ def samplers_html(store: Store, slots: dict[str, dict[str, Any]] | None = None) 
     Returns
     -------
     str
-        Per slot a ``<div class="slot">`` with a table of where it stands, and for a
+        Per slot (the first :data:`MAX_SLOTS` by name) a ``<div class="slot">`` with a table
+        of where it stands, and for a
         prioritized sampler a ``<figure class="plot">`` with the priority histogram; a note
         when the store has no state slots.
 
@@ -133,7 +136,9 @@ def samplers_html(store: Store, slots: dict[str, dict[str, Any]] | None = None) 
         return note("No state slots: no sampler saved its state in this store (sampler.save(), "
                     "docs/GUIDE.md \"Resume a run\").")
     out = []
-    for slot, meta in sorted(slots.items()):
+    if len(slots) > MAX_SLOTS:
+        out.append(note(f"{len(slots):,} state slots: the first {MAX_SLOTS} by name are shown."))
+    for slot, meta in sorted(slots.items())[:MAX_SLOTS]:
         loaded = store.load_state(slot)
         head = (f'<h3 class="slot-name">{esc(slot)}</h3><p class="note">version {num(meta["versions"][-1])} of '
                 f'{num(len(meta["versions"]))} kept, {esc(size(meta["bytes"]))}</p>')

@@ -147,8 +147,8 @@ def _quantiles_sorted_counts(values: np.ndarray, counts: np.ndarray, qs: Iterabl
     return np.asarray(out, dtype=np.float64)
 
 
-def _column_stats(c: np.ndarray) -> tuple[float, float, float, float, np.ndarray, int]:
-    """(min, max, mean, std, quantiles, count) of one column of finite values."""
+def _column_stats(c: np.ndarray, own: bool = False) -> tuple[float, float, float, float, np.ndarray, int]:
+    """(min, max, mean, std, quantiles, count) of one column of finite values (``own``: it may be reordered)."""
     n = len(c)
     if not n:
         nan = float("nan")
@@ -166,8 +166,9 @@ def _column_stats(c: np.ndarray) -> tuple[float, float, float, float, np.ndarray
             std = float(np.sqrt((cnt * (vals - mean) ** 2).sum() / n))
             return float(lo), float(hi), mean, std, _quantiles_sorted_counts(vals, cnt, QUANTILES), n
     f = c.astype(np.float64, copy=False)
-    return (float(f.min()), float(f.max()), float(f.mean()), float(f.std()),
-            np.quantile(f, QUANTILES), n)
+    own = own or f is not c
+    lo_, hi_, mean_, std_ = float(f.min()), float(f.max()), float(f.mean()), float(f.std())
+    return lo_, hi_, mean_, std_, np.quantile(f, QUANTILES, overwrite_input=own), n
 
 
 def summarise(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int]:
@@ -188,27 +189,21 @@ def summarise(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     if matrix.dtype == np.bool_:
         matrix = matrix.view(np.uint8)
     d = matrix.shape[1]
-    # one contiguous row per column: reductions along rows are several times faster than down columns
-    rows = np.ascontiguousarray(matrix.T, dtype=np.float64 if matrix.dtype.kind == "f" else matrix.dtype)
-    nan = inf = 0
-    finite_all = True
-    if rows.dtype.kind == "f":
-        bad = ~np.isfinite(rows)
-        if bad.any():
-            finite_all = False
-            nan = int(np.count_nonzero(np.isnan(rows)))
-            inf = int(np.count_nonzero(bad)) - nan
+    nan = inf = count = 0
     mins, maxs, means, stds = (np.full(d, np.nan) for _ in range(4))
     qs = np.full((len(QUANTILES), d), np.nan)
-    count = 0
-    if finite_all and rows.dtype.kind == "f" and rows.shape[1]:
-        qs = np.quantile(rows, QUANTILES, axis=1).reshape(len(QUANTILES), d)
-        return rows.min(axis=1), rows.max(axis=1), rows.mean(axis=1), rows.std(axis=1), qs, rows.size, 0, 0
-    for j in range(d):
-        c = rows[j]
-        if not finite_all:
-            c = c[np.isfinite(c)]
-        mins[j], maxs[j], means[j], stds[j], qs[:, j], n = _column_stats(c)
+    for j in range(d):  # one column at a time, contiguous: fast reductions, memory for one column
+        c = matrix[:, j]
+        own = d > 1 or c.dtype != np.float64  # a copy is made below: the quantiles may reorder it
+        c = np.ascontiguousarray(c, dtype=np.float64) if c.dtype.kind == "f" else np.ascontiguousarray(c)
+        if c.dtype.kind == "f":
+            ok = np.isfinite(c)
+            if not ok.all():
+                bad_nan = int(np.count_nonzero(np.isnan(c)))
+                nan += bad_nan
+                inf += int(np.count_nonzero(~ok)) - bad_nan
+                c, own = c[ok], True
+        mins[j], maxs[j], means[j], stds[j], qs[:, j], n = _column_stats(c, own)
         count += n
     return mins, maxs, means, stds, qs, count, nan, inf
 

@@ -6,9 +6,9 @@ counts it (``Store.info()["bytes"]``), capacity and state slots.
 
 In a notebook (``Store._repr_html_``) it must be cheap: it reads ``Store.info()`` (a walk of the
 store's objects), counts episodes only for a table of at most :data:`REPR_EPISODE_RECORDS`
-records (their end flags are read) and reads the commit history for the time span only when
-the store has at most :data:`REPR_COMMITS` commits; past those caps the row says so and
-``Store.report`` has the figures.
+records (their end flags are read; past that the row says so and ``Store.report`` has the
+figures) and takes the time span of the commits from the tables' fragments (the commits whose
+records they hold: no storage read), never from the commit history.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from replaystore.store import Store, Table
 
 REPR_EPISODE_RECORDS = 100_000
 """The notebook summary counts episodes only in tables of at most this many records."""
-REPR_COMMITS = 2_000
-"""The notebook summary reads the commit history (for its time span) only up to this many commits."""
+MAX_SCHEMA_ROWS = 300
+"""The schema table lists at most this many fields (a note counts the rest)."""
 METADATA_CHARS = 4_000
 """Schema metadata longer than this (as indented JSON) is cut, with a note."""
 
@@ -50,11 +50,12 @@ def schema_html(schema: Schema) -> str:
     Returns
     -------
     str
-        A table of field, kind, dtype, shape, codec and description, then the schema's
-        metadata as indented JSON (cut at :data:`METADATA_CHARS` characters).
+        A table of field, kind, dtype, shape, codec and description (the first
+        :data:`MAX_SCHEMA_ROWS` fields), then the schema's metadata as indented JSON (cut at
+        :data:`METADATA_CHARS` characters).
     """
     rows = []
-    for f in schema.fields:
+    for f in schema.fields[:MAX_SCHEMA_ROWS]:
         if isinstance(f, Dense):
             shape = "(" + ", ".join(str(d) for d in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
             rows.append([esc(f.name), "dense", esc(f.dtype.name), shape, esc(f.codec or "raw"), esc(f.description)])
@@ -65,6 +66,8 @@ def schema_html(schema: Schema) -> str:
             rows.append([esc(f.name), "meta", "json", "one per append", "–", esc(f.description)])
     out = table(["field", "kind", "dtype", "shape", "codec", "description"], rows, cls="schema",
                 caption=f"schema {schema.name} (version {schema.version})", numeric_from=99)
+    if len(schema.fields) > MAX_SCHEMA_ROWS:
+        out += f'<p class="note">{len(schema.fields) - MAX_SCHEMA_ROWS:,} more fields not listed.</p>'
     if schema.metadata:
         text = json.dumps(schema.metadata, indent=2, sort_keys=True, default=str)
         cut = len(text) > METADATA_CHARS
@@ -98,7 +101,7 @@ def commit_span(commits: Sequence[dict[str, Any]]) -> str:
     Parameters
     ----------
     commits : sequence of dict
-        ``Store.commits()``.
+        Commits, each with its ``time_ns`` (``Store.commits()``, or :func:`held_commits`).
 
     Returns
     -------
@@ -112,8 +115,31 @@ def commit_span(commits: Sequence[dict[str, Any]]) -> str:
     return f"{esc(utc(first))} → {esc(utc(last))} ({esc(duration(last - first))})"
 
 
+def held_commits(tables: Sequence[Table]) -> list[dict[str, Any]]:
+    """The commits whose records the tables' visible fragments hold, read from the fragments' ``parts``.
+
+    Parameters
+    ----------
+    tables : sequence of Table
+        The tables.
+
+    Returns
+    -------
+    list of dict
+        ``{"writer", "seq", "time_ns"}`` per commit, once each. Cost: O(fragments + parts), no
+        storage read.
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for t in tables:
+        for frag in t.view().fragments:
+            for seq, time_ns, _ in frag.parts:
+                seen[(int(frag.writer), int(seq))] = int(time_ns)
+    return [{"writer": w, "seq": s, "time_ns": t} for (w, s), t in seen.items()]
+
+
 def summary_html(store: Store | Table, table_name: str | None = None, *, episodes: Any = None,
-                 commits: Sequence[dict[str, Any]] | None = None, cap: bool = True) -> str:
+                 commits: Sequence[dict[str, Any]] | None = None, info: dict[str, Any] | None = None,
+                 cap: bool = True) -> str:
     """The summary of a store (or of one table): schema, records, streams, episodes, writers, size, commits.
 
     Parameters
@@ -128,11 +154,13 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
         The table's episodes if already computed (``episodes_of``); None: counted here, within
         the cap.
     commits : sequence of dict, optional
-        ``Store.commits()`` if already read; None: read here, within the cap.
+        The commits for the time span (each with its ``time_ns``: ``Store.commits()``); None:
+        those the tables' fragments hold (:func:`held_commits`).
+    info : dict, optional
+        ``Store.info()`` if already read.
     cap : bool, optional
         Keep the cost bounded (the notebook view): count episodes only for tables of at most
-        :data:`REPR_EPISODE_RECORDS` records, read commits only for stores of at most
-        :data:`REPR_COMMITS` commits. False: always count and read.
+        :data:`REPR_EPISODE_RECORDS` records. False: always count them.
 
     Returns
     -------
@@ -142,12 +170,12 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
 
     Notes
     -----
-    Cost: ``Store.info()`` (a walk of the store's objects), and within the caps one read of
-    the end flags (episodes) and of the commit records.
+    Cost: ``Store.info()`` (a walk of the store's objects), and within the cap one read of the
+    end flags (episodes).
     """
     rows: list[tuple[str, str]] = []
     if isinstance(store, Store):
-        info = store.info()
+        info = store.info() if info is None else info
         names = [table_name] if table_name is not None else store.tables
         tables = {n: store.table(n) for n in names}
         rows.append(("store", esc(store.url)))
@@ -159,7 +187,6 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
             rows.append((f"{prefix}streams", num(info["tables"][n]["streams"])))
         one = next(iter(tables.values())) if len(tables) == 1 else None
     else:
-        info = None
         tables = {store.name: store}
         one = store
         rows.append(("table", esc(store.name)))
@@ -172,14 +199,14 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
             episodes = episodes_of(one)
         rows.append(("episodes", episode_counts(episodes) if episodes is not None else
                      esc(f"not counted here (over {REPR_EPISODE_RECORDS:,} records: Store.report counts them)")))
-    if info is not None:
-        assert isinstance(store, Store)
+    if commits is None:
+        commits = held_commits(list(tables.values()))
+    if not isinstance(store, Store):
+        rows.append(("commits", f"{num(len(commits))} hold its records; {commit_span(commits)}"))
+    if isinstance(store, Store):
+        assert info is not None
         rows.append(("writers", f"{num(info['writers'])} ({num(info['writers_closed'])} closed)"))
-        if commits is None and (not cap or info["commits"] <= REPR_COMMITS):
-            commits = store.commits()
-        span = commit_span(commits) if commits is not None else esc(
-            f"not read here (over {REPR_COMMITS:,} commits: Store.report reads them)")
-        rows.append(("commits", f"{num(info['commits'])}; {span}"))
+        rows.append(("commits", f"{num(info['commits'])}; {commit_span(commits)}"))
         rows.append(("size on disk", f"{esc(size(info['bytes']))} ({num(info['bytes'])} bytes, as du counts; "
                                      f"apparent {esc(size(info['apparent_bytes']))})"))
         rows.append(("capacity", num(info["capacity"]) if info["capacity"] is not None else "none"))

@@ -555,9 +555,9 @@ class Store(ReadFace):
     def _repr_html_(self) -> str:
         """The summary table (schema, records, streams, episodes, writers, size) for notebooks.
 
-        Kept cheap: :func:`replaystore.report.summary.summary_html` with its caps (episodes
-        counted only in tables of at most 100,000 records, the commit history read only for
-        at most 2,000 commits).
+        Kept cheap: :func:`replaystore.report.summary.summary_html` with its cap (episodes
+        counted only in tables of at most 100,000 records; the commits' time span taken from
+        the fragments, without reading the commit history).
         """
         html: str = _report("summary").summary_html(self)
         return html

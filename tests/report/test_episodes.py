@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from replaystore.loaders import iter_episodes
-from replaystore.report import Episodes, episodes_of, stream_summaries
-from replaystore.schemas import Dense, Schema, dqn, transitions
-from replaystore.store import open_store
+from replaystore.report import Episodes, episodes_of, field_stats, health, stream_summaries
+from replaystore.schemas import Dense, Schema, dqn, frames, transitions
+from replaystore.store import ROW_BITS, Store, open_store
 from support.batches import dqn_batch
 
 
@@ -86,6 +86,7 @@ def test_end_time_is_the_commit_of_the_last_record(tmp_path: Path) -> None:
     eps = episodes_of(st)
     assert list(eps.stream) == [0, 0, 1]
     np.testing.assert_array_equal(eps.end_time, [times[0], times[1], times[1]])
+    np.testing.assert_array_equal(eps.end_time, times_from_commits(st, eps.last_row))
     assert list(eps.end) == ["terminated", "terminated", "open"]
     # a view that is no longer the table's current one gives the same episodes
     old = st.default.view()
@@ -143,6 +144,17 @@ def test_summaries_count_gaps_and_whole_episode_returns(tmp_path: Path) -> None:
     assert_matches_iter_episodes(st.default, eps)
 
 
+def times_from_commits(st: Store, rows: np.ndarray) -> np.ndarray:
+    """The commit time of each row, from ``Store.commits()``' append row ranges (the reference mapping)."""
+    spans = []
+    for body in st.commits():
+        for a in body.get("tables", {}).get(st.default.name, {}).get("appends", []):
+            lo, hi = a["rows"]
+            base = body["writer"] << ROW_BITS
+            spans.append((base | lo, base | hi, body["time_ns"] / 1e9))
+    return np.array([next(t for lo, hi, t in spans if lo <= r < hi) for r in rows.tolist()], dtype=np.float64)
+
+
 @hs.composite
 def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int | None]:
     """Appends ``(stream, steps, resets, terminated, truncated)`` plus a capacity."""
@@ -165,9 +177,11 @@ def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(plan=_plans(), commit_each=hs.booleans())
+@given(plan=_plans(), commit_each=hs.booleans(), compact=hs.booleans(), second_writer=hs.integers(0, 7))
 def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathFactory,
-                                             plan: tuple[list, int | None], commit_each: bool) -> None:
+                                             plan: tuple[list, int | None], commit_each: bool, compact: bool,
+                                             second_writer: int) -> None:
+    """Streams, step gaps, resets, ends, truncation, capacity eviction, compaction and a second writer."""
     appends, capacity = plan
     url = str(tmp_path_factory.mktemp("gen") / "s")
     st = open_store(url, _schema(), mode="w", capacity=capacity)
@@ -178,12 +192,21 @@ def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathF
             if commit_each:
                 w.commit()
         w.commit()
+        if compact:
+            w.compact()
+    if second_writer:  # its own stream: row ids with another writer's bits
+        with st.writer() as w2:
+            n = second_writer
+            w2.append(_batch(n, np.arange(n) % 3 == 2, np.zeros(n, bool), rng.standard_normal(n)), stream="other")
+            w2.commit()
+    st.refresh()
     eps = episodes_of(st)
     assert_matches_iter_episodes(st.default, eps)
     assert int(eps.length.sum()) == len(st)
     summaries = stream_summaries(st, eps)
     assert sum(s.episodes + s.open for s in summaries) == len(eps)
     assert np.all(np.isfinite(eps.end_time))
+    np.testing.assert_array_equal(eps.end_time, times_from_commits(st, eps.last_row))
 
 
 def test_many_streams_cover_every_record_once(tmp_path: Path) -> None:
@@ -216,3 +239,99 @@ def test_dqn_records_sum_rewards_and_end_at_dones(tmp_path: Path) -> None:
     eps = episodes_of(st)
     assert eps.end_flags == ("dones",) and set(eps.end) <= {"terminated", "open"}
     assert_matches_iter_episodes(st.default, eps, reward="rewards")
+
+
+def reference_spans(steps: np.ndarray, resets: np.ndarray, end: np.ndarray) -> list[tuple[int, int, bool]]:
+    """One stream's episodes as ``iter_episodes`` split them record by record before the split was shared."""
+    out = []
+    start = np.zeros(len(steps), dtype=bool)
+    start[0] = True
+    start[1:] = resets[1:] | end[:-1] | (np.diff(steps) != 1)
+    bounds = np.r_[np.flatnonzero(start), len(steps)]
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        began = bool(resets[lo]) or steps[lo] == 0 or (lo > 0 and bool(end[lo - 1]) and steps[lo] == steps[lo - 1] + 1)
+        out.append((lo, hi, began))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams=hs.lists(hs.lists(hs.tuples(hs.integers(1, 3), hs.booleans(), hs.booleans()), min_size=1, max_size=12),
+                        min_size=1, max_size=4),
+       first_step=hs.integers(0, 2))
+def test_spans_of_concatenated_streams_are_each_streams_spans(streams: list[list[tuple[int, bool, bool]]],
+                                                              first_step: int) -> None:
+    """``episode_spans`` over several streams at once equals the per-stream split, stream by stream."""
+    from replaystore.episodebounds import episode_spans
+
+    steps, resets, ends, firsts, expected = [], [], [], [], []
+    offset = 0
+    for records in streams:
+        st = first_step + np.cumsum([d for d, _, _ in records]) - records[0][0]
+        rs = np.array([r for _, r, _ in records])
+        en = np.array([e for _, _, e in records])
+        expected += [(lo + offset, hi + offset, b) for lo, hi, b in reference_spans(st, rs, en)]
+        steps.append(st)
+        resets.append(rs)
+        ends.append(en)
+        firsts.append(np.r_[True, np.zeros(len(records) - 1, bool)])
+        offset += len(records)
+    lo, hi, began = episode_spans(np.concatenate(steps), np.concatenate(resets), np.concatenate(ends),
+                                  np.concatenate(firsts))
+    assert list(zip(lo.tolist(), hi.tolist(), began.tolist(), strict=True)) == expected
+
+
+def test_frames_layout_closing_records_belong_to_no_episode(tmp_path: Path) -> None:
+    """An episode of T steps is T + 1 records in a frames store; its length and return are of its T steps."""
+    st = open_store(str(tmp_path / "f"), frames((16, 16), actions=3), mode="w")
+
+    def episode(t: int, end: str | None) -> dict[str, np.ndarray]:
+        n = t + 1 if end else t  # the frame-only record closes an ended episode
+        cols = {"frame": np.zeros((n, 16, 16), np.uint8), "action": np.zeros(n, np.int64),
+                "reward": np.r_[np.ones(t, np.float32), np.zeros(n - t, np.float32)],
+                "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+        if end:
+            cols[end][t - 1] = True
+        return cols
+
+    with st.writer() as w:
+        for t, end in ((5, "terminated"), (3, "truncated"), (4, None)):
+            w.append(episode(t, end), stream=0, reset=True)
+        w.append(episode(6, "terminated"), stream=1, reset=True)
+        w.commit()
+    eps = episodes_of(st)
+    assert list(eps.stream) == [0, 0, 0, 1]
+    assert list(eps.length) == [5, 3, 4, 6] and list(eps.ret) == [5.0, 3.0, 4.0, 6.0]
+    assert list(eps.end) == ["terminated", "truncated", "open", "terminated"]
+    assert list(eps.first_step) == [0, 6, 10, 0] and bool(eps.complete.all())
+    summaries = stream_summaries(st, eps)
+    assert [(s.records, s.episodes, s.open) for s in summaries] == [(14, 2, 1), (7, 1, 0)]
+    assert [f.check for f in health(st, field_stats(st), eps) if f.severity == "warning"] == []
+
+
+def test_recorded_pong_frames(tmp_path: Path) -> None:
+    from gymnasium.wrappers import FrameStackObservation
+
+    from replaystore.gym import RecordEpisodes
+    from support.pixels import pong
+
+    url = str(tmp_path / "pong")
+    env = RecordEpisodes(FrameStackObservation(pong(max_episode_steps=12), 4), url, frame_stack=4)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    lengths, n = [], 0
+    for _ in range(40):
+        _, _, term, trunc, _ = env.step(int(rng.integers(6)))
+        n += 1
+        if term or trunc:
+            lengths.append(n)
+            n = 0
+            env.reset()
+    env.close()
+    with open_store(url, mode="r") as st:
+        eps = episodes_of(st)
+        done = eps.end != "open"
+        assert list(eps.length[done]) == lengths and len(lengths) == 3
+        assert set(eps.end[done]) == {"truncated"} and bool(eps.complete.all())
+        # the episode under way: its steps, and the frame the recorder holds for the next one
+        assert list(eps.length[~done]) == [n + 1]
+

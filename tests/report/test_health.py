@@ -74,7 +74,7 @@ def test_inf(tmp_path: Path) -> None:
         if s == 0:
             cols["reward"][3] = np.inf
     (f,) = only(run(build(tmp_path / "s", damage)), "inf")
-    assert f.message == "field 'reward': 1 infinite values in 1 record" and f.count == 1
+    assert f.message == "field 'reward': 1 infinite value in 1 record" and f.count == 1
 
 
 def test_step_gaps(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_constant(tmp_path: Path) -> None:
     findings = only(run(build(tmp_path / "s", damage)), "constant")
     by = {f.subject: f for f in findings}
     assert by["field 'action'"].message == f"field 'action': every value is 2 in {N:,} records"
-    assert by["field 'obs'"].message == "field 'obs': 1 dimension of 3 never change (1)"
+    assert by["field 'obs'"].message == "field 'obs': 1 dimension of 3 never changes (1)"
     assert all(f.severity == "info" for f in findings)
 
 

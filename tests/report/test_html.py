@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from replaystore.errors import StoreError
-from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler
+from replaystore.loaders import EpochSampler, PrioritizedSampler, ReservoirSampler, SequenceSampler, UniformSampler
 from replaystore.report.html import MAX_STREAM_ROWS, SECTIONS, build_report
 from replaystore.schemas import Dense, Schema, transitions
 from replaystore.store import Store, open_store
@@ -46,7 +46,8 @@ class Page(HTMLParser):
             if k in a:
                 self.links.append((tag, k, a[k]))
         if tag == "section":
-            self._section = {"tables": [], "svgs": 0, "imgs": [], "plots": [], "strips": [], "slots": [], "text": []}
+            self._section = {"tables": [], "svgs": 0, "imgs": [], "plots": [], "strips": [], "slots": [], "text": [],
+                             "svg_text": []}
             self.sections[a["id"]] = self._section
             self.order.append(a["id"])
         s = self._section
@@ -84,8 +85,8 @@ class Page(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._cell is not None:
             self._cell.append(data)
-        if self._section is not None and self._svg_depth == 0:
-            self._section["text"].append(data)
+        if self._section is not None:
+            self._section["text" if self._svg_depth == 0 else "svg_text"].append(data)
 
     def table(self, section: str, header: str) -> dict[str, list[str]]:
         """The table of ``section`` whose first header cell is ``header``: first cell -> row."""
@@ -152,6 +153,13 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     epoch.sample()
     epoch.save()
     ReservoirSampler(st, batch_size=2, capacity=6, seed=0, name="keep").save()
+    windows = SequenceSampler(st, length=2, batch_size=3, seed=0, name="windows")
+    for _ in range(3):
+        windows.sample()
+    windows.save()
+    uniform = UniformSampler(st, batch_size=3, seed=0, name="uni")
+    uniform.sample()
+    uniform.save()
     st.save_state("model", {"step": 7}, {"weights": np.zeros((2, 3))})
     out = tmp_path / "r.html"
 
@@ -170,7 +178,7 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     assert summary["episodes"].startswith("5 (3 terminated, 1 truncated, 1 open)")
     assert summary["writers"] == "2 (2 closed)"
     assert f"({info['bytes']:,} bytes" in summary["size on disk"]
-    assert summary["state slots"].count("v") >= 4
+    assert summary["state slots"].count("(v") == 6
     schema_rows = page.table("summary", "field")
     assert schema_rows["obs"][1:5] == ["dense", "float32", "(2,)", "raw"]
     assert set(schema_rows) == set(st.schema.names)
@@ -184,6 +192,9 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     # episodes: the histograms and the learning curve, as inline SVG
     assert page.sections["episodes"]["plots"] == ["returns", "lengths", "learning-curve"]
     assert page.sections["episodes"]["svgs"] == 3
+    titles = page.sections["episodes"]["svg_text"]
+    assert "episode return (4 episodes)" in titles and "episode length (4 episodes)" in titles
+    assert "stream a" in titles and "stream b" in titles and "stream c" in titles  # the learning curve's lines
 
     # fields: per dimension of obs, equal to numpy's on the same values
     data = st.read(st.row_ids())
@@ -210,14 +221,19 @@ def test_every_section_with_the_stores_figures(tmp_path: Path) -> None:
     assert page.sections["frames"]["imgs"] == [] and "No image fields" in page.text("frames")
 
     # samplers: every slot, where it stands, and the priority histogram of the prioritized one
-    assert page.sections["samplers"]["slots"] == ["keep", "model", "pass", "per"]
+    slots = page.sections["samplers"]["slots"]
+    assert slots == ["keep", "model", "pass", "per", "uni", "windows"]
     assert page.sections["samplers"]["plots"] == ["priorities-per"] and page.sections["samplers"]["svgs"] == 1
-    pos = page.pairs("samplers")
-    assert pos["kind"] in ("reservoir", "epoch", "prioritized")
-    assert pos["rows taken of this pass"].startswith("5 of 17")
-    assert pos["capacity"] == "6" and pos["members"] == "6"
-    assert pos["max priority"] == "32"
-    assert "weights float64[2, 3]" in page.text("samplers")
+    assert "priorities of 'per' (17 rows)" in page.sections["samplers"]["svg_text"]
+    pos = {slot: {r[0]: r[1] for r in t} for slot, t in zip(slots, page.sections["samplers"]["tables"], strict=True)}
+    assert [pos[s]["kind"] for s in ("keep", "pass", "per", "uni", "windows")] == [
+        "reservoir", "epoch", "prioritized", "uniform", "sequence"]
+    assert pos["pass"]["rows taken of this pass"].startswith("5 of 17") and pos["pass"]["pass (epoch)"] == "0"
+    assert pos["keep"]["capacity"] == "6" and pos["keep"]["members"] == "6" and pos["keep"]["records offered"] == "17"
+    assert pos["per"]["max priority"] == "32" and pos["per"]["rows tracked"] == "17"
+    assert pos["windows"]["minibatches drawn"] == "3" and '"length": 2' in pos["windows"]["hyperparameters"]
+    assert pos["uni"]["minibatches drawn"] == "1"
+    assert pos["model"]["arrays"] == "weights float64[2, 3]" and pos["model"]["document keys"] == "step"
 
     # commits: rows per writer over time, and the writers' table
     assert page.sections["commits"]["plots"] == ["commits"]
@@ -260,15 +276,32 @@ def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="left"):
         build_report(st, tmp_path / "no.html", progress=False)
     assert not (tmp_path / "no.html").exists()
-    build_report(st, tmp_path / "right.html", table="right", progress=False)
+    st.report(tmp_path / "right.html", table="right", progress=False)  # the Store face
     page = parse(tmp_path / "right.html")
     assert page.table("fields", "field")["x"][6] == "4"
     assert "No episodes" in page.text("episodes")
-    # a Table alone: no store-level sections' data, and they say so
+    # a Table alone: no sampler states; its commits from its fragments
     build_report(st.table("left"), tmp_path / "left.html", progress=False)
     page = parse(tmp_path / "left.html")
     assert page.order == list(SECTIONS)
-    assert "A Table was given" in page.text("commits")
+    assert "A Table was given" in page.text("samplers")
+    assert page.table("commits", "writer")["0"][3] == "3"
+
+
+def test_many_commits_are_read_from_the_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replaystore.report import html
+
+    st = small_store(str(tmp_path / "s"))
+    build_report(st, tmp_path / "history.html", progress=False)
+    monkeypatch.setattr(html, "HISTORY_COMMITS", 2)  # the store has 7 commits: over it
+    build_report(st, tmp_path / "fragments.html", progress=False)
+    history, fragments = parse(tmp_path / "history.html"), parse(tmp_path / "fragments.html")
+    assert "not the whole commit history" in fragments.text("commits")
+    by_history, by_fragments = history.table("commits", "writer"), fragments.table("commits", "writer")
+    for w in ("0", "1"):  # the same appends, rows and times; compactions only from the history
+        appends = sum(c["kind"] == "append" for c in st.commits() if c["writer"] == int(w))
+        assert by_fragments[w][1] == str(appends) and by_fragments[w][2] == "–"
+        assert by_fragments[w][3:] == by_history[w][3:]
 
 
 def _plain_transitions(n: int) -> dict[str, np.ndarray]:
@@ -291,14 +324,13 @@ def test_repr_html_is_the_summary_table(tmp_path: Path, monkeypatch: pytest.Monk
     pairs = page.pairs("repr")
     assert pairs["records"] == "17" and pairs["episodes"].startswith("5 (")
     assert set(page.table("repr", "field")) == set(st.schema.names)
-    # past its caps it reads neither the episodes nor the commit history, and says so
+    assert pairs["commits"].startswith("7; ") and " → " in pairs["commits"]
+    # past its cap it does not count episodes, and says so
     from replaystore.report import summary
 
     monkeypatch.setattr(summary, "REPR_EPISODE_RECORDS", 10)
-    monkeypatch.setattr(summary, "REPR_COMMITS", 2)
     pairs = Page("<section id='repr'>" + st._repr_html_() + "</section>").pairs("repr")
     assert pairs["episodes"].startswith("not counted here")
-    assert "not read here" in pairs["commits"]
 
 
 def frames_of(page: Page, field: str) -> list[np.ndarray]:
@@ -349,6 +381,28 @@ def test_frame_strips_of_a_recorded_pong_frames_store(tmp_path: Path) -> None:
     np.testing.assert_array_equal(shown[0], expected[0])
     np.testing.assert_array_equal(shown[2], expected[1])
     assert gym is not None
+
+
+def test_noisy_pictures_keep_the_page_under_5_mb(tmp_path: Path) -> None:
+    from replaystore.report.frames import FRAMES_BYTES
+
+    names = [f"camera{i}" for i in range(4)]
+    schema = Schema("cams", [*(Dense(n, np.uint8, (256, 256, 3)) for n in names), Dense("reward", np.float32),
+                             Dense("terminated", np.bool_)])
+    st = open_store(str(tmp_path / "cams"), schema, mode="x")
+    rng = np.random.default_rng(0)
+    n = 30  # three episodes of 10: 9 frames a field, each ~260 KB of noise as base64 PNG
+    with st.writer() as w:
+        w.append({**{k: rng.integers(0, 256, (n, 256, 256, 3), dtype=np.uint8) for k in names},
+                  "reward": np.ones(n, np.float32), "terminated": np.arange(n) % 10 == 9}, stream=0)
+    out = tmp_path / "cams.html"
+    done = build_report(st, out, progress=False)
+    assert done.bytes < 5 * 2**20
+    page = parse(out)
+    strips = page.sections["frames"]["strips"]
+    assert set(strips) == set(names)  # every field keeps its first strip
+    assert len(strips) < 3 * len(names) and "more strips left out" in page.text("frames")
+    assert sum(len(i["src"]) for i in page.sections["frames"]["imgs"]) <= FRAMES_BYTES
 
 
 def test_frames_of_any_layout_become_small_pngs() -> None:
