@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -57,6 +58,35 @@ def num(value: Any, digits: int = 4) -> str:
     if math.isinf(f):
         return "inf" if f > 0 else "-inf"
     return f"{f:.{digits}g}"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def stream_key(key: Any) -> tuple[Any, ...]:
+    """A sort key that orders stream keys as people read them: ints numerically, strings naturally.
+
+    ``2 < 10``; ``"env2" < "env10"``, ``"collector0/game1" < "collector1/game0"``; ints before
+    strings, anything else (tuples, bytes) after them by its text.
+
+    Parameters
+    ----------
+    key : Any
+        A stream key.
+
+    Returns
+    -------
+    tuple
+        The key to sort by.
+    """
+    if isinstance(key, (bool, np.bool_)):
+        return (2, str(key))
+    if isinstance(key, (int, np.integer)):
+        return (0, int(key))
+    if isinstance(key, str):  # split into text and numbers: text at even places, numbers at odd ones
+        parts = _DIGITS.split(key)
+        return (1, tuple(int(p) if i % 2 else p for i, p in enumerate(parts)))
+    return (2, str(key))
 
 
 def size(nbytes: int) -> str:
