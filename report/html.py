@@ -474,17 +474,19 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bo
     -------
     str
         A ``<figure class="plot">`` (cumulative rows per writer over commit time; past
-        :data:`~replaystore.report.plots.MAX_LINES` writers the 4 largest and the total) and a
-        table.
+        :data:`~replaystore.report.plots.MAX_LINES` writers the 4 largest and the total; when
+        the appends all have one time, a single append, over the commits' numbers) and a table of
+        each writer's commits, compactions, rows added and first and last append.
     """
     if not commits:
         return note("No commits.")
     times = np.array([c["time_ns"] / 1e9 for c in commits])
     x, xlabel = _time_axis(times)
-    one_time = bool(len(x)) and float(np.nanmax(x)) == 0.0
-    if one_time:  # every commit at one time (a single commit): number them, not a zero-width time axis
-        x = np.arange(1, len(x) + 1, dtype=np.float64)
-        xlabel = "commit (in order; all at one time)" if len(x) > 1 else "commit (the only one)"
+    kinds = np.array([c["kind"] for c in commits], dtype=object)
+    one_time = len(np.unique(x[kinds == "append"])) <= 1
+    if one_time:  # the appends at one time (one append, and the close's compaction): number the commits
+        x = np.argsort(np.argsort(times, kind="stable"), kind="stable").astype(np.float64) + 1  # rank in time
+        xlabel = "commit (in order)"
     writer = np.array([c["writer"] for c in commits], dtype=np.int64)
     added = np.array([c["rows"] for c in commits], dtype=np.int64)
     compact = np.array([c["kind"] == "compact" for c in commits], dtype=bool)
@@ -500,10 +502,12 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bo
     rows = []
     for w in ws:
         mine = writer == w
+        appended = times[mine & ~compact]  # appends only: the same whether from the history or the fragments
         rows.append([num(w), num(int(mine.sum())), num(int(compact[mine].sum())) if history else "–", num(totals[w]),
-                     esc(utc(float(times[mine].min()))), esc(utc(float(times[mine].max())))])
-    tab = table(["writer", "commits", "compactions", "rows added", "first commit", "last commit"],
-                rows[:MAX_WRITER_ROWS], cls="writers")
+                     esc(utc(float(appended.min()))) if len(appended) else "–",
+                     esc(utc(float(appended.max()))) if len(appended) else "–"])
+    tab = table(["writer", "commits", "compactions", "rows added", "first append", "last append"],
+                rows[:MAX_WRITER_ROWS], cls="writers", numeric_from=1, text_from=4)
     if len(rows) > MAX_WRITER_ROWS:
         tab += note(f"{len(rows) - MAX_WRITER_ROWS:,} more writers not shown.")
     lead = "" if history else note(

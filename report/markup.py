@@ -149,7 +149,7 @@ def duration(seconds: float) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "", caption: str = "",
-          numeric_from: int = 1) -> str:
+          numeric_from: int = 1, text_from: int | None = None) -> str:
     """An HTML table; cells are given as markup (escape text with :func:`esc` first).
 
     Parameters
@@ -164,15 +164,21 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = ""
         A caption (plain text).
     numeric_from : int, optional
         Columns from this index on are right-aligned (numbers).
+    text_from : int, optional
+        Columns from this index on are left-aligned again (text after the numbers).
 
     Returns
     -------
     str
         The table.
     """
-    head = "".join(f'<th{" class=num" if i >= numeric_from else ""}>{esc(h)}</th>' for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= numeric_from else ""}>{c}</td>'
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    stop = len(header) if text_from is None else text_from
+
+    def cls_of(i: int) -> str:
+        return " class=num" if numeric_from <= i < stop else ""
+
+    head = "".join(f"<th{cls_of(i)}>{esc(h)}</th>" for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{cls_of(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return (f'<table class="{esc(cls)}">{cap}<thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>")
