@@ -296,9 +296,10 @@ def _stats_of(name: str, dtype: np.dtype, shape: tuple[int, ...], kind: str, val
     scale = 255.0 if kind == "image" else 1.0
     overall = None
     if matrix.shape[1] > 1:  # per dimension or channel: the field over all its values too
-        o = summarise(matrix.reshape(-1, 1))
-        overall = FieldStats(name, str(dtype), shape, kind, o[5], records, *(np.asarray(a[0] / scale) for a in o[:4]),
-                             {q: np.asarray(o[4][i, 0] / scale) for i, q in enumerate(QUANTILES)}, o[6], o[7],
+        o_min, o_max, o_mean, o_std, o_qs, o_count, o_nan, o_inf = summarise(matrix.reshape(-1, 1))
+        overall = FieldStats(name, str(dtype), shape, kind, o_count, records, np.asarray(o_min[0] / scale),
+                             np.asarray(o_max[0] / scale), np.asarray(o_mean[0] / scale), np.asarray(o_std[0] / scale),
+                             {q: np.asarray(o_qs[i, 0] / scale) for i, q in enumerate(QUANTILES)}, o_nan, o_inf,
                              sampled)
     nan_records, inf_records = _bad_records(values, records, offsets) if nan or inf else (0, 0)
     chunk = np.zeros(0) if kind == "image" else chunk_scales(values, records, offsets)

@@ -7,8 +7,8 @@ their inline SVG plots and PNG frames, and every ``src``/``href`` on the page.
 from __future__ import annotations
 
 import base64
-import re
 import io
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -477,7 +477,8 @@ def test_legends_sit_right_of_the_axes_and_cover_no_line(tmp_path: Path) -> None
     st = small_store(str(tmp_path / "s"))
     build_report(st, tmp_path / "r.html", progress=False)
     html = (tmp_path / "r.html").read_text("utf-8")
-    for plot, labels in (("learning-curve", {"stream a", "stream b", "stream c"}), ("commits", {"writer 0", "writer 1"})):
+    for plot, labels in (("learning-curve", {"stream a", "stream b", "stream c"}),
+                         ("commits", {"writer 0", "writer 1"})):
         svg = plot_svg(html, plot)
         entries = legend_texts(svg)
         assert labels <= {t for t, _ in entries}, plot

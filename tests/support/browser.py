@@ -187,7 +187,8 @@ _INSPECT = r"""
     }
     const fig = el.closest('figure[data-plot]');
     out.push({tag, name: named(el, i), width: box.width, height: box.height, problem,
-              plot: fig ? fig.getAttribute('data-plot') : '', x: box.left + window.scrollX, y: box.top + window.scrollY});
+              plot: fig ? fig.getAttribute('data-plot') : '',
+              x: box.left + window.scrollX, y: box.top + window.scrollY});
   });
   return out;
 }
