@@ -497,7 +497,8 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bo
     series = [(f"writer {w}", x[order][writer[order] == w], np.cumsum(added[order][writer[order] == w]))
               for w in chosen]
     total = (x[order], np.cumsum(added[order])) if len(ws) > 1 else None
-    fig = plots.lines(series, f"rows committed to {table_name!r} per writer ({len(ws):,} writers)", xlabel,
+    writers = f"{len(ws):,} writer{'s' if len(ws) != 1 else ''}"
+    fig = plots.lines(series, f"rows committed to {table_name!r} per writer ({writers})", xlabel,
                       "rows (cumulative)", mean=total, steps=True, integer_x=one_time)
     rows = []
     for w in ws:
