@@ -295,13 +295,13 @@ def lines(series: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str, xlab
         ax.step(tx, ty, where="post", label="total", color="black", linewidth=2.2)
     elif mean is not None and band:
         ax.plot(*ranges(*mean)[:2], label="mean", color="black", linewidth=2.2)
+    elif mean is not None:
+        ax.plot(*binned(*mean), label="mean", color="black", linewidth=2.2)
     if band and (series or mean is not None):  # one band under the lines: overlapping bands would hide them
         every_x, every_y = mean if mean is not None else (np.concatenate([np.asarray(x) for _, x, _ in series]),
                                                           np.concatenate([np.asarray(y) for _, _, y in series]))
         bx, _, lo, hi = ranges(every_x, every_y)
         ax.fill_between(bx, lo, hi, color="#888899", alpha=0.22, linewidth=0, zorder=0, label="min–max, all")
-    elif mean is not None:
-        ax.plot(*binned(*mean), label="mean", color="black", linewidth=2.2)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

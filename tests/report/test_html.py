@@ -267,6 +267,10 @@ def test_a_larger_store_stays_small_and_caps_its_tables(tmp_path: Path) -> None:
     assert len(page.table("streams", "stream")) == MAX_STREAM_ROWS
     assert f"{streams - MAX_STREAM_ROWS} more streams not shown" in page.text("streams")
     assert page.sections["episodes"]["svgs"] == 3
+    # past 8 streams: the 4 with most episodes (in key order), the mean of all, and the band of all
+    legend = [t for t, _ in legend_texts(plot_svg(out.read_text("utf-8"), "learning-curve"))]
+    shown = [int(t.split()[1]) for t in legend if t.startswith("stream ")]
+    assert len(shown) == 4 and shown == sorted(shown) and legend[-2:] == ["mean", "min–max, all"]
 
 
 def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
@@ -483,6 +487,8 @@ def test_legends_sit_right_of_the_axes_and_cover_no_line(tmp_path: Path) -> None
         entries = legend_texts(svg)
         assert labels <= {t for t, _ in entries}, plot
         assert all(x > axes_right(svg) for _, x in entries), plot
+    # two writers: their lines and the total, once (no "mean" of cumulative counts)
+    assert sorted(t for t, _ in legend_texts(plot_svg(html, "commits"))) == ["total", "writer 0", "writer 1"]
 
 
 def test_the_learning_curve_is_a_wide_mean_per_stream_over_one_min_max_band(tmp_path: Path) -> None:
