@@ -95,6 +95,7 @@ figure.plot.wide{grid-column:1/-1}
 div.slot>figure.plot{max-width:calc(50% - 6px);box-sizing:border-box}
 figure.plot svg{width:100%;height:auto;display:block}
 tr.field td{border-top:2px solid #99a}
+table.fields td:first-child{white-space:nowrap}
 tr.dim td:first-child{padding-left:22px;color:#444}
 tr.dims>td{padding:0 0 0 14px;border-top:none}
 tr.dims details>summary{cursor:pointer;font-size:12px;color:#263056;padding:2px 0}
