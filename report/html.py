@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from replaystore import __version__
 from replaystore.report import frames, plots, samplers, summary
-from replaystore.report.markup import duration, esc, note, num, size, table, utc
+from replaystore.report.markup import duration, esc, note, num, size, stream_key, table, utc
 from replaystore.store import Store, Table
 
 SECTIONS = ("summary", "streams", "episodes", "fields", "health", "frames", "samplers", "commits")
@@ -54,7 +54,8 @@ SECTIONS = ("summary", "streams", "episodes", "fields", "health", "frames", "sam
 TITLES = {"summary": "Summary", "streams": "Streams", "episodes": "Episodes", "fields": "Fields",
           "health": "Data health", "frames": "Frames", "samplers": "Samplers", "commits": "Commits"}
 MAX_STREAM_ROWS = 50
-"""The streams table shows at most this many streams (the first, in stream order)."""
+"""The streams table shows at most this many streams (the first, in key order: ints numerically, strings
+naturally, ``env2`` before ``env10``)."""
 MAX_WRITER_ROWS = 200
 """The writers table shows at most this many writers."""
 HISTORY_COMMITS = 2_000
@@ -65,6 +66,9 @@ MAX_FINDINGS = 200
 """The health table shows at most this many findings (the worst first)."""
 MAX_FIELD_ROWS = 400
 """The fields table shows at most this many rows (fields and dimensions)."""
+OPEN_DIMENSIONS = 8
+"""A field's per-dimension rows are shown under its summary row up to this many; past it they are
+folded into a ``<details>`` element (one click opens them)."""
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -85,9 +89,17 @@ th{background:#eef}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 caption{text-align:left;font-weight:600;padding:2px 0}
 .note{color:#555;font-size:13px}
-.plots{display:flex;flex-wrap:wrap;gap:12px}
-figure.plot{margin:0;background:#fff;border:1px solid #dde;padding:4px}
-figure.plot svg{width:560px;height:auto;display:block}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:12px;margin:6px 0 10px 0}
+figure.plot{margin:0;background:#fff;border:1px solid #dde;padding:4px;min-width:0}
+figure.plot.wide{grid-column:1/-1}
+div.slot>figure.plot{max-width:calc(50% - 6px);box-sizing:border-box}
+figure.plot svg{width:100%;height:auto;display:block}
+tr.field td{border-top:2px solid #99a}
+table.fields td:first-child{white-space:nowrap}
+tr.dim td:first-child{padding-left:22px;color:#444}
+tr.dims>td{padding:0 0 0 14px;border-top:none}
+tr.dims details>summary{cursor:pointer;font-size:12px;color:#263056;padding:2px 0}
+tr.dims table{margin:0 0 4px 0;font-size:12px}
 .strip{margin:4px 0 10px 0}
 .strip-label{margin:2px 0;font-size:12px;color:#333}
 figure.frame{display:inline-block;margin:0 8px 0 0;text-align:center;font-size:11px;color:#555}
@@ -137,7 +149,7 @@ def _data() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any],
 
 # -- sections -------------------------------------------------------------------------------
 def streams_html(rows: Sequence[Any]) -> str:
-    """The per-stream table (at most :data:`MAX_STREAM_ROWS` streams).
+    """The per-stream table, streams in key order (at most :data:`MAX_STREAM_ROWS` streams).
 
     Parameters
     ----------
@@ -151,6 +163,7 @@ def streams_html(rows: Sequence[Any]) -> str:
     """
     if not rows:
         return note("No records.")
+    rows = sorted(rows, key=lambda r: stream_key(r.stream))
     shown = rows[:MAX_STREAM_ROWS]
     body = [[esc(s.stream), num(s.records), f"{num(s.first_step)}–{num(s.last_step)}", num(s.gaps),
              num(s.episodes), num(s.open), num(s.return_mean), num(s.return_min), num(s.return_max),
@@ -159,7 +172,7 @@ def streams_html(rows: Sequence[Any]) -> str:
                  "return max", "length mean", "length min", "length max"], body, cls="streams")
     if len(rows) > len(shown):
         out += note(f"{len(rows) - len(shown):,} more streams not shown ({len(rows):,} in all; "
-                    f"the first {len(shown)} in stream order are).")
+                    f"the first {len(shown)} in key order are).")
     return out
 
 
@@ -176,7 +189,15 @@ def _time_axis(seconds: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 def learning_curve(episodes: Any) -> str:
-    """Returns of whole episodes over their end's commit time: a line per stream, or the largest and the mean.
+    """Returns of whole episodes over their end's commit time: the mean per stream, and the min–max band of all.
+
+    Each stream's line is the mean return of its episodes that ended at each commit time (in
+    bins past :data:`~replaystore.report.plots.MAX_POINTS` times); a grey band under the lines
+    spans the least to the greatest return of every stream's episodes at that time. A
+    two-player zero-sum stream, whose episodes cancel two by two, has a flat mean and shows
+    its spread in the band; one band, not one per stream, so that the lines stay readable. Past
+    :data:`~replaystore.report.plots.MAX_LINES` streams: the 4 with most episodes, and the mean
+    of all. Streams are in key order (ints numerically, strings naturally).
 
     Parameters
     ----------
@@ -186,32 +207,36 @@ def learning_curve(episodes: Any) -> str:
     Returns
     -------
     str
-        The ``<svg>`` element. When every episode ended in one commit (one time), the x axis is
-        the episode's number in its stream instead.
+        The ``<svg>`` element (wide: a row of its own). When every episode ended in one commit
+        (one time), the x axis is the episode's number in its stream instead.
     """
     whole = np.asarray(episodes.whole)
     ret = np.asarray(episodes.ret, np.float64)[whole]
     when = np.asarray(episodes.end_time, np.float64)[whole]
-    streams = np.asarray(episodes.stream)[whole]
-    keys, inverse = np.unique(np.asarray([str(s) for s in streams], dtype=object), return_inverse=True) \
-        if len(streams) else (np.zeros(0, object), np.zeros(0, np.int64))
+    streams = list(np.asarray(episodes.stream, dtype=object)[whole])
+    keys = sorted(set(streams), key=stream_key)
+    slot = {k: i for i, k in enumerate(keys)}
+    inverse = np.fromiter((slot[k] for k in streams), dtype=np.int64, count=len(streams))
     x, xlabel = _time_axis(when)
+    integer_x = False
     if len(x) and float(np.nanmax(x)) == 0.0:  # one commit: the episode's number in its stream
         x = np.zeros(len(ret))
         for k in range(len(keys)):
             at = np.flatnonzero(inverse == k)
             x[at] = np.arange(len(at))
         xlabel = "episode (in its stream)"
+        integer_x = True
     counts = np.bincount(inverse, minlength=len(keys)) if len(keys) else np.zeros(0, np.int64)
     if len(keys) <= plots.MAX_LINES:
         chosen, mean = list(range(len(keys))), None
     else:
-        chosen = [int(k) for k in np.argsort(-counts, kind="stable")[:4]]
+        chosen = sorted(int(k) for k in np.argsort(-counts, kind="stable")[:4])
         mean = (x, ret)
     series = [(f"stream {keys[k]}", x[inverse == k], ret[inverse == k]) for k in chosen]
-    title = "return per episode" + (f" ({len(keys):,} streams: 4 with most episodes, and the mean)"
-                                    if mean is not None else "")
-    return plots.lines(series, title, xlabel, "return", mean=mean)
+    what = "episode" if integer_x else "commit time"
+    title = (f"return per {what}: mean per stream, min–max of all" +
+             (f" ({len(keys):,} streams: 4 with most episodes, and all)" if mean is not None else ""))
+    return plots.lines(series, title, xlabel, "return", mean=mean, band=True, integer_x=integer_x, wide=True)
 
 
 def episodes_html(episodes: Any) -> str:
@@ -246,7 +271,8 @@ def episodes_html(episodes: Any) -> str:
     if np.isfinite(ret).any():
         figs.append(("learning-curve", learning_curve(episodes)))
     return lead + '<div class="plots">' + "".join(
-        f'<figure class="plot" data-plot="{name}">{s}</figure>' for name, s in figs) + "</div>"
+        f'<figure class="plot{" wide" if name == "learning-curve" else ""}" data-plot="{name}">{s}</figure>'
+        for name, s in figs) + "</div>"
 
 
 def _flat(value: Any) -> np.ndarray:
@@ -259,58 +285,112 @@ def _index(d: int, shape: tuple[int, ...], n: int) -> str:
     return str(d)
 
 
-def _stat_rows(name: str, s: Any) -> list[list[str]]:
-    """The table rows of one field's statistics: one per dimension, channel or the whole field."""
-    lo, hi, mean, std = _flat(s.min), _flat(s.max), _flat(s.mean), _flat(s.std)
-    qs = [_flat(s.quantiles[q]) if q in s.quantiles else np.zeros(0) for q in QUANTILES]
+def _cells(s: Any, d: int | None) -> list[str]:
+    """The min, max, mean, std and quantile cells of dimension ``d`` of ``s`` (None: its only values)."""
+    def at(a: Any) -> Any:
+        flat = _flat(a)
+        return flat[d] if d is not None and len(flat) > d else (flat[0] if d is None and len(flat) else None)
+
+    return [num(at(s.min)), num(at(s.max)), num(at(s.mean)), num(at(s.std)),
+            *(num(at(s.quantiles[q])) if q in s.quantiles else "–" for q in QUANTILES)]
+
+
+def _records(s: Any) -> str:
+    return num(s.rows) + (" (sample)" if s.sampled else "")
+
+
+def _field_label(name: str, s: Any) -> str:
+    values = int(np.prod(tuple(s.shape), dtype=np.int64))
+    if s.kind == "image":
+        return f"{name} (pixels in [0, 1])"
+    if values > 1 and s.kind == "dense":
+        return f"{name} (all {values:,} values)"
+    return name
+
+
+def _field_rows(name: str, s: Any) -> tuple[list[list[str]], list[list[str]]]:
+    """One field's summary row (over all its values) and its per-dimension (per-channel) rows.
+
+    The summary row has every column; a dimension's row has its own min, max, mean, std and
+    quantiles, its records read (those of the field), and its count, NaN and Inf where they are
+    known per dimension (the field has no NaN or Inf: each dimension counts the same values).
+    """
+    overall = getattr(s, "overall", None)
+    top = overall if overall is not None else s
+    head = [esc(_field_label(name, s)), esc(s.kind), esc(s.dtype), num(s.count), _records(s), *_cells(top, None),
+            num(s.nan), num(s.inf)]
+    if overall is None:
+        return [head], []
+    dims = len(_flat(s.mean))
+    clean = not s.nan and not s.inf
     shape = tuple(s.shape)
-    values = int(np.prod(shape, dtype=np.int64))
-    rows = []
-    for d in range(len(mean)):
-        if s.kind == "image":
-            label = f"{name} channel {d} (scaled to [0, 1])"
-        elif len(mean) == 1:
-            label = name if values <= 1 else f"{name} (all {values:,} values)"
-        else:
-            label = f"{name}[{_index(d, shape, len(mean))}]"
-        first = d == 0
-        rows.append([esc(label), esc(s.kind), esc(s.dtype), num(s.count) if first else "",
-                     num(s.rows) + (" (sample)" if s.sampled else "") if first else "",
-                     num(lo[d]), num(hi[d]), num(mean[d]), num(std[d]),
-                     *(num(q[d]) if len(q) > d else "–" for q in qs),
-                     num(s.nan) if first else "", num(s.inf) if first else ""])
-    return rows
+    dim_rows = []
+    for d in range(dims):
+        label = f"{name} channel {d}" if s.kind == "image" else f"{name}[{_index(d, shape, dims)}]"
+        dim_rows.append([esc(label), "", "", num(s.count // dims) if clean else "–", _records(s), *_cells(s, d),
+                         "0" if clean else "–", "0" if clean else "–"])
+    return [head], dim_rows
+
+
+def _tr(cells: Sequence[str], cls: str) -> str:
+    return f'<tr class="{cls}">' + "".join(
+        f'<td{" class=num" if i >= 3 else ""}>{c}</td>' for i, c in enumerate(cells)) + "</tr>"
 
 
 def fields_html(stats: dict[str, Any]) -> str:
-    """The per-field statistics table: a row per dimension of small vectors, per channel of images.
+    """The per-field statistics table: a row per field over all its values, its dimensions under it.
 
     Parameters
     ----------
     stats : dict of str to FieldStats
         ``field_stats(table)``: per dimension for small vectors, per channel for images, else
-        over every value of the field (one row).
+        over every value of the field.
 
     Returns
     -------
     str
-        The table (cut at :data:`MAX_FIELD_ROWS` rows, with a note); a ragged field has a row
-        of its list lengths too.
+        The table. Each field has a summary row (``<tr class="field">``) over all its values,
+        with every column; a field summarised per dimension or channel has a row per dimension
+        under it (``<tr class="dim">``), up to :data:`OPEN_DIMENSIONS` of them, past that folded
+        into a ``<details>`` element in a row of its own (``<tr class="dims">``). A ragged
+        field has a row of its list lengths too. At most :data:`MAX_FIELD_ROWS` rows (fields and
+        dimensions), with a note.
     """
     if not stats:
         return note("No field statistics.")
     header = ["field", "kind", "dtype", "count", "records read", "min", "max", "mean", "std",
               *(f"q{round(q * 100):02d}" for q in QUANTILES), "nan", "inf"]
-    rows: list[list[str]] = []
+    head = "".join(f'<th{" class=num" if i >= 3 else ""}>{esc(h)}</th>' for i, h in enumerate(header))
+    body: list[str] = []
+    shown = total = 0
     for name, s in stats.items():
-        rows += _stat_rows(name, s)
-        if getattr(s, "lengths", None) is not None:
-            rows += _stat_rows(f"{name} (list length)", s.lengths)
-    out = table(header, rows[:MAX_FIELD_ROWS], cls="fields", numeric_from=3)
-    if len(rows) > MAX_FIELD_ROWS:
-        out += note(f"{len(rows) - MAX_FIELD_ROWS:,} more rows not shown (replaystore stats writes them all).")
-    return out + note("count: finite values counted over every dimension; NaN and Inf are left out of the statistics "
-                      "and counted apart. Large fields are summarised from a seeded sample of records (records read).")
+        parts = [(name, s)] + ([(f"{name} (list length)", s.lengths)] if getattr(s, "lengths", None) is not None
+                               else [])
+        for label, stat in parts:
+            top, dims = _field_rows(label, stat)
+            total += 1 + len(dims)
+            if shown >= MAX_FIELD_ROWS:
+                continue
+            body.append(_tr(top[0], "field"))
+            shown += 1
+            dims = dims[:max(0, MAX_FIELD_ROWS - shown)]
+            shown += len(dims)
+            if len(dims) <= OPEN_DIMENSIONS:
+                body += [_tr(r, "dim") for r in dims]
+            else:
+                inner = "".join(_tr(r, "dim") for r in dims)
+                body.append(f'<tr class="dims"><td colspan="{len(header)}"><details data-field="{esc(label)}">'
+                            f"<summary>{len(dims):,} dimensions of {esc(label)}</summary>"
+                            f'<table class="dims"><thead><tr>{head}</tr></thead><tbody>{inner}</tbody></table>'
+                            f"</details></td></tr>")
+    out = f'<table class="fields"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    if total > shown:
+        out += note(f"{total - shown:,} more rows not shown (replaystore stats writes them all).")
+    return out + note("Each field's first row is over all its values; the rows under it are per dimension "
+                      "(per channel for images), folded past "
+                      f"{OPEN_DIMENSIONS} dimensions. count: finite values counted; NaN and Inf are left out of the "
+                      "statistics and counted apart. Large fields are summarised from a seeded sample of records "
+                      "(records read).")
 
 
 def health_html(findings: Sequence[Any]) -> str:
@@ -395,13 +475,19 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bo
     -------
     str
         A ``<figure class="plot">`` (cumulative rows per writer over commit time; past
-        :data:`~replaystore.report.plots.MAX_LINES` writers the 4 largest and the total) and a
-        table.
+        :data:`~replaystore.report.plots.MAX_LINES` writers the 4 largest and the total; when
+        the appends all have one time, a single append, over the commits' numbers) and a table of
+        each writer's commits, compactions, rows added and first and last append.
     """
     if not commits:
         return note("No commits.")
     times = np.array([c["time_ns"] / 1e9 for c in commits])
     x, xlabel = _time_axis(times)
+    kinds = np.array([c["kind"] for c in commits], dtype=object)
+    one_time = len(np.unique(x[kinds == "append"])) <= 1
+    if one_time:  # the appends at one time (one append, and the close's compaction): number the commits
+        x = np.argsort(np.argsort(times, kind="stable"), kind="stable").astype(np.float64) + 1  # rank in time
+        xlabel = "commit (in order)"
     writer = np.array([c["writer"] for c in commits], dtype=np.int64)
     added = np.array([c["rows"] for c in commits], dtype=np.int64)
     compact = np.array([c["kind"] == "compact" for c in commits], dtype=bool)
@@ -412,15 +498,18 @@ def commits_html(commits: Sequence[dict[str, Any]], table_name: str, history: bo
     series = [(f"writer {w}", x[order][writer[order] == w], np.cumsum(added[order][writer[order] == w]))
               for w in chosen]
     total = (x[order], np.cumsum(added[order])) if len(ws) > 1 else None
-    fig = plots.lines(series, f"rows committed to {table_name!r} per writer ({len(ws):,} writers)", xlabel,
-                      "rows (cumulative)", mean=total, steps=True)
+    writers = f"{len(ws):,} writer{'s' if len(ws) != 1 else ''}"
+    fig = plots.lines(series, f"rows committed to {table_name!r} per writer ({writers})", xlabel,
+                      "rows (cumulative)", mean=total, steps=True, integer_x=one_time)
     rows = []
     for w in ws:
         mine = writer == w
+        appended = times[mine & ~compact]  # appends only: the same whether from the history or the fragments
         rows.append([num(w), num(int(mine.sum())), num(int(compact[mine].sum())) if history else "–", num(totals[w]),
-                     esc(utc(float(times[mine].min()))), esc(utc(float(times[mine].max())))])
-    tab = table(["writer", "commits", "compactions", "rows added", "first commit", "last commit"],
-                rows[:MAX_WRITER_ROWS], cls="writers")
+                     esc(utc(float(appended.min()))) if len(appended) else "–",
+                     esc(utc(float(appended.max()))) if len(appended) else "–"])
+    tab = table(["writer", "commits", "compactions", "rows added", "first append", "last append"],
+                rows[:MAX_WRITER_ROWS], cls="writers", numeric_from=1, text_from=4)
     if len(rows) > MAX_WRITER_ROWS:
         tab += note(f"{len(rows) - MAX_WRITER_ROWS:,} more writers not shown.")
     lead = "" if history else note(

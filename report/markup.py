@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -57,6 +58,35 @@ def num(value: Any, digits: int = 4) -> str:
     if math.isinf(f):
         return "inf" if f > 0 else "-inf"
     return f"{f:.{digits}g}"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def stream_key(key: Any) -> tuple[Any, ...]:
+    """A sort key that orders stream keys as people read them: ints numerically, strings naturally.
+
+    ``2 < 10``; ``"env2" < "env10"``, ``"collector0/game1" < "collector1/game0"``; ints before
+    strings, anything else (tuples, bytes) after them by its text.
+
+    Parameters
+    ----------
+    key : Any
+        A stream key.
+
+    Returns
+    -------
+    tuple
+        The key to sort by.
+    """
+    if isinstance(key, (bool, np.bool_)):
+        return (2, str(key))
+    if isinstance(key, (int, np.integer)):
+        return (0, int(key))
+    if isinstance(key, str):  # split into text and numbers: text at even places, numbers at odd ones
+        parts = _DIGITS.split(key)
+        return (1, tuple(int(p) if i % 2 else p for i, p in enumerate(parts)))
+    return (2, str(key))
 
 
 def size(nbytes: int) -> str:
@@ -119,7 +149,7 @@ def duration(seconds: float) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "", caption: str = "",
-          numeric_from: int = 1) -> str:
+          numeric_from: int = 1, text_from: int | None = None) -> str:
     """An HTML table; cells are given as markup (escape text with :func:`esc` first).
 
     Parameters
@@ -134,15 +164,21 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = ""
         A caption (plain text).
     numeric_from : int, optional
         Columns from this index on are right-aligned (numbers).
+    text_from : int, optional
+        Columns from this index on are left-aligned again (text after the numbers).
 
     Returns
     -------
     str
         The table.
     """
-    head = "".join(f'<th{" class=num" if i >= numeric_from else ""}>{esc(h)}</th>' for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= numeric_from else ""}>{c}</td>'
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    stop = len(header) if text_from is None else text_from
+
+    def cls_of(i: int) -> str:
+        return " class=num" if numeric_from <= i < stop else ""
+
+    head = "".join(f"<th{cls_of(i)}>{esc(h)}</th>" for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{cls_of(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return (f'<table class="{esc(cls)}">{cap}<thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>")

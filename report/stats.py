@@ -87,6 +87,10 @@ class FieldStats:
         the records read, in row order: the median of the chunk's non-zero finite absolute
         values (of at most about 8192 of them, evenly strided); NaN for a chunk without one.
         What the ``magnitude_jump`` health check compares.
+    overall : FieldStats or None
+        For a field summarised per dimension or per channel (more than one), the same
+        statistics over all of its values at once (shape ``()``; for images, scaled to
+        [0, 1]); None otherwise (the field's own statistics are already over all its values).
     """
 
     name: str
@@ -107,6 +111,7 @@ class FieldStats:
     nan_records: int = 0
     inf_records: int = 0
     chunk_scale: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    overall: FieldStats | None = field(default=None, repr=False)
 
 
 def is_image(f: Any) -> bool:
@@ -288,14 +293,21 @@ def _stats_of(name: str, dtype: np.dtype, shape: tuple[int, ...], kind: str, val
         matrix = values.reshape(-1, 1)
         out_shape = ()
     mins, maxs, means, stds, qs, count, nan, inf = summarise(matrix)
-    nan_records, inf_records = _bad_records(values, records, offsets) if nan or inf else (0, 0)
     scale = 255.0 if kind == "image" else 1.0
+    overall = None
+    if matrix.shape[1] > 1:  # per dimension or channel: the field over all its values too
+        o_min, o_max, o_mean, o_std, o_qs, o_count, o_nan, o_inf = summarise(matrix.reshape(-1, 1))
+        overall = FieldStats(name, str(dtype), shape, kind, o_count, records, np.asarray(o_min[0] / scale),
+                             np.asarray(o_max[0] / scale), np.asarray(o_mean[0] / scale), np.asarray(o_std[0] / scale),
+                             {q: np.asarray(o_qs[i, 0] / scale) for i, q in enumerate(QUANTILES)}, o_nan, o_inf,
+                             sampled)
+    nan_records, inf_records = _bad_records(values, records, offsets) if nan or inf else (0, 0)
     chunk = np.zeros(0) if kind == "image" else chunk_scales(values, records, offsets)
     return FieldStats(name, str(dtype), shape, kind, count, records,
                       (mins / scale).reshape(out_shape), (maxs / scale).reshape(out_shape),
                       (means / scale).reshape(out_shape), (stds / scale).reshape(out_shape),
                       {q: (qs[i] / scale).reshape(out_shape) for i, q in enumerate(QUANTILES)},
-                      nan, inf, sampled, lengths, nan_records, inf_records, chunk)
+                      nan, inf, sampled, lengths, nan_records, inf_records, chunk, overall)
 
 
 def _sample_rows(view: TableView, n: int, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -96,21 +96,27 @@ def episode_counts(episodes: Any) -> str:
 
 
 def commit_span(commits: Sequence[dict[str, Any]]) -> str:
-    """The time span of commits: first and last commit time (UTC) and the time between.
+    """The time span of the appends among commits: first and last append time (UTC) and the time between.
+
+    Compactions (``kind`` ``"compact"``) are left out: they rewrite records, they add none, and
+    a writer's close compacts after its last append. So the span is the same whether the commits
+    come from the history (``Store.commits()``) or from the fragments (:func:`held_commits`,
+    appends only), when the table still holds every append's records.
 
     Parameters
     ----------
     commits : sequence of dict
-        Commits, each with its ``time_ns`` (``Store.commits()``, or :func:`held_commits`).
+        Commits, each with its ``time_ns`` and, from the history, its ``kind``
+        (``Store.commits()``, or :func:`held_commits`: appends, without a kind).
 
     Returns
     -------
     str
-        The span as markup; an en dash when there are no commits.
+        The span as markup; an en dash when there are no appends.
     """
-    if not commits:
+    times = [c["time_ns"] / 1e9 for c in commits if c.get("kind", "append") == "append"]
+    if not times:
         return "–"
-    times = [c["time_ns"] / 1e9 for c in commits]
     first, last = min(times), max(times)
     return f"{esc(utc(first))} → {esc(utc(last))} ({esc(duration(last - first))})"
 
@@ -202,11 +208,11 @@ def summary_html(store: Store | Table, table_name: str | None = None, *, episode
     if commits is None:
         commits = held_commits(list(tables.values()))
     if not isinstance(store, Store):
-        rows.append(("commits", f"{num(len(commits))} hold its records; {commit_span(commits)}"))
+        rows.append(("commits", f"{num(len(commits))} hold its records; appends {commit_span(commits)}"))
     if isinstance(store, Store):
         assert info is not None
         rows.append(("writers", f"{num(info['writers'])} ({num(info['writers_closed'])} closed)"))
-        rows.append(("commits", f"{num(info['commits'])}; {commit_span(commits)}"))
+        rows.append(("commits", f"{num(info['commits'])}; appends {commit_span(commits)}"))
         rows.append(("size on disk", f"{esc(size(info['bytes']))} ({num(info['bytes'])} bytes, as du counts; "
                                      f"apparent {esc(size(info['apparent_bytes']))})"))
         rows.append(("capacity", num(info["capacity"]) if info["capacity"] is not None else "none"))

@@ -537,7 +537,7 @@ class Store(ReadFace):
 
     # -- looking at it: replaystore.report, loaded by name at the first call --------------------
     def report(self, path: str | os.PathLike[str], **kwargs: Any) -> Any:
-        """Write a self-contained HTML report of the store (``replaystore report``; docs/GUIDE.md, "The HTML report").
+        """Write a self-contained HTML report of the store (``replaystore report``; docs/GUIDE.md, "Look at a dataset").
 
         One file with no network use at view time: the summary, per-stream episodes and returns,
         return and length histograms and the learning curve, per-field statistics, data-health

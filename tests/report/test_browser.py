@@ -67,6 +67,12 @@ def test_the_demo_store_report_opens_clean_and_every_plot_renders(browser: Brows
     check = _opened(browser, html)
     assert check.count("svg") >= 4  # return and length histograms, returns over commits, commits per writer
     assert "demo-per" in _text(html)  # the saved sampler's section
+    # two plots a row: the histograms side by side, each about half the page; the learning curve a row of its own
+    box = {e.plot: e for e in check.elements if e.tag == "svg" and e.plot}
+    returns, lengths, curve = box["returns"], box["lengths"], box["learning-curve"]
+    assert abs(returns.y - lengths.y) < 2 and lengths.x > returns.x + returns.width - 2
+    assert 380 < returns.width < 600 and 380 < lengths.width < 600
+    assert curve.y > returns.y + returns.height and curve.width > 1.8 * returns.width
 
 
 def test_the_pong_frames_store_report_opens_clean_with_frame_strips(browser: Browser, pong_url: str,

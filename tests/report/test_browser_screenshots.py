@@ -34,3 +34,12 @@ def test_each_screenshot_is_a_full_page_png_1200_wide_under_1_5_mb(name: str) ->
         assert im.width == 1200
         assert im.height >= 2000  # the whole page, not one screen of it
         assert len(im.convert("RGB").getcolors(1 << 16) or range(1 << 16)) >= 16  # not a blank page
+
+
+def test_the_html_report_subsection_is_under_look_at_a_dataset() -> None:
+    guide = (ROOT / "docs" / "GUIDE.md").read_text(encoding="utf-8")
+    look = guide.split("\n## Look at a dataset\n", 1)[1].split("\n## ", 1)[0]
+    maintain = guide.split("\n## Maintain a store\n", 1)[1].split("\n## ", 1)[0]
+    assert "\n### The HTML report\n" in look and "### The HTML report" not in maintain
+    assert "looked_at.report(" in look  # its runnable example moved with it
+    assert '"The HTML report" (in "Maintain a store")' not in guide

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,10 @@ def test_a_larger_store_stays_small_and_caps_its_tables(tmp_path: Path) -> None:
     assert len(page.table("streams", "stream")) == MAX_STREAM_ROWS
     assert f"{streams - MAX_STREAM_ROWS} more streams not shown" in page.text("streams")
     assert page.sections["episodes"]["svgs"] == 3
+    # past 8 streams: the 4 with most episodes (in key order), the mean of all, and the band of all
+    legend = [t for t, _ in legend_texts(plot_svg(out.read_text("utf-8"), "learning-curve"))]
+    shown = [int(t.split()[1]) for t in legend if t.startswith("stream ")]
+    assert len(shown) == 4 and shown == sorted(shown) and legend[-2:] == ["mean", "min–max, all"]
 
 
 def test_a_table_of_a_multi_table_store(tmp_path: Path) -> None:
@@ -440,3 +445,204 @@ def test_frame_strips_of_every_image_leaf_of_a_dict_observation(tmp_path: Path) 
         (field,) = fields
         shown = frames_of(page, field)
         assert shown and all(f.shape == (8, 8, 3) for f in shown)
+
+
+# -- how the page reads: plots, the fields table, stream order, the commit span ------------------
+def plot_svg(html: str, plot: str) -> str:
+    """The inline SVG of the figure ``data-plot=plot``."""
+    at = html.index(f'data-plot="{plot}"')
+    return html[html.index("<svg", at):html.index("</svg>", at)]
+
+
+def tick_labels(svg: str, axis: str) -> list[str]:
+    """The text of the ``axis`` ("x" or "y") tick labels of a matplotlib SVG."""
+    out = []
+    for m in re.finditer(rf'<g id="[^"]*{axis}tick_\d+">', svg):  # each tick's group holds one label
+        label = re.search(r"<text[^>]*>([^<]*)</text>", svg[m.end():])
+        assert label is not None
+        out.append(label.group(1).replace("\u2212", "-"))
+    return out
+
+
+def axes_right(svg: str) -> float:
+    """The right edge of the axes' background rectangle."""
+    path = re.search(r'<g id="[^"]*patch_2">\s*<path d="([^"]+)"', svg, re.S)
+    assert path is not None
+    return max(float(x) for x in re.findall(r"[ML] ([\d.]+) [\d.]+", path.group(1)))
+
+
+def legend_texts(svg: str) -> list[tuple[str, float]]:
+    """(text, x) of every legend entry."""
+    part = svg[svg.index('legend_1"'):]
+    return [(t, float(x)) for x, t in re.findall(r'<text[^>]*x="([\d.]+)"[^>]*>([^<]*)</text>', part)]
+
+
+def test_legends_sit_right_of_the_axes_and_cover_no_line(tmp_path: Path) -> None:
+    st = small_store(str(tmp_path / "s"))
+    build_report(st, tmp_path / "r.html", progress=False)
+    html = (tmp_path / "r.html").read_text("utf-8")
+    for plot, labels in (("learning-curve", {"stream a", "stream b", "stream c"}),
+                         ("commits", {"writer 0", "writer 1"})):
+        svg = plot_svg(html, plot)
+        entries = legend_texts(svg)
+        assert labels <= {t for t, _ in entries}, plot
+        assert all(x > axes_right(svg) for _, x in entries), plot
+    # two writers: their lines and the total, once (no "mean" of cumulative counts)
+    assert sorted(t for t, _ in legend_texts(plot_svg(html, "commits"))) == ["total", "writer 0", "writer 1"]
+
+
+def test_the_learning_curve_is_a_wide_mean_per_stream_over_one_min_max_band(tmp_path: Path) -> None:
+    st = small_store(str(tmp_path / "s"))
+    build_report(st, tmp_path / "r.html", progress=False)
+    html = (tmp_path / "r.html").read_text("utf-8")
+    assert '<figure class="plot wide" data-plot="learning-curve">' in html
+    svg = plot_svg(html, "learning-curve")
+    assert svg.count("FillBetweenPolyCollection") == 1  # one band under every line
+    assert "min–max, all" in {t for t, _ in legend_texts(svg)}
+    # two players' episodes ending at one time cancel: the mean is 0, the band spans -1 to 1
+    from replaystore.report.plots import ranges
+
+    x, mean, lo, hi = ranges(np.array([0.0, 0.0, 1.0, 1.0, 1.0]), np.array([1.0, -1.0, 1.0, -1.0, 3.0]))
+    np.testing.assert_array_equal(x, [0.0, 1.0])
+    np.testing.assert_allclose(mean, [0.0, 1.0])
+    np.testing.assert_array_equal(lo, [-1.0, -1.0])
+    np.testing.assert_array_equal(hi, [1.0, 3.0])
+
+
+def _one_commit_store(url: str, length: int = 300, episodes: int = 4) -> Store:
+    """One writer, one commit (and the close's compaction): episodes all ``length`` long, returns of whole numbers."""
+    st = open_store(url, transitions(obs_shape=1), mode="x")
+    n = length * episodes
+    with st.writer() as w:
+        w.append({"obs": np.zeros((n, 1), np.float32), "action": np.zeros(n, np.int64),
+                  "reward": np.where(np.arange(n) % 7 == 0, 1.0, 0.0).astype(np.float32),
+                  "next_obs": np.zeros((n, 1), np.float32), "terminated": np.arange(n) % length == length - 1},
+                 stream=0)
+    return st
+
+
+def _whole(labels: list[str]) -> bool:
+    return bool(labels) and all(re.fullmatch(r"-?[\d,]+", t) for t in labels)
+
+
+def test_integer_data_gets_integer_ticks_and_one_commit_no_zero_width_axis(tmp_path: Path) -> None:
+    st = _one_commit_store(str(tmp_path / "one"))
+    build_report(st, tmp_path / "r.html", progress=False)
+    html = (tmp_path / "r.html").read_text("utf-8")
+    lengths = plot_svg(html, "lengths")  # every episode 300 long: the tick 300, not 299.6 ... 300.4
+    assert _whole(tick_labels(lengths, "x")) and "300" in tick_labels(lengths, "x"), tick_labels(lengths, "x")
+    assert _whole(tick_labels(lengths, "y"))  # counts
+    returns = plot_svg(html, "returns")  # whole-number returns (float rewards): integer ticks too
+    assert _whole(tick_labels(returns, "x")), tick_labels(returns, "x")
+    commits = plot_svg(html, "commits")  # one append: numbered commits, not -0.04 ... 0.04 s
+    xs = tick_labels(commits, "x")
+    assert _whole(xs) and "1" in xs, xs
+    assert "commit (" in " ".join(re.findall(r"<text[^>]*>([^<]*)</text>", commits))
+    # fractional data keeps its fractional ticks
+    from replaystore.report.plots import histogram
+
+    assert not _whole(tick_labels(histogram(np.linspace(0, 1, 50), "t", "x"), "x"))
+
+
+def _field_rows(html: str) -> dict[str, tuple[str, list[str]]]:
+    """Every row of the fields section: first cell -> (the row's class, its cells)."""
+    section = html[html.index('<section id="fields">'):]
+    section = section[:section.index("</section>")]
+    out = {}
+    for cls, row in re.findall(r'<tr class="(\w+)">(.*?)</tr>', section, re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if cls != "dims":
+            out[cells[0]] = (cls, cells)
+    return out
+
+
+def test_a_vector_fields_summary_row_is_over_all_its_values_with_its_dimensions_under_it(tmp_path: Path) -> None:
+    wide = 18
+    schema = Schema("wide", [Dense("obs", np.float32, (wide,)), Dense("pair", np.float32, (2,)),
+                             Dense("gappy", np.float64, (3,), finite=False)])
+    st = open_store(str(tmp_path / "w"), schema, mode="x")
+    rng = np.random.default_rng(0)
+    n = 50
+    gappy = rng.normal(size=(n, 3))
+    gappy[3, 1] = np.nan
+    with st.writer() as w:
+        w.append({"obs": rng.normal(size=(n, wide)).astype(np.float32),
+                  "pair": rng.normal(size=(n, 2)).astype(np.float32), "gappy": gappy}, stream=0)
+    build_report(st, tmp_path / "r.html", progress=False)
+    html = (tmp_path / "r.html").read_text("utf-8")
+    rows = _field_rows(html)
+    data = st.read(st.row_ids())
+    for name, values in (("obs", data["obs"]), ("pair", data["pair"])):
+        cls, top = rows[f"{name} (all {values.shape[1]} values)"]
+        flat = values.astype(np.float64).ravel()
+        assert cls == "field" and top[3] == f"{flat.size:,}" and top[4] == str(n) and top[-2:] == ["0", "0"]
+        for col, want in ((5, flat.min()), (6, flat.max()), (7, flat.mean()), (8, flat.std()),
+                          (11, np.quantile(flat, 0.5))):
+            assert float(top[col]) == pytest.approx(float(want), rel=1e-3, abs=1e-6), (name, col)
+        for d in range(values.shape[1]):  # each dimension: every column filled, its own figures
+            cls, row = rows[f"{name}[{d}]"]
+            assert cls == "dim" and row[3] == str(n) and row[4] == str(n) and row[-2:] == ["0", "0"]
+            assert float(row[7]) == pytest.approx(float(values[:, d].mean()), rel=1e-3, abs=1e-6)
+    # past 8 dimensions they are folded into a <details>; 2 stay open under their field
+    folded = re.findall(r'<details data-field="([^"]+)"><summary>([^<]+)</summary>', html)
+    assert folded == [("obs", f"{wide} dimensions of obs")]
+    pair_at = html.index("pair (all 2 values)")
+    assert "<details" not in html[pair_at:html.index("pair[1]")]
+    # with a NaN the per-dimension counts are not known: a dash, not an empty cell
+    cls, top = rows["gappy (all 3 values)"]
+    assert top[3] == f"{3 * n - 1:,}" and top[-2:] == ["1", "0"]
+    assert all(rows[f"gappy[{d}]"][1][3] == "–" for d in range(3))
+
+
+def test_streams_are_listed_in_key_order(tmp_path: Path) -> None:
+    from replaystore.report.markup import stream_key
+
+    assert sorted([10, 2, 1], key=stream_key) == [1, 2, 10]
+    assert sorted(["env10", "env2", "collector1/game0", "collector0/game1", "collector0/game0"], key=stream_key) == [
+        "collector0/game0", "collector0/game1", "collector1/game0", "env2", "env10"]
+    assert sorted(["b", 3, "a"], key=stream_key) == [3, "a", "b"]
+    for keys, order in (([10, 2, 1], ["1", "2", "10"]),
+                        (["collector1/game0", "env10", "collector0/game1", "env2"],
+                         ["collector0/game1", "collector1/game0", "env2", "env10"])):
+        name = f"s{len(order)}{type(keys[0]).__name__}"
+        st = open_store(str(tmp_path / name), transitions(obs_shape=1), mode="x")
+        with st.writer() as w:
+            for k in keys:
+                w.append(_plain_transitions(3), stream=k)
+        build_report(st, tmp_path / f"{name}.html", progress=False)
+        page = parse(tmp_path / f"{name}.html")
+        streams = [r[0] for t in page.sections["streams"]["tables"] for r in t[1:]]
+        assert streams == order
+        html = (tmp_path / f"{name}.html").read_text("utf-8")
+        legend = [t for t, _ in legend_texts(plot_svg(html, "learning-curve")) if t.startswith("stream ")]
+        assert legend == [f"stream {k}" for k in order]
+
+
+def test_the_commit_span_is_that_of_the_appends_from_the_history_or_the_fragments(tmp_path: Path) -> None:
+    from replaystore.report.summary import commit_span, held_commits
+
+    st = small_store(str(tmp_path / "s"))  # each writer's close compacts: commits after the last append
+    history = st.commits()
+    assert max(c["time_ns"] for c in history if c["kind"] == "compact") > max(
+        c["time_ns"] for c in history if c["kind"] == "append")
+    held = held_commits([st.default])
+    appends = [c for c in history if c["kind"] == "append"]
+    assert sorted(c["time_ns"] for c in held) == sorted(c["time_ns"] for c in appends)
+    assert commit_span(history) == commit_span(held) == commit_span(appends)
+    # the report's summary (from the history) says what the notebook view (from the fragments) says
+    build_report(st, tmp_path / "r.html", progress=False)
+    report = parse(tmp_path / "r.html").pairs("summary")["commits"]
+    notebook = Page("<section id='repr'>" + st._repr_html_() + "</section>").pairs("repr")["commits"]
+    assert report.split("; ", 1)[1] == notebook.split("; ", 1)[1] == "appends " + commit_span(held)
+    # a compaction long after the appends does not stretch it
+    assert commit_span([{"time_ns": 10**9, "kind": "append"}, {"time_ns": 2 * 10**9, "kind": "append"},
+                        {"time_ns": 99 * 10**9, "kind": "compact"}]).endswith("(1 s)")
+    # the writers' table: first and last append, the same from either source
+    assert page_header(tmp_path / "r.html", "commits", "writer")[4:] == ["first append", "last append"]
+
+
+def page_header(path: Path, section: str, first: str) -> list[str]:
+    for t in parse(path).sections[section]["tables"]:
+        if t and t[0] and t[0][0] == first:
+            return t[0]
+    raise AssertionError(first)

@@ -94,6 +94,13 @@ def test_dense_stats_equal_numpy(tmp_path_factory: pytest.TempPathFactory, data:
     assert s.nan_records == int(np.isnan(x.astype(np.float64)).reshape(len(x), -1).any(axis=1).sum())
     assert s.rows == len(x) and not s.sampled
     assert (s.kind, s.dtype, s.shape) == ("dense", str(x.dtype), x.shape[1:])
+    # a field summarised per dimension also has its statistics over all its values
+    if per_dim and int(np.prod(x.shape[1:])) > 1:
+        assert s.overall is not None
+        assert_stats_equal(s.overall, reference(x, False))
+        assert (s.overall.count, s.overall.nan, s.overall.inf) == (s.count, s.nan, s.inf)
+    else:
+        assert s.overall is None
 
 
 def test_ragged_and_nested_fields(tmp_path: Path) -> None:

@@ -87,6 +87,11 @@ class Element:
     width: float
     height: float
     problem: str
+    plot: str = ""
+    """The ``data-plot`` of the report figure it is in ("" if none)."""
+    x: float = 0.0
+    y: float = 0.0
+    """Its top left corner in the page (CSS pixels)."""
 
 
 @dataclass
@@ -180,7 +185,10 @@ _INSPECT = r"""
       blank.width = el.width; blank.height = el.height;
       if (el.width === 0 || el.height === 0 || el.toDataURL() === blank.toDataURL()) problem = 'canvas is blank';
     }
-    out.push({tag, name: named(el, i), width: box.width, height: box.height, problem});
+    const fig = el.closest('figure[data-plot]');
+    out.push({tag, name: named(el, i), width: box.width, height: box.height, problem,
+              plot: fig ? fig.getAttribute('data-plot') : '',
+              x: box.left + window.scrollX, y: box.top + window.scrollY});
   });
   return out;
 }
