@@ -67,6 +67,8 @@ class Codec(abc.ABC):
     name: ClassVar[str]
     default_level: ClassVar[int]
     levels: ClassVar[tuple[int, int]]
+    block_records: int = 8
+    """Records per block (a shard's inner chunk): 8 for the byte codecs; a video codec's GOP."""
 
     def __init__(self, level: int | None = None) -> None:
         level = self.default_level if level is None else level
@@ -74,6 +76,63 @@ class Codec(abc.ABC):
         if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not lo <= level <= hi:
             raise SchemaError(f"codec {self.name!r} level must be an int in [{lo}, {hi}], got {level!r}")
         self.level = int(level)
+
+    @classmethod
+    def from_spec(cls, options: str, field: str | None = None) -> Codec:
+        """The codec of a schema's ``codec`` string, given what follows ``"<name>:"``.
+
+        The default reads a level (``"3"`` in ``"zstd:3"``; ``""``: the default level).
+        A codec with more options than a level (the video codec) overrides it; its
+        :attr:`spec` must give back the same codec.
+
+        Parameters
+        ----------
+        options : str
+            The part after the name and its colon (empty when there is none).
+        field : str, optional
+            The field asking, named by the errors.
+
+        Returns
+        -------
+        Codec
+            A new instance.
+
+        Raises
+        ------
+        SchemaError
+            The options are malformed.
+        """
+        try:
+            return cls(int(options) if options else None)
+        except ValueError as exc:
+            raise SchemaError(str(exc)) from None
+
+    def for_field(self, dtype: np.dtype, shape: tuple[int, ...], field: str | None = None) -> Codec:
+        """The codec bound to a field's records (``dtype`` and record ``shape``); checks they fit.
+
+        The byte codecs take any records and give themselves; a codec that needs the record
+        layout (the video codec: frame height, width, channels) gives a bound copy.
+
+        Parameters
+        ----------
+        dtype : numpy.dtype
+            The field's dtype.
+        shape : tuple of int
+            One record's shape.
+        field : str, optional
+            The field, named by the errors.
+
+        Returns
+        -------
+        Codec
+            The codec to encode and decode this field's blocks with.
+
+        Raises
+        ------
+        SchemaError
+            The codec cannot store such records.
+        """
+        return self
 
     @property
     def spec(self) -> str:
@@ -305,7 +364,9 @@ def get_codec(codec: str, field: str | None = None) -> Codec:
     name, _, level = codec.partition(":")
     cls = codec_class(name, field)
     try:
-        return cls(int(level) if level else None)
+        return cls.from_spec(level, field)
+    except UnknownCodecError:  # (a codec whose library is missing says so itself)
+        raise
     except (SchemaError, ValueError) as exc:
         where = f"field {field!r}: " if field is not None else ""
         raise SchemaError(f"{where}codec {codec!r}: {exc}") from None
@@ -544,3 +605,5 @@ class LZ4Codec(Codec):
 
 register_codec(ZstdCodec)
 register_codec(LZ4Codec)
+
+import replaystore.video  # noqa: E402, F401  (registers the video codec; it imports PyAV only when used)
