@@ -27,7 +27,7 @@ import google_crc32c
 import numpy as np
 
 from replaystore.codecs import Codec, get_codec
-from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.errors import CorruptObjectError, StaleReadError, UnknownCodecError
 from replaystore.store.format.zarrio import (
     CRC_BYTES,
     ChunkWriter,
@@ -367,10 +367,14 @@ class CompressedArray:
                                                f"({codec.name}; run replaystore verify)")
         try:
             codec.decode_blocks(raw, spans, dest)
+        except UnknownCodecError:  # (a codec whose library is missing: not damage)
+            raise
         except Exception:  # (whatever a codec's decoder raises on damaged data): name the block
             for i, (off, n) in enumerate(spans):
                 try:
                     codec.decode_into(raw[off:off + n], dest[i])
+                except UnknownCodecError:
+                    raise
                 except Exception as exc:
                     raise CorruptObjectError(path, f"block {blocks[i]} does not decode as {codec.name} "
                                                    f"({exc})") from None
