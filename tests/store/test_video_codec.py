@@ -262,3 +262,18 @@ def test_without_pyav_a_video_field_names_the_field_and_the_extra(tmp_path, monk
     before = st.schema
     monkeypatch.undo()
     assert open_store(str(tmp_path / "st"), mode="r").schema == before  # the store is as it was
+
+
+def test_the_reports_frame_strips_show_the_decoded_frames(tmp_path) -> None:
+    from replaystore.report.episodes import episodes_of
+    from replaystore.report.frames import frames_html, image_fields, png_data_uri
+
+    st, _ = _store(tmp_path / "st", "video:av1:gop=4", sizes=(10,))
+    table = st.default
+    fields = image_fields(st.schema)
+    assert fields == ["frames"]
+    html = frames_html(table, episodes_of(table), fields)
+    decoded = st.read(st.row_ids(), columns=["frames"])["frames"]
+    assert html.count("<img") == 3
+    for row in (0, 4, 9):  # first, middle and last record of the stream
+        assert png_data_uri(decoded[row]) in html
