@@ -277,3 +277,16 @@ def test_the_reports_frame_strips_show_the_decoded_frames(tmp_path) -> None:
     assert html.count("<img") == 3
     for row in (0, 4, 9):  # first, middle and last record of the stream
         assert png_data_uri(decoded[row]) in html
+
+
+def test_a_parquet_export_holds_the_decoded_frames(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from replaystore.tools.formats.parquet import export_parquet
+
+    st, _ = _store(tmp_path / "st", "video:h264:gop=4", sizes=(9, 4))
+    export_parquet(st, str(tmp_path / "out"))
+    files = sorted((tmp_path / "out").rglob("*.parquet"))
+    table = pq.read_table(files[0]) if len(files) == 1 else pq.read_table(str(tmp_path / "out"))
+    got = np.asarray(table.column("frames").to_pylist(), np.uint8).reshape(-1, H, W, 3)
+    np.testing.assert_array_equal(got, st.read(st.row_ids(), columns=["frames"])["frames"])
