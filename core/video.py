@@ -50,10 +50,42 @@ _DEFAULT_GOP = 16
 
 _MAGIC = b"RSVG"
 _VERSION = 1
-_HEAD = struct.Struct("<4sBxxxI")  # magic, version, 3 reserved zero bytes, packets
-_ENTRY = struct.Struct("<IIqq")  # size, flags (bit 0: keyframe), pts, dts
-_NO_TS = -(1 << 63)  # a packet without a pts or dts
+_HEAD = struct.Struct("<4sBBxxI")  # magic, version, timestamp mode, 2 reserved zero bytes, packets
 _MAX_PACKETS = 1 << 16
+_TS_NONE, _TS_ALL, _TS_SOME = 0, 1, 2  # no packet has pts/dts; every packet has both; per packet
+
+
+def _varint(value: int, out: bytearray) -> None:
+    """Append ``value`` (>= 0) as an unsigned LEB128 varint."""
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned LEB128 varint at ``pos`` and the position after it (ValueError past the end or over 64 bits)."""
+    value = shift = 0
+    while True:
+        if pos >= len(raw):
+            raise ValueError("a GOP block's packet table runs past its end")
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("a GOP block's packet table holds a varint over 64 bits")
+
+
+def _zigzag(value: int) -> int:
+    return (value << 1) ^ (value >> 63) if value < 0 else value << 1
+
+
+def _unzigzag(value: int) -> int:
+    return (value >> 1) ^ -(value & 1)
+
 
 def pack_gop(packets: list[tuple[bytes, int | None, int | None, bool]]) -> bytes:
     """One GOP's packets framed as one block (docs/FORMAT.md, "Video-coded fields").
@@ -62,14 +94,15 @@ def pack_gop(packets: list[tuple[bytes, int | None, int | None, bool]]) -> bytes
     ----------
     packets : list of tuple
         ``(data, pts, dts, keyframe)`` per packet, in decode order, as an encoder or a
-        demuxer gives them (``pts``/``dts`` may be None).
+        demuxer gives them (``pts``/``dts`` may be None; kept as given).
 
     Returns
     -------
     bytes
-        ``"RSVG"``, version 1, three zero bytes, the packet count (uint32), then per packet
-        its size (uint32), flags (uint32, bit 0 keyframe), pts and dts (int64; ``-2**63``
-        for none), then the packets' bytes one after the other. Little-endian.
+        A 12-byte header (``"RSVG"``, version 1, the timestamp mode, two zero bytes, the
+        packet count as uint32 little-endian), the packet table (varints: per packet its
+        size times 2 plus its keyframe bit, then its timestamps as the mode says), then
+        the packets' bytes one after the other.
 
     Raises
     ------
@@ -78,16 +111,32 @@ def pack_gop(packets: list[tuple[bytes, int | None, int | None, bool]]) -> bytes
     """
     if not packets or len(packets) > _MAX_PACKETS:
         raise ValueError(f"a GOP holds 1 to {_MAX_PACKETS} packets, got {len(packets)}")
-    head = [_HEAD.pack(_MAGIC, _VERSION, len(packets))]
+    stamps = [(pts, dts) for _, pts, dts, _ in packets]
+    if all(p is None and d is None for p, d in stamps):
+        mode = _TS_NONE
+    elif all(p is not None and d is not None for p, d in stamps):
+        mode = _TS_ALL
+    else:
+        mode = _TS_SOME
+    table = bytearray()
     body = []
+    prev_pts = prev_dts = 0
     for data, pts, dts, key in packets:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ValueError(f"a packet's data must be bytes, got {type(data).__name__}")
         data = bytes(data)
-        head.append(_ENTRY.pack(len(data), 1 if key else 0, _NO_TS if pts is None else int(pts),
-                                _NO_TS if dts is None else int(dts)))
+        _varint(len(data) << 1 | (1 if key else 0), table)
+        if mode == _TS_SOME:
+            table.append((pts is not None) | (dts is not None) << 1)
+        if mode != _TS_NONE:
+            if pts is not None:  # (deltas from the previous packet's: small numbers, a byte or two)
+                _varint(_zigzag(int(pts) - prev_pts), table)
+                prev_pts = int(pts)
+            if dts is not None:
+                _varint(_zigzag(int(dts) - prev_dts), table)
+                prev_dts = int(dts)
         body.append(data)
-    return b"".join(head + body)
+    return b"".join([_HEAD.pack(_MAGIC, _VERSION, mode, len(packets)), bytes(table), *body])
 
 
 def gop_packets(block: bytes | np.ndarray) -> int:
@@ -111,9 +160,10 @@ def gop_packets(block: bytes | np.ndarray) -> int:
     head = bytes(block[:_HEAD.size])
     if len(head) < _HEAD.size:
         raise ValueError(f"a GOP block starts with a {_HEAD.size}-byte header, got {len(head)} bytes")
-    magic, version, count = _HEAD.unpack(head)
-    if magic != _MAGIC or version != _VERSION:
-        raise ValueError(f"not a version-{_VERSION} GOP block (magic {magic!r}, version {version})")
+    magic, version, mode, count = _HEAD.unpack(head)
+    if magic != _MAGIC or version != _VERSION or mode > _TS_SOME or head[6:8] != b"\0\0":
+        raise ValueError(f"not a version-{_VERSION} GOP block (magic {magic!r}, version {version}, "
+                         f"timestamp mode {mode})")
     return int(count)
 
 
@@ -133,26 +183,38 @@ def unpack_gop(block: bytes | np.ndarray) -> list[tuple[bytes, int | None, int |
     Raises
     ------
     ValueError
-        A malformed block: wrong magic or version, a packet count of 0 or over 65536,
-        sizes that do not add up to the block's length exactly.
+        A malformed block: wrong magic, version or timestamp mode, a packet count of 0 or
+        over 65536, a packet table or sizes that do not add up to the block's length exactly.
     """
     raw = bytes(block)
     count = gop_packets(raw)
     if not 1 <= count <= _MAX_PACKETS:
         raise ValueError(f"a GOP block declares {count} packets (1 to {_MAX_PACKETS})")
-    table_end = _HEAD.size + count * _ENTRY.size
-    if len(raw) < table_end:
-        raise ValueError(f"a GOP block of {len(raw)} bytes is shorter than its packet table ({table_end})")
-    out: list[tuple[bytes, int | None, int | None, bool]] = []
-    pos = table_end
+    mode = raw[4 + 1]
+    pos = _HEAD.size
+    entries = []
+    prev_pts = prev_dts = 0
     for i in range(count):
-        size, flags, pts, dts = _ENTRY.unpack_from(raw, _HEAD.size + i * _ENTRY.size)
-        if flags & ~1:
-            raise ValueError(f"packet {i}: unknown flags {flags:#x}")
+        word, pos = _read_varint(raw, pos)
+        has_pts = has_dts = mode == _TS_ALL
+        if mode == _TS_SOME:
+            if pos >= len(raw) or raw[pos] > 3:
+                raise ValueError(f"packet {i}: malformed timestamp flags")
+            has_pts, has_dts = bool(raw[pos] & 1), bool(raw[pos] & 2)
+            pos += 1
+        pts = dts = None
+        if has_pts:
+            delta, pos = _read_varint(raw, pos)
+            pts = prev_pts = prev_pts + _unzigzag(delta)
+        if has_dts:
+            delta, pos = _read_varint(raw, pos)
+            dts = prev_dts = prev_dts + _unzigzag(delta)
+        entries.append((word >> 1, pts, dts, bool(word & 1)))
+    out: list[tuple[bytes, int | None, int | None, bool]] = []
+    for i, (size, pts, dts, key) in enumerate(entries):
         if pos + size > len(raw):
             raise ValueError(f"packet {i} of {size} bytes runs past the block's end")
-        out.append((raw[pos:pos + size], None if pts == _NO_TS else pts, None if dts == _NO_TS else dts,
-                    bool(flags & 1)))
+        out.append((raw[pos:pos + size], pts, dts, key))
         pos += size
     if pos != len(raw):
         raise ValueError(f"a GOP block of {len(raw)} bytes holds {pos} bytes of packets and table")
@@ -482,7 +544,8 @@ class VideoCodec(Codec):
         # docstring inherited
         h, w, c = self._frame_shape()
         frames = np.asarray(raw, dtype=np.uint8).reshape(-1, h, w, c)
-        return pack_gop(self.encode_packets(frames))
+        # (the decoders need no timestamps: a block keeps none, which saves bytes per frame)
+        return pack_gop([(data, None, None, key) for data, _, _, key in self.encode_packets(frames)])
 
     # -- decoding -----------------------------------------------------------------------------------------
 
@@ -498,18 +561,22 @@ class VideoCodec(Codec):
             self._local.decoder = ctx
         return ctx
 
-    def decode_packets(self, packets: list[tuple[bytes, int | None, int | None, bool]]) -> list[Any]:
+    def decode_packets(self, packets: list[tuple[bytes, int | None, int | None, bool]],
+                       frames_wanted: int | None = None) -> list[Any]:
         """Decode one GOP's packets with this thread's decoder (reset after): PyAV video frames, in display order.
 
         Parameters
         ----------
         packets : list of tuple
             ``(data, pts, dts, keyframe)``, as :func:`unpack_gop` gives them.
+        frames_wanted : int, optional
+            Stop once the decoder has given this many frames (default: decode every packet
+            and drain the decoder).
 
         Returns
         -------
         list of av.VideoFrame
-            The decoded frames.
+            The decoded frames (at least ``frames_wanted`` when the packets hold that many).
         """
         av = _av(None, self.spec)
         ctx = self._decoder(av)
@@ -519,7 +586,10 @@ class VideoCodec(Codec):
                 pkt = av.Packet(data)
                 pkt.pts, pkt.dts = pts, dts
                 frames.extend(ctx.decode(pkt))
-            frames.extend(ctx.decode(None))
+                if frames_wanted is not None and len(frames) >= frames_wanted:
+                    break
+            else:
+                frames.extend(ctx.decode(None))
         except BaseException:
             self._local.decoder = None  # (a decoder that failed midway is not reused)
             raise
@@ -548,7 +618,14 @@ class VideoCodec(Codec):
         if (frame.height, frame.width) != (h, w):
             raise ValueError(f"{self.codec}: decoded a {frame.width}x{frame.height} frame, expected {w}x{h}")
         if c == 3:
-            return frame.to_ndarray(format="rgb24")
+            if frame.format.name == "rgb24":
+                return frame.to_ndarray()
+            reformatter = getattr(self._local, "reformatter", None)
+            if reformatter is None:  # (one per thread: it keeps its conversion context between frames)
+                from av.video.reformatter import VideoReformatter
+
+                reformatter = self._local.reformatter = VideoReformatter()
+            return reformatter.reformat(frame, format="rgb24").to_ndarray()
         name = frame.format.name
         if name in ("gray", "yuv420p", "yuvj420p", "yuv444p", "yuv422p"):
             # the luma plane as decoded (no range conversion)
@@ -574,9 +651,23 @@ class VideoCodec(Codec):
         for i, frame in enumerate(frames):
             dest[i] = self.frame_array(frame)
 
+    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
+        # docstring inherited: decodes the GOP's packets up to the last frame wanted, converts only those
+        h, w, c = self._frame_shape()
+        dest = out.reshape(-1, h, w, c)
+        packets = unpack_gop(data)
+        if len(packets) != len(dest):
+            raise ValueError(f"{self.codec}: the block holds {len(packets)} packets, expected {len(dest)}")
+        wanted = max(rows) + 1
+        frames = self.decode_packets(packets, wanted)
+        if len(frames) < wanted:
+            raise ValueError(f"{self.codec}: the block decodes into {len(frames)} frames, expected {len(dest)}")
+        for r in rows:
+            dest[r] = self.frame_array(frames[r])
+
     def max_encoded_bytes(self, raw: int) -> int:
         # docstring inherited: a lossless or high-quality stream of noise can exceed the raw frames
-        return 2 * raw + self.gop * (_ENTRY.size + 4096) + _HEAD.size + 4096
+        return 2 * raw + self.gop * (32 + 4096) + _HEAD.size + 4096
 
 
 register_codec(VideoCodec)

@@ -296,6 +296,8 @@ class CompressedArray:
         self.path = chunk_path(array_path, len(shape))
         self._codec = codec
         self._block = codec.block_records
+        # (a codec that decodes some records of a block for less than all of them: the video codec)
+        self._partial = type(codec).decode_rows_into is not Codec.decode_rows_into
         self._cached = cached
         self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])), codec)
         self._raw: np.ndarray | None = None
@@ -343,13 +345,14 @@ class CompressedArray:
         """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked (:meth:`_decode_blocks`)."""
         self._decode_blocks([block], out[None])
 
-    def _decode_blocks(self, blocks: list[int], out: np.ndarray) -> None:
+    def _decode_blocks(self, blocks: list[int], out: np.ndarray, rows: list[list[int]] | None = None) -> None:
         """Decode ``blocks[i]`` into ``out[i]`` (each :data:`BLOCK` records; ``out`` C-contiguous), checked.
 
         Per block its CRC32C, then the decoded size its header declares (exactly one
         block's bytes: a shorter block would leave part of ``out`` as it was), then the
         decoder's own checks; any failure is a CorruptObjectError naming the shard and
-        the block. Cost: one decompression per block, nothing per record.
+        the block. Cost: one decompression per block, nothing per record. With ``rows``
+        (per block the records wanted), the codec's ``decode_rows_into`` fills only those.
         """
         raw, index = self._load()
         dest = out.view(np.uint8).reshape(len(blocks), -1)
@@ -365,6 +368,17 @@ class CompressedArray:
                 got = "no size" if declared is None else f"{declared} bytes"
                 raise CorruptObjectError(path, f"block {blocks[i]} declares {got} decoded, expected {expected} "
                                                f"({codec.name}; run replaystore verify)")
+        if rows is not None:
+            for i, (off, n) in enumerate(spans):
+                try:
+                    codec.decode_rows_into(raw[off:off + n], dest[i], rows[i])
+                except UnknownCodecError:  # (a codec whose library is missing: not damage)
+                    raise
+                except Exception as exc:
+                    raise CorruptObjectError(path, f"block {blocks[i]} does not decode as {codec.name} "
+                                                   f"({exc})") from None
+            CompressedArray.blocks_decoded += len(spans)
+            return
         try:
             codec.decode_blocks(raw, spans, dest)
         except UnknownCodecError:  # (a codec whose library is missing: not damage)
@@ -443,7 +457,12 @@ class CompressedArray:
             block = self._block
             blocks, inv = np.unique(flat // block, return_inverse=True)
             decoded = np.empty((len(blocks) * block, *rest), dtype=self.dtype.newbyteorder("<"))
-            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), block, *rest))
+            wanted = None
+            if self._partial:  # per block the records wanted (sorted, distinct)
+                pairs = np.unique(inv.reshape(-1).astype(np.int64) * block + flat % block)
+                cuts = np.searchsorted(pairs, np.arange(1, len(blocks)) * block)
+                wanted = [(p % block).tolist() for p in np.split(pairs, cuts)]
+            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), block, *rest), wanted)
             rows = inv.reshape(-1) * block + flat % block
             if res.flags.c_contiguous and res.dtype == decoded.dtype:  # each row copied once, into the result
                 np.take(decoded, rows, axis=0, out=res.reshape(len(flat), *rest), mode="clip")  # (unbuffered)
