@@ -14,7 +14,7 @@ copies a demuxed stream's packets into blocks without re-encoding
 bindings) encodes and decodes; it is the optional extra ``replaystore[video]`` and is
 imported only when a video field is built, encoded or decoded.
 
-What comes back: ``"video:ffv1"`` is lossless (a read gives the frames written, bit for
+What comes back: ``"video:h264_lossless"`` and ``"video:ffv1"`` are lossless (a read gives the frames written, bit for
 bit); ``"video:av1"`` and ``"video:h264"`` are lossy (a read gives the decoder's frames:
 PyAV's decode of the stored packets, converted to RGB24 as ``VideoFrame.to_ndarray``
 does; grayscale frames travel as the luma plane, chroma flat at 128, and come back as the
@@ -41,11 +41,13 @@ VIDEO_CODECS = {
     "av1": ("libsvtav1", "libdav1d", False, "yuv420p", "yuv420p"),
     "h264": ("libx264", "h264", False, "yuv420p", "yuv420p"),
     "ffv1": ("ffv1", "ffv1", True, "bgr0", "gray"),
+    # H.264 at qp 0 in 4:4:4, the RGB planes G, B, R carried as Y, U, V (as libx264rgb does): lossless
+    "h264_lossless": ("libx264", "h264", True, "yuv444p", "yuv444p"),
 }
 """The stream codecs a video field names (``"video:<name>"``): their PyAV encoder and decoder."""
 
 _DEFAULT_CRF = {"av1": 30, "h264": 23}
-_DEFAULT_PRESET = {"av1": "8", "h264": "veryfast"}
+_DEFAULT_PRESET = {"av1": "8", "h264": "veryfast", "h264_lossless": "medium"}
 _DEFAULT_GOP = 16
 
 _MAGIC = b"RSVG"
@@ -233,7 +235,8 @@ def _av(field: str | None, spec: str) -> Any:
 class VideoCodec(Codec):
     """Video coding of frame fields: each block one GOP, encoded and decoded by PyAV.
 
-    Schema spelling: ``codec="video:av1"``, ``"video:h264"`` or ``"video:ffv1"`` (lossless),
+    Schema spelling: ``codec="video:av1"``, ``"video:h264"``, ``"video:h264_lossless"`` or
+    ``"video:ffv1"`` (both lossless),
     with options after colons, ``"video:av1:crf=30:gop=16:preset=8"``; or an instance,
     ``codec=VideoCodec("av1", crf=30, gop=16)``. The field must be ``uint8`` frames shaped
     ``(height, width, 3)`` (RGB), ``(height, width)`` or ``(height, width, 1)`` (grayscale);
@@ -243,16 +246,18 @@ class VideoCodec(Codec):
     ----------
     codec : str, optional
         ``"av1"`` (SVT-AV1 encoder, dav1d decoder; default), ``"h264"`` (x264, FFmpeg's
-        decoder) or ``"ffv1"`` (lossless, intra-only).
+        decoder), ``"h264_lossless"`` (x264 at qp 0 in 4:4:4, the RGB planes carried as
+        Y, U, V: lossless, inter-coded, fast to decode) or ``"ffv1"`` (lossless, intra-only).
     crf : int, optional
         Constant rate factor of the lossy codecs (0-63; default 30 for AV1, 23 for
-        H.264); ignored by ffv1.
+        H.264); ignored by the lossless codecs.
     gop : int, optional
         Frames per group of pictures, which is also the records per block (1-1024;
         default 16). The first frame of each block is a keyframe.
     preset : str, optional
         The encoder's speed preset (SVT-AV1 ``"0"``-``"13"``, default ``"8"``; x264
-        ``"ultrafast"``...``"placebo"``, default ``"veryfast"``).
+        ``"ultrafast"``...``"placebo"``, default ``"veryfast"``; ``"medium"`` for
+        ``h264_lossless``).
     pix_fmt : str, optional
         The stream's pixel format (default: ``yuv420p`` for the lossy codecs; ``bgr0`` or
         ``gray`` for ffv1). Given by :meth:`from_stream` for an imported stream.
@@ -299,7 +304,8 @@ class VideoCodec(Codec):
         if not isinstance(gop, (int, np.integer)) or isinstance(gop, bool) or not 1 <= gop <= 1024:
             raise SchemaError(f"video gop must be an int in [1, 1024], got {gop!r}")
         self.gop = self.block_records = int(gop)
-        self.preset = None if lossless else str(preset if preset is not None else _DEFAULT_PRESET[codec])
+        self.preset = (None if codec not in _DEFAULT_PRESET
+                       else str(preset if preset is not None else _DEFAULT_PRESET[codec]))
         for what, text in (("pix_fmt", pix_fmt), ("preset", self.preset)):
             if text is not None and (not text or not all(c.isalnum() or c in "_-" for c in text)):
                 raise SchemaError(f"video {what} must be letters, digits, '_' and '-', got {text!r}")
@@ -463,6 +469,14 @@ class VideoCodec(Codec):
 
     def _to_video_frame(self, av: Any, frame: np.ndarray, pix_fmt: str) -> Any:
         h, w, c = self._frame_shape()
+        if self.codec == "h264_lossless":  # planes G, B, R (or the gray frame, chroma flat) as Y, U, V
+            img = frame.reshape(h, w, c)
+            if c == 3:
+                planes = np.stack([img[..., 1], img[..., 2], img[..., 0]])
+            else:
+                planes = np.full((3, h, w), 128, np.uint8)
+                planes[0] = img[..., 0]
+            return av.VideoFrame.from_ndarray(planes, format="yuv444p")
         if c == 3:
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame.reshape(h, w, 3)), format="rgb24")
             return vf if pix_fmt == "rgb24" else vf.reformat(format=pix_fmt)
@@ -502,8 +516,10 @@ class VideoCodec(Codec):
             options["svtav1-params"] = f"keyint={self.gop}:scd=0:lp=1"
         elif self.codec == "ffv1":  # (version 1 keeps its parameters in each keyframe: no extradata)
             options.update({"level": "1", "coder": "range_def", "context": "1"})
-        elif self.codec == "h264":
+        elif self.codec in ("h264", "h264_lossless"):
             options["x264-params"] = f"keyint={self.gop}:min-keyint={self.gop}:scenecut=0"
+            if self.codec == "h264_lossless":
+                options["qp"] = "0"
         ctx.options = options
         return ctx
 
@@ -617,6 +633,11 @@ class VideoCodec(Codec):
         h, w, c = self._frame_shape()
         if (frame.height, frame.width) != (h, w):
             raise ValueError(f"{self.codec}: decoded a {frame.width}x{frame.height} frame, expected {w}x{h}")
+        if c == 3 and self.codec == "h264_lossless" and frame.format.name == "yuv444p":
+            out = np.empty((h, w, 3), np.uint8)  # planes (G, B, R) as decoded, no conversion
+            for plane, channel in zip(frame.planes, (1, 2, 0), strict=True):
+                out[..., channel] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+            return out
         if c == 3:
             if frame.format.name == "rgb24":
                 return frame.to_ndarray()
