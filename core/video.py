@@ -634,9 +634,8 @@ class VideoCodec(Codec):
         if (frame.height, frame.width) != (h, w):
             raise ValueError(f"{self.codec}: decoded a {frame.width}x{frame.height} frame, expected {w}x{h}")
         if c == 3 and self.codec == "h264_lossless" and frame.format.name == "yuv444p":
-            out = np.empty((h, w, 3), np.uint8)  # planes (G, B, R) as decoded, no conversion
-            for plane, channel in zip(frame.planes, (1, 2, 0), strict=True):
-                out[..., channel] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+            out = np.empty((h, w, 3), np.uint8)
+            self._planes_into(frame, out)
             return out
         if c == 3:
             if frame.format.name == "rgb24":
@@ -654,6 +653,20 @@ class VideoCodec(Codec):
             return np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w, None]
         return frame.to_ndarray(format="gray")[:, :, None]
 
+    def _planes_into(self, frame: Any, out: np.ndarray) -> None:
+        """Planes (G, B, R) of a decoded ``h264_lossless`` frame into ``out`` ``(h, w, 3)``, no conversion."""
+        h, w, _ = self._frame_shape()
+        for plane, channel in zip(frame.planes, (1, 2, 0), strict=True):
+            out[..., channel] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+
+    def _frame_into(self, frame: Any, out: np.ndarray) -> None:
+        """:meth:`frame_array` written into ``out`` (one record, ``(h, w, c)``)."""
+        if self.codec == "h264_lossless" and out.shape[-1] == 3 and frame.format.name == "yuv444p" \
+                and (frame.height, frame.width) == out.shape[:2]:
+            self._planes_into(frame, out)
+        else:
+            out[...] = self.frame_array(frame)
+
     def declared_size(self, data: np.ndarray) -> int | None:
         # docstring inherited: packets (one per frame) times the bytes of a frame
         h, w, c = self._frame_shape()
@@ -670,7 +683,7 @@ class VideoCodec(Codec):
         if len(frames) != len(dest):
             raise ValueError(f"{self.codec}: the block decodes into {len(frames)} frames, expected {len(dest)}")
         for i, frame in enumerate(frames):
-            dest[i] = self.frame_array(frame)
+            self._frame_into(frame, dest[i])
 
     def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
         # docstring inherited: decodes the GOP's packets up to the last frame wanted, converts only those
@@ -684,7 +697,7 @@ class VideoCodec(Codec):
         if len(frames) < wanted:
             raise ValueError(f"{self.codec}: the block decodes into {len(frames)} frames, expected {len(dest)}")
         for r in rows:
-            dest[r] = self.frame_array(frames[r])
+            self._frame_into(frames[r], dest[r])
 
     def max_encoded_bytes(self, raw: int) -> int:
         # docstring inherited: a lossless or high-quality stream of noise can exceed the raw frames
