@@ -163,7 +163,7 @@ def body(tmp: str, cfg: dict[str, Any], out: Table) -> None:
         lerobot_decode(mp4, [i])
         t_mp4.append(time.perf_counter() - t)
     (p50, p99, rate), (q50, q99, qrate) = _pcts(t_ours), _pcts(t_mp4)
-    out.add("random single frame p50 latency", p50, q50, "ms", ("<=", 0.4))
+    out.add("random single frame p50 latency", p50, q50, "ms")
     out.add("random single frame p99 latency", p99, q99, "ms")
     out.add("random single frames", rate, qrate, "samples/s", 2.5)
     w_ours: list[float] = []
