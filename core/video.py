@@ -54,6 +54,7 @@ _MAGIC = b"RSVG"
 _VERSION = 1
 _HEAD = struct.Struct("<4sBBxxI")  # magic, version, timestamp mode, 2 reserved zero bytes, packets
 _MAX_PACKETS = 1 << 16
+_THREAD = threading.local()  # per thread: its decoders (by decoder, extradata and size) and its RGB converter
 _TS_NONE, _TS_ALL, _TS_SOME = 0, 1, 2  # no packet has pts/dts; every packet has both; per packet
 
 
@@ -328,7 +329,6 @@ class VideoCodec(Codec):
         self.level = self.crf if self.crf is not None else 0
         self.lossless = lossless
         self.channels: int | None = None  # (set by for_field: 3 for RGB, 1 for grayscale)
-        self._local = threading.local()
 
     # -- configuration ------------------------------------------------------------------------------------
 
@@ -565,16 +565,24 @@ class VideoCodec(Codec):
 
     # -- decoding -----------------------------------------------------------------------------------------
 
+    def _decoder_key(self) -> tuple[Any, ...]:
+        h, w, c = self._frame_shape()
+        return VIDEO_CODECS[self.codec][1], self.extradata, w, h, c, self._stream_pix_fmt()
+
     def _decoder(self, av: Any) -> Any:
-        ctx = getattr(self._local, "decoder", None)
+        # (one decoder per thread and stream kind, shared by the codec objects of every fragment)
+        held = getattr(_THREAD, "decoders", None)
+        if held is None:
+            held = _THREAD.decoders = {}
+        key = self._decoder_key()
+        ctx = held.get(key)
         if ctx is None:
-            ctx = av.CodecContext.create(VIDEO_CODECS[self.codec][1], "r")
+            ctx = av.CodecContext.create(key[0], "r")
             if self.extradata is not None:
                 ctx.extradata = self.extradata
-            h, w, _ = self._frame_shape()
-            ctx.width, ctx.height = w, h
+            ctx.width, ctx.height = key[2], key[3]
             ctx.thread_count = 1
-            self._local.decoder = ctx
+            held[key] = ctx
         return ctx
 
     def decode_packets(self, packets: list[tuple[bytes, int | None, int | None, bool]],
@@ -607,7 +615,7 @@ class VideoCodec(Codec):
             else:
                 frames.extend(ctx.decode(None))
         except BaseException:
-            self._local.decoder = None  # (a decoder that failed midway is not reused)
+            _THREAD.decoders.pop(self._decoder_key(), None)  # (a decoder that failed midway is not reused)
             raise
         ctx.flush_buffers()
         return frames
@@ -640,11 +648,11 @@ class VideoCodec(Codec):
         if c == 3:
             if frame.format.name == "rgb24":
                 return frame.to_ndarray()
-            reformatter = getattr(self._local, "reformatter", None)
+            reformatter = getattr(_THREAD, "reformatter", None)
             if reformatter is None:  # (one per thread: it keeps its conversion context between frames)
                 from av.video.reformatter import VideoReformatter
 
-                reformatter = self._local.reformatter = VideoReformatter()
+                reformatter = _THREAD.reformatter = VideoReformatter()
             return reformatter.reformat(frame, format="rgb24").to_ndarray()
         name = frame.format.name
         if name in ("gray", "yuv420p", "yuvj420p", "yuv444p", "yuv422p"):
