@@ -1,0 +1,455 @@
+"""LeRobot datasets (format v3.0), read and written without importing lerobot.
+
+On disk (what ``lerobot.datasets.lerobot_dataset.LeRobotDataset(repo_id, root=...)`` loads):
+
+``meta/info.json``
+    ``codebase_version`` (``"v3.0"``), ``fps``, ``features`` (each key's ``dtype``, ``shape``,
+    ``names`` and, for videos, ``info``), totals and the path templates.
+``meta/stats.json``
+    Per feature ``min``, ``max``, ``mean``, ``std``, ``count`` and quantiles.
+``meta/tasks.parquet``
+    One row per task: ``task_index``, indexed by the ``task`` string (pandas' layout).
+``meta/episodes/chunk-*/file-*.parquet``
+    One row per episode: ``episode_index``, ``tasks``, ``length``, where its rows and video
+    segments are, and its own statistics (``stats/<key>/<stat>``).
+``data/chunk-*/file-*.parquet``
+    One row per frame: every feature but the videos (images as PNG structs ``{bytes, path}``).
+``videos/<key>/chunk-*/file-*.mp4``
+    Each camera's frames, episodes one after the other.
+
+Import makes one stream per episode (key: ``episode_index``; steps: ``frame_index``; a reset
+on each episode's first frame), one field per feature. Field names are the LeRobot keys with
+``.`` spelled ``__`` (``observation.images.top`` -> ``observation__images__top``); the schema
+metadata keeps the exact key of every field, so the mapping is reversible. Videos are not
+re-encoded: each frame's compressed packet is copied as demuxed (see docs/EXPORT.md, "LeRobot").
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replaystore.errors import ImportSourceError, SchemaError, StoreError
+from replaystore.schemas import Dense, Ragged, Schema
+from replaystore.store import Store, open_store
+from replaystore.tools.formats.common import ImportDestination, expand_local, pick_table, progress_bar
+
+CODEBASE_VERSION = "v3.0"
+"""The LeRobot dataset version read and written."""
+DEFAULT_KEYS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+"""The features every LeRobot dataset has (``lerobot.utils.constants.DEFAULT_FEATURES``)."""
+META = "lerobot"
+"""The schema metadata key of what an import keeps (docs/EXPORT.md, "LeRobot")."""
+PTS, DTS, KEY = "__pts", "__dts", "__key"
+"""Suffixes of a video feature's per-frame packet fields: presentation and decode timestamps
+(in the stream's time base) and the keyframe flag, beside the packet bytes field itself."""
+COMMIT_BYTES = 64 << 20
+DATA_PATH = "data/chunk-{chunk:03d}/file-{file:03d}.parquet"
+VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
+_STATS = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
+_QS = (0.01, 0.10, 0.50, 0.90, 0.99)
+
+
+def field_name(key: str) -> str:
+    """The field name of LeRobot feature ``key``: its ``.`` spelled ``__``.
+
+    Parameters
+    ----------
+    key : str
+        A LeRobot feature key (``observation.images.top``).
+
+    Returns
+    -------
+    str
+        ``observation__images__top``.
+
+    Raises
+    ------
+    ImportSourceError
+        The key does not map to a field name (a part that is not an identifier, starts with
+        ``_`` or holds ``__``).
+    """
+    parts = key.split(".") if isinstance(key, str) else []
+    if not parts or any(not p.isidentifier() or p.startswith("_") or "__" in p for p in parts):
+        raise ImportSourceError(f"features[{key!r}]", "a key of identifiers joined by '.' (none starting "
+                                "with '_' or holding '__')", repr(key)[:80])
+    return "__".join(parts)
+
+
+def feature_key(name: str) -> str:
+    """The LeRobot key of field ``name`` in a store not imported from LeRobot: ``__`` spelled ``.``.
+
+    Parameters
+    ----------
+    name : str
+        A field name.
+
+    Returns
+    -------
+    str
+        The key (``observation__state`` -> ``observation.state``).
+    """
+    return name.replace("__", ".")
+
+
+# -- reading the source ------------------------------------------------------------------------------------
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ImportSourceError(str(path), "a file of the LeRobot dataset", "none") from None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ImportSourceError(str(path), "a JSON document", f"unreadable ({exc})") from None
+
+
+def _parquets(root: Path, sub: str) -> list[Path]:
+    files = sorted((root / sub).glob("chunk-*/file-*.parquet"))
+    if not files:
+        raise ImportSourceError(str(root / sub), "chunk-*/file-*.parquet files", "none")
+    return files
+
+
+def _read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
+
+
+def _tasks(root: Path) -> list[str]:
+    t = _read_table(root / "meta" / "tasks.parquet")
+    if "task_index" not in t.column_names or "task" not in t.column_names:
+        raise ImportSourceError(str(root / "meta" / "tasks.parquet"), "columns task_index and task",
+                                f"columns {t.column_names}")
+    index = t.column("task_index").to_pylist()
+    names = t.column("task").to_pylist()
+    out: list[str | None] = [None] * len(index)
+    for i, name in zip(index, names, strict=True):
+        if not isinstance(i, int) or not 0 <= i < len(index) or out[i] is not None or not isinstance(name, str):
+            raise ImportSourceError(str(root / "meta" / "tasks.parquet"), "task indices 0..n-1, each once, "
+                                    "with a task string", f"index {i!r} for {name!r}")
+        out[i] = name
+    return [str(x) for x in out]
+
+
+class _Feature:
+    """One LeRobot feature and the field(s) it is stored in."""
+
+    def __init__(self, key: str, doc: Any, where: str) -> None:
+        if not isinstance(doc, dict) or "dtype" not in doc or "shape" not in doc:
+            raise ImportSourceError(f"features[{key!r}]", "a feature with dtype and shape", repr(doc)[:80], where)
+        self.key, self.doc = key, doc
+        self.name = field_name(key)
+        self.kind = doc["dtype"] if doc["dtype"] in ("image", "video") else "value"
+        shape = doc["shape"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s > 0 for s in shape):
+            raise ImportSourceError(f"features[{key!r}].shape", "a list of positive ints", repr(shape)[:80], where)
+        self.shape = tuple(shape)
+        if self.kind == "value":
+            try:
+                self.dtype = np.dtype(doc["dtype"])
+            except TypeError:
+                self.dtype = np.dtype(object)
+            if self.dtype.kind not in "biuf":
+                raise ImportSourceError(f"features[{key!r}].dtype", "a numeric or bool dtype, 'image' or 'video'",
+                                        repr(doc["dtype"]), where)
+        else:
+            self.dtype = np.dtype(np.uint8)
+
+    @property
+    def record_shape(self) -> tuple[int, ...]:
+        """A value feature of shape (1,) is one scalar per frame (as LeRobot's parquet holds it)."""
+        return () if self.shape == (1,) else self.shape
+
+    def fields(self) -> list[Dense | Ragged]:
+        if self.kind == "value":
+            return [Dense(self.name, self.dtype, self.record_shape, finite=False)]
+        if self.kind == "image":
+            return [Dense(self.name, np.uint8, self.shape, description=f"LeRobot image {self.key!r} (HWC)")]
+        return [Ragged(self.name, np.uint8, offsets=self.name + "__offsets",
+                       description=f"LeRobot video {self.key!r}: the frame's compressed packet, as demuxed"),
+                Dense(self.name + PTS, np.int64, description="the packet's presentation timestamp"),
+                Dense(self.name + DTS, np.int64, description="the packet's decode timestamp"),
+                Dense(self.name + KEY, np.bool_, description="whether the packet is a keyframe")]
+
+
+def _column_values(col: pa.ChunkedArray, f: _Feature, where: str) -> np.ndarray:
+    """A data-parquet column as a numpy array of the field's dtype and record shape (no cast but exact ones)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(arr)
+    depth = 0
+    flat = arr
+    while pa.types.is_list(flat.type) or pa.types.is_fixed_size_list(flat.type) or pa.types.is_large_list(
+            flat.type):
+        flat = flat.flatten()
+        depth += 1
+    if flat.null_count:
+        raise ImportSourceError(f.key, "values without nulls", f"{flat.null_count} nulls", where)
+    values = flat.to_numpy(zero_copy_only=False)
+    want = int(np.prod(f.record_shape, dtype=np.int64))
+    if len(values) != n * want or values.dtype.kind not in "biuf":
+        raise ImportSourceError(f.key, f"{f.dtype} values shaped {f.shape} per frame",
+                                f"{arr.type} ({len(values)} values for {n} frames)", where)
+    if values.dtype != f.dtype:
+        if not np.can_cast(values.dtype, f.dtype, "safe"):
+            raise ImportSourceError(f.key, f"{f.dtype} values", f"{values.dtype} values", where)
+        values = values.astype(f.dtype)
+    return values.reshape((n, *f.record_shape))
+
+
+def _images(col: pa.ChunkedArray, f: _Feature, where: str) -> np.ndarray:
+    """PNG (or any PIL-readable) image structs ``{bytes, path}`` decoded to uint8 HWC frames."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise StoreError(f"LeRobot image feature {f.key!r}: decoding its images needs Pillow "
+                         f"(pip install pillow)") from None
+    arr = col.combine_chunks()
+    if not pa.types.is_struct(arr.type) or arr.type.get_field_index("bytes") < 0:
+        raise ImportSourceError(f.key, "image structs {bytes, path}", str(arr.type), where)
+    raw = arr.field("bytes").to_pylist()
+    out = np.empty((len(raw), *f.shape), np.uint8)
+    for i, data in enumerate(raw):
+        if data is None:
+            raise ImportSourceError(f.key, "image bytes in the data file", f"none at row {i}", where)
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                a = np.asarray(im.convert("RGB") if f.shape[-1] == 3 else im)
+        except (OSError, ValueError) as exc:
+            raise ImportSourceError(f.key, "an image file's bytes", f"undecodable at row {i} ({exc})",
+                                    where) from None
+        if a.shape != f.shape:
+            a = a.reshape(f.shape) if a.size == out[i].size else a
+        if a.shape != f.shape:
+            raise ImportSourceError(f.key, f"images shaped {f.shape}", f"shape {a.shape} at row {i}", where)
+        out[i] = a
+    return out
+
+
+class _Video:
+    """One video feature's MP4 files, demuxed a packet at a time in file order."""
+
+    def __init__(self, root: Path, f: _Feature) -> None:
+        try:
+            import av
+        except ImportError:
+            raise StoreError(f"LeRobot video feature {f.key!r}: demuxing needs PyAV "
+                             f"(pip install 'replaystore[video]')") from None
+        self.av = av
+        self.f = f
+        self.root = root
+        self.files: dict[tuple[int, int], Any] = {}
+        self.params: dict[str, Any] | None = None
+        first = sorted((root / "videos" / f.key).glob("chunk-*/file-*.mp4"))
+        if not first:
+            raise ImportSourceError(str(root / "videos" / f.key), "the feature's MP4 files", "none")
+        c = self._container(first[0])
+        self.params = self._params(c)
+        c.close()
+
+    def _container(self, path: Path) -> Any:
+        try:
+            c = self.av.open(str(path))
+        except (OSError, self.av.FFmpegError) as exc:
+            raise ImportSourceError(str(path), "an MP4 file of the dataset", f"unreadable ({exc})") from None
+        if not c.streams.video:
+            raise ImportSourceError(str(path), "a video stream", "none")
+        return c
+
+    @staticmethod
+    def _params(c: Any) -> dict[str, Any]:
+        s = c.streams.video[0]
+        ctx = s.codec_context
+        return {"codec": ctx.name, "width": ctx.width, "height": ctx.height, "pix_fmt": ctx.pix_fmt,
+                "time_base": str(s.time_base), "average_rate": str(s.average_rate),
+                "extradata": bytes(ctx.extradata).hex() if ctx.extradata else None}
+
+    def _open(self, chunk: int, file: int) -> Any:
+        got = self.files.get((chunk, file))
+        if got is not None:
+            return got
+        path = self.root / VIDEO_PATH.format(key=self.f.key, chunk=chunk, file=file)
+        c = self._container(path)
+        params = self._params(c)
+        if params != self.params:
+            raise ImportSourceError(str(path), f"the stream parameters of the feature's other files {self.params}",
+                                    str(params))
+        s = c.streams.video[0]
+        packets = [(bytes(p), int(p.pts), int(p.dts), bool(p.is_keyframe)) for p in c.demux(s) if p.size]
+        c.close()
+        reach = np.maximum.accumulate(np.array([p[1] for p in packets], np.int64)) if packets else np.zeros(0, np.int64)
+        self.files[(chunk, file)] = (packets, s.time_base, reach)
+        return self.files[(chunk, file)]
+
+    def episode(self, chunk: int, file: int, start: float, n: int, where: str
+                ) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+        """The ``n`` packets of the episode whose segment starts at ``start`` seconds in its file."""
+        packets, tb, reach = self._open(chunk, file)
+        first = round(Fraction(start).limit_denominator(1 << 30) / tb) if tb else 0
+        # the segment's packets: from the first whose pts reaches its start, in decode order
+        lo = int(np.searchsorted(reach, first - 1, side="left"))
+        if lo + n > len(packets):
+            raise ImportSourceError(self.f.key, f"{n} video frames from {start} s", f"{len(packets)} packets in "
+                                    f"the file", where)
+        seg = packets[lo:lo + n]
+        if not seg[0][3]:
+            raise ImportSourceError(self.f.key, "an episode segment starting at a keyframe", "a delta frame", where)
+        return ([p[0] for p in seg], np.array([p[1] for p in seg], np.int64), np.array([p[2] for p in seg], np.int64),
+                np.array([p[3] for p in seg], bool))
+
+
+def _episode_rows(root: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in _parquets(root / "meta", "episodes"):
+        rows.extend(_read_table(path).to_pylist())
+    rows.sort(key=lambda r: r.get("episode_index", -1))
+    return rows
+
+
+def import_lerobot(src: str, url: str, *, progress: bool = False, storage_options: Any = None) -> Store:
+    """Create a store at ``url`` from the LeRobot v3 dataset in directory ``src``.
+
+    One stream per episode (its ``episode_index``), steps its ``frame_index``, one field per
+    feature (docs/EXPORT.md, "LeRobot"): values as they are in the data files, images decoded
+    to uint8 frames, videos as their demuxed packets (copied, not re-encoded). The schema
+    metadata keeps ``info.json``, ``stats.json``, the tasks (index -> string), the data
+    files' Arrow schema metadata and each episode's metadata row, which an export writes back.
+
+    Parameters
+    ----------
+    src : str
+        The dataset's root directory (holding ``meta/info.json``).
+    url : str
+        Where to create the store (new, or an empty directory).
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    storage_options : mapping, optional
+        Passed to the storage backend of ``url``.
+
+    Returns
+    -------
+    Store
+        The new store, opened and refreshed.
+
+    Raises
+    ------
+    ImportSourceError
+        A file of the dataset is missing or malformed, a feature's values do not have its
+        declared dtype and shape, or a video segment is not where the episode says.
+    StoreError
+        ``src`` is not a local directory, its ``codebase_version`` is not v3.0, or Pillow
+        (images) or PyAV (videos) is missing.
+    StoreExistsError
+        ``url`` is not new or empty.
+    """
+    src = expand_local(src)
+    url = expand_local(url)
+    if "://" in src and not src.startswith("file://"):
+        raise StoreError(f"{src}: LeRobot datasets are imported from a local directory")
+    root = Path(src.removeprefix("file://"))
+    info_path = root / "meta" / "info.json"
+    info = _json(info_path)
+    if not isinstance(info, dict) or info.get("codebase_version") != CODEBASE_VERSION:
+        got = info.get("codebase_version") if isinstance(info, dict) else type(info).__name__
+        raise StoreError(f"{root}: a LeRobot dataset of codebase_version {got!r}; only {CODEBASE_VERSION} is read")
+    feats = info.get("features")
+    if not isinstance(feats, dict) or not all(k in feats for k in DEFAULT_KEYS):
+        raise ImportSourceError("features", f"a mapping with {', '.join(DEFAULT_KEYS)}", repr(feats)[:80],
+                                str(info_path))
+    features = [_Feature(k, v, str(info_path)) for k, v in feats.items()]
+    stats_path = root / "meta" / "stats.json"
+    stats = _json(stats_path) if stats_path.exists() else None
+    tasks = _tasks(root)
+    episodes = _episode_rows(root)
+    data_files = _parquets(root, "data")
+    names = [x.name for f in features for x in f.fields()]
+    if len(set(names)) != len(names):
+        raise ImportSourceError("features", "keys that map to distinct field names", f"fields {names}",
+                                str(info_path))
+    hf_meta = pq.read_schema(data_files[0]).metadata or {}
+    keep = {
+        "info": info, "stats": stats, "tasks": tasks,
+        "keys": {f.name: f.key for f in features},
+        "huggingface": hf_meta.get(b"huggingface", b"").decode() or None,
+        "episodes": [{k: v for k, v in r.items() if not k.startswith(("data/", "videos/", "meta/"))
+                      and k not in ("dataset_from_index", "dataset_to_index")} for r in episodes],
+    }
+    fields: list[Any] = [x for f in features for x in f.fields()]
+    by_ep = {r.get("episode_index"): r for r in episodes}
+    videos = {f.key: _Video(root, f) for f in features if f.kind == "video"}
+    keep["videos"] = {k: v.params for k, v in videos.items()}
+    try:
+        schema = Schema("lerobot", fields, metadata={META: keep, "fps": info.get("fps"),
+                                                     "robot_type": info.get("robot_type")})
+    except SchemaError as exc:
+        raise ImportSourceError("features", "features that make a schema", str(exc), str(info_path)) from None
+    total = sum(pq.read_metadata(p).num_rows for p in data_files)
+    with ImportDestination(url, storage_options) as dest:
+        st = dest.opened(open_store(url, schema, mode="w", storage_options=storage_options))
+        with st.writer() as w, progress_bar(total, "import lerobot", progress) as bar:
+            pending = 0
+            for path in data_files:
+                table = _read_table(path)
+                for name in (f.key for f in features if f.kind != "video"):
+                    if name not in table.column_names:
+                        raise ImportSourceError(name, "a column of the data file", "none", str(path))
+                ep_col = table.column("episode_index").to_numpy()
+                bounds = np.flatnonzero(np.diff(ep_col)) + 1
+                for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(ep_col)], strict=True):
+                    part = table.slice(int(lo), int(hi - lo))
+                    batch, nbytes = _batch(part, features, videos, by_ep, str(path))
+                    ep = int(ep_col[lo])
+                    steps = batch["frame_index"].astype(np.int64)
+                    reset = np.zeros(len(steps), bool)
+                    reset[:1] = True
+                    w.append(batch, stream=ep, step=steps, reset=reset)
+                    pending += nbytes
+                    if pending >= COMMIT_BYTES:
+                        w.commit()
+                        pending = 0
+                    bar.update(int(hi - lo))
+        st.refresh()
+    return st
+
+
+def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], by_ep: dict[Any, dict[str, Any]],
+           where: str) -> tuple[dict[str, np.ndarray], int]:
+    batch: dict[str, np.ndarray] = {}
+    n = part.num_rows
+    ep = int(part.column("episode_index")[0].as_py())
+    for f in features:
+        if f.kind == "value":
+            batch[f.name] = _column_values(part.column(f.key), f, where)
+        elif f.kind == "image":
+            batch[f.name] = _images(part.column(f.key), f, where)
+        else:
+            row = by_ep.get(ep)
+            if row is None:
+                raise ImportSourceError(f"episode {ep}", "a row in meta/episodes", "none", where)
+            pre = f"videos/{f.key}/"
+            try:
+                chunk, file, start = int(row[pre + "chunk_index"]), int(row[pre + "file_index"]), float(
+                    row[pre + "from_timestamp"])
+            except (KeyError, TypeError, ValueError):
+                raise ImportSourceError(f"episode {ep} {pre}*", "the video's chunk, file and from_timestamp",
+                                        "missing", where) from None
+            data, pts, dts, key = videos[f.key].episode(chunk, file, start, n, f"episode {ep}")
+            sizes = np.fromiter((len(d) for d in data), np.int64, n)
+            batch[f.name] = np.frombuffer(b"".join(data), np.uint8)
+            batch[f.name + "__offsets"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+            batch[f.name + PTS], batch[f.name + DTS], batch[f.name + KEY] = pts, dts, key
+    return batch, sum(a.nbytes for a in batch.values())
