@@ -289,10 +289,11 @@ class _Video:
             raise ImportSourceError(str(path), f"the stream parameters of the feature's other files {self.params}",
                                     str(params))
         s = c.streams.video[0]
+        tb = Fraction(s.time_base) if s.time_base else None  # (read before closing: the stream goes with it)
         packets = [(bytes(p), int(p.pts), int(p.dts), bool(p.is_keyframe)) for p in c.demux(s) if p.size]
         c.close()
         reach = np.maximum.accumulate(np.array([p[1] for p in packets], np.int64)) if packets else np.zeros(0, np.int64)
-        self.files[(chunk, file)] = (packets, s.time_base, reach)
+        self.files[(chunk, file)] = (packets, tb, reach)
         return self.files[(chunk, file)]
 
     def episode(self, chunk: int, file: int, start: float, n: int, where: str
@@ -453,3 +454,372 @@ def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], 
             batch[f.name + "__offsets"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
             batch[f.name + PTS], batch[f.name + DTS], batch[f.name + KEY] = pts, dts, key
     return batch, sum(a.nbytes for a in batch.values())
+
+
+# -- export --------------------------------------------------------------------------------------------------
+
+_GYM_KEYS = {"obs": "observation.state", "action": "action", "reward": "next.reward", "terminated": "next.done"}
+"""A store not imported from LeRobot: the LeRobot keys of the step fields (an image ``obs`` is
+``observation.image``; ``next_obs``, ``truncated`` and ragged fields are left out)."""
+
+
+def _is_image(f: Dense) -> bool:
+    return (f.dtype == np.uint8 and len(f.shape) == 3 and f.shape[2] in (1, 3) and f.shape[0] >= 16
+            and f.shape[1] >= 16 and (f.codec is None or not str(f.codec).startswith("video")))
+
+
+def _is_frames(f: Any) -> bool:
+    return isinstance(f, Dense) and f.dtype == np.uint8 and len(f.shape) == 3 and f.shape[2] in (1, 3) \
+        and f.shape[0] >= 16 and f.shape[1] >= 16
+
+
+class _Plan:
+    """What an export writes: each exported feature's key, kind and source field(s)."""
+
+    def __init__(self, schema: Schema, fps: int | None, task: str | None) -> None:
+        keep = schema.metadata.get(META)
+        self.imported = isinstance(keep, dict) and isinstance(keep.get("info"), dict)
+        self.keep: dict[str, Any] = keep if self.imported else {}
+        self.schema = schema
+        names = set(schema.names) if hasattr(schema, "names") else {f.name for f in schema.fields}
+        self.features: dict[str, dict[str, Any]] = {}
+        self.source: dict[str, str] = {}  # key -> field name
+        self.videos: dict[str, dict[str, Any]] = {}
+        if self.imported:
+            info = self.keep["info"]
+            self.fps = int(info.get("fps") or 30)
+            keys = self.keep.get("keys") or {}
+            for name, key in keys.items():
+                if name not in names:
+                    continue
+                self.features[key] = dict(info["features"][key])
+                self.source[key] = name
+                if self.features[key].get("dtype") == "video":
+                    self.videos[key] = (self.keep.get("videos") or {}).get(key) or {}
+            self.tasks = list(self.keep.get("tasks") or [])
+        else:
+            self.fps = int(fps or schema.metadata.get("fps") or 30)
+            for f in schema.fields:
+                if not isinstance(f, Dense) or f.name in ("next_obs", "truncated") or f.name in DEFAULT_KEYS:
+                    continue
+                key = _GYM_KEYS.get(f.name) or feature_key(f.name)
+                if _is_frames(f):
+                    key = "observation.image" if f.name == "obs" else key
+                    self.features[key] = {"dtype": "image", "shape": list(f.shape),
+                                          "names": ["height", "width", "channels"]}
+                else:
+                    dtype = "bool" if f.dtype == np.bool_ else str(f.dtype)
+                    self.features[key] = {"dtype": dtype, "shape": list(f.shape) or [1], "names": None}
+                self.source[key] = f.name
+            for key in DEFAULT_KEYS:
+                self.features[key] = {"dtype": "float32" if key == "timestamp" else "int64", "shape": [1],
+                                      "names": None}
+            env = schema.metadata.get("env_id")
+            self.tasks = [task or (env if isinstance(env, str) else None) or schema.name]
+        if fps is not None and self.imported and int(fps) != self.fps:
+            raise StoreError(f"fps={fps}: this store was imported from a LeRobot dataset at {self.fps} fps")
+
+    def arrow_type(self, key: str) -> pa.DataType:
+        ft = self.features[key]
+        if ft["dtype"] == "image":
+            return pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        t = pa.from_numpy_dtype(np.dtype(ft["dtype"]))
+        shape = [int(s) for s in ft["shape"]]
+        if shape == [1]:
+            return t
+        for s in reversed(shape):
+            t = pa.list_(t, s) if s is not None else pa.list_(t)
+        return t
+
+    def hf_features(self) -> str:
+        if self.keep.get("huggingface"):
+            return str(self.keep["huggingface"])
+        feats: dict[str, Any] = {}
+        for key in self.data_keys():
+            ft = self.features[key]
+            if ft["dtype"] == "image":
+                feats[key] = {"_type": "Image"}
+                continue
+            value: dict[str, Any] = {"dtype": ft["dtype"], "_type": "Value"}
+            shape = [int(s) for s in ft["shape"]]
+            if shape == [1]:
+                feats[key] = value
+            elif len(shape) == 1:
+                feats[key] = {"feature": value, "length": shape[0], "_type": "List"}
+            else:
+                feats[key] = {"dtype": ft["dtype"], "shape": shape, "_type": f"Array{len(shape)}D"}
+        return json.dumps({"info": {"features": feats}})
+
+    def data_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft.get("dtype") != "video"]
+
+
+def _episodes_of(t: Any) -> list[tuple[Any, np.ndarray]]:
+    """Each episode's row ids in step order: per stream, split at resets and step gaps."""
+    out: list[tuple[Any, np.ndarray]] = []
+    for key in t.streams():
+        rows, steps = t.rows(key)
+        rows, steps = np.asarray(rows), np.asarray(steps)
+        if not len(rows):
+            continue
+        _, _, resets = t.index_of(rows)
+        cut = np.flatnonzero(np.asarray(resets, bool)[1:] | (np.diff(steps) != 1)) + 1
+        for part in np.split(rows, cut):
+            out.append((key, part))
+    return out
+
+
+def _png(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    img = Image.fromarray(frame[:, :, 0] if frame.shape[2] == 1 else frame)
+    img.save(buf, format="png")
+    return buf.getvalue()
+
+
+def _arrow_column(values: np.ndarray, typ: pa.DataType, n: int) -> pa.Array:
+    if not pa.types.is_fixed_size_list(typ) and not pa.types.is_list(typ):
+        return pa.array(values.reshape(n), type=typ)
+    shape = values.shape[1:]
+    arr: pa.Array = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for s in reversed(shape):
+        arr = pa.FixedSizeListArray.from_arrays(arr, s)
+    return arr
+
+
+def _stats_of(values: np.ndarray, image: bool) -> dict[str, list[Any]]:
+    """LeRobot's per-episode statistics of one feature (``compute_stats.get_feature_stats``'s layout)."""
+    v = np.asarray(values, np.float64)
+    if image:
+        v = v.reshape(len(v), -1, v.shape[-1]).reshape(-1, v.shape[-1]) / 255.0
+        axis, shape = 0, (-1, 1, 1)
+    else:
+        v = v.reshape(len(v), -1) if v.ndim > 1 else v.reshape(-1, 1)
+        axis, shape = 0, (-1,)
+    out: dict[str, list[Any]] = {
+        "min": np.min(v, axis=axis).reshape(shape).tolist(), "max": np.max(v, axis=axis).reshape(shape).tolist(),
+        "mean": np.mean(v, axis=axis).reshape(shape).tolist(), "std": np.std(v, axis=axis).reshape(shape).tolist(),
+        "count": [int(len(values))]}
+    for q, name in zip(_QS, ("q01", "q10", "q50", "q90", "q99"), strict=True):
+        out[name] = np.quantile(v, q, axis=axis).reshape(shape).tolist()
+    return out
+
+
+def _tasks_table(tasks: list[str]) -> pa.Table:
+    """``meta/tasks.parquet`` as LeRobot's pandas writes it: ``task_index`` indexed by ``task``."""
+    pandas = {"index_columns": ["task"], "column_indexes": [{"name": None, "field_name": None, "pandas_type":
+                                                             "unicode", "numpy_type": "object",
+                                                             "metadata": {"encoding": "UTF-8"}}],
+              "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+                           "numpy_type": "int64", "metadata": None},
+                          {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
+                           "metadata": None}],
+              "creator": {"library": "pyarrow", "version": pa.__version__}, "pandas_version": "2.2.0"}
+    schema = pa.schema([("task_index", pa.int64()), ("task", pa.string())],
+                       metadata={b"pandas": json.dumps(pandas).encode()})
+    return pa.table({"task_index": np.arange(len(tasks), dtype=np.int64), "task": tasks}, schema=schema)
+
+
+class _Muxer:
+    """One video feature's MP4 output: the stored packets remuxed, not re-encoded."""
+
+    def __init__(self, out: Path, key: str, params: dict[str, Any], fps: int) -> None:
+        try:
+            import av
+        except ImportError:
+            raise StoreError(f"LeRobot video feature {key!r}: remuxing needs PyAV "
+                             f"(pip install 'replaystore[video]')") from None
+        os.environ.setdefault("SVT_LOG", "1")
+        self.av = av
+        self.path = out / VIDEO_PATH.format(key=key, chunk=0, file=0)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.c = av.open(str(self.path), "w", format="mp4")
+        codec = {"libdav1d": "av1", "libaom-av1": "av1", "libsvtav1": "av1"}.get(params.get("codec", ""),
+                                                                                 params.get("codec", "av1"))
+        self.s = self.c.add_stream(codec, rate=fps)
+        self.s.width, self.s.height = int(params["width"]), int(params["height"])
+        self.s.pix_fmt = params.get("pix_fmt") or "yuv420p"
+        self.tb = Fraction(params.get("time_base") or f"1/{fps}")
+        self.s.time_base = self.tb
+        if params.get("extradata"):
+            self.s.codec_context.extradata = bytes.fromhex(params["extradata"])
+        self.fps = fps
+
+    def episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray,
+                key: np.ndarray) -> tuple[float, float]:
+        for i in range(len(pts)):
+            p = self.av.Packet(bytes(data[offsets[i]:offsets[i + 1]]))
+            p.pts, p.dts, p.is_keyframe = int(pts[i]), int(dts[i]), bool(key[i])
+            p.stream = self.s
+            p.time_base = self.tb
+            self.c.mux(p)
+        start = float(int(pts.min()) * self.tb)
+        return start, start + len(pts) / self.fps
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def export_lerobot(store: Store, out: str, *, table: str | None = None, progress: bool = False,
+                   fps: int | None = None, task: str | None = None) -> dict[str, Any]:
+    """Write one table as a LeRobot v3.0 dataset in the new directory ``out``.
+
+    A store imported from LeRobot gives its dataset back: the same features, values, tasks,
+    ``info.json`` and ``stats.json`` (totals recomputed), each episode's statistics, and the
+    videos remuxed from the stored packets (the same compressed packets, not re-encoded).
+    Any other store: one episode per run of a stream (split at resets and step gaps), its
+    dense fields as features (``obs`` as ``observation.state``, or ``observation.image`` for
+    frames; ``reward`` as ``next.reward``; ``terminated`` as ``next.done``; other names with
+    ``__`` spelled ``.``), frames as PNG images, statistics computed (docs/EXPORT.md, "LeRobot").
+
+    Parameters
+    ----------
+    store : Store
+        The opened store.
+    out : str
+        A local directory that does not exist yet (or is empty).
+    table : str, optional
+        The table to export; required when the store has several.
+    progress : bool, optional
+        Show a progress bar on stderr (when it is a terminal).
+    fps : int, optional
+        Frames per second of a store not imported from LeRobot (default: the schema
+        metadata's ``fps``, else 30): timestamps are ``frame_index / fps``.
+    task : str, optional
+        The one task string of a store not imported from LeRobot (default: its ``env_id``,
+        else the schema's name).
+
+    Returns
+    -------
+    dict of str to Any
+        ``format``, ``path``, ``files``, ``records`` (frames), ``episodes`` and ``streams``.
+
+    Raises
+    ------
+    StoreError
+        ``out`` is not local or not empty, the store has several tables and none was chosen,
+        ``fps`` differs from an imported dataset's, or Pillow (images) or PyAV (videos) is missing.
+    """
+    out = expand_local(out)
+    if "://" in out and not out.startswith("file://"):
+        raise StoreError(f"{out}: LeRobot datasets are written to a local directory")
+    root = Path(out.removeprefix("file://"))
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise StoreError(f"{root}: exists and is not an empty directory; export into a new one")
+    t = pick_table(store, table)
+    t.view()
+    plan = _Plan(t.schema, fps, task)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(t, plan, root, progress)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
+    episodes = _episodes_of(t)
+    keys = plan.data_keys()
+    arrow = pa.schema([(k, plan.arrow_type(k)) for k in keys], metadata={b"huggingface": plan.hf_features().encode()})
+    data_path = root / DATA_PATH.format(chunk=0, file=0)
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    muxers = {k: _Muxer(root, k, p, plan.fps) for k, p in plan.videos.items()}
+    kept_eps = {r.get("episode_index"): r for r in plan.keep.get("episodes") or []}
+    ep_rows: list[dict[str, Any]] = []
+    index = 0
+    total = sum(len(r) for _, r in episodes)
+    used_tasks: set[int] = set()
+    with pq.ParquetWriter(data_path, arrow) as writer, progress_bar(total, "export lerobot", progress) as bar:
+        for ordinal, (stream, rows) in enumerate(episodes):
+            data = t.read(rows)
+            n = len(rows)
+            ep_index = int(stream) if plan.imported and isinstance(stream, int) else ordinal
+            cols: dict[str, pa.Array] = {}
+            values: dict[str, np.ndarray] = {}
+            for k in keys:
+                ft = plan.features[k]
+                name = plan.source.get(k)
+                if name is not None:
+                    v = np.asarray(data[name])
+                    if name == "terminated" and not plan.imported and "truncated" in data:
+                        v = v | np.asarray(data["truncated"])
+                elif k == "frame_index":
+                    v = np.arange(n, dtype=np.int64)
+                elif k == "timestamp":
+                    v = (np.arange(n) / plan.fps).astype(np.float32)
+                elif k == "episode_index":
+                    v = np.full(n, ep_index, np.int64)
+                elif k == "index":
+                    v = np.arange(index, index + n, dtype=np.int64)
+                else:  # task_index
+                    v = np.zeros(n, np.int64)
+                values[k] = v
+                if ft["dtype"] == "image":
+                    frame_ix = values.get("frame_index", np.arange(n))
+                    cols[k] = pa.array([{"bytes": _png(v[i]), "path": f"frame-{int(frame_ix[i]):06d}.png"}
+                                        for i in range(n)], type=plan.arrow_type(k))
+                else:
+                    cols[k] = _arrow_column(v, plan.arrow_type(k), n)
+            writer.write_table(pa.table(cols, schema=arrow))
+            task_ix = sorted({int(x) for x in values["task_index"]}) if "task_index" in values else [0]
+            used_tasks.update(task_ix)
+            row: dict[str, Any] = {"episode_index": ep_index,
+                                   "tasks": [plan.tasks[i] if 0 <= i < len(plan.tasks) else str(i) for i in task_ix],
+                                   "length": n, "data/chunk_index": 0, "data/file_index": 0,
+                                   "dataset_from_index": index, "dataset_to_index": index + n}
+            for k, mux in muxers.items():
+                name = plan.source[k]
+                start, end = mux.episode(data[name], data[name + "__offsets"], data[name + PTS], data[name + DTS],
+                                         data[name + KEY])
+                row.update({f"videos/{k}/chunk_index": 0, f"videos/{k}/file_index": 0,
+                            f"videos/{k}/from_timestamp": start, f"videos/{k}/to_timestamp": end})
+            kept = kept_eps.get(ep_index) if plan.imported else None
+            if kept is not None and kept.get("length") == n:
+                row.update({c: v for c, v in kept.items() if c.startswith("stats/")})
+            else:
+                for k in keys:
+                    for s, v in _stats_of(values[k], plan.features[k]["dtype"] == "image").items():
+                        row[f"stats/{k}/{s}"] = v
+            row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            ep_rows.append(row)
+            index += n
+            bar.update(n)
+    for mux in muxers.values():
+        mux.close()
+    ep_path = root / EPISODES_PATH.format(chunk=0, file=0)
+    ep_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(ep_rows), ep_path)
+    pq.write_table(_tasks_table(plan.tasks), root / "meta" / "tasks.parquet")
+    info = _info(plan, len(ep_rows), index)
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    (root / "meta" / "stats.json").write_text(json.dumps(_stats(t, plan), indent=4))
+    files = 4 + len(muxers)
+    return {"format": "lerobot", "path": str(root), "files": files, "records": index, "episodes": len(ep_rows),
+            "streams": len(t.streams())}
+
+
+def _info(plan: _Plan, episodes: int, frames: int) -> dict[str, Any]:
+    base: dict[str, Any] = dict(plan.keep["info"]) if plan.imported else {
+        "codebase_version": CODEBASE_VERSION, "robot_type": plan.schema.metadata.get("robot_type"),
+        "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": None}
+    base.update({"fps": plan.fps, "features": plan.features, "total_episodes": episodes, "total_frames": frames,
+                 "total_tasks": len(plan.tasks), "splits": {"train": f"0:{episodes}"}})
+    order = ["codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", "chunks_size",
+             "data_files_size_in_mb", "video_files_size_in_mb", "fps", "splits", "data_path", "video_path",
+             "features"]
+    if plan.imported:
+        return base
+    return {k: base[k] for k in order if k in base}
+
+
+def _stats(t: Any, plan: _Plan) -> dict[str, Any]:
+    if plan.imported and isinstance(plan.keep.get("stats"), dict):
+        return dict(plan.keep["stats"])
+    from replaystore.report import field_stats, lerobot_stats
+
+    names = [n for k, n in plan.source.items()]
+    doc = lerobot_stats(field_stats(t, names))
+    return {k: doc[n] for k, n in plan.source.items() if n in doc}
