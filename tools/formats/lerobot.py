@@ -386,7 +386,11 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
         "info": info, "stats": stats, "tasks": tasks,
         "keys": {f.name: f.key for f in features},
         "huggingface": hf_meta.get(b"huggingface", b"").decode() or None,
-        "episodes": [{k: v for k, v in r.items() if not k.startswith(("data/", "videos/", "meta/"))
+        # (the manifest keeps JSON objects with sorted keys: the orders are kept as lists)
+        "order": {"features": list(feats), "info": list(info), "stats": list(stats or {}),
+                  "episode_columns": list(episodes[0]) if episodes else []},
+        "episodes": [{k: v for k, v in r.items() if not k.startswith(("data/", "meta/"))
+                      and not (k.startswith("videos/") and k.endswith(("/chunk_index", "/file_index")))
                       and k not in ("dataset_from_index", "dataset_to_index")} for r in episodes],
     }
     fields: list[Any] = [x for f in features for x in f.fields()]
@@ -488,9 +492,11 @@ class _Plan:
         if self.imported:
             info = self.keep["info"]
             self.fps = int(info.get("fps") or 30)
-            keys = self.keep.get("keys") or {}
-            for name, key in keys.items():
-                if name not in names:
+            keys = {key: name for name, key in (self.keep.get("keys") or {}).items()}
+            order = self.keep.get("order") or {}
+            for key in _ordered(info["features"], order.get("features")):  # (in the dataset's order)
+                name = keys.get(key)
+                if name is None or name not in names:
                     continue
                 self.features[key] = dict(info["features"][key])
                 self.source[key] = name
@@ -552,6 +558,12 @@ class _Plan:
 
     def data_keys(self) -> list[str]:
         return [k for k, ft in self.features.items() if ft.get("dtype") != "video"]
+
+
+def _ordered(doc: dict[str, Any], order: Any) -> dict[str, Any]:
+    """``doc`` with its keys in ``order`` (a list, as an import kept it) first, the others after."""
+    first = [k for k in order if k in doc] if isinstance(order, list) else []
+    return {**{k: doc[k] for k in first}, **{k: v for k, v in doc.items() if k not in first}}
 
 
 def _episodes_of(t: Any) -> list[tuple[Any, np.ndarray]]:
@@ -645,17 +657,30 @@ class _Muxer:
         if params.get("extradata"):
             self.s.codec_context.extradata = bytes.fromhex(params["extradata"])
         self.fps = fps
+        self.end = 0.0
 
     def episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray,
-                key: np.ndarray) -> tuple[float, float]:
+                key: np.ndarray, kept: tuple[Any, Any] | None = None) -> tuple[float, float]:
+        """Mux one episode's packets; its segment's ``from_timestamp`` and ``to_timestamp``.
+
+        The segment starts where the previous one ends (as LeRobot's writer counts: the previous
+        ``to_timestamp``), or at ``kept`` (an imported episode's own timestamps) when those agree
+        with its packets' first timestamp to within half a frame.
+        """
         for i in range(len(pts)):
             p = self.av.Packet(bytes(data[offsets[i]:offsets[i + 1]]))
             p.pts, p.dts, p.is_keyframe = int(pts[i]), int(dts[i]), bool(key[i])
             p.stream = self.s
             p.time_base = self.tb
             self.c.mux(p)
-        start = float(int(pts.min()) * self.tb)
-        return start, start + len(pts) / self.fps
+        first = float(int(pts.min()) * self.tb)
+        if kept is not None and isinstance(kept[0], float) and isinstance(kept[1], float) \
+                and abs(kept[0] - first) < 0.5 / self.fps:
+            self.end = kept[1]
+            return kept[0], kept[1]
+        start = self.end if abs(self.end - first) < 0.5 / self.fps else first
+        self.end = start + len(pts) / self.fps
+        return start, self.end
 
     def close(self) -> None:
         self.c.close()
@@ -768,13 +793,15 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
                                    "tasks": [plan.tasks[i] if 0 <= i < len(plan.tasks) else str(i) for i in task_ix],
                                    "length": n, "data/chunk_index": 0, "data/file_index": 0,
                                    "dataset_from_index": index, "dataset_to_index": index + n}
+            kept = kept_eps.get(ep_index) if plan.imported else None
             for k, mux in muxers.items():
                 name = plan.source[k]
+                stamps = None if kept is None else (kept.get(f"videos/{k}/from_timestamp"),
+                                                    kept.get(f"videos/{k}/to_timestamp"))
                 start, end = mux.episode(data[name], data[name + "__offsets"], data[name + PTS], data[name + DTS],
-                                         data[name + KEY])
+                                         data[name + KEY], stamps)
                 row.update({f"videos/{k}/chunk_index": 0, f"videos/{k}/file_index": 0,
                             f"videos/{k}/from_timestamp": start, f"videos/{k}/to_timestamp": end})
-            kept = kept_eps.get(ep_index) if plan.imported else None
             if kept is not None and kept.get("length") == n:
                 row.update({c: v for c, v in kept.items() if c.startswith("stats/")})
             else:
@@ -789,7 +816,8 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
         mux.close()
     ep_path = root / EPISODES_PATH.format(chunk=0, file=0)
     ep_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(ep_rows), ep_path)
+    order = (plan.keep.get("order") or {}).get("episode_columns")
+    pq.write_table(pa.Table.from_pylist([_ordered(r, order) for r in ep_rows]), ep_path)
     pq.write_table(_tasks_table(plan.tasks), root / "meta" / "tasks.parquet")
     info = _info(plan, len(ep_rows), index)
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
@@ -811,13 +839,13 @@ def _info(plan: _Plan, episodes: int, frames: int) -> dict[str, Any]:
              "data_files_size_in_mb", "video_files_size_in_mb", "fps", "splits", "data_path", "video_path",
              "features"]
     if plan.imported:
-        return base
+        return _ordered(base, (plan.keep.get("order") or {}).get("info"))
     return {k: base[k] for k in order if k in base}
 
 
 def _stats(t: Any, plan: _Plan) -> dict[str, Any]:
     if plan.imported and isinstance(plan.keep.get("stats"), dict):
-        return dict(plan.keep["stats"])
+        return _ordered(plan.keep["stats"], (plan.keep.get("order") or {}).get("stats"))
     from replaystore.report import field_stats, lerobot_stats
 
     names = [n for k, n in plan.source.items()]
