@@ -851,3 +851,57 @@ def _stats(t: Any, plan: _Plan) -> dict[str, Any]:
     names = [n for k, n in plan.source.items()]
     doc = lerobot_stats(field_stats(t, names))
     return {k: doc[n] for k, n in plan.source.items() if n in doc}
+
+
+def decode_video(store: Store, feature: str, episode: int, *, table: str | None = None) -> np.ndarray:
+    """The frames of one imported video feature in one episode, decoded from the stored packets.
+
+    Parameters
+    ----------
+    store : Store
+        A store imported from a LeRobot dataset.
+    feature : str
+        The LeRobot key of a video feature (``observation.images.top``).
+    episode : int
+        The episode index (the stream key).
+    table : str, optional
+        The table, when the store has several.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 ``(frames, height, width, 3)``, RGB, in display order: what PyAV's decode of
+        the source MP4 gives for the episode's segment.
+
+    Raises
+    ------
+    StoreError
+        The store was not imported from LeRobot, ``feature`` is not one of its video
+        features, or PyAV is missing.
+    """
+    t = pick_table(store, table)
+    keep = t.schema.metadata.get(META)
+    params = (keep or {}).get("videos", {}).get(feature) if isinstance(keep, dict) else None
+    if not params:
+        raise StoreError(f"{feature!r}: not a video feature of a store imported from LeRobot")
+    try:
+        import av
+    except ImportError:
+        raise StoreError("decoding LeRobot videos needs PyAV (pip install 'replaystore[video]')") from None
+    name = next(n for n, k in keep["keys"].items() if k == feature)
+    rows, _ = t.rows(episode)
+    data = t.read(rows, columns=[name, name + PTS, name + DTS])
+    ctx = av.CodecContext.create(params["codec"], "r")
+    if params.get("extradata"):
+        ctx.extradata = bytes.fromhex(params["extradata"])
+    ctx.width, ctx.height = int(params["width"]), int(params["height"])
+    offsets = data[name + "__offsets"]
+    frames = []
+    for i in range(len(rows)):
+        p = av.Packet(bytes(data[name][offsets[i]:offsets[i + 1]]))
+        p.pts, p.dts = int(data[name + PTS][i]), int(data[name + DTS][i])
+        frames.extend(ctx.decode(p))
+    frames.extend(ctx.decode(None))
+    frames.sort(key=lambda f: f.pts if f.pts is not None else 0)
+    return np.stack([f.to_ndarray(format="rgb24") for f in frames]) if frames else np.zeros(
+        (0, int(params["height"]), int(params["width"]), 3), np.uint8)
