@@ -30,8 +30,6 @@ import io
 import json
 import os
 import shutil
-import warnings
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -60,6 +58,7 @@ VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
 _STATS = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
 _QS = (0.01, 0.10, 0.50, 0.90, 0.99)
+U8, I64, BOOL = np.dtype(np.uint8), np.dtype(np.int64), np.dtype(np.bool_)
 
 
 def field_name(key: str) -> str:
@@ -160,6 +159,7 @@ class _Feature:
             raise ImportSourceError(f"features[{key!r}].shape", "a list of positive ints", repr(shape)[:80], where)
         self.shape = tuple(shape)
         if self.kind == "value":
+            self.dtype: np.dtype[Any]
             try:
                 self.dtype = np.dtype(doc["dtype"])
             except TypeError:
@@ -179,12 +179,12 @@ class _Feature:
         if self.kind == "value":
             return [Dense(self.name, self.dtype, self.record_shape, finite=False)]
         if self.kind == "image":
-            return [Dense(self.name, np.uint8, self.shape, description=f"LeRobot image {self.key!r} (HWC)")]
-        return [Ragged(self.name, np.uint8, offsets=self.name + "__offsets",
+            return [Dense(self.name, U8, self.shape, description=f"LeRobot image {self.key!r} (HWC)")]
+        return [Ragged(self.name, U8, offsets=self.name + "__offsets",
                        description=f"LeRobot video {self.key!r}: the frame's compressed packet, as demuxed"),
-                Dense(self.name + PTS, np.int64, description="the packet's presentation timestamp"),
-                Dense(self.name + DTS, np.int64, description="the packet's decode timestamp"),
-                Dense(self.name + KEY, np.bool_, description="whether the packet is a keyframe")]
+                Dense(self.name + PTS, I64, description="the packet's presentation timestamp"),
+                Dense(self.name + DTS, I64, description="the packet's decode timestamp"),
+                Dense(self.name + KEY, BOOL, description="whether the packet is a keyframe")]
 
 
 def _column_values(col: pa.ChunkedArray, f: _Feature, where: str) -> np.ndarray:
@@ -483,9 +483,9 @@ class _Plan:
     def __init__(self, schema: Schema, fps: int | None, task: str | None) -> None:
         keep = schema.metadata.get(META)
         self.imported = isinstance(keep, dict) and isinstance(keep.get("info"), dict)
-        self.keep: dict[str, Any] = keep if self.imported else {}
+        self.keep: dict[str, Any] = dict(keep) if isinstance(keep, dict) and self.imported else {}
         self.schema = schema
-        names = set(schema.names) if hasattr(schema, "names") else {f.name for f in schema.fields}
+        names = {f.name for f in schema.fields}
         self.features: dict[str, dict[str, Any]] = {}
         self.source: dict[str, str] = {}  # key -> field name
         self.videos: dict[str, dict[str, Any]] = {}
@@ -603,6 +603,7 @@ def _arrow_column(values: np.ndarray, typ: pa.DataType, n: int) -> pa.Array:
 def _stats_of(values: np.ndarray, image: bool) -> dict[str, list[Any]]:
     """LeRobot's per-episode statistics of one feature (``compute_stats.get_feature_stats``'s layout)."""
     v = np.asarray(values, np.float64)
+    shape: tuple[int, ...]
     if image:
         v = v.reshape(len(v), -1, v.shape[-1]).reshape(-1, v.shape[-1]) / 255.0
         axis, shape = 0, (-1, 1, 1)
@@ -806,8 +807,8 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
                 row.update({c: v for c, v in kept.items() if c.startswith("stats/")})
             else:
                 for k in keys:
-                    for s, v in _stats_of(values[k], plan.features[k]["dtype"] == "image").items():
-                        row[f"stats/{k}/{s}"] = v
+                    for stat, val in _stats_of(values[k], plan.features[k]["dtype"] == "image").items():
+                        row[f"stats/{k}/{stat}"] = val
             row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
             ep_rows.append(row)
             index += n
@@ -881,7 +882,9 @@ def decode_video(store: Store, feature: str, episode: int, *, table: str | None 
     """
     t = pick_table(store, table)
     keep = t.schema.metadata.get(META)
-    params = (keep or {}).get("videos", {}).get(feature) if isinstance(keep, dict) else None
+    if not isinstance(keep, dict):
+        keep = {}
+    params = (keep.get("videos") or {}).get(feature)
     if not params:
         raise StoreError(f"{feature!r}: not a video feature of a store imported from LeRobot")
     try:
@@ -890,7 +893,7 @@ def decode_video(store: Store, feature: str, episode: int, *, table: str | None 
         raise StoreError("decoding LeRobot videos needs PyAV (pip install 'replaystore[video]')") from None
     name = next(n for n, k in keep["keys"].items() if k == feature)
     rows, _ = t.rows(episode)
-    data = t.read(rows, columns=[name, name + PTS, name + DTS])
+    data: dict[str, np.ndarray] = t.read(rows, columns=[name, name + PTS, name + DTS])
     ctx = av.CodecContext.create(params["codec"], "r")
     if params.get("extradata"):
         ctx.extradata = bytes.fromhex(params["extradata"])
