@@ -30,6 +30,7 @@ import io
 import json
 import os
 import shutil
+import warnings
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ PTS, DTS, KEY = "__pts", "__dts", "__key"
 """Suffixes of a video feature's per-frame packet fields: presentation and decode timestamps
 (in the stream's time base) and the keyframe flag, beside the packet bytes field itself."""
 COMMIT_BYTES = 64 << 20
+BATCH_ROWS = 16384
+"""Rows of a data file read and appended at a time."""
 DATA_PATH = "data/chunk-{chunk:03d}/file-{file:03d}.parquet"
 VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -290,35 +293,64 @@ class _Video:
                                     str(params))
         s = c.streams.video[0]
         tb = Fraction(s.time_base) if s.time_base else None  # (read before closing: the stream goes with it)
-        packets = [(bytes(p), int(p.pts), int(p.dts), bool(p.is_keyframe)) for p in c.demux(s) if p.size]
+        chunks, pts, dts, key = [], [], [], []
+        for p in c.demux(s):
+            if p.size:
+                chunks.append(bytes(p))
+                pts.append(p.pts)
+                dts.append(p.dts)
+                key.append(p.is_keyframe)
         c.close()
-        reach = np.maximum.accumulate(np.array([p[1] for p in packets], np.int64)) if packets else np.zeros(0, np.int64)
-        self.files[(chunk, file)] = (packets, tb, reach)
-        return self.files[(chunk, file)]
+        sizes = np.fromiter(map(len, chunks), np.int64, len(chunks))
+        got = _Packets(b"".join(chunks), np.r_[0, np.cumsum(sizes)].astype(np.int64), np.array(pts, np.int64),
+                       np.array(dts, np.int64), np.array(key, bool), tb)
+        self.files[(chunk, file)] = got
+        return got
 
-    def episode(self, chunk: int, file: int, start: float, n: int, where: str
-                ) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
-        """The ``n`` packets of the episode whose segment starts at ``start`` seconds in its file."""
-        packets, tb, reach = self._open(chunk, file)
-        first = round(Fraction(start).limit_denominator(1 << 30) / tb) if tb else 0
-        # the segment's packets: from the first whose pts reaches its start, in decode order
-        lo = int(np.searchsorted(reach, first - 1, side="left"))
-        if lo + n > len(packets):
-            raise ImportSourceError(self.f.key, f"{n} video frames from {start} s", f"{len(packets)} packets in "
-                                    f"the file", where)
-        seg = packets[lo:lo + n]
-        if not seg[0][3]:
+    def segment(self, chunk: int, file: int, start: float, skip: int, n: int, where: str
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Packets ``skip .. skip + n`` of the episode whose segment starts at ``start`` seconds in its file.
+
+        Returns the packets' bytes (uint8), their offsets (from 0), pts, dts and keyframe flags.
+        """
+        f = self._open(chunk, file)
+        first = round(Fraction(start).limit_denominator(1 << 30) / f.tb) if f.tb else 0
+        # the segment: from the first packet whose pts reaches its start, in decode order
+        lo = int(np.searchsorted(f.reach, first - 1, side="left"))
+        if lo + skip + n > len(f.pts):
+            raise ImportSourceError(self.f.key, f"{skip + n} video frames from {start} s",
+                                    f"{len(f.pts) - lo} packets from there in the file", where)
+        if skip == 0 and not f.key[lo]:
             raise ImportSourceError(self.f.key, "an episode segment starting at a keyframe", "a delta frame", where)
-        return ([p[0] for p in seg], np.array([p[1] for p in seg], np.int64), np.array([p[2] for p in seg], np.int64),
-                np.array([p[3] for p in seg], bool))
+        lo += skip
+        off = f.offsets[lo:lo + n + 1]
+        data = np.frombuffer(f.data, np.uint8)[off[0]:off[-1]]
+        return data, off - off[0], f.pts[lo:lo + n], f.dts[lo:lo + n], f.key[lo:lo + n]
 
 
-def _episode_rows(root: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for path in _parquets(root / "meta", "episodes"):
-        rows.extend(_read_table(path).to_pylist())
-    rows.sort(key=lambda r: r.get("episode_index", -1))
-    return rows
+class _Packets:
+    """One MP4's demuxed packets: their bytes one after the other, offsets, pts, dts, keyframe flags."""
+
+    def __init__(self, data: bytes, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray, key: np.ndarray,
+                 tb: Fraction | None) -> None:
+        self.data, self.offsets, self.pts, self.dts, self.key, self.tb = data, offsets, pts, dts, key, tb
+        self.reach = np.maximum.accumulate(pts) if len(pts) else pts
+
+
+EPISODES_SLOT = "lerobot_episodes"
+"""The state slot where an import keeps the dataset's episode table (array ``parquet``: its Parquet bytes)."""
+
+
+def _episode_table(root: Path) -> pa.Table:
+    tables = [_read_table(path) for path in _parquets(root / "meta", "episodes")]
+    try:
+        t = pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowException as exc:
+        raise ImportSourceError(str(root / "meta" / "episodes"), "episode files of one schema",
+                                f"files that differ ({exc})") from None
+    if "episode_index" not in t.column_names:
+        raise ImportSourceError(str(root / "meta" / "episodes"), "an episode_index column", "none")
+    return t.sort_by("episode_index")
 
 
 def import_lerobot(src: str, url: str, *, progress: bool = False, storage_options: Any = None) -> Store:
@@ -375,7 +407,7 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
     stats_path = root / "meta" / "stats.json"
     stats = _json(stats_path) if stats_path.exists() else None
     tasks = _tasks(root)
-    episodes = _episode_rows(root)
+    episodes = _episode_table(root)
     data_files = _parquets(root, "data")
     names = [x.name for f in features for x in f.fields()]
     if len(set(names)) != len(names):
@@ -388,14 +420,19 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
         "huggingface": hf_meta.get(b"huggingface", b"").decode() or None,
         # (the manifest keeps JSON objects with sorted keys: the orders are kept as lists)
         "order": {"features": list(feats), "info": list(info), "stats": list(stats or {}),
-                  "episode_columns": list(episodes[0]) if episodes else []},
-        "episodes": [{k: v for k, v in r.items() if not k.startswith(("data/", "meta/"))
-                      and not (k.startswith("videos/") and k.endswith(("/chunk_index", "/file_index")))
-                      and k not in ("dataset_from_index", "dataset_to_index")} for r in episodes],
+                  "episode_columns": episodes.column_names},
     }
     fields: list[Any] = [x for f in features for x in f.fields()]
-    by_ep = {r.get("episode_index"): r for r in episodes}
     videos = {f.key: _Video(root, f) for f in features if f.kind == "video"}
+    located = ["episode_index", *(f"videos/{k}/{c}" for k in videos for c in ("chunk_index", "file_index",
+                                                                             "from_timestamp"))]
+    missing = [c for c in located if c not in episodes.column_names]
+    if missing:
+        raise ImportSourceError(str(root / "meta" / "episodes"), "columns " + ", ".join(missing), "none")
+    where = episodes.select(located).to_pydict()
+    by_ep = {e: {c: where[c][i] for c in located} for i, e in enumerate(where["episode_index"])}
+    buf = io.BytesIO()
+    pq.write_table(episodes, buf)
     keep["videos"] = {k: v.params for k, v in videos.items()}
     try:
         schema = Schema("lerobot", fields, metadata={META: keep, "fps": info.get("fps"),
@@ -405,59 +442,75 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
     total = sum(pq.read_metadata(p).num_rows for p in data_files)
     with ImportDestination(url, storage_options) as dest:
         st = dest.opened(open_store(url, schema, mode="w", storage_options=storage_options))
+        st.save_state(EPISODES_SLOT, {"source": "meta/episodes", "episodes": episodes.num_rows},
+                      {"parquet": np.frombuffer(buf.getvalue(), np.uint8)})
+        consumed: dict[tuple[int, str], int] = {}
         with st.writer() as w, progress_bar(total, "import lerobot", progress) as bar:
             pending = 0
             for path in data_files:
-                table = _read_table(path)
-                for name in (f.key for f in features if f.kind != "video"):
-                    if name not in table.column_names:
-                        raise ImportSourceError(name, "a column of the data file", "none", str(path))
-                ep_col = table.column("episode_index").to_numpy()
-                bounds = np.flatnonzero(np.diff(ep_col)) + 1
-                for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(ep_col)], strict=True):
-                    part = table.slice(int(lo), int(hi - lo))
-                    batch, nbytes = _batch(part, features, videos, by_ep, str(path))
-                    ep = int(ep_col[lo])
-                    steps = batch["frame_index"].astype(np.int64)
-                    reset = np.zeros(len(steps), bool)
-                    reset[:1] = True
-                    w.append(batch, stream=ep, step=steps, reset=reset)
-                    pending += nbytes
-                    if pending >= COMMIT_BYTES:
-                        w.commit()
-                        pending = 0
-                    bar.update(int(hi - lo))
+                try:
+                    pf = pq.ParquetFile(path)
+                    missing = [f.key for f in features if f.kind != "video" and f.key not in pf.schema_arrow.names]
+                    if missing:
+                        raise ImportSourceError(missing[0], "a column of the data file", "none", str(path))
+                    batches = pf.iter_batches(batch_size=BATCH_ROWS)
+                    for rb in batches:
+                        batch = _batch(pa.Table.from_batches([rb]), features, videos, by_ep, consumed, str(path))
+                        steps = batch["frame_index"]
+                        w.append(batch, stream=batch["episode_index"].tolist(), step=steps, reset=steps == 0)
+                        pending += sum(a.nbytes for a in batch.values())
+                        if pending >= COMMIT_BYTES:
+                            w.commit()
+                            pending = 0
+                        bar.update(rb.num_rows)
+                except (OSError, pa.ArrowException) as exc:
+                    raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
         st.refresh()
     return st
 
 
 def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], by_ep: dict[Any, dict[str, Any]],
-           where: str) -> tuple[dict[str, np.ndarray], int]:
+           consumed: dict[tuple[int, str], int], where: str) -> dict[str, np.ndarray]:
+    """The records of some rows of a data file: values, images decoded, each video's packets of those frames."""
     batch: dict[str, np.ndarray] = {}
-    n = part.num_rows
-    ep = int(part.column("episode_index")[0].as_py())
+    for key in ("episode_index", "frame_index"):
+        if part.column(key).null_count or not pa.types.is_integer(part.column(key).type):
+            raise ImportSourceError(key, "int64 values without nulls", str(part.column(key).type), where)
+    ep_col = part.column("episode_index").to_numpy()
+    bounds = np.flatnonzero(np.diff(ep_col)) + 1
+    runs = list(zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(ep_col)].tolist(), strict=True))
     for f in features:
         if f.kind == "value":
             batch[f.name] = _column_values(part.column(f.key), f, where)
         elif f.kind == "image":
             batch[f.name] = _images(part.column(f.key), f, where)
-        else:
+    for f in features:
+        if f.kind != "video":
+            continue
+        pre = f"videos/{f.key}/"
+        pieces = []
+        for lo, hi in runs:
+            ep = int(ep_col[lo])
             row = by_ep.get(ep)
             if row is None:
                 raise ImportSourceError(f"episode {ep}", "a row in meta/episodes", "none", where)
-            pre = f"videos/{f.key}/"
             try:
                 chunk, file, start = int(row[pre + "chunk_index"]), int(row[pre + "file_index"]), float(
                     row[pre + "from_timestamp"])
             except (KeyError, TypeError, ValueError):
                 raise ImportSourceError(f"episode {ep} {pre}*", "the video's chunk, file and from_timestamp",
                                         "missing", where) from None
-            data, pts, dts, key = videos[f.key].episode(chunk, file, start, n, f"episode {ep}")
-            sizes = np.fromiter((len(d) for d in data), np.int64, n)
-            batch[f.name] = np.frombuffer(b"".join(data), np.uint8)
-            batch[f.name + "__offsets"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
-            batch[f.name + PTS], batch[f.name + DTS], batch[f.name + KEY] = pts, dts, key
-    return batch, sum(a.nbytes for a in batch.values())
+            skip = consumed.get((ep, f.key), 0)
+            pieces.append(videos[f.key].segment(chunk, file, start, skip, hi - lo, f"episode {ep}"))
+            consumed[(ep, f.key)] = skip + hi - lo
+        sizes = np.cumsum([len(p[0]) for p in pieces])
+        batch[f.name] = np.concatenate([p[0] for p in pieces])
+        batch[f.name + "__offsets"] = np.concatenate(
+            [[0], *[p[1][1:] + (sizes[i - 1] if i else 0) for i, p in enumerate(pieces)]]).astype(np.int64)
+        batch[f.name + PTS] = np.concatenate([p[2] for p in pieces])
+        batch[f.name + DTS] = np.concatenate([p[3] for p in pieces])
+        batch[f.name + KEY] = np.concatenate([p[4] for p in pieces])
+    return batch
 
 
 # -- export --------------------------------------------------------------------------------------------------
@@ -738,20 +791,34 @@ def export_lerobot(store: Store, out: str, *, table: str | None = None, progress
     plan = _Plan(t.schema, fps, task)
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return _write(t, plan, root, progress)
+        return _write(t, plan, root, progress, _kept_episodes(store) if plan.imported else None)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
 
 
-def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
+def _kept_episodes(store: Store) -> pa.Table | None:
+    """The episode table an import kept (state slot :data:`EPISODES_SLOT`), or None."""
+    got = store.load_state(EPISODES_SLOT)
+    if got is None or "parquet" not in got[1]:
+        return None
+    try:
+        return pq.read_table(pa.BufferReader(got[1]["parquet"].tobytes()))
+    except (OSError, pa.ArrowException):
+        warnings.warn(f"LeRobot export: the state slot {EPISODES_SLOT!r} does not hold a Parquet episode "
+                      f"table; episode statistics are computed", stacklevel=4)
+        return None
+
+
+def _write(t: Any, plan: _Plan, root: Path, progress: bool, kept_table: pa.Table | None) -> dict[str, Any]:
     episodes = _episodes_of(t)
     keys = plan.data_keys()
     arrow = pa.schema([(k, plan.arrow_type(k)) for k in keys], metadata={b"huggingface": plan.hf_features().encode()})
     data_path = root / DATA_PATH.format(chunk=0, file=0)
     data_path.parent.mkdir(parents=True, exist_ok=True)
     muxers = {k: _Muxer(root, k, p, plan.fps) for k, p in plan.videos.items()}
-    kept_eps = {r.get("episode_index"): r for r in plan.keep.get("episodes") or []}
+    positions = {} if kept_table is None else {
+        e: i for i, e in enumerate(kept_table.column("episode_index").to_pylist())}
     ep_rows: list[dict[str, Any]] = []
     index = 0
     total = sum(len(r) for _, r in episodes)
@@ -794,7 +861,8 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool) -> dict[str, Any]:
                                    "tasks": [plan.tasks[i] if 0 <= i < len(plan.tasks) else str(i) for i in task_ix],
                                    "length": n, "data/chunk_index": 0, "data/file_index": 0,
                                    "dataset_from_index": index, "dataset_to_index": index + n}
-            kept = kept_eps.get(ep_index) if plan.imported else None
+            at = positions.get(ep_index)
+            kept = None if at is None or kept_table is None else kept_table.slice(at, 1).to_pylist()[0]
             for k, mux in muxers.items():
                 name = plan.source[k]
                 stamps = None if kept is None else (kept.get(f"videos/{k}/from_timestamp"),
