@@ -891,7 +891,7 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool, kept_table: pa.Table
     info = _info(plan, len(ep_rows), index)
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
     (root / "meta" / "stats.json").write_text(json.dumps(_stats(t, plan), indent=4))
-    files = 4 + len(muxers)
+    files = 5 + len(muxers)  # data, episodes, tasks, info.json, stats.json and the videos
     return {"format": "lerobot", "path": str(root), "files": files, "records": index, "episodes": len(ep_rows),
             "streams": len(t.streams())}
 
