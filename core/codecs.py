@@ -67,6 +67,8 @@ class Codec(abc.ABC):
     name: ClassVar[str]
     default_level: ClassVar[int]
     levels: ClassVar[tuple[int, int]]
+    block_records: int = 8
+    """Records per block (a shard's inner chunk): 8 for the byte codecs; a video codec's GOP."""
 
     def __init__(self, level: int | None = None) -> None:
         level = self.default_level if level is None else level
@@ -74,6 +76,63 @@ class Codec(abc.ABC):
         if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not lo <= level <= hi:
             raise SchemaError(f"codec {self.name!r} level must be an int in [{lo}, {hi}], got {level!r}")
         self.level = int(level)
+
+    @classmethod
+    def from_spec(cls, options: str, field: str | None = None) -> Codec:
+        """The codec of a schema's ``codec`` string, given what follows ``"<name>:"``.
+
+        The default reads a level (``"3"`` in ``"zstd:3"``; ``""``: the default level).
+        A codec with more options than a level (the video codec) overrides it; its
+        :attr:`spec` must give back the same codec.
+
+        Parameters
+        ----------
+        options : str
+            The part after the name and its colon (empty when there is none).
+        field : str, optional
+            The field asking, named by the errors.
+
+        Returns
+        -------
+        Codec
+            A new instance.
+
+        Raises
+        ------
+        SchemaError
+            The options are malformed.
+        """
+        try:
+            return cls(int(options) if options else None)
+        except ValueError as exc:
+            raise SchemaError(str(exc)) from None
+
+    def for_field(self, dtype: np.dtype, shape: tuple[int, ...], field: str | None = None) -> Codec:
+        """The codec bound to a field's records (``dtype`` and record ``shape``); checks they fit.
+
+        The byte codecs take any records and give themselves; a codec that needs the record
+        layout (the video codec: frame height, width, channels) gives a bound copy.
+
+        Parameters
+        ----------
+        dtype : numpy.dtype
+            The field's dtype.
+        shape : tuple of int
+            One record's shape.
+        field : str, optional
+            The field, named by the errors.
+
+        Returns
+        -------
+        Codec
+            The codec to encode and decode this field's blocks with.
+
+        Raises
+        ------
+        SchemaError
+            The codec cannot store such records.
+        """
+        return self
 
     @property
     def spec(self) -> str:
@@ -147,6 +206,29 @@ class Codec(abc.ABC):
         int or None
             Bytes, or None when the header declares none that can be trusted.
         """
+
+    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
+        """Decode one block into ``out``, of which only records ``rows`` need to be filled.
+
+        What a read calls when it wants some records of a block and the codec overrides
+        this method (the video codec: it decodes a GOP up to the last record wanted and
+        converts only those). The default decodes the whole block (:meth:`decode_into`).
+
+        Parameters
+        ----------
+        data : numpy.ndarray
+            The encoded block (uint8, 1-d), its checksum and declared size verified.
+        out : numpy.ndarray
+            The block's bytes (uint8, 1-d, C-contiguous, :attr:`block_records` records).
+        rows : list of int
+            The records wanted (sorted, distinct, inside the block); the others may be left as they were.
+
+        Raises
+        ------
+        Exception
+            ``data`` does not decode (any exception; the store names the damaged block).
+        """
+        self.decode_into(data, out)
 
     def decode_blocks(self, raw: np.ndarray, spans: list[tuple[int, int]], out: np.ndarray) -> None:
         """Decode several blocks of one shard: ``raw[start:start + size]`` into ``out[i]`` for ``spans[i]``.
@@ -305,7 +387,9 @@ def get_codec(codec: str, field: str | None = None) -> Codec:
     name, _, level = codec.partition(":")
     cls = codec_class(name, field)
     try:
-        return cls(int(level) if level else None)
+        return cls.from_spec(level, field)
+    except UnknownCodecError:  # (a codec whose library is missing says so itself)
+        raise
     except (SchemaError, ValueError) as exc:
         where = f"field {field!r}: " if field is not None else ""
         raise SchemaError(f"{where}codec {codec!r}: {exc}") from None
@@ -346,6 +430,29 @@ class ZstdCodec(Codec):
             self._impl.decode(data, out=out)
         else:
             contexts.decode_into(data, out)
+
+    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
+        """Decode one block into ``out``, of which only records ``rows`` need to be filled.
+
+        What a read calls when it wants some records of a block and the codec overrides
+        this method (the video codec: it decodes a GOP up to the last record wanted and
+        converts only those). The default decodes the whole block (:meth:`decode_into`).
+
+        Parameters
+        ----------
+        data : numpy.ndarray
+            The encoded block (uint8, 1-d), its checksum and declared size verified.
+        out : numpy.ndarray
+            The block's bytes (uint8, 1-d, C-contiguous, :attr:`block_records` records).
+        rows : list of int
+            The records wanted (sorted, distinct, inside the block); the others may be left as they were.
+
+        Raises
+        ------
+        Exception
+            ``data`` does not decode (any exception; the store names the damaged block).
+        """
+        self.decode_into(data, out)
 
     def decode_blocks(self, raw: np.ndarray, spans: list[tuple[int, int]], out: np.ndarray) -> None:
         # docstring inherited
@@ -436,6 +543,29 @@ class _ZstdContexts:
         if n != out.nbytes:
             raise ValueError(f"zstd: decoded {n} bytes, expected {out.nbytes}")
 
+
+    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
+        """Decode one block into ``out``, of which only records ``rows`` need to be filled.
+
+        What a read calls when it wants some records of a block and the codec overrides
+        this method (the video codec: it decodes a GOP up to the last record wanted and
+        converts only those). The default decodes the whole block (:meth:`decode_into`).
+
+        Parameters
+        ----------
+        data : numpy.ndarray
+            The encoded block (uint8, 1-d), its checksum and declared size verified.
+        out : numpy.ndarray
+            The block's bytes (uint8, 1-d, C-contiguous, :attr:`block_records` records).
+        rows : list of int
+            The records wanted (sorted, distinct, inside the block); the others may be left as they were.
+
+        Raises
+        ------
+        Exception
+            ``data`` does not decode (any exception; the store names the damaged block).
+        """
+        self.decode_into(data, out)
 
     def decode_blocks(self, raw: np.ndarray, spans: list[tuple[int, int]], out: np.ndarray) -> None:
         """Decode ``raw[start:start + size]`` into ``out[i]`` for each ``spans[i]`` (one pointer look-up in all).
@@ -544,3 +674,5 @@ class LZ4Codec(Codec):
 
 register_codec(ZstdCodec)
 register_codec(LZ4Codec)
+
+import replaystore.video  # noqa: E402, F401  (registers the video codec; it imports PyAV only when used)

@@ -643,6 +643,35 @@ class MissingDependencyError(ReplayStoreError, ImportError):
     """
 
 
+class VideoUnavailableError(UnknownCodecError, MissingDependencyError):
+    """A field is video-coded (``codec="video:..."``) and PyAV is not installed.
+
+    Raised where the codec is first needed: building the field (so creating or opening a
+    store whose schema has one) and reading it. The message names the field and the extra
+    that installs PyAV (``pip install "replaystore[video]"``). It is also an
+    :class:`UnknownCodecError` (a codec this process cannot run) and an ``ImportError``.
+
+    Parameters
+    ----------
+    field : str or None
+        The video-coded field (None when looked up without a field).
+    codec : str
+        The field's codec, as given or read.
+
+    Attributes
+    ----------
+    field, codec
+        As given.
+    """
+
+    def __init__(self, field: str | None, codec: str) -> None:
+        self.field = field
+        self.codec = codec
+        where = f"field {field!r}: " if field is not None else ""
+        Exception.__init__(self, f"{where}codec {codec!r} needs PyAV (the av package), which is not installed: "
+                                 'pip install "replaystore[video]"')
+
+
 class RateLimitTimeout(StoreError, TimeoutError):
     """A rate limiter kept a minibatch (or a commit) waiting longer than its ``timeout``.
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.codecs import codec_class, registered_codecs
+from replaystore.codecs import Codec, codec_class, get_codec, registered_codecs
 from replaystore.errors import SchemaError, UnknownCodecError
 
 _KINDS = "biuf"  # bool, signed int, unsigned int, float: fixed-width numeric only
@@ -68,6 +68,12 @@ def _check_codec(name: str, codec: Any) -> str | None:
     """
     if codec is None:
         return None
+    if isinstance(codec, Codec):
+        codec = codec.spec
+    if isinstance(codec, str) and codec.partition(":")[0] in registered_codecs():
+        cls = codec_class(codec.partition(":")[0], field=name)
+        if cls.from_spec.__func__ is not Codec.from_spec.__func__:  # type: ignore[attr-defined]
+            return get_codec(codec, field=name).spec  # (a codec with options, the video codec: its own spelling)
     if isinstance(codec, tuple) and len(codec) == 2:
         cname, level = codec
     elif isinstance(codec, str):
@@ -134,7 +140,10 @@ class Dense:
         ``"zstd:5"`` or ``("zstd", 5)`` (zstd 1-22, default 3; lz4 acceleration, default
         1), or the name of another codec registered with
         ``replaystore.codecs.register_codec``. Kept as ``"<name>:<level>"``. Records are compressed in small blocks
-        (docs/FORMAT.md, "Compressed fields"); None (default) stores them raw.
+        (docs/FORMAT.md, "Compressed fields"); None (default) stores them raw. Frames (uint8
+        ``(height, width, 3)`` or ``(height, width)``) may be video-coded: ``"video:av1"``,
+        ``"video:h264"``, ``"video:ffv1"`` (lossless), with options (``"video:av1:crf=30:gop=16"``)
+        or a ``replaystore.video.VideoCodec``; kept as its ``spec`` (docs/GUIDE.md, "Video-coded frames").
 
     Raises
     ------
@@ -167,6 +176,10 @@ class Dense:
             object.__setattr__(self, "finite", dt.kind == "f")
         _check_bound(self.name, dt, self.id_bound)
         object.__setattr__(self, "codec", _check_codec(self.name, self.codec))
+        if self.codec is not None:  # a codec bound to the records checks them (the video codec: frames)
+            cls = codec_class(self.codec.partition(":")[0], field=self.name)
+            if cls.for_field is not Codec.for_field:
+                get_codec(self.codec, field=self.name).for_field(dt, self.shape, field=self.name)
 
     kind = "dense"
 

@@ -27,7 +27,7 @@ import google_crc32c
 import numpy as np
 
 from replaystore.codecs import Codec, get_codec
-from replaystore.errors import CorruptObjectError, StaleReadError
+from replaystore.errors import CorruptObjectError, StaleReadError, UnknownCodecError
 from replaystore.store.format.zarrio import (
     CRC_BYTES,
     ChunkWriter,
@@ -44,8 +44,9 @@ from replaystore.store.storage import Buffer, ObjectStream, Storage
 from replaystore.store.storage.cache import store_cache
 
 BLOCK = 8
-"""Records per compressed block (inner chunk). Measured on Atari frames (docs/PERFORMANCE.md):
-3-4x the ratio of one record per block, at about the decode cost of one record."""
+"""Records per compressed block (inner chunk) of the byte codecs (a codec's ``block_records``;
+a video codec's is its GOP). Measured on Atari frames (docs/PERFORMANCE.md): 3-4x the ratio
+of one record per block, at about the decode cost of one record."""
 
 _CRC = 4
 _INDEX_ENTRY = 16  # (offset, nbytes) as two little-endian uint64
@@ -92,11 +93,12 @@ def shard_metadata(dtype: np.dtype, shape: tuple[int, ...], codec: Codec) -> dic
     from replaystore.store.format.zarrio import array_metadata
 
     meta = array_metadata(dtype, shape)
-    blocks = max(1, math.ceil(shape[0] / BLOCK))
-    meta["chunk_grid"]["configuration"]["chunk_shape"] = [blocks * BLOCK, *shape[1:]]
+    block = codec.block_records
+    blocks = max(1, math.ceil(shape[0] / block))
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [blocks * block, *shape[1:]]
     little = {"name": "bytes", "configuration": {"endian": "little"}}
     meta["codecs"] = [{"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [BLOCK, *shape[1:]],
+        "chunk_shape": [block, *shape[1:]],
         "codecs": [little, codec.zarr_metadata(), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end"}}]
@@ -119,6 +121,7 @@ class ShardWriter:
     def __init__(self, array_path: str, ndim: int, codec: Codec) -> None:
         self.path = chunk_path(array_path, ndim)
         self._codec = codec
+        self._block = codec.block_records
         self.blocks: list[bytes] = []  # compressed blocks, each followed by its CRC32C
         self.pending: list[np.ndarray] = []  # rows not yet a full block (copies)
         self.size = 0  # records appended
@@ -142,9 +145,10 @@ class ShardWriter:
             return
         held = sum(len(p) for p in self.pending)
         rows = np.concatenate([*self.pending, piece]) if self.pending else piece
-        full = (held + len(piece)) // BLOCK * BLOCK
-        for i in range(0, full, BLOCK):
-            self.blocks.append(self._encode(rows[i:i + BLOCK]))
+        block = self._block
+        full = (held + len(piece)) // block * block
+        for i in range(0, full, block):
+            self.blocks.append(self._encode(rows[i:i + block]))
         self.pending = [np.array(rows[full:])] if full < len(rows) else []
         self.size += len(piece)
 
@@ -183,7 +187,7 @@ class ShardWriter:
         blocks = list(self.blocks)
         if self.pending:
             rows = np.concatenate(self.pending)
-            padded = np.zeros((BLOCK, *rows.shape[1:]), dtype=rows.dtype)
+            padded = np.zeros((self._block, *rows.shape[1:]), dtype=rows.dtype)
             padded[:len(rows)] = rows
             blocks.append(self._encode(padded))
         sizes = np.array([len(b) for b in blocks], dtype=np.uint64)
@@ -220,19 +224,19 @@ def max_shard_bytes(rows: int, record_bytes: int, codec: Codec) -> int:
     int
         Bytes.
     """
-    blocks = max(1, math.ceil(rows / BLOCK))
-    raw = BLOCK * record_bytes
+    blocks = max(1, math.ceil(rows / codec.block_records))
+    raw = codec.block_records * record_bytes
     return blocks * (codec.max_encoded_bytes(raw) + _CRC + _INDEX_ENTRY) + _CRC
 
 
-def _index(raw: np.ndarray, rows: int, path: str) -> np.ndarray:
+def _index(raw: np.ndarray, rows: int, path: str, block: int = BLOCK) -> np.ndarray:
     """The shard index ``(blocks, 2)`` of ``raw``, checked: CRC32C, and the blocks tile the data in order.
 
     Block 0 starts at byte 0, each next one where the previous ends, the last where the
     index starts (docs/FORMAT.md, "Compressed fields"): no entry overlaps another, lies
     outside the shard or overflows. Cost: O(blocks).
     """
-    blocks = max(1, math.ceil(rows / BLOCK))
+    blocks = max(1, math.ceil(rows / block))
     size = blocks * _INDEX_ENTRY
     if len(raw) < size + _CRC:
         raise CorruptObjectError(path, f"shard of {len(raw)} bytes, shorter than its index ({size + _CRC} bytes)")
@@ -291,6 +295,9 @@ class CompressedArray:
         self.ndim = len(shape)
         self.path = chunk_path(array_path, len(shape))
         self._codec = codec
+        self._block = codec.block_records
+        # (a codec that decodes some records of a block for less than all of them: the video codec)
+        self._partial = type(codec).decode_rows_into is not Codec.decode_rows_into
         self._cached = cached
         self.max_bytes = max_shard_bytes(self.shape[0], self.dtype.itemsize * int(np.prod(self.shape[1:])), codec)
         self._raw: np.ndarray | None = None
@@ -324,7 +331,7 @@ class CompressedArray:
             except FileNotFoundError:
                 raise missing_chunk(self.path) from None
             self._check_size(len(raw))
-            self._index = _index(raw, self.shape[0], self.path)
+            self._index = _index(raw, self.shape[0], self.path, self._block)
             self._raw = np.asarray(raw)  # (a plain ndarray: np.memmap's slicing costs microseconds)
         assert self._index is not None
         return self._raw, self._index
@@ -338,13 +345,14 @@ class CompressedArray:
         """Decode ``block`` into ``out`` (:data:`BLOCK` records, C-contiguous), checked (:meth:`_decode_blocks`)."""
         self._decode_blocks([block], out[None])
 
-    def _decode_blocks(self, blocks: list[int], out: np.ndarray) -> None:
+    def _decode_blocks(self, blocks: list[int], out: np.ndarray, rows: list[list[int]] | None = None) -> None:
         """Decode ``blocks[i]`` into ``out[i]`` (each :data:`BLOCK` records; ``out`` C-contiguous), checked.
 
         Per block its CRC32C, then the decoded size its header declares (exactly one
         block's bytes: a shorter block would leave part of ``out`` as it was), then the
         decoder's own checks; any failure is a CorruptObjectError naming the shard and
-        the block. Cost: one decompression per block, nothing per record.
+        the block. Cost: one decompression per block, nothing per record. With ``rows``
+        (per block the records wanted), the codec's ``decode_rows_into`` fills only those.
         """
         raw, index = self._load()
         dest = out.view(np.uint8).reshape(len(blocks), -1)
@@ -360,12 +368,27 @@ class CompressedArray:
                 got = "no size" if declared is None else f"{declared} bytes"
                 raise CorruptObjectError(path, f"block {blocks[i]} declares {got} decoded, expected {expected} "
                                                f"({codec.name}; run replaystore verify)")
+        if rows is not None:
+            for i, (off, n) in enumerate(spans):
+                try:
+                    codec.decode_rows_into(raw[off:off + n], dest[i], rows[i])
+                except UnknownCodecError:  # (a codec whose library is missing: not damage)
+                    raise
+                except Exception as exc:
+                    raise CorruptObjectError(path, f"block {blocks[i]} does not decode as {codec.name} "
+                                                   f"({exc})") from None
+            CompressedArray.blocks_decoded += len(spans)
+            return
         try:
             codec.decode_blocks(raw, spans, dest)
+        except UnknownCodecError:  # (a codec whose library is missing: not damage)
+            raise
         except Exception:  # (whatever a codec's decoder raises on damaged data): name the block
             for i, (off, n) in enumerate(spans):
                 try:
                     codec.decode_into(raw[off:off + n], dest[i])
+                except UnknownCodecError:
+                    raise
                 except Exception as exc:
                     raise CorruptObjectError(path, f"block {blocks[i]} does not decode as {codec.name} "
                                                    f"({exc})") from None
@@ -383,7 +406,7 @@ class CompressedArray:
             The shard is gone.
         """
         _, index = self._load()
-        buf = np.empty((BLOCK, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
+        buf = np.empty((self._block, *self.shape[1:]), dtype=self.dtype.newbyteorder("<"))
         for block in range(len(index)):
             self._decode(block, buf)
 
@@ -431,10 +454,16 @@ class CompressedArray:
         rest = self.shape[1:]
         res = np.empty((len(flat), *rest), dtype=self.dtype) if out is None else out
         if len(flat):
-            blocks, inv = np.unique(flat // BLOCK, return_inverse=True)
-            decoded = np.empty((len(blocks) * BLOCK, *rest), dtype=self.dtype.newbyteorder("<"))
-            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), BLOCK, *rest))
-            rows = inv.reshape(-1) * BLOCK + flat % BLOCK
+            block = self._block
+            blocks, inv = np.unique(flat // block, return_inverse=True)
+            decoded = np.empty((len(blocks) * block, *rest), dtype=self.dtype.newbyteorder("<"))
+            wanted = None
+            if self._partial:  # per block the records wanted (sorted, distinct)
+                pairs = np.unique(inv.reshape(-1).astype(np.int64) * block + flat % block)
+                cuts = np.searchsorted(pairs, np.arange(1, len(blocks)) * block)
+                wanted = [(p % block).tolist() for p in np.split(pairs, cuts)]
+            self._decode_blocks(blocks.tolist(), decoded.reshape(len(blocks), block, *rest), wanted)
+            rows = inv.reshape(-1) * block + flat % block
             if res.flags.c_contiguous and res.dtype == decoded.dtype:  # each row copied once, into the result
                 np.take(decoded, rows, axis=0, out=res.reshape(len(flat), *rest), mode="clip")  # (unbuffered)
             else:
@@ -662,7 +691,10 @@ def encoding_of(schema: Any, name: str) -> ChunkEncoding:
         The field's codec is not registered in this process (the error names the field).
     """
     codec = schema.compressed.get(name)
-    return RAW if codec is None else Shards(get_codec(codec, field=name))
+    if codec is None:
+        return RAW
+    f = schema.field(name)
+    return Shards(get_codec(codec, field=name).for_field(f.dtype, f.shape, field=name))
 
 
 def column_bytes(storage: Storage, schema: Any, frags: Any) -> dict[str, dict[str, Any]]:
