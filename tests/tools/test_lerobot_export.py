@@ -153,3 +153,26 @@ def test_lerobot_loads_our_export(tmp_path: Path, name: str) -> None:
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("ok ")
+
+
+def test_video_coded_frames_export_as_images(tmp_path: Path) -> None:
+    """A video-coded frame field (lossless ffv1 here) exports its decoded frames, as PNG images."""
+    from PIL import Image
+
+    from replaystore.schemas import Dense, Schema
+
+    rng = np.random.default_rng(5)
+    schema = Schema("cam", [Dense("obs", np.uint8, (32, 32, 3), codec="video:ffv1:gop=4"),
+                            Dense("action", np.float32, (2,)), Dense("reward", np.float32),
+                            Dense("terminated", np.bool_)])
+    st = open_store(str(tmp_path / "rec"), schema, mode="w")
+    frames = rng.integers(0, 255, (9, 32, 32, 3)).astype(np.uint8)
+    with st.writer() as w:
+        w.append({"obs": frames, "action": rng.random((9, 2)).astype(np.float32),
+                  "reward": np.zeros(9, np.float32), "terminated": np.arange(9) == 8}, stream=0)
+    export_store(st, str(tmp_path / "out"), "lerobot")
+    col = pq.read_table(tmp_path / "out" / TABLES[0]).column("observation.image").to_pylist()
+    import io
+
+    got = np.stack([np.asarray(Image.open(io.BytesIO(c["bytes"]))) for c in col])
+    assert np.array_equal(got, frames)
