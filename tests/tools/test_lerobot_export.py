@@ -176,3 +176,4 @@ def test_video_coded_frames_export_as_images(tmp_path: Path) -> None:
 
     got = np.stack([np.asarray(Image.open(io.BytesIO(c["bytes"]))) for c in col])
     assert np.array_equal(got, frames)
+

@@ -789,11 +789,14 @@ def export_lerobot(store: Store, out: str, *, table: str | None = None, progress
     t = pick_table(store, table)
     t.view()
     plan = _Plan(t.schema, fps, task)
+    existed = root.exists()
     root.mkdir(parents=True, exist_ok=True)
     try:
         return _write(t, plan, root, progress, _kept_episodes(store) if plan.imported else None)
-    except BaseException:
+    except BaseException:  # what was written goes; an empty directory given stays
         shutil.rmtree(root, ignore_errors=True)
+        if existed:
+            root.mkdir(parents=True, exist_ok=True)
         raise
 
 
