@@ -52,3 +52,10 @@ def test_recorded_store_keys(tmp_path: Path) -> None:
     b = next(iter(make_loader(st, UniformSampler(st, 3, seed=0, num_batches=1), output="lerobot")))
     assert set(b) == {"observation.state", "action", "next.reward", "next.done", "task", "indices"}
     assert b["task"] == ["Grid-v0"] * 3
+
+
+def test_view_and_export_share_the_key_mapping() -> None:
+    from replaystore.loaders.lerobotview import GYM_KEYS
+    from replaystore.tools.formats import lerobot
+
+    assert lerobot._GYM_KEYS == GYM_KEYS

@@ -40,7 +40,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replaystore.errors import ImportSourceError, SchemaError, StoreError
-from replaystore.loaders.lerobotview import GYM_KEYS
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, open_store
 from replaystore.tools.formats.common import ImportDestination, expand_local, pick_table, progress_bar
@@ -516,8 +515,11 @@ def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], 
 
 # -- export --------------------------------------------------------------------------------------------------
 
-_GYM_KEYS = GYM_KEYS
-"""The LeRobot keys of a store not imported from LeRobot (the loader view's: ``replaystore.loaders.lerobotview``)."""
+_GYM_KEYS = {"obs": "observation.state", "action": "action", "reward": "next.reward", "terminated": "next.done"}
+"""A store not imported from LeRobot: the LeRobot keys of the step fields (an image ``obs`` is
+``observation.image``; ``next_obs``, ``truncated`` and ragged fields are left out). The loader view
+(``replaystore.loaders.lerobotview.GYM_KEYS``) uses the same; it is not imported here, since
+importing the loaders imports torch."""
 
 
 def _is_image(f: Dense) -> bool:
