@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Carried, Feature, Transform
+from replaystore.loaders.lerobotview import to_lerobot
 from replaystore.loaders.shared import SharedSlots, from_slot
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
@@ -374,7 +375,9 @@ class StoreLoader(DataLoader):
             except StaleReadError:  # the rows went between the draw and the gather: once, from a fresh view
                 batch = self._redraw()
             out = batch.tensors() if isinstance(batch, WorkerBatch) else batch
-            if self.output != "dict" and self.schema is not None:
+            if self.output == "lerobot" and self.schema is not None:
+                out = to_lerobot(out, self.schema)
+            elif self.output != "dict" and self.schema is not None:
                 out = to_tensordict(out, self.schema, torchrl=self.output == "torchrl")
             yield out
 
@@ -423,11 +426,14 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         ``fn(batch) -> batch`` over a mapping of numpy arrays; picklable when
         workers are started by ``spawn`` or ``forkserver``. Returned numpy arrays
         become tensors; other values pass through.
-    output : {"dict", "tensordict", "torchrl"}, optional
+    output : {"dict", "tensordict", "torchrl", "lerobot"}, optional
         ``"tensordict"``: yield ``tensordict.TensorDict`` batches of batch size ``[B]``
         (nested fields as nested TensorDicts, ragged fields as jagged nested tensors; see
         ``replaystore.loaders.tdoutput.to_tensordict``), made in the main process;
-        ``"torchrl"``: the same in TorchRL's key layout (``tdoutput.to_torchrl``).
+        ``"torchrl"``: the same in TorchRL's key layout (``tdoutput.to_torchrl``);
+        ``"lerobot"``: LeRobot's item layout, batched (feature keys with dots, images
+        float32 ``(B, C, H, W)`` in [0, 1], ``task`` strings; see
+        ``replaystore.loaders.lerobotview.to_lerobot``).
     **kwargs
         Passed to the DataLoader (``multiprocessing_context``,
         ``prefetch_factor``, ``persistent_workers``, ...); not ``collate_fn``,

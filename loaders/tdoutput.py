@@ -10,7 +10,7 @@ import torch
 from replaystore.errors import LoaderOutputError, MissingDependencyError
 from replaystore.schemas import Schema
 
-OUTPUTS = ("dict", "tensordict", "torchrl")
+OUTPUTS = ("dict", "tensordict", "torchrl", "lerobot")
 """The values ``make_loader``'s ``output`` accepts."""
 
 TORCHRL_KEYS: dict[str, tuple[str, ...]] = {
@@ -46,7 +46,7 @@ def check_output(output: str, schema: Schema | None = None) -> None:
     """
     if output not in OUTPUTS:
         raise LoaderOutputError(f"make_loader: output must be one of {OUTPUTS}, got {output!r}")
-    if output != "dict":
+    if output not in ("dict", "lerobot"):
         try:
             importlib.import_module("tensordict")
         except ImportError as exc:

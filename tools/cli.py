@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Export a store's records to a format offline-RL tools load.")
     p.add_argument("url", help="store path or URL")
     p.add_argument("out", help="output directory or file")
-    p.add_argument("--to", required=True, help="parquet | minari | minari-hdf5 | d4rl")
+    p.add_argument("--to", required=True, help="parquet | minari | minari-hdf5 | d4rl | lerobot")
     p.add_argument("--table", help="which table (stores with several tables)")
     p.add_argument("--dataset-id", help="Minari dataset id, e.g. tictactoe/random-v0")
     p.add_argument("--stack", type=int, default=None,
@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or a D4RL-style HDF5 file.")
     p.add_argument("src", help="source directory, file, or Minari dataset id")
     p.add_argument("url", help="the store to create")
-    p.add_argument("--from", dest="from_", required=True, help="parquet | minari | d4rl")
+    p.add_argument("--from", dest="from_", required=True, help="parquet | minari | d4rl | lerobot")
     p.add_argument("--dataset-id", help="Minari dataset id (when SRC is a directory)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     _quiet_option(p)

@@ -9,6 +9,8 @@ format          what is written at ``out``
                 ``out/<dataset_id>/data/`` — ``minari.load_dataset(id)`` loads it
 ``minari-hdf5`` the same with Minari's HDF5 backend (needs h5py)
 ``d4rl``        one D4RL-style HDF5 file at ``out`` (needs h5py)
+``lerobot``     a LeRobot v3.0 dataset in the new directory ``out`` (images need Pillow,
+                videos PyAV: stored packets are remuxed, not re-encoded)
 ==============  =====================================================================
 
 Every format streams the table in bounded chunks; see docs/EXPORT.md for the layouts
@@ -25,7 +27,7 @@ from replaystore.errors import StoreError
 from replaystore.tools.formats.common import expand_local
 from replaystore.tools.info import size_text
 
-EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
+EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl", "lerobot")
 
 
 def export_store(store: Any, out: str, to: str, *, table: str | None = None, dataset_id: str | None = None,
@@ -39,7 +41,7 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
     out : str
         Where to write (see the module's table).
     to : str
-        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"`` or ``"d4rl"``.
+        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"``, ``"d4rl"`` or ``"lerobot"``.
     table : str, optional
         One table of a multi-table store (Parquet exports every table when it is None;
         the episode formats need exactly one).
@@ -93,6 +95,12 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
 
         return export_minari(store, out, table=table, dataset_id=dataset_id, progress=progress,
                              backend="hdf5" if to == "minari-hdf5" else "arrow", stack=stack)
+    if to == "lerobot":
+        if stack is not None:
+            raise StoreError(f"stack={stack!r}: LeRobot exports keep one frame per record")
+        from replaystore.tools.formats.lerobot import export_lerobot
+
+        return export_lerobot(store, out, table=table, progress=progress)
     from replaystore.tools.formats.d4rl import export_d4rl
 
     return export_d4rl(store, out, table=table, progress=progress, stack=stack)

@@ -13,6 +13,8 @@ format          what ``src`` is, and the store created at ``url``
 ``minari-hdf5`` the same (accepted for symmetry with the export names)
 ``d4rl``        a D4RL-style HDF5 file: an ``episode``-schema store when it has
                 ``timeouts``, a ``transitions`` store otherwise
+``lerobot``     a LeRobot v3.0 dataset directory: one stream per episode, one field per
+                feature, videos as their demuxed packets (not re-encoded)
 ==============  =====================================================================
 
 See docs/EXPORT.md for the mappings.
@@ -25,7 +27,7 @@ from typing import Any
 from replaystore.errors import StoreError
 from replaystore.tools.formats.common import expand_local
 
-IMPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl")
+IMPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl", "lerobot")
 
 
 def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = None, progress: bool = False,
@@ -39,7 +41,7 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
     url : str
         Where to create the store (new, or an empty directory).
     from_ : str
-        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"`` or ``"d4rl"``.
+        The format: ``"parquet"``, ``"minari"``, ``"minari-hdf5"``, ``"d4rl"`` or ``"lerobot"``.
     dataset_id : str, optional
         The Minari dataset id, with ``src`` the datasets root; Minari only.
     progress : bool
@@ -85,6 +87,10 @@ def import_store(src: str, url: str, from_: str, *, dataset_id: str | None = Non
         from replaystore.tools.formats.minari import import_minari
 
         return import_minari(src, url, dataset_id=dataset_id, progress=progress, storage_options=storage_options)
+    if from_ == "lerobot":
+        from replaystore.tools.formats.lerobot import import_lerobot
+
+        return import_lerobot(src, url, progress=progress, storage_options=storage_options)
     from replaystore.tools.formats.d4rl import import_d4rl
 
     return import_d4rl(src, url, progress=progress, storage_options=storage_options)

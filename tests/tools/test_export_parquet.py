@@ -221,8 +221,8 @@ def test_refuses_to_overwrite_and_reports_formats(dqn_store, tmp_path: Path) -> 
     with pytest.raises(StoreError, match="not empty"):
         export_store(dqn_store, str(out), "parquet")
     assert (out / "keep.txt").read_text() == "mine"
-    assert EXPORT_FORMATS == ("parquet", "minari", "minari-hdf5", "d4rl")
-    assert IMPORT_FORMATS == ("parquet", "minari", "minari-hdf5", "d4rl")
+    assert EXPORT_FORMATS == ("parquet", "minari", "minari-hdf5", "d4rl", "lerobot")
+    assert IMPORT_FORMATS == ("parquet", "minari", "minari-hdf5", "d4rl", "lerobot")
     with pytest.raises(StoreError, match=r"unknown export format 'csv': expected one of parquet, minari"):
         export_store(dqn_store, str(tmp_path / "x"), "csv")
     with pytest.raises(StoreError, match=r"unknown import format 'rlds'"):
