@@ -523,47 +523,29 @@ class Store(ReadFace):
             raise ReadOnlyError("store opened read-only (mode='r'): vacuum is not allowed (dry_run=True is)")
         if not (progress and sys.stderr.isatty()):
             return vacuum(self, older_than_s, dry_run, state_keep_last)
-        from tqdm import tqdm
-
-        with tqdm(desc="vacuum", unit="unit", leave=False, file=sys.stderr) as bar:
-
-            def advance(done: int, total: int) -> None:
-                if bar.total != total:  # known once the garbage is listed
-                    bar.total = total
-                    bar.refresh()
-                bar.update(done - bar.n)
-
-            return vacuum(self, older_than_s, dry_run, state_keep_last, progress=advance)
+        return _with_bar("vacuum", "unit", lambda advance: vacuum(self, older_than_s, dry_run, state_keep_last,
+                                                                  progress=advance))
 
     # -- looking at it: replaystore.report, loaded by name at the first call --------------------
     def report(self, path: str | os.PathLike[str], **kwargs: Any) -> Any:
         """Write a self-contained HTML report of the store (``replaystore report``; docs/GUIDE.md, "Look at a dataset").
 
-        One file with no network use at view time: the summary, per-stream episodes and returns,
-        return and length histograms and the learning curve, per-field statistics, data-health
-        findings, frame strips of image fields, saved sampler states and commits per writer.
+        The summary, episodes and returns per stream, the learning curve, per-field statistics,
+        data health, frame strips, sampler states and commits per writer, in one file that uses
+        no network when viewed. Cost: about a second per million records.
 
         Parameters
         ----------
         path : str or path-like
             The HTML file to write.
         **kwargs
-            ``table=`` (a store with several tables) and ``progress=``, as
-            :func:`replaystore.report.html.build_report` takes them.
+            ``table=`` (a store with several tables; else ``StoreError``) and ``progress=``,
+            as :func:`replaystore.report.html.build_report` takes them.
 
         Returns
         -------
         ReportSummary
             ``path``, ``bytes``, ``seconds`` and ``sections``.
-
-        Raises
-        ------
-        StoreError
-            A store of several tables without ``table=``, or an unknown table.
-
-        Notes
-        -----
-        Cost: see :func:`~replaystore.report.html.build_report` (a few seconds for a million records).
         """
         return _report("html").build_report(self, path, **kwargs)
 
@@ -617,6 +599,21 @@ class Store(ReadFace):
 
     def __repr__(self) -> str:
         return f"<Store {self.url!r} tables={self.tables} capacity={self.capacity}>"
+
+
+def _with_bar(desc: str, unit: str, run: Any) -> Any:
+    """``run(advance)`` with a tqdm bar on stderr that ``advance(done, total)`` moves."""
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, unit=unit, leave=False, file=sys.stderr) as bar:
+
+        def advance(done: int, total: int) -> None:
+            if bar.total != total:  # known once the garbage is listed
+                bar.total = total
+                bar.refresh()
+            bar.update(done - bar.n)
+
+        return run(advance)
 
 
 def _schemas_arg(schema: Schema | Mapping[str, Schema] | None) -> dict[str, Schema] | None:
