@@ -431,29 +431,6 @@ class ZstdCodec(Codec):
         else:
             contexts.decode_into(data, out)
 
-    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
-        """Decode one block into ``out``, of which only records ``rows`` need to be filled.
-
-        What a read calls when it wants some records of a block and the codec overrides
-        this method (the video codec: it decodes a GOP up to the last record wanted and
-        converts only those). The default decodes the whole block (:meth:`decode_into`).
-
-        Parameters
-        ----------
-        data : numpy.ndarray
-            The encoded block (uint8, 1-d), its checksum and declared size verified.
-        out : numpy.ndarray
-            The block's bytes (uint8, 1-d, C-contiguous, :attr:`block_records` records).
-        rows : list of int
-            The records wanted (sorted, distinct, inside the block); the others may be left as they were.
-
-        Raises
-        ------
-        Exception
-            ``data`` does not decode (any exception; the store names the damaged block).
-        """
-        self.decode_into(data, out)
-
     def decode_blocks(self, raw: np.ndarray, spans: list[tuple[int, int]], out: np.ndarray) -> None:
         # docstring inherited
         contexts = _zstd_contexts()
@@ -543,29 +520,6 @@ class _ZstdContexts:
         if n != out.nbytes:
             raise ValueError(f"zstd: decoded {n} bytes, expected {out.nbytes}")
 
-
-    def decode_rows_into(self, data: np.ndarray, out: np.ndarray, rows: list[int]) -> None:
-        """Decode one block into ``out``, of which only records ``rows`` need to be filled.
-
-        What a read calls when it wants some records of a block and the codec overrides
-        this method (the video codec: it decodes a GOP up to the last record wanted and
-        converts only those). The default decodes the whole block (:meth:`decode_into`).
-
-        Parameters
-        ----------
-        data : numpy.ndarray
-            The encoded block (uint8, 1-d), its checksum and declared size verified.
-        out : numpy.ndarray
-            The block's bytes (uint8, 1-d, C-contiguous, :attr:`block_records` records).
-        rows : list of int
-            The records wanted (sorted, distinct, inside the block); the others may be left as they were.
-
-        Raises
-        ------
-        Exception
-            ``data`` does not decode (any exception; the store names the damaged block).
-        """
-        self.decode_into(data, out)
 
     def decode_blocks(self, raw: np.ndarray, spans: list[tuple[int, int]], out: np.ndarray) -> None:
         """Decode ``raw[start:start + size]`` into ``out[i]`` for each ``spans[i]`` (one pointer look-up in all).

@@ -4,6 +4,7 @@ blocks still fail as damage; threads decode at once with their own contexts."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numcodecs
 import numpy as np
@@ -120,3 +121,28 @@ def test_a_damaged_block_among_many_is_named(tmp_path) -> None:
     before = CompressedArray.blocks_decoded
     st.read(st.default.row_ids()[40:], columns=["frame"])  # the other blocks read
     assert CompressedArray.blocks_decoded == before + 5
+
+
+def test_a_zstd_read_decodes_its_blocks_in_one_batched_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only codecs that decode part of a block for less (video) take the per-block path
+    assert ZstdCodec.decode_rows_into is Codec.decode_rows_into
+    st = open_store(str(tmp_path / "s"), frames((16, 16), actions=2, codec="zstd"))
+    n = 200
+    rng = np.random.default_rng(1)
+    batch = {"frame": rng.integers(0, 4, (n, 16, 16), dtype=np.uint8), "action": np.zeros(n, np.int64),
+             "reward": np.zeros(n, np.float32), "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+    with st.writer() as w:
+        w.append(batch, stream=0)
+        w.commit()
+    calls = []
+    real = ZstdCodec.decode_blocks
+
+    def counting(self: ZstdCodec, raw: np.ndarray, spans: list, out: np.ndarray) -> None:
+        calls.append(len(spans))
+        real(self, raw, spans, out)
+
+    monkeypatch.setattr(ZstdCodec, "decode_blocks", counting)
+    rows = np.arange(0, n, 5)  # one writer: row ids are positions; 40 rows over every block
+    got = st.read(rows, columns=["frame"])["frame"]
+    np.testing.assert_array_equal(got, batch["frame"][rows])
+    assert len(calls) == 1 and calls[0] > 1
