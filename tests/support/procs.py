@@ -290,10 +290,15 @@ def check_rows(st: Any, seed: int, rows: np.ndarray) -> int:
     return len(rows)
 
 
-def _stdin_closed() -> bool:
+def _stdin_closed(wait_s: float = 0.005) -> bool:
+    """Whether the parent closed our stdin, waiting for it up to ``wait_s``.
+
+    The wait is on the pipe itself (it returns at once when the parent closes it); it keeps a
+    polling reader from taking a whole core, which on 2 cores starved the parent and the writers.
+    """
     with selectors.DefaultSelector() as sel:
         sel.register(sys.stdin, selectors.EVENT_READ)
-        ready = sel.select(0)
+        ready = sel.select(wait_s)
     return bool(ready) and sys.stdin.buffer.read1(1) == b""
 
 
