@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from replaystore.errors import RowError, StaleReadError, StoreError
+from replaystore.errors import LoaderArgumentError, RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Carried, Feature, Transform
 from replaystore.loaders.lerobotview import to_lerobot
+from replaystore.loaders.lerobotwindows import view_part
 from replaystore.loaders.shared import SharedSlots, from_slot
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
@@ -395,6 +396,7 @@ class StoreLoader(DataLoader):
 
 def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_memory: bool = False,
                 transform: Callable[[dict[str, Any]], Any] | None = None, output: str = "dict",
+                delta_timestamps: Mapping[str, Sequence[float]] | None = None, fps: float | None = None,
                 **kwargs: Any) -> StoreLoader:
     """A torch DataLoader yielding minibatches (mappings of tensors) for ``sampler``.
 
@@ -433,7 +435,15 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
         ``"torchrl"``: the same in TorchRL's key layout (``tdoutput.to_torchrl``);
         ``"lerobot"``: LeRobot's item layout, batched (feature keys with dots, images
         float32 ``(B, C, H, W)`` in [0, 1], ``task`` strings; see
-        ``replaystore.loaders.lerobotview.to_lerobot``).
+        ``replaystore.loaders.lerobotview.to_lerobot``); an imported video feature's
+        frames are decoded where the minibatch is gathered (``loaders/lerobotvideo.py``).
+    delta_timestamps : mapping of str to list of float, optional
+        With ``output="lerobot"``: LeRobot's windows, key (LeRobot key or field name) to
+        offsets in seconds; each such key comes out ``(B, T, ...)`` with ``<key>_is_pad``
+        (``replaystore.loaders.lerobotwindows``). Uniform, epoch and prioritized samplers
+        without ``stack=``, ``n_step=`` or ``her=`` only.
+    fps : float, optional
+        The frame rate of ``delta_timestamps`` (default: the schema metadata's ``fps``).
     **kwargs
         Passed to the DataLoader (``multiprocessing_context``,
         ``prefetch_factor``, ``persistent_workers``, ...); not ``collate_fn``,
@@ -456,7 +466,12 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     LoaderOutputError
         An unknown ``output``.
     MissingDependencyError
-        ``output="tensordict"`` without the ``tensordict`` package.
+        ``output="tensordict"`` without the ``tensordict`` package; ``output="lerobot"``
+        over an imported video feature without PyAV (naming the field).
+    SamplerParameterError
+        A bad ``delta_timestamps`` key or offset (naming it), or no frame rate.
+    UnsupportedCombinationError
+        ``delta_timestamps`` with a sampler or feature that does not take it.
 
     Notes
     -----
@@ -469,11 +484,14 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
     check_loader_args(kwargs, transform, num_workers)
+    if (delta_timestamps or fps is not None) and output != "lerobot":
+        raise LoaderArgumentError("delta_timestamps= and fps= are for output='lerobot'")
+    view = [view_part(sampler, delta_timestamps, fps)] if output == "lerobot" else []
     if num_workers:
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,
                            store.cache if store.cache is not None else False, transform=transform,
-                           parts=[f.worker() for f in sampler.features])
+                           parts=[*(f.worker() for f in sampler.features), *view])
     # torch types a batch sampler as yielding lists of indices; the DataLoader hands whatever it yields (here a
     # Request) to the dataset's __getitems__ unchanged
     loader = StoreLoader(dataset, batch_sampler=sampler,  # type: ignore[arg-type]

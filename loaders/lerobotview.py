@@ -70,6 +70,26 @@ def lerobot_keys(schema: Schema) -> dict[str, str]:
     return out
 
 
+def video_fields(schema: Schema) -> dict[str, str]:
+    """The imported video features of ``schema``: packet field name to LeRobot key.
+
+    Parameters
+    ----------
+    schema : Schema
+        The table's schema.
+
+    Returns
+    -------
+    dict of str to str
+        Empty for a store not imported from LeRobot or without videos.
+    """
+    keep = schema.metadata.get("lerobot")
+    if not isinstance(keep, dict) or not isinstance(keep.get("keys"), dict):
+        return {}
+    videos = set(keep.get("videos") or {})
+    return {n: k for n, k in keep["keys"].items() if k in videos and n in schema}
+
+
 def tasks_of(schema: Schema) -> list[str]:
     """The task strings by task index: an imported dataset's tasks, else one (``env_id`` or the schema's name).
 
@@ -113,13 +133,16 @@ def to_lerobot(batch: dict[str, Any], schema: Schema) -> dict[str, Any]:
         The LeRobot-shaped batch.
     """
     keys = lerobot_keys(schema)
+    videos = video_fields(schema)
+    keys.update(videos)
+    keys.update({n + "_is_pad": k + "_is_pad" for n, k in list(keys.items())})
     fields = {f.name: f for f in schema.fields}
-    names = set(schema.names) | {n + s for n in schema.names for s in PACKET_SUFFIXES}
+    names = set(schema.names) | {n + s for n in schema.names for s in PACKET_SUFFIXES}  # (left out)
     out: dict[str, Any] = {}
     for name, value in batch.items():
         if name in keys:
             f = fields.get(name)
-            if is_frames(f) and isinstance(value, torch.Tensor):
+            if (is_frames(f) or name in videos) and isinstance(value, torch.Tensor):
                 value = value.movedim(-1, -3).to(torch.float32).div_(255.0)
             out[keys[name]] = value
         elif name not in names and not name.endswith("_offsets"):
