@@ -35,11 +35,12 @@ def test_imported_dataset_batches_are_lerobot_items(tmp_path: Path) -> None:
         assert b["task"] == [tasks[i] for i in raw["task_index"]]
 
 
-def test_video_packets_left_out(tmp_path: Path) -> None:
+def test_video_packets_left_out_frames_decoded(tmp_path: Path) -> None:
     pytest.importorskip("av")
     st = import_store(str(DATA / "video"), str(tmp_path / "s"), "lerobot")
     b = next(iter(make_loader(st, UniformSampler(st, 4, seed=0, num_batches=1), output="lerobot")))
-    assert "observation.images.top" not in b and not any(k.startswith("observation__images") for k in b)
+    assert not any(k.startswith("observation__images") for k in b)
+    assert b["observation.images.top"].shape == (4, 3, 64, 64)  # (frames: tests/loaders/test_lerobot_windows.py)
     assert {"observation.state", "next.reward", "next.done", "task"} <= set(b)
 
 
