@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from replaystore.errors import LoaderArgumentError, RowError, StaleReadError, StoreError
+from replaystore.errors import RowError, StaleReadError, StoreError
 from replaystore.loaders.base import Request, StoreSampler
 from replaystore.loaders.feature import Carried, Feature, Transform
 from replaystore.loaders.lerobotview import to_lerobot
-from replaystore.loaders.lerobotwindows import view_part
+from replaystore.loaders.lerobotwindows import view_parts
 from replaystore.loaders.shared import SharedSlots, from_slot
 from replaystore.loaders.tdoutput import check_output, to_tensordict
 from replaystore.loaders.transform import check_loader_args
@@ -468,10 +468,8 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     MissingDependencyError
         ``output="tensordict"`` without the ``tensordict`` package; ``output="lerobot"``
         over an imported video feature without PyAV (naming the field).
-    SamplerParameterError
-        A bad ``delta_timestamps`` key or offset (naming it), or no frame rate.
-    UnsupportedCombinationError
-        ``delta_timestamps`` with a sampler or feature that does not take it.
+    SamplerParameterError, UnsupportedCombinationError
+        A bad ``delta_timestamps`` (``lerobotwindows.view_parts``).
 
     Notes
     -----
@@ -484,9 +482,7 @@ def make_loader(store: Store, sampler: StoreSampler, num_workers: int = 0, pin_m
     if num_workers and store.url.startswith("memory://"):
         raise StoreError("memory:// stores live in one process: use num_workers=0 (or a local/S3 store)")
     check_loader_args(kwargs, transform, num_workers)
-    if (delta_timestamps or fps is not None) and output != "lerobot":
-        raise LoaderArgumentError("delta_timestamps= and fps= are for output='lerobot'")
-    view = [view_part(sampler, delta_timestamps, fps)] if output == "lerobot" else []
+    view = view_parts(sampler, output, delta_timestamps, fps)
     if num_workers:
         kwargs.setdefault("persistent_workers", True)
     dataset = StoreDataset(store.url, sampler.table.name, store.storage_options,

@@ -128,7 +128,7 @@ class VideoFrames:
             nxt = np.flatnonzero(key[g + 1:stop] != g)  # the next keyframe ends the group
             stop = g + 1 + int(nxt[0]) if nxt.size else stop
             decoded = self._group(table, dense_rows[g:stop], int(want.max()))
-            for i, w in zip(at.tolist(), want.tolist()):
+            for i, w in zip(at.tolist(), want.tolist(), strict=True):
                 view[i] = decoded[w]
         return out
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import RowError, SamplerParameterError, UnsupportedCombinationError
+from replaystore.errors import LoaderArgumentError, RowError, SamplerParameterError, UnsupportedCombinationError
 from replaystore.loaders.feature import Feature
-from replaystore.loaders.lerobotview import lerobot_keys, video_fields
 from replaystore.loaders.lerobotvideo import KEY, PTS, VideoFrames, need_av
+from replaystore.loaders.lerobotview import lerobot_keys, video_fields
 from replaystore.schemas import Schema
 from replaystore.store import Table
 
@@ -160,11 +160,44 @@ class LeRobotView(Feature):
         return m
 
     def reads(self, payload: Any) -> tuple[str, ...]:
-        # docstring inherited
+        """The fields it reads itself: those with deltas and the video packet fields.
+
+        Parameters
+        ----------
+        payload : Any
+            None (the view has no payload).
+
+        Returns
+        -------
+        tuple of str
+            Field names the plain gather leaves out.
+        """
         return (*self.deltas, *(n + s for n in self.videos for s in ("", PTS, "__dts", KEY)))
 
     def apply(self, table: Table, batch: dict[str, Any], payload: Any) -> dict[str, Any]:
-        # docstring inherited
+        """Add the windows, their ``<field>_is_pad`` and the decoded frames to a gathered minibatch.
+
+        Parameters
+        ----------
+        table : Table
+            This process's handle.
+        batch : dict of str to Any
+            The gathered minibatch (numpy arrays, ``indices`` ``(B,)``; ``(B, T)`` for sequences,
+            which only frames are decoded for).
+        payload : Any
+            None.
+
+        Returns
+        -------
+        dict of str to Any
+            A new dict. Cost: one read of the distinct window rows, and one decode of each
+            group of pictures the frames need (:class:`~replaystore.loaders.lerobotvideo.VideoFrames`).
+
+        Raises
+        ------
+        RowError
+            A row is not in this handle's stream index.
+        """
         if not self.deltas and not self.videos:
             return batch
         rows = np.asarray(batch["indices"], dtype=np.int64)
@@ -192,6 +225,40 @@ class LeRobotView(Feature):
                 q = pos
             out[n] = dec.frames(table, m.rows, q, m.first, m.end, m.key[n])
         return out
+
+
+def view_parts(sampler: Any, output: str, delta_timestamps: Mapping[str, Sequence[float]] | None,
+               fps: float | None) -> list[Feature]:
+    """``make_loader``'s worker half for ``output="lerobot"`` (:func:`view_part`); none for other outputs.
+
+    Parameters
+    ----------
+    sampler : StoreSampler
+        The loader's sampler.
+    output : str
+        ``make_loader``'s ``output``.
+    delta_timestamps : mapping of str to sequence of float, or None
+        As :func:`view_part`.
+    fps : float or None
+        As :func:`view_part`.
+
+    Returns
+    -------
+    list of Feature
+        ``[LeRobotView]`` or ``[]``.
+
+    Raises
+    ------
+    LoaderArgumentError
+        ``delta_timestamps`` or ``fps`` with another ``output``.
+    SamplerParameterError, UnsupportedCombinationError, MissingDependencyError
+        As :func:`view_part`.
+    """
+    if output != "lerobot":
+        if delta_timestamps or fps is not None:
+            raise LoaderArgumentError(f"delta_timestamps= and fps= are for output='lerobot', not {output!r}")
+        return []
+    return [view_part(sampler, delta_timestamps, fps)]
 
 
 def fps_of(schema: Schema, fps: float | None) -> float:
@@ -263,8 +330,8 @@ def view_part(sampler: Any, delta_timestamps: Mapping[str, Sequence[float]] | No
     """
     schema = sampler.table.schema
     videos = video_fields(schema)
-    for name in videos:
-        need_av(schema.metadata["lerobot"]["keys"].get(name, name))
+    for video_key in videos.values():
+        need_av(video_key)
     deltas: dict[str, list[int]] = {}
     if delta_timestamps:
         kind = getattr(sampler, "kind", type(sampler).__name__)
@@ -272,14 +339,15 @@ def view_part(sampler: Any, delta_timestamps: Mapping[str, Sequence[float]] | No
         if kind not in WINDOW_SAMPLERS:
             raise UnsupportedCombinationError(who, "delta_timestamps=", "windows are built around single drawn "
                                               f"records; only the {', '.join(WINDOW_SAMPLERS)} samplers take them")
-        for f in getattr(sampler, "features", ()):
-            raise UnsupportedCombinationError(f"{f.name}=", "delta_timestamps=", "LeRobot windows replace "
-                                              "stacks, n-step windows and relabelled goals")
+        features = list(getattr(sampler, "features", ()))
+        if features:
+            raise UnsupportedCombinationError(f"{features[0].name}=", "delta_timestamps=", "LeRobot windows "
+                                              "replace stacks, n-step windows and relabelled goals")
         rate = fps_of(schema, fps)
         keys = {**lerobot_keys(schema), **videos}
         by_key = {k: n for n, k in keys.items()}
         for key, ts in delta_timestamps.items():
-            name = key if key in keys else by_key.get(key)
+            name: str | None = key if key in keys else by_key.get(key)
             if name is None:
                 raise SamplerParameterError(str(key), f"a LeRobot key or field of the view ({sorted(by_key)})",
                                             "unknown")

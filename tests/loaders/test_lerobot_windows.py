@@ -1,4 +1,4 @@
-"""``make_loader(..., output="lerobot", delta_timestamps=...)``: LeRobot's windows, ``<key>_is_pad`` and decoded video frames.
+"""``make_loader(output="lerobot", delta_timestamps=...)``: LeRobot's windows, ``<key>_is_pad``, video frames.
 
 The reference model is LeRobot's rule written out over the episode table: frame ``i`` of an
 episode ``[start, end)`` with delta ``d`` (frames) reads frame ``clip(i + d, start, end - 1)``
