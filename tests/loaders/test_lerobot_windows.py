@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis.strategies import integers as st_integers
+from hypothesis.strategies import lists as st_lists
 
 from replaystore.errors import (
     LoaderArgumentError,
@@ -216,3 +219,38 @@ def test_missing_pyav_names_the_field(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "av", None)  # (import av now fails)
     with pytest.raises(MissingDependencyError, match=VIDEO):
         make_loader(st, UniformSampler(st, 4), output="lerobot")
+
+
+@given(lengths=st_lists(st_integers(1, 6), min_size=1, max_size=6), streams=st_integers(1, 3),
+       deltas=st_lists(st_integers(-4, 4), min_size=1, max_size=4))
+@settings(max_examples=15, deadline=None)
+def test_windows_property(lengths: list[int], streams: int, deltas: list[int]) -> None:
+    """Episodes spread over interleaved streams (row ids not in episode order) against the reference."""
+    import tempfile
+
+    from replaystore.schemas import episode as episode_schema
+    from replaystore.store import open_store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(tmp + "/s", episode_schema(2, actions=2, metadata={"fps": 10}), mode="w")
+        ep_of: list[int] = []  # per record number: its episode
+        with store.writer() as w:
+            for e, n in enumerate(lengths):  # episode e goes to stream e % streams, its records numbered in order
+                first = len(ep_of)
+                ep_of += [e] * n
+                obs = np.stack([np.arange(first, first + n), np.zeros(n)], 1).astype(np.float32)
+                w.append({"obs": obs, "action": np.zeros(n, np.int64), "reward": obs[:, 0].copy(),
+                          "next_obs": obs, "terminated": np.arange(n) == n - 1, "truncated": np.zeros(n, bool)},
+                         stream=e % streams, reset=np.arange(n) == 0)
+        q, pad = reference(np.array(ep_of), deltas)
+        loader = make_loader(store, EpochSampler(store, 7, seed=0), output="lerobot",
+                             delta_timestamps={"observation.state": [d / 10 for d in deltas]})
+        seen: set[int] = set()
+        for b in loader:
+            for j, rec in enumerate(b["next.reward"].long().tolist()):
+                seen.add(rec)
+                assert b["observation.state"][j, :, 0].long().tolist() == q[rec].tolist()
+                assert b["observation.state_is_pad"][j].tolist() == pad[rec].tolist()
+            if len(seen) == len(ep_of):
+                break
+        assert len(seen) == len(ep_of)
