@@ -3,7 +3,9 @@
 LeRobot's training code reads a batch as a mapping of LeRobot feature keys (with dots) to tensors,
 images as float32 ``(B, C, H, W)`` in [0, 1], scalars as ``(B,)``, and ``task``: the task string of
 each sample. This module renames and converts a loader's minibatch accordingly (in the main process,
-after the gather; a few µs per key plus the image conversion).
+after the gather; a few µs per key plus the image conversion). The work done where a minibatch is
+gathered (``delta_timestamps`` windows with ``<key>_is_pad``, imported video frames decoded from
+their packets) is loaders/lerobotwindows.py's.
 """
 
 from __future__ import annotations
@@ -117,8 +119,10 @@ def to_lerobot(batch: dict[str, Any], schema: Schema) -> dict[str, Any]:
     ``(..., C, H, W)`` in [0, 1] (a stack or window keeps its leading dimensions), as
     ``LeRobotDataset`` returns decoded images; ``task`` is the list of each sample's task string
     (from ``task_index`` when the batch has it). ``indices`` and the sampler's outputs keep their
-    names; fields without a LeRobot key (``next_obs``, ragged fields, an imported video's packets)
-    are left out.
+    names; fields without a LeRobot key (``next_obs``, ragged fields, an imported video's packets
+    and their companion fields) are left out. An imported video field the worker half decoded
+    (uint8 frames) takes its key and becomes float32 frames; ``<field>_is_pad`` becomes
+    ``<key>_is_pad``.
 
     Parameters
     ----------
