@@ -254,3 +254,24 @@ def test_windows_property(lengths: list[int], streams: int, deltas: list[int]) -
             if len(seen) == len(ep_of):
                 break
         assert len(seen) == len(ep_of)
+
+
+def test_sequence_windows_get_their_frames(tmp_path: Path) -> None:
+    """Without delta_timestamps every sampler gets decoded frames: a SequenceSampler's windows too."""
+    from replaystore.tools.formats.lerobot import decode_video
+
+    st = _store(tmp_path, "video")
+    b = next(iter(make_loader(st, SequenceSampler(st, 6, batch_size=4, seed=2, num_batches=1), output="lerobot")))
+    assert b[VIDEO].shape == (4, 6, 3, 64, 64)
+    rows = b["indices"].numpy()
+    by_ep: dict[int, np.ndarray] = {}
+    for j, r in np.ndenumerate(rows):
+        if r < 0:
+            assert not b[VIDEO][j].any()
+            continue
+        raw = st.read(np.array([r]), columns=["episode_index", "frame_index"])
+        e = int(raw["episode_index"][0])
+        if e not in by_ep:
+            by_ep[e] = decode_video(st, VIDEO, e)
+        want = by_ep[e][int(raw["frame_index"][0])]
+        assert torch.equal(b[VIDEO][j], chw(want)), j
