@@ -66,10 +66,11 @@ class VideoFrames:
         self.shape = (int(params["height"]), int(params["width"]), 3)
         self._pid: int | None = None
         self._ctx: Any = None
+        self._rgb: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the decoder: each process makes its own."""
-        return {**self.__dict__, "_pid": None, "_ctx": None}
+        return {**self.__dict__, "_pid": None, "_ctx": None, "_rgb": None}
 
     def _decoder(self) -> Any:
         if self._ctx is None or self._pid != os.getpid():
@@ -78,7 +79,10 @@ class VideoFrames:
             if self.params.get("extradata"):
                 ctx.extradata = bytes.fromhex(self.params["extradata"])
             ctx.width, ctx.height = self.shape[1], self.shape[0]
+            from av.video.reformatter import VideoReformatter
+
             self._ctx, self._pid = ctx, os.getpid()
+            self._rgb = VideoReformatter()  # (one for all frames: ``to_ndarray(format=)`` makes one per frame)
         return self._ctx
 
     def frames(self, table: Table, dense_rows: np.ndarray, pos: np.ndarray, first: np.ndarray,
@@ -121,38 +125,47 @@ class VideoFrames:
         if bad.any():
             raise StoreError(f"field {self.field!r}: row {int(dense_rows[p[bad][0]])} has no keyframe before it "
                              "in its episode")
-        for g in np.unique(k):
-            at = real[k == g]
-            want = flat[at] - g
+        groups = []
+        for g in np.unique(k).tolist():
             stop = int(end[g])
             nxt = np.flatnonzero(key[g + 1:stop] != g)  # the next keyframe ends the group
-            stop = g + 1 + int(nxt[0]) if nxt.size else stop
-            decoded = self._group(table, dense_rows[g:stop], int(want.max()))
+            groups.append((g, g + 1 + int(nxt[0]) if nxt.size else stop))
+        # every group's packets in one read, each group's slice decoded once
+        name = self.field
+        data = table.read(np.concatenate([dense_rows[g:stop] for g, stop in groups]),
+                          columns=[name, name + PTS, name + DTS])
+        offsets = data[name + "__offsets"]
+        at0 = 0
+        for g, stop in groups:
+            at = real[k == g]
+            want = flat[at] - g
+            n = stop - g
+            sl = slice(at0, at0 + n)
+            decoded = self._group(data[name], offsets[at0:at0 + n + 1], data[name + PTS][sl], data[name + DTS][sl],
+                                  int(want.max()), int(dense_rows[g]))
+            at0 += n
             for i, w in zip(at.tolist(), want.tolist(), strict=True):
                 view[i] = decoded[w]
         return out
 
-    def _group(self, table: Table, rows: np.ndarray, last: int) -> list[np.ndarray]:
-        """The frames of one group (its rows in decode order), in display order, at least up to ``last``."""
-        name = self.field
-        data = table.read(rows, columns=[name, name + PTS, name + DTS])
-        pts, dts = data[name + PTS], data[name + DTS]
+    def _group(self, packets: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray, last: int,
+               row: int) -> list[np.ndarray]:
+        """One group's frames (packets in decode order) in display order, at least up to ``last``."""
         if len(pts) < 2 or bool((np.diff(pts) > 0).all()):
             n = last + 1  # display order is decode order: the packets up to the last frame needed
         else:
-            n = len(rows)
+            n = len(pts)
         ctx = self._decoder()
         av = need_av(self.field)
-        offsets = data[name + "__offsets"]
         got = []
         for i in range(n):
-            pkt = av.Packet(bytes(data[name][offsets[i]:offsets[i + 1]]))
+            pkt = av.Packet(bytes(packets[offsets[i]:offsets[i + 1]]))
             pkt.pts, pkt.dts = int(pts[i]), int(dts[i])
             got.extend(ctx.decode(pkt))
         got.extend(ctx.decode(None))
         ctx.flush_buffers()
         got.sort(key=lambda f: f.pts if f.pts is not None else 0)
         if len(got) < n:
-            raise StoreError(f"field {self.field!r}: rows {int(rows[0])}..{int(rows[-1])} decoded to {len(got)} "
+            raise StoreError(f"field {self.field!r}: the group of pictures at row {row} decoded to {len(got)} "
                              f"frames, not {n}")
-        return [f.to_ndarray(format="rgb24") for f in got[:last + 1]]
+        return [self._rgb.reformat(f, format="rgb24").to_ndarray() for f in got[:last + 1]]
