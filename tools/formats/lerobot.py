@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import warnings
 from fractions import Fraction

@@ -101,7 +101,7 @@ class Limits:
                 ok = ok and isinstance(v, int)
             if not ok:
                 raise StoreError(f"{name}={v!r}: expected a positive {'int' if name == 'chunks_size' else 'number'}")
-            got[name] = v
+            got[name] = int(v) if isinstance(v, float) and v.is_integer() else v
         self.chunks_size: int = got["chunks_size"]
         self.data_mb: float = got["data_files_size_in_mb"]
         self.video_mb: float = got["video_files_size_in_mb"]
