@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_query)
 
-    p = sub.add_parser("export", help="export a store (parquet, minari, minari-hdf5, d4rl)",
+    p = sub.add_parser("export", help="export a store (parquet, minari, minari-hdf5, d4rl, lerobot)",
                        description="Export a store's records to a format offline-RL tools load.")
     p.add_argument("url", help="store path or URL")
     p.add_argument("out", help="output directory or file")
