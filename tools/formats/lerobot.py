@@ -422,6 +422,8 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
         "info": info, "stats": stats, "tasks": tasks,
         "keys": {f.name: f.key for f in features},
         "huggingface": hf_meta.get(b"huggingface", b"").decode() or None,
+        # (LeRobot's files each carry the fingerprint of their first episode: the others' kept by path)
+        "huggingface_files": _hf_files(root, data_files, hf_meta.get(b"huggingface")),
         # (the manifest keeps JSON objects with sorted keys: the orders are kept as lists)
         "order": {"features": list(feats), "info": list(info), "stats": list(stats or {}),
                   "episode_columns": episodes.column_names},
@@ -471,6 +473,19 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
                     raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
         st.refresh()
     return st
+
+
+def _hf_files(root: Path, files: list[Path], first: bytes | None) -> dict[str, str]:
+    """The ``huggingface`` metadata of the data files whose metadata is not the first file's, by path."""
+    out: dict[str, str] = {}
+    for path in files[1:]:
+        try:
+            got = (pq.read_schema(path).metadata or {}).get(b"huggingface")
+        except (OSError, pa.ArrowException) as exc:
+            raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
+        if got is not None and got != first:
+            out[path.relative_to(root).as_posix()] = got.decode()
+    return out
 
 
 def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], by_ep: dict[Any, dict[str, Any]],
@@ -784,7 +799,7 @@ def _write(t: Any, plan: _Plan, root: Path, progress: bool, kept_table: pa.Table
     episodes = _episodes_of(t)
     keys = plan.data_keys()
     arrow = pa.schema([(k, plan.arrow_type(k)) for k in keys], metadata={b"huggingface": plan.hf_features().encode()})
-    data_files = DataFiles(root, arrow, limits)
+    data_files = DataFiles(root, arrow, limits, plan.keep.get("huggingface_files"))
     ep_files = EpisodeFiles(root, limits, (plan.keep.get("order") or {}).get("episode_columns"))
     videos = {k: VideoFiles(root, k, p, plan.fps, limits) for k, p in plan.videos.items()}
     positions = {} if kept_table is None else {

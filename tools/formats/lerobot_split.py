@@ -24,6 +24,7 @@ videos (``videos/<key>/chunk-*/file-*.mp4``)
 
 from __future__ import annotations
 
+import io
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -44,6 +45,8 @@ DEFAULT_VIDEO_FILE_SIZE_IN_MB = 200
 METADATA_BUFFER = 10
 """Episode rows LeRobot buffers before writing them (``metadata_buffer_size``)."""
 MB = 1024 ** 2
+_Packets = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""One episode's packets: bytes, offsets, pts, dts, keyframe flags."""
 DATA_PATH = "data/chunk-{chunk:03d}/file-{file:03d}.parquet"
 VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -115,8 +118,9 @@ class Limits:
 class DataFiles:
     """``data/chunk-*/file-*.parquet``: one episode at a time, a new file when LeRobot would start one."""
 
-    def __init__(self, root: Path, schema: pa.Schema, limits: Limits) -> None:
+    def __init__(self, root: Path, schema: pa.Schema, limits: Limits, metadata: Any = None) -> None:
         self.root, self.schema, self.limits = root, schema, limits
+        self.metadata: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
         self.chunk = self.file = 0
         self.writer: pq.ParquetWriter | None = None
         self.path: Path | None = None
@@ -138,9 +142,13 @@ class DataFiles:
         if self.writer is None:
             self.path = self.root / DATA_PATH.format(chunk=self.chunk, file=self.file)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, self.schema, compression="snappy", use_dictionary=True)
+            schema = self.schema
+            kept = self.metadata.get(DATA_PATH.format(chunk=self.chunk, file=self.file))
+            if isinstance(kept, str):  # (an imported file's own huggingface metadata)
+                schema = schema.with_metadata({**(schema.metadata or {}), b"huggingface": kept.encode()})
+            self.writer = pq.ParquetWriter(self.path, schema, compression="snappy", use_dictionary=True)
             self.files += 1
-        self.writer.write_table(table)
+        self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
         self.index += n
         return self.chunk, self.file
 
@@ -234,25 +242,54 @@ class VideoFiles:
         self.chunk = self.file = 0
         self.c: Any = None
         self.s: Any = None
-        self.bytes = 0  # packet bytes in the current file
+        self.bytes = 0  # the current file's MP4 size, as its episodes' own MP4s give it
+        self.overhead: int | None = None  # (negative: the boxes a file of two episodes saves)
+        self.first: _Packets | None = None  # the first episode, until the overhead is measured
         self.end = 0.0  # the current file's last to_timestamp
         self.files = 0
+
+    def _stream(self, c: Any) -> Any:
+        p = self.params
+        codec = {"libdav1d": "av1", "libaom-av1": "av1", "libsvtav1": "av1"}.get(p.get("codec", ""),
+                                                                                 p.get("codec", "av1"))
+        s = c.add_stream(codec, rate=self.fps)
+        s.width, s.height = int(p["width"]), int(p["height"])
+        s.pix_fmt = p.get("pix_fmt") or "yuv420p"
+        s.time_base = self.tb
+        if p.get("extradata"):
+            s.codec_context.extradata = bytes.fromhex(p["extradata"])
+        return s
 
     def _open(self) -> None:
         path = self.root / VIDEO_PATH.format(key=self.key, chunk=self.chunk, file=self.file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        p = self.params
         self.c = self.av.open(str(path), "w", format="mp4")
-        codec = {"libdav1d": "av1", "libaom-av1": "av1", "libsvtav1": "av1"}.get(p.get("codec", ""),
-                                                                                 p.get("codec", "av1"))
-        self.s = self.c.add_stream(codec, rate=self.fps)
-        self.s.width, self.s.height = int(p["width"]), int(p["height"])
-        self.s.pix_fmt = p.get("pix_fmt") or "yuv420p"
-        self.s.time_base = self.tb
-        if p.get("extradata"):
-            self.s.codec_context.extradata = bytes.fromhex(p["extradata"])
-        self.bytes, self.end = 0, 0.0
+        self.s = self._stream(self.c)
+        self.end = 0.0
         self.files += 1
+
+    def _mux(self, c: Any, s: Any, packets: _Packets, shift: int) -> None:
+        data, offsets, pts, dts, key = packets
+        for i in range(len(pts)):
+            p = self.av.Packet(bytes(data[offsets[i]:offsets[i + 1]]))
+            p.pts, p.dts, p.is_keyframe = int(pts[i]) + shift, int(dts[i]) + shift, bool(key[i])
+            p.stream = s
+            p.time_base = self.tb
+            c.mux(p)
+
+    def _mp4_size(self, *episodes: _Packets) -> int:
+        """The bytes of an MP4 of these episodes alone, one after the other from time 0 (muxed in memory)."""
+        buf = io.BytesIO()
+        c = self.av.open(buf, "w", format="mp4")
+        s = self._stream(c)
+        at = 0
+        for packets in episodes:
+            pts = packets[2]
+            if len(pts):
+                self._mux(c, s, packets, at - int(pts.min()))
+                at += round(Fraction(len(pts), self.fps) / self.tb)
+        c.close()
+        return len(buf.getvalue())
 
     def episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray, key: np.ndarray,
                 kept: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -262,13 +299,24 @@ class VideoFiles:
         ``kept`` (an imported episode's row) places it in this file at the same time as its
         packets already are: then its timestamps are kept and its packets are not shifted.
         """
-        size = int(offsets[-1]) if len(offsets) else 0
+        packets: _Packets = (data, offsets, pts, dts, key)
+        size = self._mp4_size(packets)  # (LeRobot: the episode's own MP4)
         if self.c is None:
             self._open()
-        elif (self.bytes + size) / MB >= self.limits.video_mb:
-            self.close()
-            self.chunk, self.file = next_file(self.chunk, self.file, self.limits.chunks_size)
-            self._open()
+            self.first = packets
+            self.bytes = size
+        else:
+            if self.overhead is None and self.first is not None:
+                # what a file of two episodes saves against two files: the boxes of one MP4
+                self.overhead = self._mp4_size(self.first, packets) - size - self.bytes
+                self.first = None
+            if (self.bytes + size) / MB >= self.limits.video_mb:
+                self.close()
+                self.chunk, self.file = next_file(self.chunk, self.file, self.limits.chunks_size)
+                self._open()
+                self.bytes = size
+            else:
+                self.bytes += size + (self.overhead or 0)
         pre = f"videos/{self.key}/"
         first = int(pts.min()) if len(pts) else 0
         half = 0.5 / self.fps
@@ -282,13 +330,7 @@ class VideoFiles:
             start = self.end
             shift = round(Fraction(start).limit_denominator(1 << 30) / self.tb) - first
             end = start + len(pts) / self.fps
-        for i in range(len(pts)):
-            p = self.av.Packet(bytes(data[offsets[i]:offsets[i + 1]]))
-            p.pts, p.dts, p.is_keyframe = int(pts[i]) + shift, int(dts[i]) + shift, bool(key[i])
-            p.stream = self.s
-            p.time_base = self.tb
-            self.c.mux(p)
-        self.bytes += size
+        self._mux(self.c, self.s, packets, shift)
         self.end = end
         return {pre + "chunk_index": self.chunk, pre + "file_index": self.file, pre + "from_timestamp": start,
                 pre + "to_timestamp": end}
