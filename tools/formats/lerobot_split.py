@@ -15,11 +15,14 @@ episodes (``meta/episodes/chunk-*/file-*.parquet``)
     ``episode_index`` (LeRobot divides by it, not by a row count; 0 gives 0); the buffered rows
     are written to the old file first.
 videos (``videos/<key>/chunk-*/file-*.mp4``)
-    Before appending an episode whose segment is ``e`` MiB to a file of ``s`` MiB, a new file
-    starts when ``s + e >= video_files_size_in_mb``. LeRobot measures MP4 files; we measure the
-    compressed packets' bytes (the MP4 box overhead, a few hundred bytes plus a few bytes per
-    frame, is left out). In a file each episode's segment starts where the previous ends
-    (``from_timestamp`` = the previous ``to_timestamp``; 0 in a new file), packets are copied.
+    Before appending an episode whose own MP4 is ``e`` MiB to a file of ``s`` MiB, a new file
+    starts when ``s + e >= video_files_size_in_mb``. LeRobot measures its encoder's MP4 of the
+    episode and the concatenated file on disk; we mux the episode's packets alone into an MP4 in
+    memory for ``e``, and count a file as its episodes' own MP4s less, per episode after the
+    first, the boxes one shared file saves (measured once, on the first two episodes). On the
+    LeRobot-written fixture this gives LeRobot's sizes to a byte or two. In a file each episode's
+    segment starts where the previous ends (``from_timestamp`` = the previous ``to_timestamp``;
+    0 in a new file), packets are copied.
 """
 
 from __future__ import annotations
