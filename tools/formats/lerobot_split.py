@@ -248,6 +248,8 @@ class VideoFiles:
         self.bytes = 0  # the current file's MP4 size, as its episodes' own MP4s give it
         self.overhead: int | None = None  # (negative: the boxes a file of two episodes saves)
         self.first: _Packets | None = None  # the first episode, until the overhead is measured
+        self.template: Any = None  # an MP4 of the first episode, read: its stream is copied
+        self.template_delta = 0
         self.end = 0.0  # the current file's last to_timestamp
         self.files = 0
 
@@ -281,10 +283,19 @@ class VideoFiles:
             c.mux(p)
 
     def _mp4_size(self, *episodes: _Packets) -> int:
-        """The bytes of an MP4 of these episodes alone, one after the other from time 0 (muxed in memory)."""
+        """The bytes of an MP4 of these episodes alone, one after the other from time 0 (muxed in memory).
+
+        The first call muxes as the files are muxed (a new stream: its encoder opens, tens of ms
+        for AV1); later ones copy that MP4's stream (no encoder) and add the constant difference
+        the copy makes in the container's boxes.
+        """
         buf = io.BytesIO()
         c = self.av.open(buf, "w", format="mp4")
-        s = self._stream(c)
+        if self.template is None:
+            s = self._stream(c)
+        else:
+            s = c.add_stream_from_template(self.template.streams.video[0], opaque=True)
+            s.time_base = self.tb
         at = 0
         for packets in episodes:
             pts = packets[2]
@@ -292,7 +303,13 @@ class VideoFiles:
                 self._mux(c, s, packets, at - int(pts.min()))
                 at += round(Fraction(len(pts), self.fps) / self.tb)
         c.close()
-        return len(buf.getvalue())
+        size = len(buf.getvalue())
+        if self.template is not None:
+            return size + self.template_delta
+        buf.seek(0)
+        self.template = self.av.open(buf)
+        self.template_delta = size - self._mp4_size(*episodes)
+        return size
 
     def episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray, key: np.ndarray,
                 kept: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -314,7 +331,7 @@ class VideoFiles:
                 self.overhead = self._mp4_size(self.first, packets) - size - self.bytes
                 self.first = None
             if (self.bytes + size) / MB >= self.limits.video_mb:
-                self.close()
+                self._close_file()
                 self.chunk, self.file = next_file(self.chunk, self.file, self.limits.chunks_size)
                 self._open()
                 self.bytes = size
@@ -338,8 +355,14 @@ class VideoFiles:
         return {pre + "chunk_index": self.chunk, pre + "file_index": self.file, pre + "from_timestamp": start,
                 pre + "to_timestamp": end}
 
-    def close(self) -> None:
-        """Finish the current file."""
+    def _close_file(self) -> None:
         if self.c is not None:
             self.c.close()
             self.c = None
+
+    def close(self) -> None:
+        """Finish the current file."""
+        self._close_file()
+        if self.template is not None:
+            self.template.close()
+            self.template = None
