@@ -289,6 +289,8 @@ class VideoFiles:
         for AV1); later ones copy that MP4's stream (no encoder) and add the constant difference
         the copy makes in the container's boxes.
         """
+        if not any(len(p[2]) for p in episodes):
+            return 0
         buf = io.BytesIO()
         c = self.av.open(buf, "w", format="mp4")
         if self.template is None:
