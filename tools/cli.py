@@ -132,7 +132,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from replaystore.tools.export import export_store, export_summary
 
     summary = export_store(_open(args), args.out, args.to, table=args.table, dataset_id=args.dataset_id,
-                           progress=not args.quiet, stack=args.stack)
+                           progress=not args.quiet, stack=args.stack, data_files_size_in_mb=args.data_files_size_in_mb,
+                           video_files_size_in_mb=args.video_files_size_in_mb, chunks_size=args.chunks_size)
     print(f"exported {args.url} to {export_summary(summary)}")
     return 0
 
@@ -271,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     p.set_defaults(func=_cmd_query)
 
-    p = sub.add_parser("export", help="export a store (parquet, minari, minari-hdf5, d4rl)",
+    p = sub.add_parser("export", help="export a store (parquet, minari, minari-hdf5, d4rl, lerobot)",
                        description="Export a store's records to a format offline-RL tools load.")
     p.add_argument("url", help="store path or URL")
     p.add_argument("out", help="output directory or file")
@@ -281,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", type=int, default=None,
                    help="frames stores, Minari and D4RL: observations are stacks of this many frames "
                         "(default: one frame each)")
+    p.add_argument("--data-files-size-in-mb", type=float, default=None,
+                   help="LeRobot: size limit of data and episode files in MiB (default: the imported "
+                        "dataset's, else 100)")
+    p.add_argument("--video-files-size-in-mb", type=float, default=None,
+                   help="LeRobot: size limit of video files in MiB (default: the imported dataset's, else 200)")
+    p.add_argument("--chunks-size", type=int, default=None,
+                   help="LeRobot: files per chunk-XXX directory (default: the imported dataset's, else 1000)")
     p.add_argument("--storage-options", help="fsspec storage options as a JSON object")
     _quiet_option(p)
     p.set_defaults(func=_cmd_export)

@@ -31,7 +31,8 @@ EXPORT_FORMATS = ("parquet", "minari", "minari-hdf5", "d4rl", "lerobot")
 
 
 def export_store(store: Any, out: str, to: str, *, table: str | None = None, dataset_id: str | None = None,
-                 progress: bool = False, stack: int | None = None) -> dict[str, Any]:
+                 progress: bool = False, stack: int | None = None, data_files_size_in_mb: float | None = None,
+                 video_files_size_in_mb: float | None = None, chunks_size: int | None = None) -> dict[str, Any]:
     """Export ``store`` to ``out`` in format ``to`` (one of :data:`EXPORT_FORMATS`).
 
     Parameters
@@ -53,6 +54,10 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
         ``frames`` stores, Minari and D4RL only: each observation is the stack of
         the ``stack`` latest frames of its episode (default: one frame). Parquet
         keeps one frame per record (and the frame field's codec).
+    data_files_size_in_mb, video_files_size_in_mb, chunks_size : optional
+        LeRobot only: the size limits of its data (and episode) files and video files in
+        MiB, and the files per chunk directory; files split as LeRobot's writer splits
+        them (default: an imported dataset's values, else LeRobot's 100, 200 and 1000).
 
     Returns
     -------
@@ -64,8 +69,8 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
     ------
     StoreError
         An unknown format, ``dataset_id`` for a format other than Minari, ``stack``
-        for Parquet, or what the format's exporter raises (an unknown table, ``out``
-        not empty, ``stack`` for a store that is not a frames store, ...).
+        for Parquet, a LeRobot size limit for another format, or what the format's
+        exporter raises (an unknown table, ``out`` not empty, ``stack`` for a store that is not a frames store, ...).
 
 
     Notes
@@ -83,6 +88,11 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
         raise StoreError(f"unknown export format {to!r}: expected one of {', '.join(EXPORT_FORMATS)}")
     if dataset_id is not None and not to.startswith("minari"):
         raise StoreError(f"dataset_id applies to Minari exports only, not {to!r}")
+    limits = {"data_files_size_in_mb": data_files_size_in_mb, "video_files_size_in_mb": video_files_size_in_mb,
+              "chunks_size": chunks_size}
+    given = [k for k, v in limits.items() if v is not None]
+    if given and to != "lerobot":
+        raise StoreError(f"{given[0]} applies to LeRobot exports only, not {to!r}")
     if stack is not None and to == "parquet":
         raise StoreError(f"stack={stack!r}: Parquet exports keep one frame per record (and its codec); "
                          f"stack applies to Minari and D4RL exports of frames stores")
@@ -100,7 +110,8 @@ def export_store(store: Any, out: str, to: str, *, table: str | None = None, dat
             raise StoreError(f"stack={stack!r}: LeRobot exports keep one frame per record")
         from replaystore.tools.formats.lerobot import export_lerobot
 
-        return export_lerobot(store, out, table=table, progress=progress)
+        return export_lerobot(store, out, table=table, progress=progress, data_files_size_in_mb=data_files_size_in_mb,
+                              video_files_size_in_mb=video_files_size_in_mb, chunks_size=chunks_size)
     from replaystore.tools.formats.d4rl import export_d4rl
 
     return export_d4rl(store, out, table=table, progress=progress, stack=stack)

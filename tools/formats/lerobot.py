@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import warnings
 from fractions import Fraction
@@ -43,6 +42,13 @@ from replaystore.errors import ImportSourceError, SchemaError, StoreError
 from replaystore.schemas import Dense, Ragged, Schema
 from replaystore.store import Store, open_store
 from replaystore.tools.formats.common import ImportDestination, expand_local, pick_table, progress_bar
+from replaystore.tools.formats.lerobot_split import (
+    VIDEO_PATH,
+    DataFiles,
+    EpisodeFiles,
+    Limits,
+    VideoFiles,
+)
 
 CODEBASE_VERSION = "v3.0"
 """The LeRobot dataset version read and written."""
@@ -56,9 +62,6 @@ PTS, DTS, KEY = "__pts", "__dts", "__key"
 COMMIT_BYTES = 64 << 20
 BATCH_ROWS = 16384
 """Rows of a data file read and appended at a time."""
-DATA_PATH = "data/chunk-{chunk:03d}/file-{file:03d}.parquet"
-VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
 _STATS = ("min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99")
 _QS = (0.01, 0.10, 0.50, 0.90, 0.99)
 U8, I64, BOOL = np.dtype(np.uint8), np.dtype(np.int64), np.dtype(np.bool_)
@@ -285,6 +288,7 @@ class _Video:
         got = self.files.get((chunk, file))
         if got is not None:
             return got
+        self.files.clear()  # (episodes come in file order: one file's packets are held at a time)
         path = self.root / VIDEO_PATH.format(key=self.f.key, chunk=chunk, file=file)
         c = self._container(path)
         params = self._params(c)
@@ -418,6 +422,8 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
         "info": info, "stats": stats, "tasks": tasks,
         "keys": {f.name: f.key for f in features},
         "huggingface": hf_meta.get(b"huggingface", b"").decode() or None,
+        # (LeRobot's files each carry the fingerprint of their first episode: the others' kept by path)
+        "huggingface_files": _hf_files(root, data_files, hf_meta.get(b"huggingface")),
         # (the manifest keeps JSON objects with sorted keys: the orders are kept as lists)
         "order": {"features": list(feats), "info": list(info), "stats": list(stats or {}),
                   "episode_columns": episodes.column_names},
@@ -467,6 +473,19 @@ def import_lerobot(src: str, url: str, *, progress: bool = False, storage_option
                     raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
         st.refresh()
     return st
+
+
+def _hf_files(root: Path, files: list[Path], first: bytes | None) -> dict[str, str]:
+    """The ``huggingface`` metadata of the data files whose metadata is not the first file's, by path."""
+    out: dict[str, str] = {}
+    for path in files[1:]:
+        try:
+            got = (pq.read_schema(path).metadata or {}).get(b"huggingface")
+        except (OSError, pa.ArrowException) as exc:
+            raise ImportSourceError(str(path), "a Parquet file", f"unreadable ({exc})") from None
+        if got is not None and got != first:
+            out[path.relative_to(root).as_posix()] = got.decode()
+    return out
 
 
 def _batch(part: pa.Table, features: list[_Feature], videos: dict[str, _Video], by_ep: dict[Any, dict[str, Any]],
@@ -689,61 +708,10 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
     return pa.table({"task_index": np.arange(len(tasks), dtype=np.int64), "task": tasks}, schema=schema)
 
 
-class _Muxer:
-    """One video feature's MP4 output: the stored packets remuxed, not re-encoded."""
-
-    def __init__(self, out: Path, key: str, params: dict[str, Any], fps: int) -> None:
-        try:
-            import av
-        except ImportError:
-            raise StoreError(f"LeRobot video feature {key!r}: remuxing needs PyAV "
-                             f"(pip install 'replaystore[video]')") from None
-        os.environ.setdefault("SVT_LOG", "1")
-        self.av = av
-        self.path = out / VIDEO_PATH.format(key=key, chunk=0, file=0)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.c = av.open(str(self.path), "w", format="mp4")
-        codec = {"libdav1d": "av1", "libaom-av1": "av1", "libsvtav1": "av1"}.get(params.get("codec", ""),
-                                                                                 params.get("codec", "av1"))
-        self.s = self.c.add_stream(codec, rate=fps)
-        self.s.width, self.s.height = int(params["width"]), int(params["height"])
-        self.s.pix_fmt = params.get("pix_fmt") or "yuv420p"
-        self.tb = Fraction(params.get("time_base") or f"1/{fps}")
-        self.s.time_base = self.tb
-        if params.get("extradata"):
-            self.s.codec_context.extradata = bytes.fromhex(params["extradata"])
-        self.fps = fps
-        self.end = 0.0
-
-    def episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray,
-                key: np.ndarray, kept: tuple[Any, Any] | None = None) -> tuple[float, float]:
-        """Mux one episode's packets; its segment's ``from_timestamp`` and ``to_timestamp``.
-
-        The segment starts where the previous one ends (as LeRobot's writer counts: the previous
-        ``to_timestamp``), or at ``kept`` (an imported episode's own timestamps) when those agree
-        with its packets' first timestamp to within half a frame.
-        """
-        for i in range(len(pts)):
-            p = self.av.Packet(bytes(data[offsets[i]:offsets[i + 1]]))
-            p.pts, p.dts, p.is_keyframe = int(pts[i]), int(dts[i]), bool(key[i])
-            p.stream = self.s
-            p.time_base = self.tb
-            self.c.mux(p)
-        first = float(int(pts.min()) * self.tb)
-        if kept is not None and isinstance(kept[0], float) and isinstance(kept[1], float) \
-                and abs(kept[0] - first) < 0.5 / self.fps:
-            self.end = kept[1]
-            return kept[0], kept[1]
-        start = self.end if abs(self.end - first) < 0.5 / self.fps else first
-        self.end = start + len(pts) / self.fps
-        return start, self.end
-
-    def close(self) -> None:
-        self.c.close()
-
-
 def export_lerobot(store: Store, out: str, *, table: str | None = None, progress: bool = False,
-                   fps: int | None = None, task: str | None = None) -> dict[str, Any]:
+                   fps: int | None = None, task: str | None = None, data_files_size_in_mb: float | None = None,
+                   video_files_size_in_mb: float | None = None, chunks_size: int | None = None
+                   ) -> dict[str, Any]:
     """Write one table as a LeRobot v3.0 dataset in the new directory ``out``.
 
     A store imported from LeRobot gives its dataset back: the same features, values, tasks,
@@ -770,6 +738,14 @@ def export_lerobot(store: Store, out: str, *, table: str | None = None, progress
     task : str, optional
         The one task string of a store not imported from LeRobot (default: its ``env_id``,
         else the schema's name).
+    data_files_size_in_mb : float, optional
+        Size limit of the data and episode files in MiB: a new file starts where LeRobot's
+        writer would start one (docs/EXPORT.md, "How files are split"). Default: the imported
+        dataset's ``info.json`` value, else LeRobot's 100.
+    video_files_size_in_mb : float, optional
+        Size limit of each camera's MP4 files in MiB (default: the imported value, else 200).
+    chunks_size : int, optional
+        Files per ``chunk-XXX`` directory (default: the imported value, else 1000).
 
     Returns
     -------
@@ -780,7 +756,8 @@ def export_lerobot(store: Store, out: str, *, table: str | None = None, progress
     ------
     StoreError
         ``out`` is not local or not empty, the store has several tables and none was chosen,
-        ``fps`` differs from an imported dataset's, or Pillow (images) or PyAV (videos) is missing.
+        ``fps`` differs from an imported dataset's, a size limit is not a positive number
+        (``chunks_size``: a positive int), or Pillow (images) or PyAV (videos) is missing.
     """
     out = expand_local(out)
     if "://" in out and not out.startswith("file://"):
@@ -791,10 +768,12 @@ def export_lerobot(store: Store, out: str, *, table: str | None = None, progress
     t = pick_table(store, table)
     t.view()
     plan = _Plan(t.schema, fps, task)
+    limits = Limits(plan.keep.get("info") if plan.imported else None, chunks_size=chunks_size,
+                    data_files_size_in_mb=data_files_size_in_mb, video_files_size_in_mb=video_files_size_in_mb)
     existed = root.exists()
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return _write(t, plan, root, progress, _kept_episodes(store) if plan.imported else None)
+        return _write(t, plan, root, progress, _kept_episodes(store) if plan.imported else None, limits)
     except BaseException:  # what was written goes; an empty directory given stays
         shutil.rmtree(root, ignore_errors=True)
         if existed:
@@ -815,100 +794,100 @@ def _kept_episodes(store: Store) -> pa.Table | None:
         return None
 
 
-def _write(t: Any, plan: _Plan, root: Path, progress: bool, kept_table: pa.Table | None) -> dict[str, Any]:
+def _write(t: Any, plan: _Plan, root: Path, progress: bool, kept_table: pa.Table | None,
+           limits: Limits) -> dict[str, Any]:
     episodes = _episodes_of(t)
     keys = plan.data_keys()
     arrow = pa.schema([(k, plan.arrow_type(k)) for k in keys], metadata={b"huggingface": plan.hf_features().encode()})
-    data_path = root / DATA_PATH.format(chunk=0, file=0)
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    muxers = {k: _Muxer(root, k, p, plan.fps) for k, p in plan.videos.items()}
+    data_files = DataFiles(root, arrow, limits, plan.keep.get("huggingface_files"))
+    ep_files = EpisodeFiles(root, limits, (plan.keep.get("order") or {}).get("episode_columns"))
+    videos = {k: VideoFiles(root, k, p, plan.fps, limits) for k, p in plan.videos.items()}
     positions = {} if kept_table is None else {
         e: i for i, e in enumerate(kept_table.column("episode_index").to_pylist())}
-    ep_rows: list[dict[str, Any]] = []
-    index = 0
+    index = episodes_written = 0
     total = sum(len(r) for _, r in episodes)
-    used_tasks: set[int] = set()
-    with pq.ParquetWriter(data_path, arrow) as writer, progress_bar(total, "export lerobot", progress) as bar:
-        for ordinal, (stream, rows) in enumerate(episodes):
-            data = t.read(rows)
-            n = len(rows)
-            ep_index = int(stream) if plan.imported and isinstance(stream, int) else ordinal
-            cols: dict[str, pa.Array] = {}
-            values: dict[str, np.ndarray] = {}
-            for k in keys:
-                ft = plan.features[k]
-                name = plan.source.get(k)
-                if name is not None:
-                    v = np.asarray(data[name])
-                    if name == "terminated" and not plan.imported and "truncated" in data:
-                        v = v | np.asarray(data["truncated"])
-                elif k == "frame_index":
-                    v = np.arange(n, dtype=np.int64)
-                elif k == "timestamp":
-                    v = (np.arange(n) / plan.fps).astype(np.float32)
-                elif k == "episode_index":
-                    v = np.full(n, ep_index, np.int64)
-                elif k == "index":
-                    v = np.arange(index, index + n, dtype=np.int64)
-                else:  # task_index
-                    v = np.zeros(n, np.int64)
-                values[k] = v
-                if ft["dtype"] == "image":
-                    frame_ix = values.get("frame_index", np.arange(n))
-                    cols[k] = pa.array([{"bytes": _png(v[i]), "path": f"frame-{int(frame_ix[i]):06d}.png"}
-                                        for i in range(n)], type=plan.arrow_type(k))
-                else:
-                    cols[k] = _arrow_column(v, plan.arrow_type(k), n)
-            writer.write_table(pa.table(cols, schema=arrow))
-            task_ix = sorted({int(x) for x in values["task_index"]}) if "task_index" in values else [0]
-            used_tasks.update(task_ix)
-            row: dict[str, Any] = {"episode_index": ep_index,
-                                   "tasks": [plan.tasks[i] if 0 <= i < len(plan.tasks) else str(i) for i in task_ix],
-                                   "length": n, "data/chunk_index": 0, "data/file_index": 0,
-                                   "dataset_from_index": index, "dataset_to_index": index + n}
-            at = positions.get(ep_index)
-            kept = None if at is None or kept_table is None else kept_table.slice(at, 1).to_pylist()[0]
-            for k, mux in muxers.items():
-                name = plan.source[k]
-                stamps = None if kept is None else (kept.get(f"videos/{k}/from_timestamp"),
-                                                    kept.get(f"videos/{k}/to_timestamp"))
-                start, end = mux.episode(data[name], data[name + "__offsets"], data[name + PTS], data[name + DTS],
-                                         data[name + KEY], stamps)
-                row.update({f"videos/{k}/chunk_index": 0, f"videos/{k}/file_index": 0,
-                            f"videos/{k}/from_timestamp": start, f"videos/{k}/to_timestamp": end})
-            if kept is not None and kept.get("length") == n:
-                row.update({c: v for c, v in kept.items() if c.startswith("stats/")})
-            else:
-                for k in keys:
-                    for stat, val in _stats_of(values[k], plan.features[k]["dtype"] == "image").items():
-                        row[f"stats/{k}/{stat}"] = val
-            row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-            ep_rows.append(row)
-            index += n
-            bar.update(n)
-    for mux in muxers.values():
-        mux.close()
-    ep_path = root / EPISODES_PATH.format(chunk=0, file=0)
-    ep_path.parent.mkdir(parents=True, exist_ok=True)
-    order = (plan.keep.get("order") or {}).get("episode_columns")
-    pq.write_table(pa.Table.from_pylist([_ordered(r, order) for r in ep_rows]), ep_path)
+    try:
+        with progress_bar(total, "export lerobot", progress) as bar:
+            for ordinal, (stream, rows) in enumerate(episodes):
+                at = positions.get(int(stream) if plan.imported and isinstance(stream, int) else ordinal)
+                kept = None if at is None or kept_table is None else kept_table.slice(at, 1).to_pylist()[0]
+                ep_files.add(_episode(t, plan, keys, arrow, stream, rows, ordinal, index, kept, data_files, videos))
+                index += len(rows)
+                episodes_written += 1
+                bar.update(len(rows))
+    finally:
+        data_files.close()
+        ep_files.close()
+        for v in videos.values():
+            v.close()
     pq.write_table(_tasks_table(plan.tasks), root / "meta" / "tasks.parquet")
-    info = _info(plan, len(ep_rows), index)
+    info = _info(plan, episodes_written, index, limits)
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
     (root / "meta" / "stats.json").write_text(json.dumps(_stats(t, plan), indent=4))
-    files = 5 + len(muxers)  # data, episodes, tasks, info.json, stats.json and the videos
-    return {"format": "lerobot", "path": str(root), "files": files, "records": index, "episodes": len(ep_rows),
+    files = 3 + data_files.files + ep_files.files + sum(v.files for v in videos.values())
+    return {"format": "lerobot", "path": str(root), "files": files, "records": index, "episodes": episodes_written,
             "streams": len(t.streams())}
 
 
-def _info(plan: _Plan, episodes: int, frames: int) -> dict[str, Any]:
+def _episode(t: Any, plan: _Plan, keys: list[str], arrow: pa.Schema, stream: Any, rows: np.ndarray, ordinal: int,
+             index: int, kept: dict[str, Any] | None, data_files: DataFiles, videos: dict[str, VideoFiles]
+             ) -> dict[str, Any]:
+    """Write one episode's data rows and video segments; its row of ``meta/episodes``."""
+    data = t.read(rows)
+    n = len(rows)
+    ep_index = int(stream) if plan.imported and isinstance(stream, int) else ordinal
+    cols: dict[str, pa.Array] = {}
+    values: dict[str, np.ndarray] = {}
+    for k in keys:
+        ft = plan.features[k]
+        name = plan.source.get(k)
+        if name is not None:
+            v = np.asarray(data[name])
+            if name == "terminated" and not plan.imported and "truncated" in data:
+                v = v | np.asarray(data["truncated"])
+        elif k == "frame_index":
+            v = np.arange(n, dtype=np.int64)
+        elif k == "timestamp":
+            v = (np.arange(n) / plan.fps).astype(np.float32)
+        elif k == "episode_index":
+            v = np.full(n, ep_index, np.int64)
+        elif k == "index":
+            v = np.arange(index, index + n, dtype=np.int64)
+        else:  # task_index
+            v = np.zeros(n, np.int64)
+        values[k] = v
+        if ft["dtype"] == "image":
+            frame_ix = values.get("frame_index", np.arange(n))
+            cols[k] = pa.array([{"bytes": _png(v[i]), "path": f"frame-{int(frame_ix[i]):06d}.png"}
+                                for i in range(n)], type=plan.arrow_type(k))
+        else:
+            cols[k] = _arrow_column(v, plan.arrow_type(k), n)
+    chunk, file = data_files.write(pa.table(cols, schema=arrow))
+    task_ix = sorted({int(x) for x in values["task_index"]}) if "task_index" in values else [0]
+    row: dict[str, Any] = {"episode_index": ep_index,
+                           "tasks": [plan.tasks[i] if 0 <= i < len(plan.tasks) else str(i) for i in task_ix],
+                           "length": n, "data/chunk_index": chunk, "data/file_index": file,
+                           "dataset_from_index": index, "dataset_to_index": index + n}
+    for k, video in videos.items():
+        name = plan.source[k]
+        row.update(video.episode(data[name], data[name + "__offsets"], data[name + PTS], data[name + DTS],
+                                 data[name + KEY], kept))
+    if kept is not None and kept.get("length") == n:
+        row.update({c: v for c, v in kept.items() if c.startswith("stats/")})
+    else:
+        for k in keys:
+            for stat, val in _stats_of(values[k], plan.features[k]["dtype"] == "image").items():
+                row[f"stats/{k}/{stat}"] = val
+    return row
+
+
+def _info(plan: _Plan, episodes: int, frames: int, limits: Limits) -> dict[str, Any]:
     base: dict[str, Any] = dict(plan.keep["info"]) if plan.imported else {
         "codebase_version": CODEBASE_VERSION, "robot_type": plan.schema.metadata.get("robot_type"),
-        "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "video_path": None}
     base.update({"fps": plan.fps, "features": plan.features, "total_episodes": episodes, "total_frames": frames,
-                 "total_tasks": len(plan.tasks), "splits": {"train": f"0:{episodes}"}})
+                 "total_tasks": len(plan.tasks), "splits": {"train": f"0:{episodes}"}, **limits.info()})
     order = ["codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", "chunks_size",
              "data_files_size_in_mb", "video_files_size_in_mb", "fps", "splits", "data_path", "video_path",
              "features"]

@@ -20,6 +20,15 @@ It writes, next to itself (replacing what is there):
     ``observation.image`` (48x48 RGB) stored as images (``dtype="image"``: PNG bytes in the
     data parquet), as LeRobot writes with ``use_videos=False``.
 
+``split/``
+    14 episodes (7 to 20 frames) at 30 fps, ``observation.state``, ``action`` and a 32x32 camera
+    ``observation.images.top`` (AV1 video), written with tiny size limits
+    (``data_files_size_in_mb=0.003``, ``video_files_size_in_mb=0.006``, ``chunks_size=2``) so
+    LeRobot's writer splits it: 8 data files in 4 chunks, 2 episode files, 9 video files in 5
+    chunks.
+
+Run with names (``video``, ``image``, ``split``) to write only those.
+
 The frames are synthetic but not trivial: a lit gradient background, a coloured disc moving on
 a Lissajous path and a square whose size follows the action, seeded so reruns give the same
 pixels (the encoded bytes depend on the encoder's build).
@@ -28,6 +37,7 @@ pixels (the encoded bytes depend on the encoder's build).
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +129,35 @@ def make_image(root: Path) -> None:
     ds.finalize()
 
 
-def main() -> None:
-    for name, make in (("video", make_video), ("image", make_image)):
+def make_split(root: Path) -> None:
+    size = 32
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (6,), "names": [f"joint_{i}" for i in range(6)]},
+        "action": {"dtype": "float32", "shape": (6,), "names": [f"joint_{i}" for i in range(6)]},
+        "observation.images.top": {"dtype": "video", "shape": (size, size, 3),
+                                   "names": ["height", "width", "channels"]},
+    }
+    ds = LeRobotDataset.create("replaystore/fixture-split", fps=30, features=features, root=root,
+                               robot_type="synthetic_arm", use_videos=True, data_files_size_in_mb=0.003,
+                               video_files_size_in_mb=0.006)
+    ds.meta.update_chunk_settings(chunks_size=2)
+    for e, steps in enumerate(episodes((12, 20, 9, 15, 11, 18, 7, 14, 10, 16, 8, 13, 12, 9), seed=3)):
+        for t, s in enumerate(steps):
+            ds.add_frame({
+                "observation.state": s["state"],
+                "action": s["action"],
+                "observation.images.top": frame(t, e, size, s["action"]),
+                "task": TASKS[int(s["task"])],
+            })
+        ds.save_episode()
+    ds.finalize()
+
+
+def main(names: list[str]) -> None:
+    makers = {"video": make_video, "image": make_image, "split": make_split}
+    for name, make in makers.items():
+        if names and name not in names:
+            continue
         root = HERE / name
         if root.exists():
             shutil.rmtree(root)
@@ -130,4 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
