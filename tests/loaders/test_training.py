@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from replaystore.loaders import PrioritizedSampler, legal_mask, make_loader
@@ -46,6 +47,7 @@ def td_target(batch: dict[str, Any], target_net: torch.nn.Module) -> torch.Tenso
     return target
 
 
+@pytest.mark.slow  # a training
 def test_tiny_dqn_learns_from_a_prioritized_loader(new_url: Any) -> None:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
