@@ -224,6 +224,38 @@ def unpack_gop(block: bytes | np.ndarray) -> list[tuple[bytes, int | None, int |
     return out
 
 
+def _scheduling() -> tuple[int, int] | None:
+    """The calling thread's scheduling policy and priority (None where the platform has no such call)."""
+    try:
+        return os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    except (AttributeError, OSError):
+        return None
+
+
+def _restore_scheduling(saved: tuple[int, int] | None) -> None:
+    """Put every thread of this process that left ``saved``'s policy back on it.
+
+    SVT-AV1, opened by root, moves the calling thread and its own threads to real-time
+    ``SCHED_FIFO`` at priority 99; processes started after that inherit it, and one that
+    busy-waits then starves everything else on the machine (browsers and polling children
+    hung test runs for tens of minutes). Cost: a listing of /proc/self/task when a policy changed.
+    """
+    if saved is None or _scheduling() == saved and not _THREAD.__dict__.get("rt_seen"):
+        return
+    _THREAD.rt_seen = True  # (SVT's own threads may be moved after the calling thread was put back)
+    policy, priority = saved
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    for tid in tasks:
+        try:
+            if os.sched_getscheduler(tid) != policy:
+                os.sched_setscheduler(tid, policy, os.sched_param(priority))
+        except OSError:  # (a thread that ended meanwhile)
+            continue
+
+
 def _av(field: str | None, spec: str) -> Any:
     """The ``av`` module, or VideoUnavailableError naming the field and the extra."""
     try:
@@ -542,14 +574,18 @@ class VideoCodec(Codec):
             The encoder gave not exactly one packet per frame.
         """
         av = _av(None, self.spec)
+        policy = _scheduling()
         ctx = self.encoder()
         pix_fmt = ctx.pix_fmt
         out = []
-        for i, frame in enumerate(frames):
-            vf = self._to_video_frame(av, frame, pix_fmt)
-            vf.pts = i
-            out.extend(ctx.encode(vf))
-        out.extend(ctx.encode(None))
+        try:
+            for i, frame in enumerate(frames):
+                vf = self._to_video_frame(av, frame, pix_fmt)
+                vf.pts = i
+                out.extend(ctx.encode(vf))
+            out.extend(ctx.encode(None))
+        finally:
+            _restore_scheduling(policy)
         packets = [(bytes(p), p.pts, p.dts, bool(p.is_keyframe)) for p in out]
         if len(packets) != len(frames) or not packets[0][3]:
             raise ValueError(f"{self.codec}: {len(frames)} frames encoded as {len(packets)} packets "
