@@ -43,5 +43,24 @@ def _memory_filesystem_kept_to_the_test() -> Iterator[None]:
     fs.pseudo_dirs[:] = [p for p in fs.pseudo_dirs if p in dirs]
 
 
+# the policy this process started on (a module-scoped fixture that encodes runs before a test's own fixtures)
+_SCHEDULING = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+
+
+@pytest.fixture(autouse=True)
+def _scheduling_kept_normal() -> Iterator[None]:
+    """Fail a test that leaves its process on a real-time scheduling policy, after putting it back.
+
+    SVT-AV1, opened by root, moves the process to ``SCHED_FIFO``; everything a test worker started
+    afterwards inherited it, and a child that polled starved the machine (runs hung for tens of
+    minutes). ``replaystore.video.kept_scheduling`` undoes it where the package encodes or muxes.
+    """
+    yield
+    if _SCHEDULING is not None and os.sched_getscheduler(0) != _SCHEDULING:
+        os.sched_setscheduler(0, _SCHEDULING, os.sched_param(0))  # (the thread later tests and their children run on)
+        pytest.fail("the test left its process on a real-time scheduling policy (see replaystore.video."
+                    "kept_scheduling)", pytrace=False)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(getattr(config, "_rs_cache_dir", ""), ignore_errors=True)

@@ -74,7 +74,9 @@ def write_mp4(path: str, frames: np.ndarray) -> None:
     """One AV1 MP4 of ``frames``: the store's encoder settings (SVT-AV1, CRF, preset, GOP, no scene cuts)."""
     import av
 
-    with av.open(path, "w") as out:
+    from replaystore.video import kept_scheduling
+
+    with kept_scheduling(), av.open(path, "w") as out:  # (SVT-AV1 as root would leave the bench real-time)
         s = out.add_stream("libsvtav1", rate=FPS)
         s.width, s.height, s.pix_fmt = W, H, "yuv420p"
         s.codec_context.gop_size = GOP

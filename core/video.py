@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -34,7 +36,7 @@ import numpy as np
 from replaystore.codecs import Codec, register_codec
 from replaystore.errors import SchemaError, VideoUnavailableError
 
-__all__ = ["VIDEO_CODECS", "VideoCodec", "pack_gop", "unpack_gop"]
+__all__ = ["VIDEO_CODECS", "VideoCodec", "kept_scheduling", "pack_gop", "unpack_gop"]
 
 VIDEO_CODECS = {
     # name: (encoder, decoder, lossless, pix_fmt of RGB frames, pix_fmt of grayscale frames)
@@ -232,15 +234,31 @@ def _scheduling() -> tuple[int, int] | None:
         return None
 
 
-def _restore_scheduling(saved: tuple[int, int] | None) -> None:
-    """Put every thread of this process that left ``saved``'s policy back on it.
+@contextmanager
+def kept_scheduling() -> Iterator[None]:
+    """Run the block, then put every thread of this process back on the caller's scheduling policy.
 
-    SVT-AV1, opened by root, moves the calling thread and its own threads to real-time
-    ``SCHED_FIFO`` at priority 99; processes started after that inherit it, and one that
-    busy-waits then starves everything else on the machine (browsers and polling children
-    hung test runs for tens of minutes). Cost: a listing of /proc/self/task when a policy changed.
+    SVT-AV1, opened by root (an encoder, or a muxer whose stream opens one), moves the
+    calling thread and its own threads to real-time ``SCHED_FIFO`` at priority 99; processes
+    started after that inherit it, and one that busy-waits then starves everything else on
+    the machine. Wrap every PyAV encoder or muxer use in this. Cost: two system calls, and a
+    listing of /proc/self/task when a policy changed.
+
+    Yields
+    ------
+    None
     """
-    if saved is None or _scheduling() == saved and not _THREAD.__dict__.get("rt_seen"):
+    saved = _scheduling()
+    try:
+        yield
+    finally:
+        if saved is not None:
+            _restore_scheduling(saved)
+
+
+def _restore_scheduling(saved: tuple[int, int]) -> None:
+    """Put every thread of this process that left ``saved``'s policy back on it."""
+    if _scheduling() == saved and not _THREAD.__dict__.get("rt_seen"):
         return
     _THREAD.rt_seen = True  # (SVT's own threads may be moved after the calling thread was put back)
     policy, priority = saved
@@ -574,18 +592,15 @@ class VideoCodec(Codec):
             The encoder gave not exactly one packet per frame.
         """
         av = _av(None, self.spec)
-        policy = _scheduling()
-        ctx = self.encoder()
-        pix_fmt = ctx.pix_fmt
         out = []
-        try:
+        with kept_scheduling():
+            ctx = self.encoder()
+            pix_fmt = ctx.pix_fmt
             for i, frame in enumerate(frames):
                 vf = self._to_video_frame(av, frame, pix_fmt)
                 vf.pts = i
                 out.extend(ctx.encode(vf))
             out.extend(ctx.encode(None))
-        finally:
-            _restore_scheduling(policy)
         packets = [(bytes(p), p.pts, p.dts, bool(p.is_keyframe)) for p in out]
         if len(packets) != len(frames) or not packets[0][3]:
             raise ValueError(f"{self.codec}: {len(frames)} frames encoded as {len(packets)} packets "

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replaystore.errors import StoreError
+from replaystore.video import kept_scheduling
 
 DEFAULT_CHUNK_SIZE = 1000
 """Files per chunk directory (LeRobot's ``DEFAULT_CHUNK_SIZE``)."""
@@ -320,7 +321,14 @@ class VideoFiles:
         The segment starts where the file's previous one ends (packets shifted there), unless
         ``kept`` (an imported episode's row) places it in this file at the same time as its
         packets already are: then its timestamps are kept and its packets are not shifted.
+        A muxer's stream opens an encoder (SVT-AV1 for AV1), which would leave the process
+        real-time: :func:`~replaystore.video.kept_scheduling`.
         """
+        with kept_scheduling():
+            return self._episode(data, offsets, pts, dts, key, kept)
+
+    def _episode(self, data: np.ndarray, offsets: np.ndarray, pts: np.ndarray, dts: np.ndarray, key: np.ndarray,
+                 kept: dict[str, Any] | None) -> dict[str, Any]:
         packets: _Packets = (data, offsets, pts, dts, key)
         size = self._mp4_size(packets)  # (LeRobot: the episode's own MP4)
         if self.c is None:
@@ -364,7 +372,8 @@ class VideoFiles:
 
     def close(self) -> None:
         """Finish the current file."""
-        self._close_file()
+        with kept_scheduling():
+            self._close_file()
         if self.template is not None:
             self.template.close()
             self.template = None
